@@ -1,0 +1,1 @@
+"""The CacheAdapter contract and its implementations (see the adapter issue)."""

@@ -1,0 +1,1 @@
+"""radixtop's typer commands; heavy imports (torch, textual, uvicorn) stay inside command bodies."""

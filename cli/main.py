@@ -1,0 +1,100 @@
+"""The `radixtop` command: the demo view (no arguments) and `replay`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
+
+app = typer.Typer(
+    name="radixtop",
+    help="top for radix KV caches: what a prefix cache holds, who holds it, and what it costs.",
+    add_completion=False,
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """One line on stderr and an exit code; never a traceback."""
+    typer.echo(f"radixtop: {message}", err=True)
+    return typer.Exit(code)
+
+
+@app.callback(invoke_without_command=True)
+def main_callback(ctx: typer.Context) -> None:
+    """With no command: start the embedded engine on its demo workload and show it live."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(demo)
+
+
+@app.command()
+def demo(
+    capacity: Capacity = 65536,
+    model: Model = "llama-3-8b",
+    sessions: Annotated[int, typer.Option(help="Sessions open at once.")] = 48,
+    seed: Annotated[int, typer.Option(help="Random seed of the workload.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda or meta (meta: geometry only, no memory).")] = "meta",
+    refresh: Annotated[float, typer.Option(min=0.05, help="Seconds between screen refreshes.")] = 0.5,
+    duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: until Ctrl-C).")] = 0.0,
+) -> None:
+    """The embedded demo engine's live text view (the dashboard replaces it)."""
+    from cli.demo_view import run_demo
+    from gpu_backend.kv_geometry import get_geometry
+    from gpu_backend.workload import WorkloadConfig
+
+    try:
+        geometry = get_geometry(model)
+        workload = WorkloadConfig(sessions=sessions, seed=seed)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration)
+
+
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Argument(help="JSON-lines trace, one op a line ('-' for stdin).")],
+    capacity: Capacity = 65536,
+    page_size: PageSize = 1,
+    eviction_policy: EvictionPolicy = "lru",
+    close_policy: ClosePolicy = "free",
+    model: Model = "tiny",
+    as_json: Json = False,
+) -> None:
+    """Apply a trace to a fresh bundled cache and print what happened."""
+    from gpu_backend.kv_geometry import get_geometry
+    from gpu_backend.trace import TraceError
+    from gpu_backend.trace import replay as run_replay
+
+    if capacity % page_size:
+        raise fail(f"--capacity {capacity} is not a multiple of --page-size {page_size}", 2)
+    try:
+        geometry = get_geometry(model)
+        if str(trace) == "-":
+            doc = run_replay(sys.stdin, capacity, page_size, eviction_policy, close_policy, geometry)
+        else:
+            with trace.open(encoding="utf-8") as lines:
+                doc = run_replay(lines, capacity, page_size, eviction_policy, close_policy, geometry)
+    except OSError as exc:
+        raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
+    except UnicodeDecodeError:
+        raise fail(f"trace {trace} is not UTF-8 text", 1) from None
+    except TraceError as exc:
+        raise fail(f"{trace}: {exc}", 1) from None
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    if as_json:
+        typer.echo(json.dumps(doc, separators=(",", ":")))
+        return
+    from cli.render import print_replay_summary
+
+    print_replay_summary(doc, geometry.bytes_per_token)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,23 @@
+"""Option aliases shared by several commands."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Capacity = Annotated[int, typer.Option("--capacity", min=1, help="KV pool size in tokens.")]
+PageSize = Annotated[int, typer.Option("--page-size", min=1, help="Tokens per KV page.")]
+EvictionPolicy = Annotated[
+    str, typer.Option("--eviction-policy", help="lru, lfu, fifo, mru, filo or priority.")
+]
+ClosePolicy = Annotated[
+    str,
+    typer.Option(
+        "--close-policy",
+        help="free: close frees a session's unshared chains now (the seed's rule); "
+        "deref: close only drops its holds and eviction frees later.",
+    ),
+]
+Model = Annotated[str, typer.Option("--model", help="KV geometry preset (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny).")]
+Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]

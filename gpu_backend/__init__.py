@@ -1,0 +1,1 @@
+"""The bundled radix KV cache: radix tree, sessions, eviction, torch KV pool and engine loop."""

@@ -1,0 +1,110 @@
+"""MHA KV pool: real K and V tensors per layer, on cuda, cpu, or meta (geometry without memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpu_backend.allocator import TokenToKVPoolAllocator
+from gpu_backend.kv_geometry import KVGeometry
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class PoolMemory:
+    """Memory figures of a pool, in tokens and bytes."""
+
+    capacity_tokens: int
+    used_tokens: int
+    free_tokens: int
+    bytes_per_token: int
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_tokens * self.bytes_per_token
+
+    @property
+    def used_bytes(self) -> int:
+        return self.used_tokens * self.bytes_per_token
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_tokens * self.bytes_per_token
+
+
+class MHATokenToKVPool:
+    """K and V buffers of shape (size + page_size, kv_heads, head_dim) for each layer.
+
+    Row 0 is SGLang's padding slot. On ``meta`` the tensors have shapes but no storage, so a
+    geometry as large as a real GPU's can be simulated on any machine; writes there are no-ops.
+    """
+
+    def __init__(self, geometry: KVGeometry, size: int, device: str | None = None):
+        self.geometry = geometry
+        self.size = size
+        self.device = torch.device(device or default_device())
+        dtype = _TORCH_DTYPES[geometry.dtype]
+        shape = (size + geometry.page_size, geometry.num_kv_heads, geometry.head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(geometry.num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(geometry.num_layers)]
+
+    @property
+    def is_simulated(self) -> bool:
+        return self.device.type == "meta"
+
+    def buffer_bytes(self) -> int:
+        """Bytes the K and V buffers take (what they would take, on meta)."""
+        return sum(t.numel() * t.element_size() for t in (*self.k_buffer, *self.v_buffer))
+
+    def set_kv_buffer(self, layer_id: int, slots: np.ndarray, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K and V for ``slots`` of one layer (what the attention kernel does after a forward)."""
+        if self.is_simulated or len(slots) == 0:
+            return
+        index = torch.from_numpy(np.ascontiguousarray(slots)).to(self.device)
+        self.k_buffer[layer_id].index_copy_(0, index, k.to(self.k_buffer[layer_id].dtype))
+        self.v_buffer[layer_id].index_copy_(0, index, v.to(self.v_buffer[layer_id].dtype))
+
+    def get_kv(self, layer_id: int, slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.from_numpy(np.ascontiguousarray(slots)).to(self.device)
+        return self.k_buffer[layer_id].index_select(0, index), self.v_buffer[layer_id].index_select(0, index)
+
+
+class KVPool:
+    """An allocator and the tensors it indexes, with memory figures in tokens and bytes."""
+
+    def __init__(self, geometry: KVGeometry, size: int, device: str | None = None):
+        self.geometry = geometry
+        self.allocator = TokenToKVPoolAllocator(size, geometry.page_size)
+        self.kv = MHATokenToKVPool(geometry, size, device)
+
+    def memory(self) -> PoolMemory:
+        free = self.allocator.available_size()
+        return PoolMemory(
+            capacity_tokens=self.allocator.size,
+            used_tokens=self.allocator.size - free,
+            free_tokens=free,
+            bytes_per_token=self.geometry.bytes_per_token,
+        )
+
+    def write_tokens(self, slots: np.ndarray, token_ids: list[int] | np.ndarray) -> None:
+        """Stand-in for a forward pass: K/V for each token, derived from its id, into every layer."""
+        if self.kv.is_simulated or len(slots) == 0:
+            return
+        g = self.geometry
+        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.float32), device=self.kv.device)
+        k = ids.view(-1, 1, 1).expand(-1, g.num_kv_heads, g.head_dim)
+        for layer in range(g.num_layers):
+            self.kv.set_kv_buffer(layer, slots, k + layer, -k - layer)

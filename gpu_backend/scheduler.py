@@ -1,0 +1,171 @@
+"""Scheduler: drives the cache the way SGLang's scheduler does (match, lock, evict, alloc, finish)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_backend.kv_geometry import KVGeometry
+from gpu_backend.kv_pool import KVPool
+from gpu_backend.radix_cache import EvictResult, RadixCache, Req
+from gpu_backend.sessions import CloseResult
+
+
+class OutOfSlotsError(RuntimeError):
+    """The pool cannot hold a request even after evicting everything evictable."""
+
+
+class UnknownRequestError(KeyError):
+    """An operation names a request that was never begun, or already finished."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Token counts of the tree and the pool (SGLang's names)."""
+
+    total_size: int
+    evictable_size: int
+    protected_size: int
+    available_size: int
+    # Slots held by running requests beyond their matched prefix (not in the tree yet).
+    request_size: int
+    capacity: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "total_size": self.total_size,
+            "evictable_size": self.evictable_size,
+            "protected_size": self.protected_size,
+            "available_size": self.available_size,
+        }
+
+
+class Scheduler:
+    """Owns a pool and a cache; begins and finishes requests on them. Not thread-safe: one owner."""
+
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        capacity: int,
+        device: str | None = None,
+        eviction_policy: str = "lru",
+        close_policy: str = "free",
+        clock=None,
+        write_kv: bool = True,
+    ):
+        if capacity < geometry.page_size or capacity % geometry.page_size:
+            raise ValueError(f"capacity {capacity} must be a positive multiple of page size {geometry.page_size}")
+        self.geometry = geometry
+        self.pool = KVPool(geometry, capacity, device)
+        self.write_kv = write_kv and not self.pool.kv.is_simulated
+        kwargs = {"clock": clock} if clock is not None else {}
+        self.cache = RadixCache(
+            self.pool.allocator,
+            page_size=geometry.page_size,
+            eviction_policy=eviction_policy,
+            close_policy=close_policy,
+            bytes_per_token=geometry.bytes_per_token,
+            **kwargs,
+        )
+        self.running: dict[str, Req] = {}
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.evicted_tokens = 0
+
+    # ----- requests -----
+
+    def begin(self, rid: str, input_ids: list[int], session_id: str | None = None, priority: int = 0) -> int:
+        """Match the input, lock the matched path, allocate the rest; returns the cache hit length."""
+        if rid in self.running:
+            raise ValueError(f"request {rid!r} is already running")
+        match = self.cache.match_prefix(input_ids)
+        req = Req(rid, list(input_ids), session_id, priority=priority)
+        req.last_node = match.last_node
+        req.cache_protected_len = match.prefix_len
+        self.cache.inc_lock_ref(match.last_node)
+        try:
+            own = self._alloc(len(input_ids) - match.prefix_len)
+        except OutOfSlotsError:
+            self.cache.dec_lock_ref(match.last_node)
+            raise
+        req.slots = np.concatenate([match.device_indices, own]) if len(own) else match.device_indices
+        self._write(req.slots[match.prefix_len : len(input_ids)], input_ids[match.prefix_len :])
+        self.running[rid] = req
+        self.prompt_tokens += len(input_ids)
+        self.cached_tokens += match.prefix_len
+        return match.prefix_len
+
+    def finish(self, rid: str, output_ids: list[int]) -> None:
+        """Allocate slots for the output, then insert, free duplicates, tag the session, unlock."""
+        req = self.running.get(rid)
+        if req is None:
+            raise UnknownRequestError(f"request {rid!r} is not running")
+        req.output_ids = list(output_ids)
+        total = len(req.input_ids) + len(output_ids)
+        missing = total - len(req.slots)
+        if missing > 0:
+            more = self._alloc(missing)
+            start = len(req.slots)
+            req.slots = np.concatenate([req.slots, more])
+            self._write(req.slots[start:total], (req.input_ids + req.output_ids)[start:total])
+        del self.running[rid]
+        self.cache.cache_finished_req(req)
+
+    def request(self, rid: str, input_ids: list[int], output_ids: list[int], session_id: str | None = None) -> int:
+        hit = self.begin(rid, input_ids, session_id)
+        self.finish(rid, output_ids)
+        return hit
+
+    # ----- admin -----
+
+    def close_session(self, session_id: str) -> CloseResult:
+        return self.cache.release_radix_session(session_id)
+
+    def register_session(self, session_id: str) -> None:
+        self.cache.register_session(session_id)
+
+    def evict(self, num_tokens: int) -> EvictResult:
+        result = self.cache.evict(num_tokens)
+        self.evicted_tokens += result.num_tokens_evicted
+        return result
+
+    def stats(self) -> CacheStats:
+        cache = self.cache
+        available = self.pool.allocator.available_size()
+        capacity = self.pool.allocator.size
+        return CacheStats(
+            total_size=cache.total_size(),
+            evictable_size=cache.evictable_size(),
+            protected_size=cache.protected_size(),
+            available_size=available,
+            request_size=capacity - available - cache.total_size(),
+            capacity=capacity,
+        )
+
+    # ----- internal -----
+
+    def _alloc(self, num_tokens: int) -> np.ndarray:
+        """Slots for ``num_tokens`` (rounded up to whole pages), evicting first when the pool is
+        short: SGLang's scheduler evicts the whole need when fewer slots are free than it needs."""
+        page = self.geometry.page_size
+        need = -(-num_tokens // page) * page
+        if need == 0:
+            return np.empty(0, dtype=np.int64)
+        allocator = self.pool.allocator
+        if allocator.available_size() < need:
+            self.evict(need)
+        slots = allocator.alloc(need)
+        if slots is None:
+            raise OutOfSlotsError(
+                f"out of KV slots: need {need}, {allocator.available_size()} free after evicting; "
+                f"{self.cache.protected_size()} tokens are locked by running requests"
+            )
+        return slots
+
+    def _write(self, slots: np.ndarray, token_ids: list[int]) -> None:
+        if self.write_kv and len(token_ids):
+            self.pool.write_tokens(slots[: len(token_ids)], token_ids)

@@ -1,0 +1,1 @@
+"""The Textual dashboard (not built yet; see the dashboard issue)."""
