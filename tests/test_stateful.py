@@ -1,0 +1,119 @@
+"""Hypothesis stateful tests: random interleavings of every op, invariants after each step."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from gpu_backend.scheduler import OutOfSlotsError
+from tests.conftest import check_invariants, make_scheduler
+
+PROMPTS = ([1, 2, 3, 4], [1, 2, 5, 6], [7, 8])
+SESSIONS = st.sampled_from(["a", "b", "c", "d"])
+# Few distinct tokens and short runs, so that sessions often end on the same node and splits are common.
+TOKENS = st.lists(st.integers(0, 2), max_size=4)
+
+
+class CacheMachine(RuleBasedStateMachine):
+    page_size = 1
+    close_policy = "free"
+    eviction_policy = "lru"
+    capacity = 48
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = make_scheduler(self.capacity, self.page_size, self.eviction_policy, self.close_policy)
+        self.next_id = 0
+
+    @rule(prompt=st.sampled_from(PROMPTS), extra=TOKENS, session=st.none() | SESSIONS)
+    def begin(self, prompt, extra, session):
+        self.next_id += 1
+        rid = f"r{self.next_id}"
+        before = self.s.cache.protected_size()
+        try:
+            hit = self.s.begin(rid, prompt + extra, session)
+        except OutOfSlotsError:
+            assert rid not in self.s.running
+            assert self.s.cache.protected_size() == before  # the lock was given back
+            return
+        assert hit % self.page_size == 0 and hit <= len(prompt + extra)
+
+    @precondition(lambda self: self.s.running)
+    @rule(data=st.data(), output=TOKENS)
+    def finish(self, data, output):
+        rid = data.draw(st.sampled_from(sorted(self.s.running)))
+        try:
+            self.s.finish(rid, output)
+        except OutOfSlotsError:
+            assert rid in self.s.running  # still running, nothing lost; finish it later
+
+    @precondition(lambda self: self.s.cache.node_count())
+    @rule(data=st.data(), session=SESSIONS)
+    def request_ending_on_an_existing_node(self, data, session):
+        """Another session finishes exactly on a cached node: shared holders."""
+        node = data.draw(st.sampled_from(sorted(self.s.cache.iter_nodes(), key=lambda n: n.id)))
+        path = self.s.cache.path_tokens(node)
+        self.s.register_session(session)  # (re)open it, so that it tags
+        self.next_id += 1
+        try:
+            self.s.request(f"r{self.next_id}", path, [], session)
+        except OutOfSlotsError:
+            pass
+
+    @rule(session=SESSIONS)
+    def close_equals_plan(self, session):
+        plan = self.s.cache.plan_close(session)
+        result = self.s.close_session(session)
+        assert sorted(plan.freed_node_ids) == sorted(result.freed_node_ids)
+        assert plan.freed_tokens == result.freed_tokens
+        assert plan.released_holds == result.released_holds
+        assert self.s.cache.is_session_closed(session)
+
+    @rule(session=SESSIONS)
+    def register(self, session):
+        self.s.register_session(session)
+        assert not self.s.cache.is_session_closed(session)
+
+    @rule(tokens=st.integers(0, 40))
+    def evict(self, tokens):
+        before = self.s.cache.evictable_size()
+        evicted = self.s.evict(tokens).num_tokens_evicted
+        assert evicted >= min(tokens, before) or self.s.cache.evictable_size() == 0
+        assert self.s.cache.evictable_size() == before - evicted
+
+    @rule(prompt=st.sampled_from(PROMPTS), extra=TOKENS)
+    def lookup_agrees_with_match_prefix(self, prompt, extra):
+        key = prompt + extra
+        looked = self.s.cache.lookup(key).prefix_len
+        assert self.s.cache.match_prefix(key).prefix_len == looked
+
+    @invariant()
+    def invariants_hold(self):
+        check_invariants(self.s)
+
+
+class PagedCacheMachine(CacheMachine):
+    page_size = 2
+    capacity = 64
+
+
+class DerefCacheMachine(CacheMachine):
+    close_policy = "deref"
+
+
+class LFUCacheMachine(CacheMachine):
+    eviction_policy = "lfu"
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+TestCache = CacheMachine.TestCase
+TestCache.settings = SETTINGS
+TestPagedCache = PagedCacheMachine.TestCase
+TestPagedCache.settings = SETTINGS
+TestDerefCache = DerefCacheMachine.TestCase
+TestDerefCache.settings = SETTINGS
+TestLFUCache = LFUCacheMachine.TestCase
+TestLFUCache.settings = SETTINGS
