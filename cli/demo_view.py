@@ -53,11 +53,10 @@ def _bar(parts: list[tuple[int, str]], total: int, width: int = 60) -> Text:
 def render(snap: dict[str, Any], model: str) -> Group:
     s, bpt = snap["stats"], snap["bpt"]
     cached, prompt = snap["hit"]
-    head = Table.grid(padding=(0, 2))
-    head.add_row(
-        Text(f"radixtop demo · {model}", style="bold"),
-        Text(f"{snap['nodes']} nodes · {snap['open']} sessions open · {snap['closed']} closed"),
-        Text(f"hit rate {cached / prompt:.1%}" if prompt else "hit rate -"),
+    head = Text.assemble(
+        (f"radixtop demo · {model}\n", "bold"),
+        f"{snap['nodes']} nodes · {snap['open']} sessions holding KV · {snap['closed']} closed · ",
+        f"cache hit rate {cached / prompt:.1%}" if prompt else "cache hit rate -",
     )
     bar = _bar([(s.protected_size + s.request_size, "red"), (s.evictable_size, "yellow")], s.capacity)
     legend = Text.assemble(
@@ -78,17 +77,31 @@ def render(snap: dict[str, Any], model: str) -> Group:
     return Group(Panel(Group(head, bar, legend)), sessions, tree)
 
 
-def run_demo(geometry, capacity: int, workload, device: str, refresh: float, duration: float) -> None:
+def pick_device(device: str, pool_bytes: int) -> str:
+    import torch
+
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu" if pool_bytes <= 1 << 30 else "meta"
+
+
+def run_demo(geometry, capacity: int, workload, device: str, refresh: float, duration: float,
+             record_to=None) -> None:
     from gpu_backend.engine import Engine
     from gpu_backend.scheduler import Scheduler
 
-    engine = Engine(Scheduler(geometry, capacity, device=device), workload, step_interval=0.01).start()
+    device = pick_device(device, capacity * geometry.bytes_per_token)
+    scheduler = Scheduler(geometry, capacity, device=device)
+    engine = Engine(scheduler, workload, step_interval=0.01, record_to=record_to).start()
+    title = f"{geometry.name} on {device}" + (" (geometry only)" if device == "meta" else "")
     deadline = time.monotonic() + duration if duration > 0 else None
     try:
-        with Live(render(engine.call(_snapshot), geometry.name), refresh_per_second=4) as live:
+        with Live(render(engine.call(_snapshot), title), refresh_per_second=4) as live:
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(refresh)
-                live.update(render(engine.call(_snapshot), geometry.name))
+                live.update(render(engine.call(_snapshot), title))
     except KeyboardInterrupt:
         pass
     finally:

@@ -39,9 +39,14 @@ def demo(
     model: Model = "llama-3-8b",
     sessions: Annotated[int, typer.Option(help="Sessions open at once.")] = 48,
     seed: Annotated[int, typer.Option(help="Random seed of the workload.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu, cuda or meta (meta: geometry only, no memory).")] = "meta",
+    device: Annotated[
+        str,
+        typer.Option(help="cpu, cuda or meta (geometry only, no memory); auto: cuda if present, "
+                     "else cpu when the pool fits in 1 GiB, else meta."),
+    ] = "auto",
     refresh: Annotated[float, typer.Option(min=0.05, help="Seconds between screen refreshes.")] = 0.5,
     duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: until Ctrl-C).")] = 0.0,
+    record: Annotated[Path | None, typer.Option(help="Write what the engine does as a trace (JSON lines).")] = None,
 ) -> None:
     """The embedded demo engine's live text view (the dashboard replaces it)."""
     from cli.demo_view import run_demo
@@ -53,7 +58,18 @@ def demo(
         workload = WorkloadConfig(sessions=sessions, seed=seed)
     except ValueError as exc:
         raise fail(str(exc), 2) from None
-    run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration)
+    if device not in ("auto", "cpu", "cuda", "meta"):
+        raise fail(f"unknown device {device!r}; use auto, cpu, cuda or meta", 2)
+    try:
+        record_to = record.open("w", encoding="utf-8") if record else None
+    except OSError as exc:
+        raise fail(f"cannot write {record}: {exc.strerror or exc}", 2) from None
+    try:
+        run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration,
+                 record_to=record_to)
+    finally:
+        if record_to:
+            record_to.close()
 
 
 @app.command()

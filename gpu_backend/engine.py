@@ -183,7 +183,15 @@ class Engine:
             elif action.kind == "finish":
                 if action.rid not in s.running:
                     continue
-                s.finish(action.rid, action.output_ids)
+                try:
+                    s.finish(action.rid, action.output_ids)
+                except OutOfSlotsError as exc:
+                    # Retract it: its slots go back, and its session retries the turn later.
+                    s.abort(action.rid)
+                    self.requests_aborted += 1
+                    self._record("abort", id=action.rid)
+                    logger.warning("request %s retracted: %s", action.rid, exc)
+                    continue
                 self.requests_finished += 1
                 self._record("finish", id=action.rid, output=action.output_ids)
             elif action.kind == "close":

@@ -1,4 +1,4 @@
-"""Traces: JSON-lines ops (begin, finish, request, close, register, evict), parsing and replay."""
+"""Traces: JSON-lines ops (begin, finish, abort, request, close, register, evict), parsing and replay."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from gpu_backend.kv_geometry import KVGeometry, get_geometry
 from gpu_backend.scheduler import OutOfSlotsError, Scheduler, UnknownRequestError
 
-OPS = ("begin", "finish", "request", "close", "register", "evict")
+OPS = ("begin", "finish", "abort", "request", "close", "register", "evict")
 
 
 class TraceError(ValueError):
@@ -65,7 +65,7 @@ def parse_op(line_no: int, text: str) -> Op:
     if op not in OPS:
         raise TraceError(line_no, f"unknown op {op!r}; expected one of {', '.join(OPS)}")
     f: dict[str, Any] = {}
-    if op in ("begin", "finish"):
+    if op in ("begin", "finish", "abort"):
         rid = raw.get("id")
         if not isinstance(rid, str) or not rid:
             raise TraceError(line_no, "missing field 'id' (a non-empty string)")
@@ -113,6 +113,9 @@ class Replayer:
             elif op.op == "finish":
                 s.finish(f["id"], f["output"])
                 result = {"op": "finish"}
+            elif op.op == "abort":
+                s.abort(f["id"])
+                result = {"op": "abort"}
             elif op.op == "request":
                 self._auto_id += 1
                 rid = f"\x00request-{self._auto_id}"

@@ -86,3 +86,25 @@ def test_replay_usage_errors(tmp_path):
     assert bad.exit_code == 2 and "unknown eviction policy 'random'" in bad.stderr
     pages = runner.invoke(app, ["replay", write(tmp_path, TRACE), "--capacity", "9", "--page-size", "2"])
     assert pages.exit_code == 2 and "not a multiple" in pages.stderr
+
+
+def test_demo_view_runs_records_and_its_trace_replays(tmp_path):
+    record = tmp_path / "demo.jsonl"
+    result = runner.invoke(app, ["demo", "--duration", "1", "--capacity", "4096", "--model", "tiny",
+                                 "--device", "cpu", "--sessions", "8", "--record", str(record)])
+    assert result.exit_code == 0, result.output
+    assert "radixtop demo · tiny on cpu" in result.stdout and "sessions by bytes" in result.stdout
+    lines = record.read_text().splitlines()
+    assert any('"op":"finish"' in line for line in lines)
+    replayed = runner.invoke(app, ["replay", str(record), "--capacity", "4096", "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    assert len(json.loads(replayed.stdout)["results"]) == len(lines)
+
+
+def test_abort_op_gives_back_a_running_requests_slots(tmp_path):
+    text = '{"op":"begin","id":"r1","input":[1,2,3]}\n{"op":"abort","id":"r1"}\n{"op":"abort","id":"r1"}\n'
+    result = runner.invoke(app, ["replay", write(tmp_path, text), "--capacity", "8", "--json"])
+    assert result.exit_code == 1 and "line 3: request 'r1' is not running" in result.stderr
+    ok = runner.invoke(app, ["replay", write(tmp_path, "\n".join(text.splitlines()[:2])), "--capacity", "8", "--json"])
+    doc = json.loads(ok.stdout)
+    assert doc["results"][1] == {"op": "abort"} and doc["stats"]["available_size"] == 8

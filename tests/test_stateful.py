@@ -48,6 +48,11 @@ class CacheMachine(RuleBasedStateMachine):
         except OutOfSlotsError:
             assert rid in self.s.running  # still running, nothing lost; finish it later
 
+    @precondition(lambda self: self.s.running)
+    @rule(data=st.data())
+    def abort(self, data):
+        self.s.abort(data.draw(st.sampled_from(sorted(self.s.running))))
+
     @precondition(lambda self: self.s.cache.node_count())
     @rule(data=st.data(), session=SESSIONS)
     def request_ending_on_an_existing_node(self, data, session):
