@@ -250,21 +250,31 @@ class RadixCache(SessionRadixCacheMixin):
             self._update_leaf_status(node)
         return InsertResult(off, node)
 
-    def cache_finished_req(self, req: Req) -> InsertResult:
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Finish a request: insert its tokens, free the duplicate slots and the unaligned tail,
-        tag its session on the node where its key ends, and unlock its matched path."""
+        tag its session on the node where its key ends, and unlock its matched path.
+
+        With ``is_insert=False`` (SGLang's retract and abort path) nothing is inserted and every
+        slot the request owns is freed; as in SGLang, a request with an open session still tags
+        the node where ``match_prefix`` of its key ends, with that match's side effects.
+        """
         token_ids = req.input_ids + req.output_ids
         key_len = len(token_ids) // self.page_size * self.page_size
         allocator = self.token_to_kv_pool_allocator
-        result = self.insert(token_ids[:key_len], req.slots[:key_len], req.priority)
-        allocator.free(req.slots[req.cache_protected_len : result.prefix_len])
-        allocator.free(req.slots[key_len:])
-        self._tag_session_leaf(req.session_id, result.last_node)
+        if is_insert:
+            result = self.insert(token_ids[:key_len], req.slots[:key_len], req.priority)
+            allocator.free(req.slots[req.cache_protected_len : result.prefix_len])
+            allocator.free(req.slots[key_len:])
+            self._tag_session_leaf(req.session_id, result.last_node)
+        else:
+            allocator.free(req.slots[req.cache_protected_len :])
+            sid = req.session_id
+            if sid is not None and sid not in self._closed_session_ids:
+                self._tag_session_leaf(sid, self.match_prefix(token_ids[:key_len]).last_node)
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
             req.last_node = None
         req.slots = _EMPTY_VALUE
-        return result
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock the path from ``node`` to the root against eviction; returns the evictable delta."""

@@ -116,15 +116,13 @@ class Scheduler:
         self.cache.cache_finished_req(req)
 
     def abort(self, rid: str) -> None:
-        """Drop a running request without caching it: free its own slots and unlock its path
-        (SGLang retracts a request the same way when decode runs out of slots)."""
+        """Drop a running request without caching it: free its own slots and unlock its path,
+        SGLang's retract path (``cache_finished_req(req, is_insert=False)``)."""
         req = self.running.pop(rid, None)
         if req is None:
             raise UnknownRequestError(f"request {rid!r} is not running")
-        self.pool.allocator.free(req.slots[req.cache_protected_len :])
-        if req.last_node is not None:
-            self.cache.dec_lock_ref(req.last_node)
-            req.last_node = None
+        req.output_ids = []  # outputs get slots only at finish: the input is all it holds
+        self.cache.cache_finished_req(req, is_insert=False)
 
     def request(self, rid: str, input_ids: list[int], output_ids: list[int], session_id: str | None = None) -> int:
         hit = self.begin(rid, input_ids, session_id)
