@@ -184,6 +184,15 @@ class GCPaused:
         return False
 
 
+def call_stats(secs: list[float]) -> dict[str, float] | None:
+    """Per-call microseconds: first call, median, p90, p99, max (spikes show up here)."""
+    if not secs:
+        return None
+    us = sorted(x * 1e6 for x in secs)
+    pick = lambda q: us[min(len(us) - 1, int(q * len(us)))]  # noqa: E731
+    return {"first": secs[0] * 1e6, "median": statistics.median(us), "p90": pick(0.9), "p99": pick(0.99), "max": us[-1]}
+
+
 def tokens_array(rng: np.random.Generator, vocab: int, n: int) -> array:
     out = array("q")
     out.frombytes(rng.integers(0, vocab, n, dtype=np.int64).tobytes())
@@ -492,6 +501,7 @@ def throughput_once(cfg: BenchConfig, sgl, rep: int) -> dict[str, Any]:
     close_nodes = {s.name: 0 for s in sides}
     close_tokens = {s.name: 0 for s in sides}
     close_mismatch = 0
+    close_calls: dict[str, list[float]] = {s.name: [] for s in sides}
     with GCPaused():
         for k, sid in enumerate(to_close):
             order = (rt, sg) if k % 2 == 0 else (sg, rt)
@@ -499,6 +509,7 @@ def throughput_once(cfg: BenchConfig, sgl, rep: int) -> dict[str, Any]:
             for side in order:
                 dt, nodes, toks = side.close(sid)
                 close_t[side.name] += dt
+                close_calls[side.name].append(dt)
                 close_nodes[side.name] += nodes
                 close_tokens[side.name] += toks
                 freed.append(toks)
@@ -511,6 +522,7 @@ def throughput_once(cfg: BenchConfig, sgl, rep: int) -> dict[str, Any]:
             "sessions_per_s": len(to_close) / close_t[s.name],
             "freed_nodes": close_nodes[s.name],
             "freed_tokens": close_tokens[s.name],
+            "call_us": call_stats(close_calls[s.name]),
         }
         for s in sides
     }
@@ -522,6 +534,7 @@ def throughput_once(cfg: BenchConfig, sgl, rep: int) -> dict[str, Any]:
     ev_t = {s.name: 0.0 for s in sides}
     ev_tok = {s.name: 0 for s in sides}
     calls = 0
+    ev_calls: dict[str, list[float]] = {s.name: [] for s in sides}
     with GCPaused():
         for k in range(cfg.evict_calls):
             if rt.cache.evictable_size() < cfg.evict_tokens or sg.cache.evictable_size_ < cfg.evict_tokens:
@@ -530,6 +543,7 @@ def throughput_once(cfg: BenchConfig, sgl, rep: int) -> dict[str, Any]:
             for side in order:
                 dt, toks = side.evict(cfg.evict_tokens)
                 ev_t[side.name] += dt
+                ev_calls[side.name].append(dt)
                 ev_tok[side.name] += toks
                 side.take_free()
             calls += 1
@@ -539,6 +553,7 @@ def throughput_once(cfg: BenchConfig, sgl, rep: int) -> dict[str, Any]:
             "tokens": ev_tok[s.name],
             "tokens_per_s": ev_tok[s.name] / ev_t[s.name] if ev_t[s.name] else None,
             "us_per_call": ev_t[s.name] / calls * 1e6 if calls else None,
+            "call_us": call_stats(ev_calls[s.name]),
         }
         for s in sides
     }

@@ -39,6 +39,9 @@ def demo(
     model: Model = "llama-3-8b",
     sessions: Annotated[int, typer.Option(help="Sessions open at once.")] = 48,
     seed: Annotated[int, typer.Option(help="Random seed of the workload.")] = 0,
+    arrival_rate: Annotated[float, typer.Option(min=0, help="Requests started per second (0: as fast as it steps).")] = 0.0,
+    never_closed: Annotated[float, typer.Option(min=0, max=1, help="Share of sessions never closed.")] = 0.2,
+    max_running: Annotated[int, typer.Option(min=1, help="Requests in flight at once.")] = 8,
     device: Annotated[
         str,
         typer.Option(help="cpu, cuda or meta (geometry only, no memory); auto: cuda if present, "
@@ -55,7 +58,8 @@ def demo(
 
     try:
         geometry = get_geometry(model)
-        workload = WorkloadConfig(sessions=sessions, seed=seed)
+        workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
+                                  never_closed_share=never_closed, max_running=max_running)
     except ValueError as exc:
         raise fail(str(exc), 2) from None
     if device not in ("auto", "cpu", "cuda", "meta"):

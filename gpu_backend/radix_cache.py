@@ -243,7 +243,7 @@ class RadixCache(SessionRadixCacheMixin):
             self._refresh(node)
         if off < n:
             parent = node
-            node = self._new_node(parent, key[off:], value[off:], now=self.clock(), priority=priority)
+            node = self._new_node(parent, key[off:], value[off:].copy(), now=self.clock(), priority=priority)
             node.hit_count += 1
             self.evictable_size_ += n - off
             self._update_leaf_status(parent)
@@ -421,10 +421,10 @@ class RadixCache(SessionRadixCacheMixin):
         head.hit_count = child.hit_count
         head.lock_ref = child.lock_ref
         head.key = child.key[:split_len]
-        head.value = child.value[:split_len]
+        head.value = child.value[:split_len].copy()
         head.parent = parent
         child.key = child.key[split_len:]
-        child.value = child.value[split_len:]
+        child.value = child.value[split_len:].copy()
         child.parent = head
         head.children = {self._child_key(child.key): child}
         parent.children[self._child_key(head.key)] = head
@@ -458,6 +458,10 @@ class RadixCache(SessionRadixCacheMixin):
     def _push_evictable(self, node: TreeNode) -> None:
         self._heap_seq += 1
         heapq.heappush(self._evict_heap, (self._evict_key(node), self._heap_seq, node))
+        # Stale entries pile up between evictions (every touch of a leaf re-keys it): compact
+        # once they outnumber live ones 4 to 1, which keeps pushes amortised O(log n).
+        if len(self._evict_heap) > 4 * len(self.evictable_leaves) + 1024:
+            self._compact_heap()
 
     def _refresh(self, node: TreeNode) -> None:
         """Re-key an evictable leaf after its access time, hit count, priority or holders changed."""
@@ -466,8 +470,6 @@ class RadixCache(SessionRadixCacheMixin):
 
     def _pop_evictable(self) -> TreeNode | None:
         heap = self._evict_heap
-        if len(heap) > 4 * len(self.evictable_leaves) + 1024:
-            self._compact_heap()
         while heap:
             key, _, node = heapq.heappop(heap)
             # Stale entries: the node stopped being an evictable leaf, or was re-keyed since.
