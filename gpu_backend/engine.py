@@ -179,7 +179,7 @@ class Engine:
                     self.requests_aborted += 1
                     logger.warning("request %s not started: %s", action.rid, exc)
                     continue
-                self._record("begin", id=action.rid, input=action.input_ids, session=action.session_id)
+                self.record("begin", id=action.rid, input=action.input_ids, session=action.session_id)
             elif action.kind == "finish":
                 if action.rid not in s.running:
                     continue
@@ -189,16 +189,17 @@ class Engine:
                     # Retract it: its slots go back, and its session retries the turn later.
                     s.abort(action.rid)
                     self.requests_aborted += 1
-                    self._record("abort", id=action.rid)
+                    self.record("abort", id=action.rid)
                     logger.warning("request %s retracted: %s", action.rid, exc)
                     continue
                 self.requests_finished += 1
-                self._record("finish", id=action.rid, output=action.output_ids)
+                self.record("finish", id=action.rid, output=action.output_ids)
             elif action.kind == "close":
                 s.close_session(action.session_id)
-                self._record("close", session=action.session_id)
+                self.record("close", session=action.session_id)
 
-    def _record(self, op: str, **fields: Any) -> None:
+    def record(self, op: str, **fields: Any) -> None:
+        """Append an op to the recorded trace (owner thread only), if recording."""
         if self.record_to is not None:
             self.record_to.write(op_to_json(op, **fields) + "\n")
 
@@ -207,7 +208,7 @@ class Engine:
     def close_session(self, session_id: str, timeout: float = 10.0):
         def run(s: Scheduler):
             result = s.close_session(session_id)
-            self._record("close", session=session_id)
+            self.record("close", session=session_id)
             return result
 
         return self.call(run, timeout)
@@ -215,7 +216,7 @@ class Engine:
     def evict(self, num_tokens: int, timeout: float = 10.0):
         def run(s: Scheduler):
             result = s.evict(num_tokens)
-            self._record("evict", tokens=num_tokens)
+            self.record("evict", tokens=num_tokens)
             return result
 
         return self.call(run, timeout)

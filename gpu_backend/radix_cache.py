@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,9 @@ from gpu_backend.eviction import get_eviction_strategy
 from gpu_backend.sessions import SessionRadixCacheMixin
 
 _EMPTY_VALUE = np.empty(0, dtype=np.int64)
+
+# Entries kept in the change journal; a reader further behind than this must resync.
+JOURNAL_LIMIT = 200_000
 
 
 class TreeNode:
@@ -37,6 +41,8 @@ class TreeNode:
         "hit_count",
         "priority",
         "session_ids",
+        "subtree_tokens",
+        "created_version",
     )
 
     def __init__(self, node_id: int, now: float, priority: int = 0):
@@ -52,6 +58,9 @@ class TreeNode:
         self.priority = priority
         # Sessions that hold this node (None when none: most nodes, and it saves a set each).
         self.session_ids: set[str] | None = None
+        # Tokens in this node and everything below it (kept exact between operations).
+        self.subtree_tokens = 0
+        self.created_version = 0
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
@@ -85,6 +94,18 @@ class InsertResult:
 
 
 @dataclass(frozen=True)
+class ChangeSet:
+    """Node ids touched since a version (sizes, locks, holders, children); see ``changes``."""
+
+    since: int
+    version: int
+    resync: bool
+    added: tuple[int, ...] = ()
+    changed: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class EvictResult:
     num_tokens_evicted: int = 0
     num_nodes_evicted: int = 0
@@ -111,7 +132,9 @@ class RadixCache(SessionRadixCacheMixin):
     Differences that change no result: evictable leaves live in a persistent heap (entries are
     re-pushed when a node's priority changes and checked when popped) instead of a heap rebuilt on
     every ``evict``; a query is walked by offset instead of being re-sliced at every node; every
-    node is reachable by id through a flat registry.
+    node is reachable by id through a flat registry; each node knows its subtree's token count;
+    and a bounded journal of changed node ids lets readers follow the tree incrementally
+    (access-time and hit-count refreshes are not journaled: they change on every request).
     """
 
     def __init__(
@@ -135,6 +158,10 @@ class RadixCache(SessionRadixCacheMixin):
         self.clock = clock
         self.bytes_per_token = bytes_per_token
         self._next_id = 0
+        self.version = 0
+        self._journal: deque[tuple[int, int]] = deque(maxlen=JOURNAL_LIMIT)
+        self._journal_floor = 0
+        self._pending_subtree: dict[TreeNode, int] = {}
         self.reset()
 
     # ----- public API -----
@@ -142,6 +169,11 @@ class RadixCache(SessionRadixCacheMixin):
     def reset(self) -> None:
         """Drop the whole tree (the caller clears the allocator, as SGLang's flush does)."""
         self._next_id += 1
+        # Readers of the journal must resync: everything they hold is gone.
+        self.version += 1
+        self._journal.clear()
+        self._journal_floor = self.version
+        self._pending_subtree = {}
         self.root_node = TreeNode(0, self.clock(), priority=-(2**62))
         self.root_node.lock_ref = 1
         self.nodes: dict[int, TreeNode] = {0: self.root_node}
@@ -246,6 +278,11 @@ class RadixCache(SessionRadixCacheMixin):
             node = self._new_node(parent, key[off:], value[off:].copy(), now=self.clock(), priority=priority)
             node.hit_count += 1
             self.evictable_size_ += n - off
+            ancestor = parent
+            while ancestor is not None:
+                ancestor.subtree_tokens += n - off
+                self._mark(ancestor)
+                ancestor = ancestor.parent
             self._update_leaf_status(parent)
             self._update_leaf_status(node)
         return InsertResult(off, node)
@@ -287,6 +324,7 @@ class RadixCache(SessionRadixCacheMixin):
                 self.protected_size_ += n
                 delta -= n
             node.lock_ref += 1
+            self._mark(node)
             self._update_leaf_status(node)
             node = node.parent
         return delta
@@ -304,6 +342,7 @@ class RadixCache(SessionRadixCacheMixin):
                 self.protected_size_ -= n
                 delta += n
             node.lock_ref -= 1
+            self._mark(node)
             self._update_leaf_status(node)
             node = node.parent
         return delta
@@ -322,6 +361,7 @@ class RadixCache(SessionRadixCacheMixin):
             num_evicted += len(x.value)
             num_nodes += 1
             self._delete_leaf(x)
+        self._flush_subtree()
         return EvictResult(num_evicted, num_nodes)
 
     def evictable_size(self) -> int:
@@ -333,6 +373,31 @@ class RadixCache(SessionRadixCacheMixin):
     def total_size(self) -> int:
         """Tokens held by the tree (every node is either evictable or protected)."""
         return self.evictable_size_ + self.protected_size_
+
+    def changes(self, since: int) -> ChangeSet:
+        """Ids of nodes added, changed or removed after version ``since`` (or resync: the
+        journal no longer reaches back that far, or the tree was reset since)."""
+        journal = self._journal
+        floor = self._journal_floor
+        if journal and len(journal) == journal.maxlen:
+            floor = max(floor, journal[0][0] - 1)
+        if since < floor or since > self.version:
+            return ChangeSet(since, self.version, True)
+        touched: dict[int, None] = {}
+        for version, node_id in reversed(journal):
+            if version <= since:
+                break
+            touched[node_id] = None
+        added, changed, removed = [], [], []
+        for node_id in touched:
+            node = self.nodes.get(node_id)
+            if node is None:
+                removed.append(node_id)
+            elif node.created_version > since:
+                added.append(node_id)
+            else:
+                changed.append(node_id)
+        return ChangeSet(since, self.version, False, tuple(added), tuple(changed), tuple(removed))
 
     def node_count(self) -> int:
         """Nodes in the tree, the root excluded."""
@@ -411,6 +476,9 @@ class RadixCache(SessionRadixCacheMixin):
         node.value = value
         parent.children[self._child_key(key)] = node
         self.nodes[node.id] = node
+        node.subtree_tokens = len(key)
+        self._mark(node)
+        node.created_version = self.version
         return node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -429,9 +497,17 @@ class RadixCache(SessionRadixCacheMixin):
         head.children = {self._child_key(child.key): child}
         parent.children[self._child_key(head.key)] = head
         self.nodes[head.id] = head
+        head.subtree_tokens = child.subtree_tokens
+        child.subtree_tokens -= split_len
+        self._mark(child)
+        self._mark(head)
+        head.created_version = self.version
         return head
 
     def _delete_leaf(self, node: TreeNode) -> None:
+        """Remove a leaf. Its parent's subtree size is exact at once; the ancestors above are
+        settled by ``_flush_subtree`` at the end of the operation, so freeing a whole chain
+        costs O(depth) once, not once per node."""
         parent = node.parent
         del parent.children[self._child_key(node.key)]
         self._discard_session_leaf(node)
@@ -439,7 +515,25 @@ class RadixCache(SessionRadixCacheMixin):
         self.evictable_leaves.discard(node)
         del self.nodes[node.id]
         node.parent = None
+        gone = len(node.key) + self._pending_subtree.pop(node, 0)
+        parent.subtree_tokens -= gone
+        self._pending_subtree[parent] = self._pending_subtree.get(parent, 0) + gone
+        self._mark(node)
+        self._mark(parent)
         self._update_leaf_status(parent)
+
+    def _flush_subtree(self) -> None:
+        pending, self._pending_subtree = self._pending_subtree, {}
+        for node, amount in pending.items():
+            ancestor = node.parent
+            while ancestor is not None:
+                ancestor.subtree_tokens -= amount
+                self._mark(ancestor)
+                ancestor = ancestor.parent
+
+    def _mark(self, node: TreeNode) -> None:
+        self.version += 1
+        self._journal.append((self.version, node.id))
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         if node.lock_ref > 0 or node.children:

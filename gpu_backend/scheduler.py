@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,11 @@ class Scheduler:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.evicted_tokens = 0
+        self.closes = 0
+        self.freed_by_close_tokens = 0
+        # Last time (time.monotonic) each session began, finished, registered or closed a request;
+        # pruned of sessions that hold nothing, run nothing and are not tombstoned.
+        self.session_activity: dict[str, float] = {}
 
     # ----- requests -----
 
@@ -95,6 +101,7 @@ class Scheduler:
         req.slots = np.concatenate([match.device_indices, own]) if len(own) else match.device_indices
         self._write(req.slots[match.prefix_len : len(input_ids)], input_ids[match.prefix_len :])
         self.running[rid] = req
+        self._touch_session(session_id)
         self.prompt_tokens += len(input_ids)
         self.cached_tokens += match.prefix_len
         return match.prefix_len
@@ -114,6 +121,7 @@ class Scheduler:
             self._write(req.slots[start:total], (req.input_ids + req.output_ids)[start:total])
         del self.running[rid]
         self.cache.cache_finished_req(req)
+        self._touch_session(req.session_id)
 
     def abort(self, rid: str) -> None:
         """Drop a running request without caching it: free its own slots and unlock its path,
@@ -132,10 +140,43 @@ class Scheduler:
     # ----- admin -----
 
     def close_session(self, session_id: str) -> CloseResult:
-        return self.cache.release_radix_session(session_id)
+        result = self.cache.release_radix_session(session_id)
+        self.closes += 1
+        self.freed_by_close_tokens += result.freed_tokens
+        self._touch_session(session_id)
+        return result
 
     def register_session(self, session_id: str) -> None:
         self.cache.register_session(session_id)
+        self._touch_session(session_id)
+
+    def flush(self) -> EvictResult:
+        """Free everything that is not locked (the engine never stops, so unlike SGLang's
+        flush_cache this does not wait for an idle server: running requests keep their paths)."""
+        return self.evict(self.cache.evictable_size())
+
+    def open_session_ids(self) -> list[str]:
+        """Sessions that hold KV, have a request running, or were registered and not closed."""
+        cache = self.cache
+        return [sid for sid in self.session_activity if not cache.is_session_closed(sid)]
+
+    def _touch_session(self, session_id: str | None) -> None:
+        if session_id is None:
+            return
+        activity = self.session_activity
+        activity.pop(session_id, None)  # re-insert: most recent last
+        activity[session_id] = time.monotonic()
+        if len(activity) > 2 * (len(self.cache._session_leaves) + len(self.cache._closed_session_ids)) + 1024:
+            self._prune_sessions()
+
+    def _prune_sessions(self) -> None:
+        """Forget sessions that hold nothing, run nothing and are past their tombstone."""
+        cache = self.cache
+        running = {r.session_id for r in self.running.values()}
+        self.session_activity = {
+            sid: t for sid, t in self.session_activity.items()
+            if sid in cache._session_leaves or sid in running or cache.is_session_closed(sid)
+        }
 
     def evict(self, num_tokens: int) -> EvictResult:
         result = self.cache.evict(num_tokens)

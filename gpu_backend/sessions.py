@@ -121,6 +121,7 @@ class SessionRadixCacheMixin:
             node.session_ids = set()
         node.session_ids.add(session_id)
         self._session_leaves.setdefault(session_id, {})[node] = None
+        self._mark(node)
         if self.close_policy == "deref":
             self._refresh(node)
 
@@ -176,6 +177,7 @@ class SessionRadixCacheMixin:
                 freed_tokens += len(node.key)
                 self._delete_leaf(node)
                 node = parent
+        self._flush_subtree()
         return CloseResult(
             session_id, "free", already_closed, tuple(freed), freed_tokens,
             freed_tokens * self.bytes_per_token, holds,
@@ -234,6 +236,7 @@ class SessionRadixCacheMixin:
         )
 
     def _drop_holder(self, node: TreeNode, session_id: str) -> None:
+        self._mark(node)
         node.session_ids.discard(session_id)
         if not node.session_ids:
             node.session_ids = None

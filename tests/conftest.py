@@ -46,6 +46,12 @@ def check_invariants(s: Scheduler) -> None:
         assert len(n.key) == len(n.value) > 0
         assert len(n.key) % cache.page_size == 0
 
+    # Subtree sizes: each node's own tokens plus its children's subtrees.
+    for n in [*nodes, cache.root_node]:
+        assert n.subtree_tokens == len(n.key) + sum(c.subtree_tokens for c in n.children.values())
+    assert cache.root_node.subtree_tokens == cache.total_size()
+    assert not cache._pending_subtree
+
     # Sizes: recomputed from the tree.
     evictable = sum(len(n.key) for n in nodes if n.lock_ref == 0)
     protected = sum(len(n.key) for n in nodes if n.lock_ref > 0)

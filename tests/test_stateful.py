@@ -97,6 +97,29 @@ class CacheMachine(RuleBasedStateMachine):
     def invariants_hold(self):
         check_invariants(self.s)
 
+    @invariant()
+    def changes_let_a_reader_follow_the_tree(self):
+        """A reader that applies only changes(since) holds exactly what a full re-read gives."""
+        cache = self.s.cache
+        if not hasattr(self, "mirror"):
+            self.mirror, self.since = {}, -1
+        delta = cache.changes(self.since)
+        if delta.resync:
+            self.mirror = {n.id: _row(n) for n in cache.iter_nodes()}
+        else:
+            for node_id in delta.removed:
+                self.mirror.pop(node_id, None)
+            for node_id in (*delta.added, *delta.changed):
+                if node_id != 0:
+                    self.mirror[node_id] = _row(cache.nodes[node_id])
+        self.since = delta.version
+        assert self.mirror == {n.id: _row(n) for n in cache.iter_nodes()}
+
+
+def _row(node):
+    return (node.parent.id, node.key, node.lock_ref, frozenset(node.session_ids or ()),
+            node.subtree_tokens, len(node.children))
+
 
 class PagedCacheMachine(CacheMachine):
     page_size = 2

@@ -1,0 +1,112 @@
+"""CacheAdapter: the one contract every face uses to read and act on a radix cache."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+from adapters.model import (
+    CHILD_ORDERS,
+    SESSION_ORDERS,
+    BadRequest,
+    Capabilities,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+
+MAX_PAGE = 10_000
+MAX_MATCH_TOKENS = 1_000_000
+
+
+class CacheAdapter(ABC):
+    """Reads and actions on one cache. Reads never change the cache; actions return what they
+    actually did. Errors are the typed ones of ``adapters.model``; nothing else escapes.
+
+    Node ids are the cache's own stable ids (0 is the root); session ids are strings.
+    """
+
+    name: str = "cache"
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    # ----- reads -----
+
+    @abstractmethod
+    def stats(self) -> Stats: ...
+
+    @abstractmethod
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        """A page of ``node_id``'s children, largest subtree first (``bytes``), most recently
+        used first (``recency``), or most tokens first (``tokens``); ties by id."""
+
+    @abstractmethod
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail: ...
+
+    @abstractmethod
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        """A page of sessions: open ones (those holding KV, or registered) and recently closed."""
+
+    @abstractmethod
+    def session(self, session_id: str) -> SessionDetail: ...
+
+    @abstractmethod
+    def match(self, tokens: list[int]) -> MatchView:
+        """The longest cached prefix of ``tokens``, read-only."""
+
+    @abstractmethod
+    def changes(self, since: int) -> Changes: ...
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        """The whole tree, a header then one row per node, parents before children."""
+        raise NotImplementedError
+
+    # ----- actions -----
+
+    @abstractmethod
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        """Exactly what ``close_session`` would free now; changes nothing (allowed read-only)."""
+
+    @abstractmethod
+    def close_session(self, session_id: str) -> CloseResultView: ...
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> EvictResultView: ...
+
+    @abstractmethod
+    def flush(self) -> FlushResultView: ...
+
+    def close(self) -> None:
+        """Release connections or threads the adapter holds."""
+
+
+def check_page(offset: int, limit: int) -> None:
+    if offset < 0:
+        raise BadRequest(f"offset must be >= 0, got {offset}")
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadRequest(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+
+
+def check_child_order(order: str) -> None:
+    if order not in CHILD_ORDERS:
+        raise BadRequest(f"unknown order {order!r}; use one of {', '.join(CHILD_ORDERS)}")
+
+
+def check_session_order(order: str) -> None:
+    if order not in SESSION_ORDERS:
+        raise BadRequest(f"unknown order {order!r}; use one of {', '.join(SESSION_ORDERS)}")
+
+
+def check_tokens(num_tokens: int) -> None:
+    if num_tokens < 0:
+        raise BadRequest(f"tokens must be >= 0, got {num_tokens}")

@@ -1,0 +1,414 @@
+"""The bundled adapter: the contract over radixtop's own engine, every call on its owner thread."""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from adapters.base import (
+    MAX_MATCH_TOKENS,
+    CacheAdapter,
+    check_child_order,
+    check_page,
+    check_session_order,
+    check_tokens,
+)
+from adapters.model import (
+    ROOT_ID,
+    BadRequest,
+    Capabilities,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    Geometry,
+    KeptNodeView,
+    MatchView,
+    NodeDetail,
+    NodeView,
+    ReadOnly,
+    SessionDetail,
+    SessionsPage,
+    SessionView,
+    Stats,
+    TargetTimeout,
+    TargetUnreachable,
+    UnknownNode,
+    UnknownSession,
+)
+from gpu_backend.engine import Engine, EngineStopped, EngineTimeout
+
+if TYPE_CHECKING:
+    from gpu_backend.radix_cache import TreeNode
+    from gpu_backend.scheduler import Scheduler
+
+T = TypeVar("T")
+FIRST_TOKENS = 16
+
+_CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
+    "bytes": lambda n: (-n.subtree_tokens, n.id),
+    "recency": lambda n: (-n.last_access_time, n.id),
+    "tokens": lambda n: (-len(n.key), n.id),
+}
+_SESSION_KEYS: dict[str, Callable[[SessionView], Any]] = {
+    "exclusive_bytes": lambda s: (-s.exclusive_bytes, s.id),
+    "shared_bytes": lambda s: (-s.shared_bytes, s.id),
+    "last_activity": lambda s: (s.last_activity_age_s is None, s.last_activity_age_s or 0.0, s.id),
+    "id": lambda s: s.id,
+}
+
+
+@dataclass
+class _Attribution:
+    """Every session's view and each node's count of distinct sessions beneath it."""
+
+    key: tuple[int, int]
+    sessions: dict[str, SessionView]
+    node_ids: dict[str, tuple[int, ...]]
+    beneath: dict[int, int]
+
+
+def _page(items: list[T], key: Callable[[T], Any], offset: int, limit: int) -> list[T]:
+    """items[offset:offset+limit] in ``key`` order, without sorting everything for early pages."""
+    if offset + limit < len(items) // 4:
+        return heapq.nsmallest(offset + limit, items, key=key)[offset:]
+    return sorted(items, key=key)[offset : offset + limit]
+
+
+class BundledAdapter(CacheAdapter):
+    """Runs every read and action on the engine's owner thread through its command queue."""
+
+    def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
+                 tokenizer: Any = None, timeout: float = 10.0):
+        self.engine = engine
+        self.name = name
+        self.read_only = read_only
+        self.tokenizer = tokenizer
+        self.timeout = timeout
+        self._attribution: _Attribution | None = None
+
+    def _call(self, fn: Callable[[Scheduler], T]) -> T:
+        try:
+            return self.engine.call(fn, self.timeout)
+        except EngineTimeout as exc:
+            raise TargetTimeout(f"{self.name}: {exc}") from None
+        except EngineStopped as exc:
+            raise TargetUnreachable(f"{self.name}: {exc}") from None
+
+    def _refuse_if_read_only(self, action: str) -> None:
+        if self.read_only:
+            raise ReadOnly(f"{self.name} is read-only: {action} refused")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(read_only=self.read_only,
+                            reason="read-only: actions are refused" if self.read_only else "")
+
+    # ----- reads -----
+
+    def stats(self) -> Stats:
+        def read(s: Scheduler) -> Stats:
+            cache, g = s.cache, s.geometry
+            st = s.stats()
+            return Stats(
+                target=self.name,
+                capacity_tokens=st.capacity,
+                free_tokens=st.available_size,
+                evictable_tokens=st.evictable_size,
+                protected_tokens=st.protected_size + st.request_size,
+                running_tokens=st.request_size,
+                total_tokens=st.total_size,
+                bytes_per_token=g.bytes_per_token,
+                node_count=cache.node_count(),
+                open_sessions=len(s.open_session_ids()),
+                closed_sessions=len(cache.closed_session_ids()),
+                prompt_tokens=s.prompt_tokens,
+                cached_tokens=s.cached_tokens,
+                evicted_tokens=s.evicted_tokens,
+                closes=s.closes,
+                freed_by_close_tokens=s.freed_by_close_tokens,
+                version=cache.version,
+                geometry=Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype,
+                                  g.page_size, g.bytes_per_token),
+            )
+
+        return self._call(read)
+
+    def _node_view(self, s: Scheduler, node: TreeNode, depth: int, now: float) -> NodeView:
+        bpt = s.geometry.bytes_per_token
+        first = tuple(node.key[:FIRST_TOKENS])
+        return NodeView(
+            id=node.id,
+            parent_id=node.parent.id if node.parent is not None else None,
+            depth=depth,
+            tokens=len(node.key),
+            first_tokens=first,
+            text=self._decode(first),
+            lock_ref=node.lock_ref if node is not s.cache.root_node else 0,
+            hit_count=node.hit_count,
+            access_age_s=max(0.0, now - node.last_access_time),
+            created_age_s=max(0.0, now - node.creation_time),
+            bytes=len(node.key) * bpt,
+            subtree_tokens=node.subtree_tokens,
+            subtree_bytes=node.subtree_tokens * bpt,
+            num_children=len(node.children),
+            holders=tuple(sorted(node.session_ids or ())),
+        )
+
+    def _decode(self, tokens: tuple[int, ...]) -> str | None:
+        if self.tokenizer is None or not tokens:
+            return None
+        try:
+            return self.tokenizer.decode(list(tokens))
+        except Exception:  # a tokenizer that cannot decode these ids shows ids instead
+            return None
+
+    @staticmethod
+    def _lookup(s: Scheduler, node_id: int) -> TreeNode:
+        node = s.cache.nodes.get(node_id)
+        if node is None:
+            raise UnknownNode(f"node {node_id} is not in the tree (evicted, freed, or never existed)")
+        return node
+
+    @staticmethod
+    def _depth(node: TreeNode) -> int:
+        depth = 0
+        while node.parent is not None:
+            depth += 1
+            node = node.parent
+        return depth
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        check_page(offset, limit)
+        check_child_order(order)
+
+        def read(s: Scheduler) -> ChildrenPage:
+            node = self._lookup(s, node_id)
+            kids = list(node.children.values())
+            depth = self._depth(node) + 1
+            now = s.cache.clock()
+            page = _page(kids, _CHILD_KEYS[order], offset, limit)
+            views = tuple(self._node_view(s, k, depth, now) for k in page)
+            return ChildrenPage(node_id, offset, limit, len(kids), order, views)
+
+        return self._call(read)
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        check_page(token_offset, token_limit)
+
+        def read(s: Scheduler) -> NodeDetail:
+            node = self._lookup(s, node_id)
+            attribution = self._attribute(s)
+            depth = self._depth(node)
+            path_tokens, up = 0, node
+            while up is not None:
+                path_tokens += len(up.key)
+                up = up.parent
+            if node is s.cache.root_node:
+                beneath = sum(1 for ids in attribution.node_ids.values() if ids)
+            else:
+                beneath = attribution.beneath.get(node.id, 0)
+            return NodeDetail(
+                node=self._node_view(s, node, depth, s.cache.clock()),
+                token_ids=tuple(node.key[token_offset : token_offset + token_limit]),
+                token_offset=token_offset,
+                path_tokens=path_tokens,
+                sessions_beneath=beneath,
+            )
+
+        return self._call(read)
+
+    def _attribute(self, s: Scheduler) -> _Attribution:
+        """Attribution of memory to sessions; computed once per tree version (owner thread)."""
+        cache = s.cache
+        key = (cache.version, len(s.session_activity))
+        if self._attribution is not None and self._attribution.key == key:
+            return self._attribution
+        bpt = s.geometry.bytes_per_token
+        root = cache.root_node
+        now = time.monotonic()
+        unions: dict[str, list[TreeNode]] = {}
+        beneath: dict[int, int] = {}
+        for sid, leaves in cache._session_leaves.items():
+            if not leaves:
+                continue
+            seen: set[TreeNode] = set()
+            for leaf in leaves:
+                node = leaf
+                while node is not root and node not in seen:
+                    seen.add(node)
+                    node = node.parent
+            unions[sid] = list(seen)
+            for node in seen:
+                beneath[node.id] = beneath.get(node.id, 0) + 1
+        views: dict[str, SessionView] = {}
+        node_ids: dict[str, tuple[int, ...]] = {}
+        known = dict.fromkeys(s.open_session_ids())
+        known.update(dict.fromkeys(cache.closed_session_ids()))
+        known.update(dict.fromkeys(unions))
+        for sid in known:
+            union = unions.get(sid, [])
+            path_tokens = sum(len(n.key) for n in union)
+            exclusive = cache.plan_close(sid).freed_tokens if union else 0
+            fair = sum(len(n.key) / beneath[n.id] for n in union)
+            locked = sum(len(n.key) for n in union if n.lock_ref > 0)
+            seen_at = s.session_activity.get(sid)
+            views[sid] = SessionView(
+                id=sid,
+                state="closed" if cache.is_session_closed(sid) else "open",
+                tagged_nodes=len(cache._session_leaves.get(sid, ())),
+                exclusive_bytes=exclusive * bpt,
+                shared_bytes=(path_tokens - exclusive) * bpt,
+                fair_share_bytes=round(fair * bpt),
+                locked_tokens=locked,
+                last_activity_age_s=None if seen_at is None else max(0.0, now - seen_at),
+            )
+            node_ids[sid] = tuple(sorted(n.id for n in cache._session_leaves.get(sid, ())))
+        self._attribution = _Attribution(key, views, node_ids, beneath)
+        return self._attribution
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        check_page(offset, limit)
+        check_session_order(order)
+
+        def read(s: Scheduler) -> SessionsPage:
+            views = list(self._attribute(s).sessions.values())
+            page = _page(views, _SESSION_KEYS[order], offset, limit)
+            return SessionsPage(offset, limit, len(views), order, tuple(page))
+
+        return self._call(read)
+
+    def session(self, session_id: str) -> SessionDetail:
+        def read(s: Scheduler) -> SessionDetail:
+            attribution = self._attribute(s)
+            view = attribution.sessions.get(session_id)
+            if view is None:
+                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            return SessionDetail(view, attribution.node_ids[session_id])
+
+        return self._call(read)
+
+    def match(self, tokens: list[int]) -> MatchView:
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+
+        def read(s: Scheduler) -> MatchView:
+            found = s.cache.lookup(tokens)
+            return MatchView(
+                query_tokens=len(tokens),
+                matched_tokens=found.prefix_len,
+                node_id=found.last_node.id,
+                partial_node_id=found.partial_node.id if found.partial_node is not None else None,
+                partial_tokens=found.partial_len,
+                matched_bytes=found.prefix_len * s.geometry.bytes_per_token,
+            )
+
+        return self._call(read)
+
+    def changes(self, since: int) -> Changes:
+        if since < 0:
+            raise BadRequest(f"since must be >= 0, got {since}")
+        delta = self._call(lambda s: s.cache.changes(since))
+        return Changes(delta.since, delta.version, delta.resync, delta.added, delta.changed, delta.removed)
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        """A header, then one row per node from columns copied on the owner thread in one step
+        (a consistent snapshot; compact arrays, not an object per node)."""
+        from array import array
+
+        def snapshot(s: Scheduler):
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                ids, parents, tokens, locks, hits = (array("q") for _ in range(5))
+                holders: dict[int, tuple[str, ...]] = {}
+                stack = [s.cache.root_node]
+                while stack:
+                    node = stack.pop()
+                    if node.parent is not None:
+                        ids.append(node.id)
+                        parents.append(node.parent.id)
+                        tokens.append(len(node.key))
+                        locks.append(node.lock_ref)
+                        hits.append(node.hit_count)
+                        if node.session_ids:
+                            holders[node.id] = tuple(sorted(node.session_ids))
+                    stack.extend(node.children.values())
+                return s.cache.version, s.geometry.bytes_per_token, ids, parents, tokens, locks, hits, holders
+            finally:
+                if enabled:
+                    gc.enable()
+
+        version, bpt, ids, parents, tokens, locks, hits, holders = self._call(snapshot)
+        yield {"version": version, "bytes_per_token": bpt, "node_count": len(ids), "root_id": ROOT_ID}
+        empty: tuple[str, ...] = ()
+        for i in range(len(ids)):
+            node_id = ids[i]
+            yield {"id": node_id, "parent": parents[i], "tokens": tokens[i], "lock_ref": locks[i],
+                   "hit_count": hits[i], "holders": holders.get(node_id, empty)}
+
+    # ----- actions -----
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        def read(s: Scheduler) -> ClosePlanView:
+            plan = s.cache.plan_close(session_id)
+            if s.cache.is_session_closed(session_id):
+                state = "closed"
+            elif plan.known or session_id in s.session_activity:
+                state = "open"
+            else:
+                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            return ClosePlanView(
+                session_id, plan.policy, state, plan.freed_node_ids, plan.freed_tokens,
+                plan.freed_bytes, plan.released_holds,
+                tuple(KeptNodeView(k.node_id, k.tokens, k.reason) for k in plan.kept),
+            )
+
+        return self._call(read)
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        self._refuse_if_read_only(f"close of session {session_id!r}")
+
+        def act(s: Scheduler) -> CloseResultView:
+            known = (session_id in s.cache._session_leaves or session_id in s.session_activity
+                     or s.cache.is_session_closed(session_id))
+            if not known:
+                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            r = s.close_session(session_id)
+            self.engine.record("close", session=session_id)
+            return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
+                                   r.freed_tokens, r.freed_bytes, r.released_holds)
+
+        return self._call(act)
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        self._refuse_if_read_only(f"evict of {num_tokens} tokens")
+        check_tokens(num_tokens)
+
+        def act(s: Scheduler) -> EvictResultView:
+            r = s.evict(num_tokens)
+            self.engine.record("evict", tokens=num_tokens)
+            bpt = s.geometry.bytes_per_token
+            return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
+                                   r.num_tokens_evicted * bpt)
+
+        return self._call(act)
+
+    def flush(self) -> FlushResultView:
+        self._refuse_if_read_only("flush")
+
+        def act(s: Scheduler) -> FlushResultView:
+            requested = s.cache.evictable_size()
+            r = s.flush()
+            self.engine.record("evict", tokens=requested)
+            locked = s.cache.protected_size()
+            message = f"{locked} tokens locked by running requests stay" if locked else ""
+            return FlushResultView(r.num_tokens_evicted, r.num_nodes_evicted,
+                                   r.num_tokens_evicted * s.geometry.bytes_per_token, True, message)
+
+        return self._call(act)

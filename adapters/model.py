@@ -1,0 +1,334 @@
+"""The adapter contract's plain data: frozen view types and typed errors (no torch, no textual).
+
+Every face (dashboard, commands, HTTP API) sees a cache only through these types. They hold ints,
+floats, strings, tuples and None; never tensors, never live tree nodes. Byte figures are plain
+integers (a face formats them); times are ages in seconds relative to when the view was taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ChildOrder = Literal["bytes", "recency", "tokens"]
+SessionOrder = Literal["exclusive_bytes", "shared_bytes", "last_activity", "id"]
+CHILD_ORDERS: tuple[str, ...] = ("bytes", "recency", "tokens")
+SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "last_activity", "id")
+ROOT_ID = 0
+
+
+# ----- errors -----
+
+
+class AdapterError(Exception):
+    """Base of every error a face may show; ``code`` is stable and machine-readable."""
+
+    code = "error"
+    http_status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(AdapterError):
+    code = "bad_request"
+    http_status = 422
+
+
+class UnknownNode(AdapterError):
+    code = "unknown_node"
+    http_status = 404
+
+
+class UnknownSession(AdapterError):
+    code = "unknown_session"
+    http_status = 404
+
+
+class ReadOnly(AdapterError):
+    code = "read_only"
+    http_status = 403
+
+
+class Unsupported(AdapterError):
+    """The target cannot do this at all (see its capability flags)."""
+
+    code = "unsupported"
+    http_status = 501
+
+
+class Unauthorized(AdapterError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class TargetUnreachable(AdapterError):
+    code = "target_unreachable"
+    http_status = 503
+
+
+class TargetTimeout(AdapterError):
+    code = "target_timeout"
+    http_status = 504
+
+
+ERRORS_BY_CODE: dict[str, type[AdapterError]] = {
+    cls.code: cls
+    for cls in (AdapterError, BadRequest, UnknownNode, UnknownSession, ReadOnly, Unsupported,
+                Unauthorized, TargetUnreachable, TargetTimeout)
+}
+
+
+# ----- views -----
+
+
+class _View:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Capabilities(_View):
+    """What a target can do; a face hides what it cannot and says why."""
+
+    tree: bool = True
+    sessions: bool = True
+    close: bool = True
+    evict: bool = True
+    flush: bool = True
+    changes: bool = True
+    read_only: bool = False
+    reason: str = ""
+    """Why something is missing, in one sentence (empty when nothing is)."""
+
+
+@dataclass(frozen=True)
+class Geometry(_View):
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class Stats(_View):
+    """Cache totals. free + evictable + protected = capacity, in tokens and in bytes.
+
+    ``protected`` counts every slot that cannot be evicted now: locked tree nodes plus the slots
+    running requests hold beyond their matched prefix (``running_tokens``).
+    """
+
+    target: str
+    capacity_tokens: int
+    free_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    running_tokens: int
+    total_tokens: int
+    """Tokens held by the tree (evictable + locked nodes)."""
+    bytes_per_token: int
+    node_count: int
+    open_sessions: int
+    closed_sessions: int
+    prompt_tokens: int
+    """Counter: prompt tokens of every request begun (a hit rate over a window is the ratio of
+    the increments of cached_tokens and prompt_tokens)."""
+    cached_tokens: int
+    """Counter: prompt tokens served from the cache."""
+    evicted_tokens: int
+    closes: int
+    freed_by_close_tokens: int
+    version: int
+    geometry: Geometry
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_tokens * self.bytes_per_token
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_tokens * self.bytes_per_token
+
+    @property
+    def evictable_bytes(self) -> int:
+        return self.evictable_tokens * self.bytes_per_token
+
+    @property
+    def protected_bytes(self) -> int:
+        return self.protected_tokens * self.bytes_per_token
+
+    @property
+    def total_bytes(self) -> int:
+        return self.total_tokens * self.bytes_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in ("capacity", "free", "evictable", "protected", "total"):
+            d[f"{name}_bytes"] = getattr(self, f"{name}_bytes")
+        return d
+
+
+@dataclass(frozen=True)
+class NodeView(_View):
+    """One node as a row of the tree (what a page of children returns)."""
+
+    id: int
+    parent_id: int | None
+    depth: int
+    tokens: int
+    first_tokens: tuple[int, ...]
+    text: str | None
+    lock_ref: int
+    hit_count: int
+    access_age_s: float
+    created_age_s: float
+    bytes: int
+    subtree_tokens: int
+    subtree_bytes: int
+    num_children: int
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodeDetail(_View):
+    node: NodeView
+    token_ids: tuple[int, ...]
+    """A page of the node's token ids (``token_offset`` .. + len)."""
+    token_offset: int
+    path_tokens: int
+    """Tokens from the root through this node."""
+    sessions_beneath: int
+    """Distinct sessions that hold this node or something below it."""
+
+
+@dataclass(frozen=True)
+class ChildrenPage(_View):
+    parent_id: int
+    offset: int
+    limit: int
+    total: int
+    order: str
+    children: tuple[NodeView, ...]
+
+
+@dataclass(frozen=True)
+class SessionView(_View):
+    id: str
+    state: Literal["open", "closed"]
+    tagged_nodes: int
+    exclusive_bytes: int
+    """What closing it would free right now (the dry run of close)."""
+    shared_bytes: int
+    """On its paths but also held by other sessions or locked: a close keeps it."""
+    fair_share_bytes: int
+    """Each node's bytes split evenly among the sessions beneath it."""
+    locked_tokens: int
+    """Tokens on its paths that running requests lock."""
+    last_activity_age_s: float | None
+
+
+@dataclass(frozen=True)
+class SessionsPage(_View):
+    offset: int
+    limit: int
+    total: int
+    order: str
+    sessions: tuple[SessionView, ...]
+
+
+@dataclass(frozen=True)
+class SessionDetail(_View):
+    session: SessionView
+    node_ids: tuple[int, ...]
+    """The nodes it tagged and still holds."""
+
+
+@dataclass(frozen=True)
+class MatchView(_View):
+    """A read-only longest-prefix lookup (nothing split, no access time touched)."""
+
+    query_tokens: int
+    matched_tokens: int
+    node_id: int
+    """The deepest node fully matched (the root when nothing is)."""
+    partial_node_id: int | None
+    partial_tokens: int
+    """Tokens matched inside ``partial_node_id`` beyond ``node_id`` (a match ending mid-node)."""
+    matched_bytes: int
+
+
+@dataclass(frozen=True)
+class Changes(_View):
+    since: int
+    version: int
+    resync: bool
+    """The journal no longer reaches back to ``since``: re-read everything."""
+    added: tuple[int, ...] = ()
+    changed: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class KeptNodeView(_View):
+    node_id: int
+    tokens: int
+    reason: str
+    """root, locked, has_children, shared, or deref (the deref policy keeps everything)."""
+
+
+@dataclass(frozen=True)
+class ClosePlanView(_View):
+    session_id: str
+    policy: str
+    state: Literal["open", "closed", "unknown"]
+    freed_node_ids: tuple[int, ...]
+    freed_tokens: int
+    freed_bytes: int
+    released_holds: int
+    kept: tuple[KeptNodeView, ...] = ()
+
+
+@dataclass(frozen=True)
+class CloseResultView(_View):
+    session_id: str
+    policy: str
+    already_closed: bool
+    freed_node_ids: tuple[int, ...]
+    freed_tokens: int
+    freed_bytes: int
+    released_holds: int
+
+
+@dataclass(frozen=True)
+class EvictResultView(_View):
+    requested_tokens: int
+    evicted_tokens: int
+    evicted_nodes: int
+    evicted_bytes: int
+
+
+@dataclass(frozen=True)
+class FlushResultView(_View):
+    freed_tokens: int
+    freed_nodes: int
+    freed_bytes: int
+    flushed: bool
+    """False when it was refused because requests are running (as SGLang's flush_cache does)."""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class AuditEntry(_View):
+    time: float
+    client: str
+    action: str
+    target: str
+    allowed: bool
+    plan: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,211 @@
+"""The adapter contract suite: the same checks against every CacheAdapter implementation.
+
+A test module provides an ``adapter`` fixture (and ``read_only_adapter``) built over
+``build_engine()``'s cache; every test here takes it. See tests/test_contract.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.model import ROOT_ID, BadRequest, ReadOnly, UnknownNode, UnknownSession
+from gpu_backend.engine import Engine
+from gpu_backend.kv_geometry import get_geometry
+from gpu_backend.scheduler import Scheduler
+from tests.conftest import CounterClock, check_invariants
+
+
+def build_engine() -> Engine:
+    """A known cache: shared prompt [1,2,3,4]; sessions a (two turns), b, c (shares a's node);
+    one request running (locks [1,2,3,4,9,9]); one closed session; no workload."""
+    s = Scheduler(get_geometry("tiny"), 256, device="cpu", clock=CounterClock())
+    s.request("r1", [1, 2, 3, 4, 5, 6], [7, 8], "a")
+    s.request("r2", [1, 2, 3, 4, 5, 6, 7, 8, 10], [11], "a")
+    s.request("r3", [1, 2, 3, 4, 20], [21, 22], "b")
+    s.request("r4", [1, 2, 3, 4, 5, 6], [7, 8], "c")
+    s.request("r5", [30, 31], [32], "gone")
+    s.close_session("gone")
+    s.begin("running", [1, 2, 3, 4, 9, 9], "d")
+    s.request("r6", [40, 41, 42], [43], None)
+    check_invariants(s)
+    return Engine(s, None).start()
+
+
+def all_children(adapter, node_id, order="bytes"):
+    page = adapter.children(node_id, 0, 10_000, order)
+    return list(page.children)
+
+
+# ----- reads -----
+
+
+def test_stats_reconcile(adapter):
+    st = adapter.stats()
+    assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens == 256
+    assert st.free_bytes + st.evictable_bytes + st.protected_bytes == st.capacity_bytes
+    assert st.bytes_per_token == get_geometry("tiny").bytes_per_token
+    assert st.geometry.name == "tiny" and st.geometry.page_size == 1
+    assert st.total_tokens == st.evictable_tokens + st.protected_tokens - st.running_tokens
+    assert st.running_tokens == 2  # the running request's own slots beyond its matched prefix
+    assert st.node_count > 0 and st.closed_sessions == 1 and st.open_sessions == 4
+    assert st.cached_tokens <= st.prompt_tokens and st.closes == 1
+    assert st.to_dict()["capacity_bytes"] == st.capacity_bytes
+
+
+def test_children_pages_are_consistent_and_ordered(adapter):
+    every = all_children(adapter, ROOT_ID)
+    assert [c.subtree_bytes for c in every] == sorted((c.subtree_bytes for c in every), reverse=True)
+    page1 = adapter.children(ROOT_ID, 0, 1)
+    page2 = adapter.children(ROOT_ID, 1, 10)
+    assert page1.total == len(every)
+    assert [c.id for c in (*page1.children, *page2.children)] == [c.id for c in every]
+    by_tokens = all_children(adapter, ROOT_ID, "tokens")
+    assert [c.tokens for c in by_tokens] == sorted((c.tokens for c in by_tokens), reverse=True)
+    recency = all_children(adapter, ROOT_ID, "recency")
+    assert [c.access_age_s for c in recency] == sorted(c.access_age_s for c in recency)
+    prompt = every[0]
+    assert prompt.first_tokens == (1, 2, 3, 4) and prompt.depth == 1 and prompt.parent_id == ROOT_ID
+    assert prompt.lock_ref == 1  # the running request
+    assert prompt.bytes == prompt.tokens * adapter.stats().bytes_per_token
+    below = all_children(adapter, prompt.id)
+    assert sum(c.subtree_tokens for c in below) + prompt.tokens == prompt.subtree_tokens
+    assert all(c.depth == 2 for c in below)
+
+
+def test_children_bad_input(adapter):
+    with pytest.raises(UnknownNode):
+        adapter.children(987654, 0, 10)
+    with pytest.raises(BadRequest):
+        adapter.children(ROOT_ID, 0, 10, "size")
+    with pytest.raises(BadRequest):
+        adapter.children(ROOT_ID, -1, 10)
+    with pytest.raises(BadRequest):
+        adapter.children(ROOT_ID, 0, 0)
+
+
+def test_node_detail(adapter):
+    root = adapter.node(ROOT_ID)
+    assert root.node.parent_id is None and root.node.depth == 0 and root.path_tokens == 0
+    assert root.node.subtree_tokens == adapter.stats().total_tokens
+    assert root.sessions_beneath == 3  # a, b, c hold KV; "gone" closed, d has not finished
+    prompt = all_children(adapter, ROOT_ID)[0]
+    detail = adapter.node(prompt.id, token_offset=1, token_limit=2)
+    assert detail.token_ids == (2, 3) and detail.token_offset == 1
+    assert detail.path_tokens == 4 and detail.sessions_beneath == 3
+    leaf = all_children(adapter, prompt.id)[0]
+    assert adapter.node(leaf.id).path_tokens == 4 + leaf.tokens
+    with pytest.raises(UnknownNode):
+        adapter.node(10**9)
+
+
+def test_sessions_views_and_orders(adapter):
+    page = adapter.sessions("id", 0, 100)
+    ids = [s.id for s in page.sessions]
+    assert ids == sorted(ids) and set(ids) == {"a", "b", "c", "d", "gone"}
+    views = {s.id: s for s in page.sessions}
+    assert views["gone"].state == "closed" and views["gone"].tagged_nodes == 0
+    assert views["a"].state == "open" and views["a"].tagged_nodes == 2
+    for order, key in (("exclusive_bytes", "exclusive_bytes"), ("shared_bytes", "shared_bytes")):
+        got = [getattr(s, key) for s in adapter.sessions(order, 0, 100).sessions]
+        assert got == sorted(got, reverse=True)
+    for sid, view in views.items():
+        assert view.exclusive_bytes == adapter.plan_close(sid).freed_bytes
+    total_fair = sum(v.fair_share_bytes for v in views.values())
+    assert total_fair <= adapter.stats().total_bytes
+    assert views["b"].exclusive_bytes == 3 * adapter.stats().bytes_per_token  # [20,21,22]
+    assert views["c"].exclusive_bytes == 0  # shares its node with a
+    assert views["a"].locked_tokens == 4  # the prompt, locked by d's running request
+    detail = adapter.session("a")
+    assert detail.session == views["a"] and len(detail.node_ids) == 2
+    with pytest.raises(UnknownSession):
+        adapter.session("nobody")
+    with pytest.raises(BadRequest):
+        adapter.sessions("size", 0, 10)
+
+
+def test_match_is_read_only(adapter):
+    before = adapter.stats()
+    m = adapter.match([1, 2, 3, 4, 5, 99])
+    assert (m.matched_tokens, m.partial_tokens) == (5, 1)
+    assert m.partial_node_id is not None
+    assert m.matched_bytes == 5 * before.bytes_per_token
+    after = adapter.stats()
+    assert (after.node_count, after.version) == (before.node_count, before.version)
+    assert adapter.match([]).matched_tokens == 0 and adapter.match([]).node_id == ROOT_ID
+
+
+def test_changes_follow_actions(adapter):
+    v0 = adapter.stats().version
+    assert adapter.changes(v0).resync is False and adapter.changes(v0).removed == ()
+    freed = adapter.close_session("b")
+    delta = adapter.changes(v0)
+    assert set(freed.freed_node_ids) <= set(delta.removed) and delta.version > v0
+    assert adapter.changes(delta.version + 1000).resync is True
+    with pytest.raises(BadRequest):
+        adapter.changes(-1)
+
+
+def test_export_has_every_node_parents_first(adapter):
+    rows = list(adapter.export())
+    header, nodes = rows[0], rows[1:]
+    assert header["node_count"] == len(nodes) == adapter.stats().node_count
+    seen = {ROOT_ID}
+    for row in nodes:
+        assert row["parent"] in seen
+        seen.add(row["id"])
+    assert sum(r["tokens"] for r in nodes) == adapter.stats().total_tokens
+
+
+# ----- actions -----
+
+
+def test_plan_then_close_frees_exactly_the_plan(adapter):
+    before = adapter.stats()
+    plan = adapter.plan_close("a")
+    assert adapter.stats().version == before.version  # a plan changes nothing
+    result = adapter.close_session("a")
+    assert sorted(result.freed_node_ids) == sorted(plan.freed_node_ids)
+    assert (result.freed_tokens, result.freed_bytes) == (plan.freed_tokens, plan.freed_bytes)
+    assert adapter.stats().free_tokens == before.free_tokens + plan.freed_tokens
+    assert {k.reason for k in plan.kept} <= {"locked", "has_children", "shared", "root"}
+
+
+def test_closing_twice_says_so_and_frees_nothing(adapter):
+    first = adapter.close_session("b")
+    second = adapter.close_session("b")
+    assert first.freed_tokens == 3 and not first.already_closed
+    assert second.already_closed and second.freed_tokens == 0 and second.freed_node_ids == ()
+    assert adapter.plan_close("b").state == "closed"
+
+
+def test_unknown_session_actions(adapter):
+    with pytest.raises(UnknownSession):
+        adapter.close_session("nobody")
+    with pytest.raises(UnknownSession):
+        adapter.plan_close("nobody")
+
+
+def test_evict_and_flush(adapter):
+    st = adapter.stats()
+    r = adapter.evict(1)
+    assert r.requested_tokens == 1 and r.evicted_tokens >= 1 and r.evicted_bytes == r.evicted_tokens * st.bytes_per_token
+    with pytest.raises(BadRequest):
+        adapter.evict(-5)
+    flushed = adapter.flush()
+    after = adapter.stats()
+    assert after.evictable_tokens == 0 and flushed.flushed
+    assert flushed.freed_tokens == st.evictable_tokens - r.evicted_tokens
+    assert after.protected_tokens == st.protected_tokens  # the running request keeps its path
+    assert "locked" in flushed.message
+
+
+def test_read_only_refuses_every_action(read_only_adapter):
+    before = read_only_adapter.stats()
+    assert read_only_adapter.capabilities().read_only
+    for act in (lambda: read_only_adapter.close_session("a"), lambda: read_only_adapter.evict(10),
+                read_only_adapter.flush):
+        with pytest.raises(ReadOnly):
+            act()
+    assert read_only_adapter.plan_close("a").freed_tokens >= 0  # a dry run is still allowed
+    after = read_only_adapter.stats()
+    assert (after.version, after.free_tokens) == (before.version, before.free_tokens)
