@@ -116,5 +116,11 @@ def replay(
     print_replay_summary(doc, geometry.bytes_per_token)
 
 
+from cli import remote, serve  # noqa: E402  (commands defined in their own modules)
+
+app.add_typer(serve.app)
+app.add_typer(remote.app)
+
+
 def main() -> None:
     app()

@@ -21,3 +21,13 @@ ClosePolicy = Annotated[
 ]
 Model = Annotated[str, typer.Option("--model", help="KV geometry preset (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny).")]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+Url = Annotated[str, typer.Option("--url", envvar="RADIXTOP_URL", help="radixtop server to talk to.")]
+Token = Annotated[
+    str | None,
+    typer.Option("--token", envvar="RADIXTOP_TOKEN", help="Bearer token for actions (never printed).",
+                 show_default=False),
+]
+Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the target.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]

@@ -6,6 +6,7 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,7 +160,9 @@ class RadixCache(SessionRadixCacheMixin):
         self.bytes_per_token = bytes_per_token
         self._next_id = 0
         self.version = 0
-        self._journal: deque[tuple[int, int]] = deque(maxlen=JOURNAL_LIMIT)
+        # Node ids only: versions are consecutive, so the entry i places from the right end
+        # has version ``self.version - i`` (no tuple per entry on the hot path).
+        self._journal: deque[int] = deque(maxlen=JOURNAL_LIMIT)
         self._journal_floor = 0
         self._pending_subtree: dict[TreeNode, int] = {}
         self.reset()
@@ -378,16 +381,11 @@ class RadixCache(SessionRadixCacheMixin):
         """Ids of nodes added, changed or removed after version ``since`` (or resync: the
         journal no longer reaches back that far, or the tree was reset since)."""
         journal = self._journal
-        floor = self._journal_floor
-        if journal and len(journal) == journal.maxlen:
-            floor = max(floor, journal[0][0] - 1)
+        oldest = self.version - len(journal) + 1  # version of journal[0]
+        floor = max(self._journal_floor, oldest - 1)
         if since < floor or since > self.version:
             return ChangeSet(since, self.version, True)
-        touched: dict[int, None] = {}
-        for version, node_id in reversed(journal):
-            if version <= since:
-                break
-            touched[node_id] = None
+        touched = dict.fromkeys(islice(reversed(journal), self.version - since))
         added, changed, removed = [], [], []
         for node_id in touched:
             node = self.nodes.get(node_id)
@@ -533,7 +531,7 @@ class RadixCache(SessionRadixCacheMixin):
 
     def _mark(self, node: TreeNode) -> None:
         self.version += 1
-        self._journal.append((self.version, node.id))
+        self._journal.append(node.id)
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         if node.lock_ref > 0 or node.children:

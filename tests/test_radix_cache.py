@@ -174,3 +174,29 @@ def check_invariants_cache(cache: RadixCache) -> None:
     nodes = list(cache.iter_nodes())
     assert cache.evictable_size() == sum(len(n.key) for n in nodes if n.lock_ref == 0)
     assert np.unique(np.concatenate([n.value for n in nodes])).size == cache.total_size()
+
+
+def test_changes_journal_reports_and_resyncs(monkeypatch):
+    import gpu_backend.radix_cache as rc
+
+    monkeypatch.setattr(rc, "JOURNAL_LIMIT", 8)
+    cache = make_cache()
+    v0 = cache.version
+    put(cache, [1, 2, 3])
+    delta = cache.changes(v0)
+    (node,) = cache.iter_nodes()
+    assert not delta.resync and node.id in delta.added and 0 in delta.changed
+    v1 = cache.version
+    cache.match_prefix([1, 2, 9])  # splits: a new head, the tail changed
+    delta = cache.changes(v1)
+    assert node.id in delta.changed and len(delta.added) == 1
+    v2 = cache.version
+    cache.evict(1)  # the tail [3] goes (the oldest leaf); its parent [1,2] changes
+    delta = cache.changes(v2)
+    assert delta.removed == (node.id,) and not delta.added and len(delta.changed) >= 1
+    for i in range(10):
+        put(cache, [50 + i])  # more than the journal keeps
+    assert cache.changes(v1).resync
+    assert not cache.changes(cache.version - 3).resync
+    cache.reset()
+    assert cache.changes(v2).resync and not cache.changes(cache.version).resync

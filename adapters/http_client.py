@@ -1,0 +1,200 @@
+"""HttpAdapter: the adapter contract over a remote radixtop admin API (httpx, synchronous)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from adapters.base import MAX_MATCH_TOKENS, CacheAdapter
+from adapters.model import (
+    AdapterError,
+    AuditEntry,
+    BadRequest,
+    Capabilities,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+    TargetTimeout,
+    TargetUnreachable,
+)
+from adapters.wire import (
+    WireError,
+    audit_entry_from_dict,
+    capabilities_from_dict,
+    changes_from_dict,
+    children_page_from_dict,
+    close_plan_from_dict,
+    close_result_from_dict,
+    error_from_body,
+    evict_result_from_dict,
+    export_row_from_dict,
+    flush_result_from_dict,
+    match_from_dict,
+    node_detail_from_dict,
+    session_detail_from_dict,
+    sessions_page_from_dict,
+    stats_from_dict,
+)
+
+V = TypeVar("V")
+MAX_MATCH_QUERY_CHARS = 65_000
+"""httpx refuses a URL component over 64 KiB, so a match over HTTP takes ~10k-30k token ids."""
+
+
+class HttpAdapter(CacheAdapter):
+    """Talks to ``radixtop serve``'s API and returns the same views and typed errors as the
+    adapter behind it. The token goes only into POST requests' Authorization header: the actions,
+    and ``plan_close`` (a dry-run close), which therefore needs the token too."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
+        if not url.startswith(("http://", "https://")):
+            raise BadRequest(f"{url!r} is not an http:// or https:// URL")
+        self.url = url.rstrip("/")
+        self.name = self.url
+        self.timeout = timeout
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"HttpAdapter({self.url!r})"
+
+    # ----- transport -----
+
+    @contextmanager
+    def _transport(self) -> Iterator[None]:
+        """httpx's failures as the contract's: unreachable or timed out, naming the URL."""
+        try:
+            yield
+        except httpx.TimeoutException:
+            raise TargetTimeout(f"{self.url} did not answer within {self.timeout:g} s") from None
+        except httpx.InvalidURL as exc:
+            raise BadRequest(f"{self.url}: {exc}") from None
+        except httpx.TransportError as exc:
+            cause = str(exc) or type(exc).__name__
+            raise TargetUnreachable(f"cannot reach {self.url}: {cause}") from None
+
+    def _reply(self, response: httpx.Response) -> Any:
+        try:
+            body = response.json()
+        except ValueError:
+            text = response.text[:200]
+            if response.is_success:
+                raise WireError(f"{self.url} answered {response.request.url.path} with something "
+                                f"that is not JSON: {text!r}") from None
+            raise AdapterError(f"{self.url}: HTTP {response.status_code} "
+                               f"{response.reason_phrase}: {text}") from None
+        if not response.is_success:
+            raise error_from_body(response.status_code, body)
+        return body
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if method == "POST":
+            kwargs["headers"] = self._auth
+        with self._transport():
+            response = self._client.request(method, path, **kwargs)
+        return self._reply(response)
+
+    def _view(self, build: Callable[[Any], V], body: Any) -> V:
+        try:
+            return build(body)
+        except WireError as exc:
+            raise WireError(f"unexpected reply from {self.url}: {exc.message}") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise WireError(f"unexpected reply from {self.url}: {type(exc).__name__}: {exc}") from None
+
+    def _get(self, build: Callable[[Any], V], path: str, **params: Any) -> V:
+        return self._view(build, self._request("GET", path, params=params))
+
+    @staticmethod
+    def _session_path(session_id: str) -> str:
+        return f"/v1/sessions/{quote(session_id, safe='')}"
+
+    # ----- reads -----
+
+    def capabilities(self) -> Capabilities:
+        return self._get(capabilities_from_dict, "/v1/capabilities")
+
+    def stats(self) -> Stats:
+        return self._get(stats_from_dict, "/v1/stats")
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        return self._get(children_page_from_dict, f"/v1/nodes/{int(node_id)}/children",
+                         offset=offset, limit=limit, order=order)
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        return self._get(node_detail_from_dict, f"/v1/nodes/{int(node_id)}",
+                         token_offset=token_offset, token_limit=token_limit)
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        return self._get(sessions_page_from_dict, "/v1/sessions", order=order, offset=offset, limit=limit)
+
+    def session(self, session_id: str) -> SessionDetail:
+        return self._get(session_detail_from_dict, self._session_path(session_id))
+
+    def match(self, tokens: list[int]) -> MatchView:
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        query = ",".join(str(int(t)) for t in tokens)
+        if len(query) > MAX_MATCH_QUERY_CHARS:
+            raise BadRequest(f"{len(tokens)} token ids take {len(query)} characters, over the "
+                             f"{MAX_MATCH_QUERY_CHARS} one HTTP match can carry: match a shorter prefix")
+        return self._get(match_from_dict, "/v1/match", tokens=query)
+
+    def changes(self, since: int) -> Changes:
+        return self._get(changes_from_dict, "/v1/changes", since=since)
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        """The server's NDJSON export, one dict per line as it arrives (a header, then nodes)."""
+        with self._transport(), self._client.stream("GET", "/v1/export") as response:
+            if not response.is_success:
+                response.read()
+                self._reply(response)
+            lines = (line for line in response.iter_lines() if line.strip())
+            header = self._view(json.loads, next(lines, "null"))
+            if not isinstance(header, dict) or not isinstance(header.get("node_count"), int):
+                raise WireError(f"{self.url}: the export does not start with a header line")
+            yield header
+            rows = 0
+            for line in lines:
+                yield export_row_from_dict(self._view(json.loads, line))
+                rows += 1
+            if rows != header["node_count"]:
+                raise AdapterError(f"the export from {self.url} ended after {rows} of "
+                                   f"{header['node_count']} nodes")
+
+    def audit(self, limit: int = 100, offset: int = 0) -> list[AuditEntry]:
+        """The server's audit log, newest first (not part of the adapter contract)."""
+        body = self._request("GET", "/v1/audit", params={"limit": limit, "offset": offset})
+        return self._view(lambda b: [audit_entry_from_dict(e) for e in b["entries"]], body)
+
+    # ----- actions -----
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        body = self._request("POST", self._session_path(session_id) + "/close", params={"dry_run": "true"})
+        return self._view(close_plan_from_dict, body)
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        body = self._request("POST", self._session_path(session_id) + "/close")
+        return self._view(lambda b: close_result_from_dict(b["result"]), body)
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        return self._view(evict_result_from_dict, self._request("POST", "/v1/evict", json={"tokens": num_tokens}))
+
+    def flush(self) -> FlushResultView:
+        return self._view(flush_result_from_dict, self._request("POST", "/v1/flush"))
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,237 @@
+"""Request and response schemas of the admin API (pydantic, for validation and OpenAPI).
+
+They describe the JSON that ``adapters.wire`` produces from the view types; they are not the
+internal types. The server answers with the wire dicts directly; tests validate those answers
+against these models so the published schema cannot drift from what is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----- requests -----
+
+
+class EvictIn(Schema):
+    tokens: StrictInt = Field(ge=0, le=2**63 - 1, description="Tokens to evict (LRU leaves first).")
+
+
+# ----- errors -----
+
+
+class ErrorDetail(Schema):
+    code: str = Field(description="Stable, machine-readable: unknown_node, read_only, ...")
+    message: str
+
+
+class ErrorOut(Schema):
+    error: ErrorDetail
+
+
+# ----- reads -----
+
+
+class CapabilitiesOut(Schema):
+    tree: bool
+    sessions: bool
+    close: bool
+    evict: bool
+    flush: bool
+    changes: bool
+    read_only: bool
+    reason: str
+
+
+class GeometryOut(Schema):
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    bytes_per_token: int
+
+
+class StatsOut(Schema):
+    target: str
+    capacity_tokens: int
+    free_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    running_tokens: int
+    total_tokens: int
+    bytes_per_token: int
+    node_count: int
+    open_sessions: int
+    closed_sessions: int
+    prompt_tokens: int
+    cached_tokens: int
+    evicted_tokens: int
+    closes: int
+    freed_by_close_tokens: int
+    version: int
+    geometry: GeometryOut
+    capacity_bytes: int
+    free_bytes: int
+    evictable_bytes: int
+    protected_bytes: int
+    total_bytes: int
+
+
+class NodeOut(Schema):
+    id: int
+    parent_id: int | None
+    depth: int
+    tokens: int
+    first_tokens: list[int]
+    text: str | None
+    lock_ref: int
+    hit_count: int
+    access_age_s: float
+    created_age_s: float
+    bytes: int
+    subtree_tokens: int
+    subtree_bytes: int
+    num_children: int
+    holders: list[str]
+
+
+class NodeDetailOut(Schema):
+    node: NodeOut
+    token_ids: list[int]
+    token_offset: int
+    path_tokens: int
+    sessions_beneath: int
+
+
+class ChildrenPageOut(Schema):
+    parent_id: int
+    offset: int
+    limit: int
+    total: int
+    order: str
+    children: list[NodeOut]
+
+
+class SessionOut(Schema):
+    id: str
+    state: Literal["open", "closed"]
+    tagged_nodes: int
+    exclusive_bytes: int
+    shared_bytes: int
+    fair_share_bytes: int
+    locked_tokens: int
+    last_activity_age_s: float | None
+
+
+class SessionsPageOut(Schema):
+    offset: int
+    limit: int
+    total: int
+    order: str
+    sessions: list[SessionOut]
+
+
+class SessionDetailOut(Schema):
+    session: SessionOut
+    node_ids: list[int]
+
+
+class MatchOut(Schema):
+    query_tokens: int
+    matched_tokens: int
+    node_id: int
+    partial_node_id: int | None
+    partial_tokens: int
+    matched_bytes: int
+
+
+class ChangesOut(Schema):
+    since: int
+    version: int
+    resync: bool
+    added: list[int]
+    changed: list[int]
+    removed: list[int]
+
+
+class HealthOut(Schema):
+    status: Literal["ok"]
+    target: str
+    version: int
+    read_only: bool
+
+
+# ----- actions -----
+
+
+class KeptNodeOut(Schema):
+    node_id: int
+    tokens: int
+    reason: str
+
+
+class ClosePlanOut(Schema):
+    session_id: str
+    policy: str
+    state: Literal["open", "closed", "unknown"]
+    freed_node_ids: list[int]
+    freed_tokens: int
+    freed_bytes: int
+    released_holds: int
+    kept: list[KeptNodeOut]
+
+
+class CloseResultOut(Schema):
+    session_id: str
+    policy: str
+    already_closed: bool
+    freed_node_ids: list[int]
+    freed_tokens: int
+    freed_bytes: int
+    released_holds: int
+
+
+class CloseOut(Schema):
+    plan: ClosePlanOut
+    result: CloseResultOut
+
+
+class EvictOut(Schema):
+    requested_tokens: int
+    evicted_tokens: int
+    evicted_nodes: int
+    evicted_bytes: int
+
+
+class FlushOut(Schema):
+    freed_tokens: int
+    freed_nodes: int
+    freed_bytes: int
+    flushed: bool
+    message: str
+
+
+class AuditEntryOut(Schema):
+    time: float
+    client: str
+    action: str
+    target: str
+    allowed: bool
+    plan: dict[str, Any] | None
+    result: dict[str, Any] | None
+    error: str | None
+    extra: dict[str, Any]
+
+
+class AuditPageOut(Schema):
+    offset: int
+    limit: int
+    entries: list[AuditEntryOut]

@@ -1,0 +1,447 @@
+"""The admin API's HTTP server: ``create_app(adapter, token, audit)`` and ``serve`` to run it."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import re
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from adapters.audit import AuditLog
+from adapters.base import MAX_MATCH_TOKENS, CacheAdapter
+from adapters.http_metrics import metrics_registry, render_metrics
+from adapters.http_schemas import (
+    AuditPageOut,
+    CapabilitiesOut,
+    ChangesOut,
+    ChildrenPageOut,
+    ClosePlanOut,
+    CloseOut,
+    ErrorOut,
+    EvictIn,
+    EvictOut,
+    FlushOut,
+    HealthOut,
+    MatchOut,
+    NodeDetailOut,
+    SessionDetailOut,
+    SessionsPageOut,
+    StatsOut,
+)
+from adapters.model import (
+    ROOT_ID,
+    AdapterError,
+    AuditEntry,
+    BadRequest,
+    TargetTimeout,
+    TargetUnreachable,
+    Unauthorized,
+    Unsupported,
+)
+from adapters.wire import METHOD_NOT_ALLOWED, NOT_FOUND, PAYLOAD_TOO_LARGE, error_body, error_to_body
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_BODY = 64 * 1024
+MAX_ID = 2**63 - 1
+EXPORT_CHUNK_ROWS = 1000
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take '٣'
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_STATUS_CODES = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED, 413: PAYLOAD_TOO_LARGE}
+
+
+class PayloadTooLarge(AdapterError):
+    code = PAYLOAD_TOO_LARGE
+    http_status = 413
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorOut} for status in statuses}
+
+
+def parse_node_id(raw: str) -> int:
+    """``root`` or a non-negative integer (ASCII digits, below 2**63)."""
+    if raw == "root":
+        return ROOT_ID
+    if _DIGITS.fullmatch(raw) is None or int(raw) > MAX_ID:
+        raise BadRequest(f"node id must be 'root' or a non-negative integer, got {raw[:40]!r}")
+    return int(raw)
+
+
+def parse_tokens(raw: str) -> list[int]:
+    """Comma-separated non-negative token ids; at most MAX_MATCH_TOKENS of them."""
+    if not raw.strip():
+        return []
+    if raw.count(",") >= MAX_MATCH_TOKENS:
+        raise PayloadTooLarge(f"at most {MAX_MATCH_TOKENS} tokens in a match")
+    tokens = []
+    for part in raw.split(","):
+        part = part.strip()
+        if _DIGITS.fullmatch(part) is None or int(part) > MAX_ID:
+            raise BadRequest(f"tokens must be comma-separated non-negative integers, got {part[:40]!r}")
+        tokens.append(int(part))
+    return tokens
+
+
+def parse_bool(name: str, raw: str | None) -> bool:
+    value = (raw or "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise BadRequest(f"{name} must be true or false, got {raw[:40]!r}")
+
+
+def _json(payload: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(payload, status_code=status)
+
+
+def _error_response(exc: AdapterError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    return JSONResponse(error_to_body(exc), status_code=exc.http_status, headers=headers)
+
+
+def _internal(exc: BaseException) -> AdapterError:
+    logger.error("admin API request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    return AdapterError("internal error (details are in the server log)")
+
+
+def _call(fn: Callable[..., T], *args: Any) -> T:
+    """Run an adapter call; an error that is not a typed one becomes a 500 (logged, not shown)."""
+    try:
+        return fn(*args)
+    except AdapterError:
+        raise
+    except Exception as exc:
+        raise _internal(exc) from None
+
+
+@dataclass
+class _Record:
+    """What one action asked and did, filled in as it goes, for the audit entry."""
+
+    plan: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
+    """The admin API over ``adapter``. Every POST needs ``Authorization: Bearer <token>`` and is
+    audited, allowed or refused; read-only is the adapter's to enforce, not the server's."""
+    if not token:
+        raise ValueError("the admin API needs a non-empty token")
+    expected = token.encode()
+    registry = metrics_registry(adapter)
+    app = FastAPI(
+        title="radixtop admin API",
+        summary="Read and act on a radix KV cache: stats, tree, sessions, close, evict, flush.",
+        version="1",
+    )
+
+    # ----- errors at the edge -----
+
+    @app.exception_handler(AdapterError)
+    async def on_adapter_error(request: Request, exc: AdapterError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(part) for part in err.get("loc", ()))
+            problems.append(f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", "invalid"))
+        return _json(error_body(BadRequest.code, "; ".join(problems) or "invalid request"), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return _error_response(_internal(exc))
+
+    # ----- actions: authorised, then audited whatever happens -----
+
+    def check_token(request: Request) -> None:
+        header = request.headers.get("authorization")
+        if header is None:
+            raise Unauthorized("missing 'Authorization: Bearer <token>' header")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise Unauthorized("wrong token")
+
+    def check_body_size(request: Request) -> None:
+        length = request.headers.get("content-length")
+        if length is not None and length.isascii() and length.isdigit() and int(length) > MAX_BODY:
+            raise PayloadTooLarge(f"request body over {MAX_BODY} bytes")
+
+    async def guarded(request: Request, action: str, target: str,
+                      work: Callable[[_Record], Awaitable[Any]]) -> JSONResponse:
+        record = _Record()
+        client = request.client.host if request.client is not None else "unknown"
+        error: AdapterError | None = None
+        try:
+            check_token(request)
+            check_body_size(request)
+            payload = await work(record)
+        except AdapterError as exc:
+            error = exc
+        except Exception as exc:
+            error = _internal(exc)
+        entry = AuditEntry(
+            time=time.time(), client=client, action=action, target=target, allowed=error is None,
+            plan=record.plan, result=record.result,
+            error=None if error is None else f"{error.code}: {error.message}", extra=record.extra,
+        )
+        try:
+            await run_in_threadpool(audit.append, entry)
+        except Exception as exc:  # the action has happened: say what it did, and shout in the log
+            logger.error("audit log append failed for %s %s: %s", action, target, exc)
+        if error is not None:
+            return _error_response(error)
+        return _json(payload)
+
+    async def read_json(request: Request) -> Any:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise PayloadTooLarge(f"request body over {MAX_BODY} bytes")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except ValueError:
+            raise BadRequest('body must be JSON, such as {"tokens": 1000}') from None
+
+    def in_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        return run_in_threadpool(_call, fn, *args)
+
+    dry_run_param = {"parameters": [{
+        "name": "dry_run", "in": "query", "required": False,
+        "schema": {"type": "boolean", "default": False},
+        "description": "Return the plan (what a close would free now) and change nothing.",
+    }]}
+
+    @app.post("/v1/sessions/{session_id:path}/close", response_model=CloseOut | ClosePlanOut,
+              summary="Close a session: its plan and result (only the plan with dry_run=true)",
+              responses=_errors(401, 403, 404, 413, 422), openapi_extra=dry_run_param)
+    async def close_session(session_id: str, request: Request) -> JSONResponse:
+        raw_dry_run = request.query_params.get("dry_run")
+
+        async def work(record: _Record) -> Any:
+            dry_run = parse_bool("dry_run", raw_dry_run)
+            plan = await in_thread(adapter.plan_close, session_id)
+            record.plan = plan.to_dict()
+            if dry_run:
+                return record.plan
+            result = await in_thread(adapter.close_session, session_id)
+            record.result = result.to_dict()
+            return {"plan": record.plan, "result": record.result}
+
+        action = "close_dry_run" if (raw_dry_run or "").strip().lower() in _TRUE else "close"
+        return await guarded(request, action, f"session:{session_id}", work)
+
+    @app.post("/v1/evict", response_model=EvictOut, summary="Evict unlocked LRU leaves",
+              responses=_errors(401, 403, 413, 422),
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": EvictIn.model_json_schema()}}}})
+    async def evict(request: Request) -> JSONResponse:
+        async def work(record: _Record) -> Any:
+            try:
+                num_tokens = EvictIn.model_validate(await read_json(request)).tokens
+            except ValidationError as exc:
+                raise BadRequest('body must be {"tokens": N} with N >= 0: '
+                                 + "; ".join(e["msg"] for e in exc.errors())) from None
+            record.extra["requested_tokens"] = num_tokens
+            result = await in_thread(adapter.evict, num_tokens)
+            record.result = result.to_dict()
+            return record.result
+
+        return await guarded(request, "evict", "cache", work)
+
+    @app.post("/v1/flush", response_model=FlushOut, summary="Evict everything that is evictable",
+              responses=_errors(401, 403, 413))
+    async def flush(request: Request) -> JSONResponse:
+        async def work(record: _Record) -> Any:
+            result = await in_thread(adapter.flush)
+            record.result = result.to_dict()
+            return record.result
+
+        return await guarded(request, "flush", "cache", work)
+
+    # ----- reads -----
+
+    @app.get("/v1/capabilities", response_model=CapabilitiesOut, summary="What this target can do")
+    def capabilities() -> JSONResponse:
+        return _json(_call(adapter.capabilities).to_dict())
+
+    @app.get("/v1/stats", response_model=StatsOut, summary="Cache totals (tokens and bytes)",
+             responses=_errors(503, 504))
+    def stats() -> JSONResponse:
+        return _json(_call(adapter.stats).to_dict())
+
+    @app.get("/v1/nodes/{node_id}", response_model=NodeDetailOut,
+             summary="One node and a page of its token ids ('root' names the root)",
+             responses=_errors(404, 422))
+    def node(node_id: str, token_offset: int = 0, token_limit: int = 256) -> JSONResponse:
+        return _json(_call(adapter.node, parse_node_id(node_id), token_offset, token_limit).to_dict())
+
+    @app.get("/v1/nodes/{node_id}/children", response_model=ChildrenPageOut,
+             summary="A page of a node's children", responses=_errors(404, 422))
+    def children(node_id: str, offset: int = 0, limit: int = 100,
+                 order: str = Query("bytes", description="bytes, recency or tokens")) -> JSONResponse:
+        return _json(_call(adapter.children, parse_node_id(node_id), offset, limit, order).to_dict())
+
+    @app.get("/v1/sessions", response_model=SessionsPageOut, summary="A page of sessions",
+             responses=_errors(422))
+    def sessions(order: str = Query("exclusive_bytes",
+                                    description="exclusive_bytes, shared_bytes, last_activity or id"),
+                 offset: int = 0, limit: int = 100) -> JSONResponse:
+        return _json(_call(adapter.sessions, order, offset, limit).to_dict())
+
+    @app.get("/v1/sessions/{session_id:path}", response_model=SessionDetailOut,
+             summary="One session and the nodes it holds", responses=_errors(404))
+    def session(session_id: str) -> JSONResponse:
+        return _json(_call(adapter.session, session_id).to_dict())
+
+    @app.get("/v1/match", response_model=MatchOut,
+             summary="Longest cached prefix of a token list (read-only)", responses=_errors(413, 422))
+    def match(tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3")) -> JSONResponse:
+        return _json(_call(adapter.match, parse_tokens(tokens)).to_dict())
+
+    @app.get("/v1/changes", response_model=ChangesOut, summary="Node ids changed since a version",
+             responses=_errors(422))
+    def changes(since: int) -> JSONResponse:
+        return _json(_call(adapter.changes, since).to_dict())
+
+    @app.get("/v1/export", summary="The whole tree as NDJSON: a header line, then one line per node",
+             response_class=StreamingResponse, responses=_errors(501, 503))
+    def export() -> StreamingResponse:
+        try:
+            rows = iter(adapter.export())
+            header = next(rows)  # takes the snapshot here, so a failure is still a status code
+        except NotImplementedError:
+            raise Unsupported(f"{adapter.name} cannot export its tree") from None
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise _internal(exc) from None
+        return StreamingResponse(_ndjson(header, rows), media_type="application/x-ndjson")
+
+    @app.get("/v1/audit", response_model=AuditPageOut, summary="Audited actions, newest first",
+             responses=_errors(422))
+    def audit_page(limit: int = 100, offset: int = 0) -> JSONResponse:
+        entries = _call(audit.tail, limit, offset)
+        return _json({"offset": offset, "limit": limit, "entries": [e.to_dict() for e in entries]})
+
+    @app.get("/healthz", response_model=HealthOut, summary="Whether the target answers",
+             responses=_errors(503))
+    def healthz() -> JSONResponse:
+        try:
+            st = _call(adapter.stats)
+        except (TargetUnreachable, TargetTimeout) as exc:
+            return _json(error_to_body(exc), 503)
+        read_only = _call(adapter.capabilities).read_only
+        return _json({"status": "ok", "target": st.target, "version": st.version, "read_only": read_only})
+
+    @app.get("/metrics", summary="Prometheus metrics (read from the target at scrape time)",
+             response_class=Response, responses=_errors(503, 504))
+    def metrics() -> Response:
+        content, media_type = _call(render_metrics, registry)
+        return Response(content, media_type=media_type)
+
+    return app
+
+
+def _ndjson(header: dict[str, Any], rows: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """NDJSON in chunks of EXPORT_CHUNK_ROWS lines: memory bounded by a chunk, not the tree."""
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    yield dumps(header) + "\n"
+    chunk: list[str] = []
+    try:
+        for row in rows:
+            chunk.append(dumps(row))
+            if len(chunk) == EXPORT_CHUNK_ROWS:
+                yield "\n".join(chunk) + "\n"
+                chunk.clear()
+    except Exception as exc:  # headers are sent: the client sees fewer rows than node_count
+        logger.error("export stopped early: %s: %s", type(exc).__name__, exc)
+    if chunk:
+        yield "\n".join(chunk) + "\n"
+
+
+# ----- running it -----
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
+          audit_path: Path | str | None = None, log: Callable[[str], Any] = print) -> None:
+    """Run the admin API until interrupted (Ctrl-C returns normally). Without a token it listens
+    on loopback only and makes one up, printed once here (nowhere else). A port that cannot be
+    bound raises OSError before anything is printed."""
+    if token is None and not is_loopback(host):
+        raise ValueError(f"refusing to serve the admin API on {host!r} without an explicit token: "
+                         "it can close sessions and evict; pass a token, or use 127.0.0.1")
+    generated = token is None
+    if token is None:
+        token = secrets.token_urlsafe(24)
+    import uvicorn
+
+    audit = AuditLog(audit_path)
+    try:
+        app = create_app(adapter, token, audit)
+        sock = _bind(host, port)
+        shown = f"[{host}]" if ":" in host else host
+        log(f"radixtop admin API for {adapter.name} on http://{shown}:{port}"
+            + (f" (audit log: {audit_path})" if audit_path is not None else ""))
+        if generated:
+            log(f"API token (send as 'Authorization: Bearer <token>'): {token}")
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:
+            pass  # uvicorn has shut down cleanly; Ctrl-C is how a server is meant to stop
+        finally:
+            sock.close()
+    finally:
+        audit.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A bound socket, so that a port in use is an OSError here rather than an exit in uvicorn."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,449 @@
+"""Commands that talk to a radixtop server over its admin API (stats, tree, sessions, close, ...)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+
+from cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
+from cli.render import human_bytes
+
+app = typer.Typer()
+
+# Exit codes: 0 done, 1 refused or unknown id, 2 usage, 3 target unreachable or timed out.
+EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+
+
+def _exit(message: str, code: int) -> typer.Exit:
+    typer.echo(f"radixtop: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
+    """An HttpAdapter for ``url``; turns every adapter error into one line and an exit code."""
+    from adapters.http_client import HttpAdapter
+    from adapters.model import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+
+    adapter = HttpAdapter(url, token=token, timeout=timeout)
+    try:
+        yield adapter
+    except (TargetUnreachable, TargetTimeout) as exc:
+        raise _exit(exc.message, EXIT_UNREACHABLE) from None
+    except BadRequest as exc:
+        raise _exit(exc.message, EXIT_USAGE) from None
+    except AdapterError as exc:
+        raise _exit(exc.message, EXIT_REFUSED) from None
+    finally:
+        adapter.close()
+
+
+def emit_json(doc: Any) -> None:
+    typer.echo(json.dumps(doc, separators=(",", ":"), default=list))
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+# ----- reads -----
+
+
+@app.command()
+def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False) -> None:
+    """Cache totals: free, evictable and protected memory, sessions, counters."""
+    with target(url, token, timeout) as t:
+        st = t.stats()
+    if as_json:
+        return emit_json(st.to_dict())
+    from rich.table import Table
+
+    table = Table(title=f"{st.target} · {st.geometry.name} · {human_bytes(st.bytes_per_token)}/token",
+                  show_header=True)
+    for col in ("", "tokens", "bytes", "share"):
+        table.add_column(col, justify="right" if col else "left")
+    for name in ("free", "evictable", "protected", "capacity"):
+        tokens = getattr(st, f"{name}_tokens")
+        share = f"{tokens / st.capacity_tokens:.1%}" if st.capacity_tokens else "-"
+        table.add_row(name, f"{tokens:,}", human_bytes(tokens * st.bytes_per_token), share)
+    console = _console()
+    console.print(table)
+    hit = f"{st.cached_tokens / st.prompt_tokens:.1%}" if st.prompt_tokens else "-"
+    console.print(
+        f"{st.node_count:,} nodes · {st.open_sessions} sessions open · {st.closed_sessions} closed · "
+        f"cache hit (since start) {hit} · {st.closes} closes freed {st.freed_by_close_tokens:,} tokens · "
+        f"{st.evicted_tokens:,} tokens evicted · version {st.version}"
+    )
+
+
+def _node_label(n: Any) -> str:
+    preview = n.text if n.text is not None else " ".join(map(str, n.first_tokens[:8]))
+    if n.text is None and n.tokens > 8:
+        preview += " …"
+    holders = f" held by {', '.join(n.holders[:3])}{'…' if len(n.holders) > 3 else ''}" if n.holders else ""
+    lock = f" lock_ref={n.lock_ref}" if n.lock_ref else ""
+    return (f"[bold]#{n.id}[/] {n.tokens} tok · {human_bytes(n.bytes)} · subtree "
+            f"{human_bytes(n.subtree_bytes)}{lock}{holders} · [dim]{preview}[/]")
+
+
+@app.command()
+def tree(
+    node: Annotated[str, typer.Argument(help="Where to start: a node id, or root.")] = "root",
+    depth: Annotated[int, typer.Option(min=1, max=64, help="Levels to show.")] = 3,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Children shown per node.")] = 10,
+    min_bytes: Annotated[int, typer.Option(min=0, help="Hide subtrees smaller than this.")] = 0,
+    order: Annotated[str, typer.Option(help="bytes, recency or tokens.")] = "bytes",
+    session: Annotated[str | None, typer.Option(help="Show only the chains this session holds.")] = None,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """The tree as people read it: largest subtrees first, paged."""
+    start = _node_id(node)
+    with target(url, token, timeout) as t:
+        if session is not None:
+            doc = _session_tree(t, session)
+        else:
+            doc = _subtree(t, start, depth, limit, min_bytes, order)
+    if as_json:
+        return emit_json(_tree_json(doc))
+    from rich.tree import Tree
+
+    def build(parent: Tree, d: dict) -> None:
+        for child in d["children"]:
+            build(parent.add(_node_label(child["node"])), child)
+        if d.get("more"):
+            parent.add(f"[dim]… {d['more']} more[/]")
+
+    top = doc["node"]
+    if top.id == 0:
+        label = f"[bold]root[/] · {human_bytes(top.subtree_bytes)} in the tree"
+    else:
+        label = _node_label(top)
+    rich_tree = Tree(label)
+    build(rich_tree, doc)
+    _console().print(rich_tree)
+
+
+def _node_id(text: str) -> int:
+    if text == "root":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise _exit(f"node id must be an integer or 'root', got {text!r}", EXIT_USAGE) from None
+    if value < 0:
+        raise _exit(f"node id must be >= 0, got {value}", EXIT_USAGE)
+    return value
+
+
+def _subtree(t: Any, node_id: int, depth: int, limit: int, min_bytes: int, order: str) -> dict:
+    root = t.node(node_id, token_limit=1).node
+
+    def walk(n: Any, level: int) -> dict:
+        out = {"node": n, "children": [], "more": 0}
+        if level >= depth or n.num_children == 0:
+            out["more"] = n.num_children if level >= depth else 0
+            return out
+        page = t.children(n.id, 0, limit, order)
+        shown = [c for c in page.children if c.subtree_bytes >= min_bytes]
+        out["children"] = [walk(c, level + 1) for c in shown]
+        out["more"] = page.total - len(shown)
+        return out
+
+    return walk(root, 0)
+
+
+def _session_tree(t: Any, session_id: str) -> dict:
+    """Only the chains from the root to the nodes ``session_id`` holds."""
+    detail = t.session(session_id)
+    nodes: dict[int, Any] = {}
+    children: dict[int, set[int]] = {}
+    for node_id in detail.node_ids:
+        current = node_id
+        while current is not None and current not in nodes:
+            view = t.node(current, token_limit=1).node
+            nodes[current] = view
+            if view.parent_id is not None:
+                children.setdefault(view.parent_id, set()).add(current)
+            current = view.parent_id
+
+    def walk(node_id: int) -> dict:
+        kids = sorted(children.get(node_id, ()), key=lambda i: -nodes[i].subtree_bytes)
+        return {"node": nodes[node_id], "children": [walk(k) for k in kids], "more": 0}
+
+    if 0 not in nodes:
+        nodes[0] = t.node(0, token_limit=1).node
+    return walk(0)
+
+
+def _tree_json(d: dict) -> dict:
+    return {"node": d["node"].to_dict(), "more": d["more"], "children": [_tree_json(c) for c in d["children"]]}
+
+
+@app.command()
+def node(
+    node_id: Annotated[str, typer.Argument(help="A node id, or root.")],
+    token_offset: Annotated[int, typer.Option(min=0)] = 0,
+    token_limit: Annotated[int, typer.Option(min=1, max=10_000)] = 64,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """One node in full: tokens, locks, holders, sizes, ages."""
+    with target(url, token, timeout) as t:
+        d = t.node(_node_id(node_id), token_offset, token_limit)
+    if as_json:
+        return emit_json(d.to_dict())
+    n = d.node
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, title=f"node #{n.id}")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("parent", "-" if n.parent_id is None else f"#{n.parent_id}"), ("depth", str(n.depth)),
+        ("tokens", f"{n.tokens:,} ({human_bytes(n.bytes)})"),
+        ("subtree", f"{n.subtree_tokens:,} tokens ({human_bytes(n.subtree_bytes)})"),
+        ("path from root", f"{d.path_tokens:,} tokens"), ("children", str(n.num_children)),
+        ("lock_ref", str(n.lock_ref)), ("hit_count", str(n.hit_count)),
+        ("last access", f"{_age(n.access_age_s)} ago"), ("created", f"{_age(n.created_age_s)} ago"),
+        ("holders", ", ".join(n.holders) or "-"), ("sessions beneath", str(d.sessions_beneath)),
+        (f"token ids [{d.token_offset}:{d.token_offset + len(d.token_ids)}]", " ".join(map(str, d.token_ids))),
+    ]
+    if n.text is not None:
+        rows.append(("text", n.text))
+    for k, v in rows:
+        table.add_row(k, v)
+    _console().print(table)
+
+
+def _sessions_table(views: list[Any], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("session", "state", "tagged", "exclusive", "shared", "fair share", "locked tok", "last activity"):
+        table.add_column(col, justify="left" if col in ("session", "state") else "right")
+    for s in views:
+        table.add_row(s.id, s.state, str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
+                      human_bytes(s.shared_bytes), human_bytes(s.fair_share_bytes), f"{s.locked_tokens:,}",
+                      _age(s.last_activity_age_s))
+    return table
+
+
+@app.command()
+def sessions(
+    sort: Annotated[str, typer.Option(help="exclusive_bytes, shared_bytes, last_activity or id.")] = "exclusive_bytes",
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """Sessions and the memory they hold: exclusive (a close frees it now), shared, fair share."""
+    with target(url, token, timeout) as t:
+        page = t.sessions(sort, offset, limit)
+    if as_json:
+        return emit_json(page.to_dict())
+    title = f"sessions {offset + 1}-{offset + len(page.sessions)} of {page.total} by {sort}"
+    _console().print(_sessions_table(list(page.sessions), title))
+
+
+@app.command()
+def session(
+    session_id: Annotated[str, typer.Argument()],
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """One session: its memory and the nodes it holds."""
+    with target(url, token, timeout) as t:
+        d = t.session(session_id)
+    if as_json:
+        return emit_json(d.to_dict())
+    console = _console()
+    console.print(_sessions_table([d.session], f"session {session_id}"))
+    console.print(f"holds nodes: {', '.join(f'#{i}' for i in d.node_ids) or '-'}")
+
+
+@app.command()
+def match(
+    tokens: Annotated[list[str], typer.Argument(help="Token ids, space- or comma-separated.")],
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """The longest cached prefix of a token sequence (read-only: nothing split, nothing touched)."""
+    ids = _parse_tokens(tokens)
+    with target(url, token, timeout) as t:
+        m = t.match(ids)
+    if as_json:
+        return emit_json(m.to_dict())
+    where = f"node #{m.node_id}"
+    if m.partial_node_id is not None:
+        where += f", then {m.partial_tokens} tokens into node #{m.partial_node_id}"
+    typer.echo(f"{m.matched_tokens} of {m.query_tokens} tokens cached ({human_bytes(m.matched_bytes)}); "
+               f"match ends at {where}")
+
+
+def _parse_tokens(parts: list[str]) -> list[int]:
+    ids = []
+    for part in parts:
+        for piece in part.replace(",", " ").split():
+            try:
+                value = int(piece)
+            except ValueError:
+                raise _exit(f"token ids must be integers, got {piece!r}", EXIT_USAGE) from None
+            if value < 0:
+                raise _exit(f"token ids must be >= 0, got {value}", EXIT_USAGE)
+            ids.append(value)
+    return ids
+
+
+@app.command()
+def export(
+    output: Annotated[typer.FileTextWrite, typer.Option("--output", "-o", help="File (default: stdout).")] = "-",
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 60.0,
+) -> None:
+    """The whole tree as JSON lines (a header, then a row per node, parents first), streamed."""
+    with target(url, token, timeout) as t:
+        for row in t.export():
+            output.write(json.dumps(row, separators=(",", ":"), default=list) + "\n")
+    output.flush()
+
+
+@app.command()
+def audit(
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """The audit journal, newest first: every action, allowed or refused."""
+    with target(url, token, timeout) as t:
+        entries = t.audit(limit, offset)
+    if as_json:
+        return emit_json([e.to_dict() for e in entries])
+    from datetime import datetime
+
+    from rich.table import Table
+
+    table = Table(title="audit (newest first)")
+    for col in ("time", "client", "action", "target", "allowed", "outcome"):
+        table.add_column(col)
+    for e in entries:
+        outcome = e.error or (json.dumps(e.result, default=list)[:60] if e.result else "")
+        table.add_row(datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S"), e.client, e.action,
+                      e.target, "yes" if e.allowed else "[red]no[/]", outcome)
+    _console().print(table)
+
+
+# ----- actions: plan, preview, confirm, execute -----
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise _exit("confirmation needed and stdin is not a terminal; pass --yes", EXIT_REFUSED)
+    if not typer.confirm(question, default=False):
+        raise _exit("cancelled; nothing was changed", EXIT_REFUSED)
+
+
+@app.command()
+def close(
+    session_ids: Annotated[list[str], typer.Argument(help="Sessions to close.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what a close would free; change nothing.")] = False,
+    yes: Yes = False,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """Close sessions: shows the exact plan first, then asks (the ids you see are the ids closed)."""
+    from adapters.model import UnknownSession
+
+    ids = list(dict.fromkeys(session_ids))
+    with target(url, token, timeout) as t:
+        plans, unknown = [], []
+        for sid in ids:
+            try:
+                plans.append(t.plan_close(sid))
+            except UnknownSession:
+                unknown.append(sid)
+        if not as_json or dry_run:
+            _print_plans(plans, as_json and dry_run)
+        for sid in unknown:
+            typer.echo(f"radixtop: session {sid!r} is not known", err=True)
+        if dry_run or not plans:
+            if unknown:
+                raise typer.Exit(EXIT_REFUSED)
+            return
+        total = sum(p.freed_bytes for p in plans)
+        _confirm(f"Close {len(plans)} session(s), freeing {human_bytes(total)} now?", yes)
+        results = [t.close_session(p.session_id) for p in plans]
+    if as_json:
+        emit_json({"plans": [p.to_dict() for p in plans], "results": [r.to_dict() for r in results]})
+    else:
+        for plan, r in zip(plans, results):
+            note = "" if r.freed_tokens == plan.freed_tokens else \
+                f" (the plan said {plan.freed_tokens}: the cache changed in between)"
+            state = "was already closed; " if r.already_closed else ""
+            typer.echo(f"closed {r.session_id}: {state}freed {r.freed_tokens} tokens "
+                       f"({human_bytes(r.freed_bytes)}) in {len(r.freed_node_ids)} nodes{note}")
+    if unknown:
+        raise typer.Exit(EXIT_REFUSED)
+
+
+def _print_plans(plans: list[Any], as_json: bool) -> None:
+    if as_json:
+        return emit_json({"plans": [p.to_dict() for p in plans]})
+    from rich.table import Table
+
+    table = Table(title="close plan (what a close frees right now)")
+    for col in ("session", "state", "frees nodes", "frees tokens", "frees", "holds dropped", "kept (why)"):
+        table.add_column(col)
+    for p in plans:
+        kept = {}
+        for k in p.kept:
+            kept[k.reason] = kept.get(k.reason, 0) + k.tokens
+        table.add_row(p.session_id, p.state, str(len(p.freed_node_ids)), f"{p.freed_tokens:,}",
+                      human_bytes(p.freed_bytes), str(p.released_holds),
+                      ", ".join(f"{v} tok {r}" for r, v in kept.items()) or "-")
+    _console().print(table)
+
+
+@app.command()
+def evict(
+    tokens: Annotated[int, typer.Argument(min=0, help="Tokens to evict (whole least-recently-used leaves).")],
+    yes: Yes = False,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """Evict at least N tokens of unlocked leaves, least recently used first."""
+    with target(url, token, timeout) as t:
+        st = t.stats()
+        _confirm(f"Evict {tokens:,} tokens ({human_bytes(tokens * st.bytes_per_token)}) "
+                 f"of {st.evictable_tokens:,} evictable?", yes)
+        r = t.evict(tokens)
+    if as_json:
+        return emit_json(r.to_dict())
+    typer.echo(f"evicted {r.evicted_tokens:,} tokens ({human_bytes(r.evicted_bytes)}) in {r.evicted_nodes} nodes")
+
+
+@app.command()
+def flush(
+    yes: Yes = False,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """Free everything that no running request locks."""
+    with target(url, token, timeout) as t:
+        st = t.stats()
+        _confirm(f"Flush {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)})?", yes)
+        r = t.flush()
+    if as_json:
+        return emit_json(r.to_dict())
+    extra = f"; {r.message}" if r.message else ""
+    typer.echo(f"flushed {r.freed_tokens:,} tokens ({human_bytes(r.freed_bytes)}) in {r.freed_nodes} nodes{extra}")

@@ -1,0 +1,82 @@
+"""`radixtop serve`: the bundled engine (demo workload or a replayed trace) behind the admin API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.options import Capacity, ClosePolicy, EvictionPolicy, Model, PageSize
+
+app = typer.Typer()
+
+
+@app.command()
+def serve(
+    capacity: Capacity = 65536,
+    model: Model = "llama-3-8b",
+    page_size: PageSize = 1,
+    eviction_policy: EvictionPolicy = "lru",
+    close_policy: ClosePolicy = "free",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or meta.")] = "auto",
+    sessions: Annotated[int, typer.Option(min=1, help="Demo workload: sessions open at once.")] = 48,
+    seed: Annotated[int, typer.Option(help="Demo workload: random seed.")] = 0,
+    arrival_rate: Annotated[float, typer.Option(min=0, help="Demo workload: requests per second (0: flat out).")] = 50.0,
+    never_closed: Annotated[float, typer.Option(min=0, max=1, help="Demo workload: share never closed.")] = 0.2,
+    max_running: Annotated[int, typer.Option(min=1, help="Demo workload: requests in flight.")] = 8,
+    trace: Annotated[Path | None, typer.Option(help="Replay this trace instead of running the demo workload.")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless you give a --token).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
+    token: Annotated[str | None, typer.Option(envvar="RADIXTOP_TOKEN", show_default=False,
+                                              help="Bearer token for actions; made up and printed if not given.")] = None,
+    read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
+    audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
+) -> None:
+    """Serve the bundled engine's cache over the HTTP admin API."""
+    from adapters.bundled import BundledAdapter
+    from adapters.http_server import serve as serve_http
+    from cli.demo_view import pick_device
+    from gpu_backend.engine import Engine
+    from gpu_backend.kv_geometry import get_geometry
+    from gpu_backend.scheduler import Scheduler
+    from gpu_backend.trace import Replayer, TraceError, read_trace
+    from gpu_backend.workload import WorkloadConfig
+
+    def usage(message: str) -> typer.Exit:
+        typer.echo(f"radixtop: {message}", err=True)
+        return typer.Exit(2)
+
+    try:
+        geometry = get_geometry(model, page_size)
+        scheduler = Scheduler(geometry, capacity, device=pick_device(device, capacity * geometry.bytes_per_token),
+                              eviction_policy=eviction_policy, close_policy=close_policy)
+        workload = None
+        if trace is None:
+            workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
+                                      never_closed_share=never_closed, max_running=max_running)
+    except ValueError as exc:
+        raise usage(str(exc)) from None
+    if trace is not None:
+        try:
+            with trace.open(encoding="utf-8") as lines:
+                replayer = Replayer(scheduler)
+                for op in read_trace(lines):
+                    replayer.apply(op)
+        except OSError as exc:
+            raise usage(f"cannot read trace {trace}: {exc.strerror or exc}") from None
+        except TraceError as exc:
+            typer.echo(f"radixtop: {trace}: {exc}", err=True)
+            raise typer.Exit(1) from None
+    engine = Engine(scheduler, workload, step_interval=0.01).start()
+    name = f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
+    adapter = BundledAdapter(engine, name=name, read_only=read_only)
+    try:
+        serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
+    except ValueError as exc:
+        raise usage(str(exc)) from None
+    except OSError as exc:
+        typer.echo(f"radixtop: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        engine.stop()
