@@ -338,10 +338,24 @@ def audit(
     for col in ("time", "client", "action", "target", "allowed", "outcome"):
         table.add_column(col)
     for e in entries:
-        outcome = e.error or (json.dumps(e.result, default=list)[:60] if e.result else "")
+        outcome = e.error or _audit_outcome(e)
         table.add_row(datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S"), e.client, e.action,
                       e.target, "yes" if e.allowed else "[red]no[/]", outcome)
     _console().print(table)
+
+
+def _audit_outcome(e: Any) -> str:
+    """One short phrase for what an audited action did (the JSON has it all)."""
+    r, plan = e.result or {}, e.plan or {}
+    if "freed_tokens" in r and e.action == "close":
+        return "already closed, freed 0" if r.get("already_closed") else f"freed {r['freed_tokens']:,} tok"
+    if "evicted_tokens" in r:
+        return f"evicted {r['evicted_tokens']:,} tok"
+    if e.action == "flush" and "freed_tokens" in r:
+        return f"flushed {r['freed_tokens']:,} tok"
+    if "freed_tokens" in plan:
+        return f"plan: frees {plan['freed_tokens']:,} tok"
+    return ""
 
 
 # ----- actions: plan, preview, confirm, execute -----
