@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cli.render import human_bytes
+from adapters.units import human_bytes
 
 
 def _snapshot(scheduler: Any) -> dict[str, Any]:

@@ -28,9 +28,58 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 @app.callback(invoke_without_command=True)
 def main_callback(ctx: typer.Context) -> None:
-    """With no command: start the embedded engine on its demo workload and show it live."""
+    """With no command: the dashboard on the embedded engine running its demo workload."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(demo)
+        ctx.invoke(tui)
+
+
+def _keymap(text: str) -> dict[str, str]:
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if not all(len(p) == 2 and p[0].strip() and p[1].strip() for p in pairs):
+        raise fail(f"--keymap wants binding-id=key pairs, e.g. app.pause=P,tree.toggle=enter; got {text!r}", 2)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+@app.command()
+def tui(
+    url: Annotated[str | None, typer.Option(envvar="RADIXTOP_URL", help="A radixtop server; none: the embedded demo.")] = None,
+    token: Annotated[str | None, typer.Option(envvar="RADIXTOP_TOKEN", show_default=False, help="Bearer token for actions.")] = None,
+    interval: Annotated[float, typer.Option(min=0.25, max=30, help="Seconds between refreshes.")] = 1.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the target.")] = 5.0,
+    keymap: Annotated[str, typer.Option(help="Remap keys: binding-id=key,... (ids are listed by ?).")] = "",
+    capacity: Capacity = 65536,
+    model: Model = "llama-3-8b",
+    sessions: Annotated[int, typer.Option(help="Embedded demo: sessions open at once.")] = 48,
+    seed: Annotated[int, typer.Option(help="Embedded demo: random seed.")] = 0,
+    arrival_rate: Annotated[float, typer.Option(min=0, help="Embedded demo: requests per second.")] = 20.0,
+    read_only: Annotated[bool, typer.Option("--read-only", help="Embedded demo: refuse every action.")] = False,
+) -> None:
+    """The dashboard: on the embedded demo engine, or on a radixtop server with --url."""
+    keys = _keymap(keymap)
+    if url is not None:
+        from adapters.http_client import HttpAdapter
+        from inspector.app import run_dashboard
+
+        adapter = HttpAdapter(url, token=token, timeout=timeout)
+        run_dashboard(adapter, url, interval, keys, on_exit=adapter.close)
+        return
+    from adapters.bundled import BundledAdapter
+    from cli.demo_view import pick_device
+    from gpu_backend.engine import Engine
+    from gpu_backend.kv_geometry import get_geometry
+    from gpu_backend.scheduler import Scheduler
+    from gpu_backend.workload import WorkloadConfig
+    from inspector.app import run_dashboard
+
+    try:
+        geometry = get_geometry(model)
+        workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    scheduler = Scheduler(geometry, capacity, device=pick_device("auto", capacity * geometry.bytes_per_token))
+    engine = Engine(scheduler, workload, step_interval=0.01).start()
+    adapter = BundledAdapter(engine, name=f"embedded demo · {geometry.name}", read_only=read_only)
+    run_dashboard(adapter, None, interval, keys, on_exit=engine.stop)
 
 
 @app.command()

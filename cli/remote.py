@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
-from cli.render import human_bytes
+from adapters.units import age, human_bytes
 
 app = typer.Typer()
 
@@ -51,16 +51,6 @@ def _console():
     from rich.console import Console
 
     return Console()
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 # ----- reads -----
@@ -220,7 +210,7 @@ def node(
         ("subtree", f"{n.subtree_tokens:,} tokens ({human_bytes(n.subtree_bytes)})"),
         ("path from root", f"{d.path_tokens:,} tokens"), ("children", str(n.num_children)),
         ("lock_ref", str(n.lock_ref)), ("hit_count", str(n.hit_count)),
-        ("last access", f"{_age(n.access_age_s)} ago"), ("created", f"{_age(n.created_age_s)} ago"),
+        ("last access", f"{age(n.access_age_s)} ago"), ("created", f"{age(n.created_age_s)} ago"),
         ("holders", ", ".join(n.holders) or "-"), ("sessions beneath", str(d.sessions_beneath)),
         (f"token ids [{d.token_offset}:{d.token_offset + len(d.token_ids)}]", " ".join(map(str, d.token_ids))),
     ]
@@ -240,7 +230,7 @@ def _sessions_table(views: list[Any], title: str):
     for s in views:
         table.add_row(s.id, s.state, str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
                       human_bytes(s.shared_bytes), human_bytes(s.fair_share_bytes), f"{s.locked_tokens:,}",
-                      _age(s.last_activity_age_s))
+                      age(s.last_activity_age_s))
     return table
 
 

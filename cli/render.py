@@ -8,15 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-
-def human_bytes(n: int | float) -> str:
-    """1536 -> '1.5 KiB'; plain integers stay in JSON, this is for tables."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+from adapters.units import human_bytes  # noqa: F401  (re-exported for the commands)
 
 
 def print_replay_summary(doc: dict[str, Any], bytes_per_token: int, console: Console | None = None) -> None:

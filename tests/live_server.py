@@ -18,9 +18,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(app) -> Iterator[str]:
-    """Serve ``app`` until the block ends; yield its URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+def running_server(app, port: int | None = None) -> Iterator[str]:
+    """Serve ``app`` (on ``port``, or a free one) until the block ends; yield its URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning",
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="radixtop-test-api", daemon=True)

@@ -1,0 +1,24 @@
+"""Sizes and ages as people read them (shared by every face; JSON keeps plain integers)."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: int | float) -> str:
+    """1536 -> '1.5 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def age(seconds: float | None) -> str:
+    """Seconds as a short age: 42s, 5m, 2.5h."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

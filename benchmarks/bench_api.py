@@ -1,0 +1,956 @@
+"""radixtop's admin API, served over real HTTP, on a cache of ~1M nodes and 10k sessions.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/bench_api.py            # full run (~1M nodes; a few minutes)
+    .venv/bin/python benchmarks/bench_api.py --quick    # CI smoke run (~100k nodes; < 60 s)
+
+Prints Markdown tables and writes every raw number to ``benchmarks/results/api.json``.
+See ``benchmarks/README.md`` for what each figure means.
+
+The cache is built once: a ``Scheduler`` on a ``meta`` KV pool with the llama-3-8b geometry (shapes,
+no memory), wrapped in ``Engine(scheduler, None).start()`` (the owner thread, no workload) and a
+``BundledAdapter``, served by ``create_app`` on a real uvicorn server on loopback (a thread of this
+process). Clients are ``httpx`` (raw bytes) and ``HttpAdapter`` (bytes decoded back into views), in
+the main thread. Client, server and engine share one interpreter (one GIL) on this machine's cores,
+so a served time is what a client pays for the whole round trip, server and client work included.
+
+Sections:
+
+1. ``reads``: served time per request (median, p95) of page reads: the root's children (order
+   ``bytes`` and ``recency``), pages of 1000 under the node with 100k children, sessions (cached),
+   stats, node detail; beside each the in-process adapter time and the engine-thread hold time.
+2. ``cold``: the reads that attribute memory to sessions (``/v1/sessions``, ``/v1/nodes/{id}``),
+   first call after a tree change, so attribution is recomputed inside the request.
+3. ``export``: ``/v1/export`` streamed over HTTP (every line consumed and counted) against a bare
+   iterative walk of the same tree, side by side in each repeat; peak RSS growth while the export
+   streams; tracemalloc peak of ``adapter.export()`` alone against one dict per node.
+4. ``attribution``: ``BundledAdapter._attribute`` for every session (10k), timed on the engine
+   thread right after a tree change; the cost per session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import itertools
+import json
+import os
+import platform
+import pstats
+import random
+import statistics
+import sys
+import threading
+import time
+import tracemalloc
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+
+import numpy as np  # noqa: E402
+
+pc = time.perf_counter
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    target_nodes: int = 1_000_000  # the tree is grown until it has at least this many nodes
+    sessions: int = 10_000
+    system_prompts: int = 4
+    system_prompt_len: tuple[int, int] = (256, 512)
+    turns: tuple[int, int] = (1, 8)
+    user_len: tuple[int, int] = (8, 64)
+    output_len: tuple[int, int] = (8, 64)
+    regenerate_share: float = 0.05
+    closed_sessions: int = 100  # closed after the trace (tombstoned; still listed as closed)
+    running_requests: int = 64  # begun, not finished: they lock their paths
+    fanout_children: int = 100_000  # children of one shared few-shot prompt (sessionless)
+    fanout_prompt_len: int = 1024
+    fanout_tail: tuple[int, int] = (4, 16)
+    segment_len: tuple[int, int] = (2, 16)  # tokens per node of the sessionless forest
+    group_prefix_len: tuple[int, int] = (16, 64)
+    vocab: int = 128_256  # llama-3
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    mode: str
+    tree: TreeConfig
+    read_repeats: int  # warm reads per endpoint
+    cold_repeats: int  # tree changes, each followed by cold reads
+    export_repeats: int  # paired (bare walk, export) repeats
+    client_export_repeats: int  # HttpAdapter.export() (decodes every line), context only
+    page: int = 1000
+
+
+def full_config() -> BenchConfig:
+    return BenchConfig(mode="full", tree=TreeConfig(), read_repeats=30, cold_repeats=7,
+                       export_repeats=5, client_export_repeats=2)
+
+
+def quick_config() -> BenchConfig:
+    return BenchConfig(
+        mode="quick",
+        tree=TreeConfig(target_nodes=100_000, sessions=10_000, fanout_children=10_000,
+                        closed_sessions=50, running_requests=16),
+        read_repeats=8, cold_repeats=3, export_repeats=3, client_export_repeats=1,
+    )
+
+
+# Goals (see benchmarks/README.md for why these numbers).
+GOAL_PAGE_MS = 100.0  # a page of 1000 rows, served
+GOAL_SMALL_MS = 20.0  # stats, node detail: one small object, served
+GOAL_COLD_MS = 500.0  # a read that recomputes attribution, served
+GOAL_EXPORT_RATIO = 2.0  # HTTP export / bare walk
+GOAL_EXPORT_MEMORY_SHARE = 0.2  # tracemalloc peak of export() / one dict per node
+GOAL_HOLD_MS = 100.0  # engine thread held by one attribution (10k sessions)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def ms_stats(secs: list[float]) -> dict[str, Any] | None:
+    """Milliseconds: median, p95 (nearest rank), min, max, and every sample."""
+    if not secs:
+        return None
+    ms = sorted(x * 1e3 for x in secs)
+    p95 = ms[min(len(ms) - 1, max(0, -(-95 * len(ms) // 100) - 1))]
+    return {"median": statistics.median(ms), "p95": p95, "min": ms[0], "max": ms[-1], "n": len(ms),
+            "samples": [x * 1e3 for x in secs]}
+
+
+class RssSampler:
+    """Samples this process's resident set (/proc/self/statm) every ``interval`` s in a thread."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.base = 0
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> RssSampler:
+        self.base = self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc) -> bool:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+        return False
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.base
+
+
+# ----------------------------------------------------------------------------------------------
+# the tree
+# ----------------------------------------------------------------------------------------------
+
+# Shapes of the sessionless forest's groups: (branching, depth) of a full tree under one prefix
+# node, and how often each is drawn. Most are small agentic/tool-call trees; a few fan out wide.
+GROUP_SHAPES = ((2, 4, 20), (3, 3, 20), (4, 3, 15), (2, 6, 10), (3, 4, 10), (5, 3, 10),
+                (8, 2, 10), (16, 2, 4), (50, 2, 0.6), (1000, 1, 0.4))
+
+
+@dataclass
+class Built:
+    scheduler: Any
+    build_s: float
+    facts: dict[str, Any]
+    fanout_node_id: int
+    system_node_ids: list[int]
+    session_node_id: int  # a node tagged by a session, deep in a conversation
+    cached_prompt: tuple[int, ...]  # a fully cached path: a request on it changes the version only
+
+
+class TokenPool:
+    """Random token ids, handed out as tuples from a pre-drawn pool (fast and reproducible)."""
+
+    def __init__(self, rng: np.random.Generator, vocab: int, size: int = 1 << 21):
+        self.pool = rng.integers(0, vocab, size).tolist()
+        self.size = size
+        self.cursor = 0
+
+    def take(self, n: int) -> list[int]:
+        if self.cursor + n > self.size:
+            self.cursor = 0
+        out = self.pool[self.cursor : self.cursor + n]
+        self.cursor += n
+        return out
+
+
+def build_tree(cfg: TreeConfig) -> Built:
+    """A ~``target_nodes`` tree: sessions through the scheduler, the rest through ``cache.insert``.
+
+    * ``system_prompts`` shared prompts, and ``sessions`` multi-turn chats on them, each turn a
+      ``scheduler.request`` with its session id (so each turn tags its conversation's leaf), a few
+      regenerated answers (a split), ``closed_sessions`` closed afterwards, ``running_requests``
+      begun and left running (their paths locked).
+    * one few-shot prompt with ``fanout_children`` different continuations (sessionless).
+    * a sessionless forest of small full trees (GROUP_SHAPES) under distinct root children until
+      the tree has ``target_nodes`` nodes, inserted with slots from the pool's allocator, exactly
+      as ``cache_finished_req`` would insert them (duplicate prefixes never allocated).
+    """
+    from gpu_backend.kv_geometry import get_geometry
+    from gpu_backend.scheduler import Scheduler
+
+    rng = np.random.default_rng(cfg.seed)
+    prng = random.Random(cfg.seed)
+    tokens = TokenPool(rng, cfg.vocab)
+    geometry = get_geometry("llama-3-8b")
+    # Tokens: sessions ~ sessions x turns x (user + output); fan-out; forest ~ nodes x segment.
+    mean = lambda r: (r[0] + r[1]) / 2  # noqa: E731
+    est = (cfg.system_prompts * cfg.system_prompt_len[1]
+           + cfg.sessions * mean(cfg.turns) * 1.1 * (mean(cfg.user_len) + mean(cfg.output_len))
+           + cfg.running_requests * cfg.user_len[1]
+           + cfg.fanout_prompt_len + cfg.fanout_children * (1 + cfg.fanout_tail[1])
+           + cfg.target_nodes * (cfg.segment_len[1] + cfg.group_prefix_len[1] / 16))
+    capacity = int(est * 1.25) // 1024 * 1024 + 1024
+    s = Scheduler(geometry, capacity, device="meta")
+    cache, allocator = s.cache, s.pool.allocator
+    # Root children and fan-out children are keyed by their first token: draw them distinct.
+    first_tokens = iter(rng.permutation(cfg.vocab).tolist())
+    t0 = pc()
+    gc.collect()
+    gc.disable()
+    try:
+        # 1. system prompts and sessions, through the scheduler
+        systems = []
+        for i in range(cfg.system_prompts):
+            n = prng.randint(*cfg.system_prompt_len)
+            prompt = [next(first_tokens)] + tokens.take(n - 1)
+            s.request(f"sys{i}", prompt, [], None)
+            systems.append(prompt)
+        history: dict[str, list[int]] = {}
+        last_input: dict[str, list[int]] = {}
+        turns_left = {}
+        for k in range(cfg.sessions):
+            sid = f"s{k:05d}"
+            history[sid] = systems[prng.randrange(cfg.system_prompts)]
+            turns_left[sid] = prng.randint(*cfg.turns)
+        rid = itertools.count()
+        requests = regenerated = 0
+        active = list(history)
+        while active:
+            still = []
+            for sid in active:
+                if sid in last_input and prng.random() < cfg.regenerate_share:
+                    inp = last_input[sid]
+                    regenerated += 1
+                else:
+                    inp = history[sid] + tokens.take(prng.randint(*cfg.user_len))
+                    turns_left[sid] -= 1
+                out = tokens.take(prng.randint(*cfg.output_len))
+                s.request(f"r{next(rid)}", inp, out, sid)
+                requests += 1
+                last_input[sid] = inp
+                history[sid] = inp + out
+                if turns_left[sid] > 0:
+                    still.append(sid)
+            active = still
+        sids = list(history)
+        deep_sid = max(sids, key=lambda x: (len(cache._session_leaves.get(x, ())), x))
+        session_node_id = next(reversed(cache._session_leaves[deep_sid])).id
+        for sid in prng.sample(sids, cfg.closed_sessions):
+            s.close_session(sid)
+        session_nodes = cache.node_count()
+
+        # 2. the few-shot prompt with fanout_children continuations
+        prompt = tuple([next(first_tokens)] + tokens.take(cfg.fanout_prompt_len - 1))
+        r = cache.insert(prompt, allocator.alloc(len(prompt)))
+        fanout_node = r.last_node
+        plen = len(prompt)
+        for j in range(cfg.fanout_children):
+            tail = [next(first_tokens)] + tokens.take(prng.randint(*cfg.fanout_tail))
+            key = prompt + tuple(tail)
+            value = np.zeros(len(key), dtype=np.int64)
+            value[plen:] = allocator.alloc(len(tail))
+            r = cache.insert(key, value)
+            assert r.prefix_len == plen
+
+        # 3. the sessionless forest, until the tree has target_nodes nodes
+        shapes = [(b, d) for b, d, _ in GROUP_SHAPES]
+        weights = [w for _, _, w in GROUP_SHAPES]
+        groups = 0
+        while cache.node_count() < cfg.target_nodes - cfg.running_requests:
+            b, d = prng.choices(shapes, weights)[0]
+            _insert_group(cache, allocator, prng, tokens, next(first_tokens), b, d, cfg)
+            groups += 1
+
+        # 4. running requests: the next turn of some open sessions, begun and not finished
+        open_sids = [x for x in sids if not cache.is_session_closed(x)]
+        for k, sid in enumerate(prng.sample(open_sids, cfg.running_requests)):
+            s.begin(f"run{k}", history[sid] + tokens.take(prng.randint(*cfg.user_len)), sid)
+    finally:
+        gc.enable()
+    build_s = pc() - t0
+    gc.collect()
+    gc.freeze()  # the tree is long-lived: keep later collections from walking it
+
+    max_children, max_depth = 0, 0
+    stack = [(cache.root_node, 0)]
+    while stack:
+        node, depth = stack.pop()
+        max_children = max(max_children, len(node.children))
+        max_depth = max(max_depth, depth)
+        stack.extend((c, depth + 1) for c in node.children.values())
+    st = s.stats()
+    facts = {
+        "nodes": cache.node_count(),
+        "tokens": st.total_size,
+        "capacity_tokens": st.capacity,
+        "bytes_per_token": geometry.bytes_per_token,
+        "session_nodes": session_nodes,
+        "sessions_tagging": len(cache._session_leaves),
+        "sessions_known": len(s.session_activity),
+        "closed_sessions": len(cache.closed_session_ids()),
+        "session_requests": requests,
+        "regenerated": regenerated,
+        "tagged_nodes": sum(len(v) for v in cache._session_leaves.values()),
+        "running_requests": len(s.running),
+        "root_children": len(cache.root_node.children),
+        "fanout_children": len(fanout_node.children),
+        "forest_groups": groups,
+        "max_children": max_children,
+        "max_depth": max_depth,
+        "version": cache.version,
+        "build_s": build_s,
+    }
+    system_ids = [cache.lookup(p).last_node.id for p in systems]
+    return Built(s, build_s, facts, fanout_node.id, system_ids, session_node_id, tuple(systems[0]))
+
+
+def _insert_group(cache, allocator, prng: random.Random, tokens: TokenPool, first: int,
+                  b: int, d: int, cfg: TreeConfig) -> None:
+    """A full tree of branching ``b`` and depth ``d`` under one prefix, leaf paths in DFS order.
+    Each insert allocates slots only for the tokens past the previous path's divergence."""
+    prefix = tuple([first] + tokens.take(prng.randint(*cfg.group_prefix_len) - 1))
+    segments: dict[tuple[int, ...], tuple[int, ...]] = {}
+    lo, hi = cfg.segment_len
+    upto = [prefix]  # upto[level] = key through that level
+    prev: tuple[int, ...] | None = None
+    for path in itertools.product(range(b), repeat=d):
+        div = 0 if prev is None else next(i for i in range(d) if path[i] != prev[i])
+        del upto[div + 1 :]
+        for level in range(div, d):
+            node_path = path[: level + 1]
+            seg = segments.get(node_path)
+            if seg is None:
+                # siblings differ in their first token (children are keyed by it)
+                seg = segments[node_path] = (path[level],) + tuple(tokens.take(prng.randint(lo, hi) - 1))
+            upto.append(upto[-1] + seg)
+        key = upto[-1]
+        off = 0 if prev is None else len(upto[div])
+        value = np.zeros(len(key), dtype=np.int64)
+        value[off:] = allocator.alloc(len(key) - off)
+        r = cache.insert(key, value)
+        assert r.prefix_len == off, (r.prefix_len, off)
+        prev = path
+
+
+# ----------------------------------------------------------------------------------------------
+# instrumentation (wraps, never edits, the code under test)
+# ----------------------------------------------------------------------------------------------
+
+
+class EngineHolds:
+    """Times each command on the engine's owner thread: how long a read holds the cache."""
+
+    def __init__(self, engine):
+        self.holds: list[float] = []
+        call = engine.call
+
+        def timed_call(fn, timeout: float = 10.0):
+            def run(s):
+                t0 = pc()
+                try:
+                    return fn(s)
+                finally:
+                    self.holds.append(pc() - t0)
+
+            return call(run, timeout)
+
+        engine.call = timed_call  # instance attribute: shadows Engine.call for this engine only
+
+    def mark(self) -> int:
+        return len(self.holds)
+
+    def since(self, mark: int) -> float:
+        return sum(self.holds[mark:])
+
+
+def timed_adapter_class():
+    from adapters.bundled import BundledAdapter
+
+    class TimedBundledAdapter(BundledAdapter):
+        """Records every ``_attribute`` call: seconds, and whether it recomputed (cold)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.attribute_log: list[tuple[bool, float]] = []
+
+        def _attribute(self, s):
+            before = self._attribution
+            t0 = pc()
+            result = super()._attribute(s)
+            self.attribute_log.append((result is not before, pc() - t0))
+            return result
+
+    return TimedBundledAdapter
+
+
+def change_tree(engine, cached_prompt: tuple[int, ...], counter=itertools.count()) -> None:
+    """A sessionless request for a fully cached prompt: it locks and unlocks its path, so the
+    cache's version moves (attribution is stale) while the tree keeps its shape."""
+    engine.call(lambda s: s.request(f"touch{next(counter)}", list(cached_prompt), [], None), 30.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. warm reads
+# ----------------------------------------------------------------------------------------------
+
+
+def read_endpoints(built: Built, page: int) -> list[dict[str, Any]]:
+    """(label, URL path and params, in-process call, HttpAdapter call) of each warm read."""
+    fan = built.fanout_node_id
+    fan_n = built.facts["fanout_children"]
+    node_id = built.system_node_ids[0]
+    return [
+        {"key": "root_bytes", "label": f"root children, limit {page}, order bytes",
+         "path": "/v1/nodes/root/children", "params": {"limit": page, "order": "bytes"},
+         "call": lambda a: a.children(0, 0, page, "bytes"), "rows": page, "goal_ms": GOAL_PAGE_MS},
+        {"key": "root_recency", "label": f"root children, limit {page}, order recency",
+         "path": "/v1/nodes/root/children", "params": {"limit": page, "order": "recency"},
+         "call": lambda a: a.children(0, 0, page, "recency"), "rows": page, "goal_ms": GOAL_PAGE_MS},
+        {"key": "fanout_first", "label": f"{fan_n // 1000}k-children node, first page of {page}",
+         "path": f"/v1/nodes/{fan}/children", "params": {"limit": page, "order": "bytes"},
+         "call": lambda a: a.children(fan, 0, page, "bytes"), "rows": page, "goal_ms": GOAL_PAGE_MS},
+        {"key": "fanout_deep", "label": f"{fan_n // 1000}k-children node, page at offset {fan_n // 2}",
+         "path": f"/v1/nodes/{fan}/children", "params": {"offset": fan_n // 2, "limit": page, "order": "bytes"},
+         "call": lambda a: a.children(fan, fan_n // 2, page, "bytes"), "rows": page, "goal_ms": GOAL_PAGE_MS},
+        {"key": "sessions_cached", "label": f"sessions, limit {page} (cached attribution)",
+         "path": "/v1/sessions", "params": {"limit": page},
+         "call": lambda a: a.sessions("exclusive_bytes", 0, page), "rows": page, "goal_ms": GOAL_PAGE_MS},
+        {"key": "stats", "label": "stats", "path": "/v1/stats", "params": {},
+         "call": lambda a: a.stats(), "rows": 1, "goal_ms": GOAL_SMALL_MS},
+        {"key": "node", "label": "node detail (a system prompt; cached attribution)",
+         "path": f"/v1/nodes/{node_id}", "params": {},
+         "call": lambda a: a.node(node_id), "rows": 1, "goal_ms": GOAL_SMALL_MS},
+    ]
+
+
+def measure_reads(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, client, remote) -> dict[str, Any]:
+    """Every endpoint in turn, ``read_repeats`` rounds: in-process, httpx, HttpAdapter."""
+    eps = read_endpoints(built, cfg.page)
+    for ep in eps:  # warm-up (also fills the attribution cache at this version)
+        client.get(ep["path"], params=ep["params"]).raise_for_status()
+        ep["call"](adapter)
+    samples = {ep["key"]: {"adapter": [], "hold": [], "served": [], "client": [], "bytes": 0} for ep in eps}
+    for k in range(cfg.read_repeats):
+        for ep in eps if k % 2 == 0 else eps[::-1]:
+            rec = samples[ep["key"]]
+            t0 = pc()
+            ep["call"](adapter)
+            rec["adapter"].append(pc() - t0)
+            m = holds.mark()
+            t0 = pc()
+            r = client.get(ep["path"], params=ep["params"])
+            body = r.content
+            rec["served"].append(pc() - t0)
+            rec["hold"].append(holds.since(m))
+            r.raise_for_status()
+            rec["bytes"] = len(body)
+            t0 = pc()
+            ep["call"](remote)
+            rec["client"].append(pc() - t0)
+    out = {}
+    for ep in eps:
+        rec = samples[ep["key"]]
+        out[ep["key"]] = {
+            "label": ep["label"], "path": ep["path"], "params": ep["params"], "rows": ep["rows"],
+            "goal_ms": ep["goal_ms"], "response_bytes": rec["bytes"],
+            "served_ms": ms_stats(rec["served"]), "adapter_ms": ms_stats(rec["adapter"]),
+            "engine_hold_ms": ms_stats(rec["hold"]), "http_adapter_ms": ms_stats(rec["client"]),
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. cold reads (attribution recomputed inside the request)
+# ----------------------------------------------------------------------------------------------
+
+
+def measure_cold(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, client) -> dict[str, Any]:
+    """Each repeat: change the tree, then the first /v1/sessions (cold), then the same again
+    (cached); change again, then the first /v1/nodes/{id} (cold)."""
+    node_id = built.system_node_ids[0]
+    res: dict[str, dict[str, list[float]]] = {
+        k: {"served": [], "hold": [], "attribute": []} for k in ("sessions_cold", "sessions_repeat", "node_cold")}
+
+    def get(key: str, path: str, params: dict[str, Any]) -> None:
+        n_attr = len(adapter.attribute_log)
+        m = holds.mark()
+        t0 = pc()
+        r = client.get(path, params=params)  # reads the whole body
+        res[key]["served"].append(pc() - t0)
+        r.raise_for_status()
+        res[key]["hold"].append(holds.since(m))
+        res[key]["attribute"].append(sum(dt for _, dt in adapter.attribute_log[n_attr:]))
+
+    for _ in range(cfg.cold_repeats):
+        change_tree(adapter.engine, built.cached_prompt)
+        get("sessions_cold", "/v1/sessions", {"limit": cfg.page})
+        get("sessions_repeat", "/v1/sessions", {"limit": cfg.page})
+        change_tree(adapter.engine, built.cached_prompt)
+        get("node_cold", f"/v1/nodes/{node_id}", {})
+    labels = {"sessions_cold": f"sessions, limit {cfg.page}, first call after a change",
+              "sessions_repeat": f"sessions, limit {cfg.page}, repeat at the same version",
+              "node_cold": "node detail, first call after a change"}
+    goals = {"sessions_cold": GOAL_COLD_MS, "sessions_repeat": GOAL_PAGE_MS, "node_cold": GOAL_COLD_MS}
+    return {k: {"label": labels[k], "goal_ms": goals[k], "served_ms": ms_stats(v["served"]),
+                "engine_hold_ms": ms_stats(v["hold"]), "attribute_ms": ms_stats(v["attribute"])}
+            for k, v in res.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. export against a bare walk
+# ----------------------------------------------------------------------------------------------
+
+
+def bare_walk(root) -> tuple[int, int]:
+    """Iterative DFS over the live tree touching each node's key length: the floor of any export."""
+    nodes = tokens = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        nodes += 1
+        tokens += len(node.key)
+        stack.extend(node.children.values())
+    return nodes - 1, tokens  # root excluded
+
+
+def export_over_http(client) -> tuple[int, int]:
+    """GET /v1/export, every byte consumed; returns (lines, bytes)."""
+    lines = size = 0
+    with client.stream("GET", "/v1/export") as r:
+        r.raise_for_status()
+        for chunk in r.iter_bytes():
+            lines += chunk.count(b"\n")
+            size += len(chunk)
+    return lines, size
+
+
+def export_in_process(adapter) -> tuple[int, float, float]:
+    """adapter.export() consumed here: (rows, seconds to the header = the snapshot, total seconds)."""
+    t0 = pc()
+    it = iter(adapter.export())
+    next(it)
+    t1 = pc()
+    rows = 0
+    for _ in it:
+        rows += 1
+    return rows, t1 - t0, pc() - t0
+
+
+def ndjson_in_process(adapter) -> tuple[int, float]:
+    """The server's NDJSON encoding of adapter.export(), without HTTP: (bytes, seconds)."""
+    from adapters.http_server import _ndjson
+
+    t0 = pc()
+    it = iter(adapter.export())
+    header = next(it)
+    size = sum(len(chunk) for chunk in _ndjson(header, it))
+    return size, pc() - t0
+
+
+def measure_export(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, client, remote) -> dict[str, Any]:
+    cache = built.scheduler.cache
+    n = built.facts["nodes"]
+    walk_s, http_s, ratios, rss_growth, holds_s = [], [], [], [], []
+    inproc_s, snapshot_s, ndjson_s = [], [], []
+    http_bytes = 0
+    gc.collect()
+    for k in range(cfg.export_repeats):
+        # the walk runs on this thread while the engine idles, as the export's own walk would
+        def walk() -> None:
+            t0 = pc()
+            nodes, _ = bare_walk(cache.root_node)
+            walk_s.append(pc() - t0)
+            assert nodes == n, (nodes, n)
+
+        def http() -> None:
+            nonlocal http_bytes
+            m = holds.mark()
+            with RssSampler() as rss:
+                t0 = pc()
+                lines, http_bytes = export_over_http(client)
+                http_s.append(pc() - t0)
+            holds_s.append(holds.since(m))
+            rss_growth.append(rss.growth)
+            assert lines == n + 1, (lines, n)
+
+        for step in (walk, http) if k % 2 == 0 else (http, walk):
+            step()
+        ratios.append(http_s[-1] / walk_s[-1])
+        rows, snap, total = export_in_process(adapter)
+        assert rows == n
+        snapshot_s.append(snap)
+        inproc_s.append(total)
+        ndjson_s.append(ndjson_in_process(adapter)[1])
+    client_s = []
+    for _ in range(cfg.client_export_repeats):
+        t0 = pc()
+        it = remote.export()
+        next(it)
+        rows = sum(1 for _ in it)
+        client_s.append(pc() - t0)
+        assert rows == n
+    return {
+        "nodes": n,
+        "http_bytes": http_bytes,
+        "walk_ms": ms_stats(walk_s),
+        "http_ms": ms_stats(http_s),
+        "ratio_per_repeat": ratios,
+        "ratio": statistics.median(ratios),
+        "snapshot_ms": ms_stats(snapshot_s),
+        "engine_hold_ms": ms_stats(holds_s),
+        "adapter_export_ms": ms_stats(inproc_s),
+        "ndjson_in_process_ms": ms_stats(ndjson_s),
+        "http_adapter_export_ms": ms_stats(client_s),
+        "rss_growth_bytes": rss_growth,
+        "rss_growth_max_bytes": max(rss_growth),
+    }
+
+
+def measure_export_memory(adapter, n: int) -> dict[str, Any]:
+    """tracemalloc while adapter.export() is consumed in-process: its peak, what is still held
+    after the snapshot (the columns), and the peak of a list of one row dict per node."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        it = iter(adapter.export())
+        next(it)  # the snapshot: compact columns copied on the engine thread
+        after_snapshot = tracemalloc.get_traced_memory()[0] - base
+        samples = []
+        step = max(1, n // 10)
+        rows = 0
+        for _ in it:
+            rows += 1
+            if rows % step == 0:
+                samples.append(tracemalloc.get_traced_memory()[0] - base)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        del it
+        gc.collect()
+        # reference: one dict per node, the shape an unstreamed export would hold
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        rows_list = [{"id": i, "parent": i // 2, "tokens": 8 + i % 7, "lock_ref": 0, "hit_count": 1 + i % 3,
+                      "holders": ()} for i in range(n)]
+        dicts_peak = tracemalloc.get_traced_memory()[1] - base
+        del rows_list
+    finally:
+        tracemalloc.stop()
+    gc.collect()
+    return {
+        "nodes": n,
+        "rows": rows,
+        "export_peak_bytes": peak,
+        "export_after_snapshot_bytes": after_snapshot,
+        "export_current_during_rows_bytes": samples,
+        "export_streaming_bytes": peak - after_snapshot,
+        "dicts_reference_bytes": dicts_peak,
+        "peak_share_of_dicts": peak / dicts_peak,
+        "peak_bytes_per_node": peak / n,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. session attribution
+# ----------------------------------------------------------------------------------------------
+
+
+def measure_attribution(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds) -> dict[str, Any]:
+    """adapter.sessions(limit=page) in-process right after a tree change: the ``_attribute`` call
+    inside it is cold. Times: _attribute on the engine thread, the whole engine hold, the call."""
+    attr, hold, call = [], [], []
+    sessions = 0
+    for _ in range(cfg.cold_repeats):
+        change_tree(adapter.engine, built.cached_prompt)
+        n_attr = len(adapter.attribute_log)
+        m = holds.mark()
+        t0 = pc()
+        page = adapter.sessions("exclusive_bytes", 0, cfg.page)
+        call.append(pc() - t0)
+        hold.append(holds.since(m))
+        log_ = adapter.attribute_log[n_attr:]
+        assert len(log_) == 1 and log_[0][0], log_  # one call, and it recomputed
+        attr.append(log_[0][1])
+        sessions = page.total
+    a = ms_stats(attr)
+    return {"sessions": sessions, "attribute_ms": a, "engine_hold_ms": ms_stats(hold),
+            "call_ms": ms_stats(call), "per_session_us": a["median"] * 1e3 / max(1, sessions)}
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def mib(x: float) -> str:
+    return f"{x / 2**20:.1f} MiB"
+
+
+def fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+
+
+def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
+    f = res["tree"]
+    lines = [
+        f"### Tree: {f['nodes']:,} nodes, {f['tokens'] / 1e6:.1f}M tokens "
+        f"({f['tokens'] * f['bytes_per_token'] / 2**40:.2f} TiB of llama-3-8b KV on a meta pool), "
+        f"{f['sessions_known']:,} sessions ({f['sessions_tagging']:,} holding {f['tagged_nodes']:,} tagged nodes, "
+        f"{f['closed_sessions']} closed), {f['running_requests']} running requests, "
+        f"{f['root_children']:,} root children, largest fan-out {f['max_children']:,}, depth {f['max_depth']}; "
+        f"built in {f['build_s']:.1f} s",
+        "",
+        f"### Reads served over HTTP (median of {cfg.read_repeats}; milliseconds per request)",
+        "",
+        "| request | response | in-process adapter | engine hold | served median | served p95 | HttpAdapter | goal | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in res["reads"].values():
+        s = r["served_ms"]
+        lines.append(
+            f"| {r['label']} | {r['response_bytes'] / 1024:.0f} KiB | {fmt_ms(r['adapter_ms']['median'])} | "
+            f"{fmt_ms(r['engine_hold_ms']['median'])} | {fmt_ms(s['median'])} | {fmt_ms(s['p95'])} | "
+            f"{fmt_ms(r['http_adapter_ms']['median'])} | <= {r['goal_ms']:.0f} ms | {verdict(s['median'] <= r['goal_ms'])} |"
+        )
+    lines += [
+        "",
+        f"### Reads that attribute memory to sessions, right after a tree change (median of {cfg.cold_repeats}; ms)",
+        "",
+        "| request | served median | served p95 | attribution inside it | engine hold | goal | met |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in res["cold"].values():
+        s = r["served_ms"]
+        lines.append(
+            f"| {r['label']} | {fmt_ms(s['median'])} | {fmt_ms(s['p95'])} | {fmt_ms(r['attribute_ms']['median'])} | "
+            f"{fmt_ms(r['engine_hold_ms']['median'])} | <= {r['goal_ms']:.0f} ms | {verdict(s['median'] <= r['goal_ms'])} |"
+        )
+    e, m = res["export"], res["export_memory"]
+    lines += [
+        "",
+        f"### Export of {e['nodes']:,} nodes: `/v1/export` over HTTP against a bare walk "
+        f"(median of {cfg.export_repeats} paired repeats; ms)",
+        "",
+        "| measure | median | min..max | goal | met |",
+        "|---|---:|---:|---|---|",
+        f"| bare walk (iterative DFS, key lengths) | {fmt_ms(e['walk_ms']['median'])} | "
+        f"{fmt_ms(e['walk_ms']['min'])}..{fmt_ms(e['walk_ms']['max'])} | - | - |",
+        f"| `/v1/export` over HTTP ({e['http_bytes'] / 2**20:.0f} MiB NDJSON, lines counted) | "
+        f"{fmt_ms(e['http_ms']['median'])} | {fmt_ms(e['http_ms']['min'])}..{fmt_ms(e['http_ms']['max'])} | - | - |",
+        f"| **export / bare walk** (per-repeat ratio) | **{e['ratio']:.2f}x** | "
+        f"{min(e['ratio_per_repeat']):.2f}x..{max(e['ratio_per_repeat']):.2f}x | <= {GOAL_EXPORT_RATIO:.0f}x | "
+        f"{verdict(e['ratio'] <= GOAL_EXPORT_RATIO)} |",
+        f"| of which: snapshot on the engine thread (engine hold) | {fmt_ms(e['engine_hold_ms']['median'])} | "
+        f"{fmt_ms(e['engine_hold_ms']['min'])}..{fmt_ms(e['engine_hold_ms']['max'])} | - | - |",
+        f"| context: `adapter.export()` in-process, time to its header (the snapshot) | "
+        f"{fmt_ms(e['snapshot_ms']['median'])} | {fmt_ms(e['snapshot_ms']['min'])}..{fmt_ms(e['snapshot_ms']['max'])} "
+        f"| - | - |",
+        f"| context: `adapter.export()` consumed in-process (snapshot + row dicts) | "
+        f"{fmt_ms(e['adapter_export_ms']['median'])} | {fmt_ms(e['adapter_export_ms']['min'])}.."
+        f"{fmt_ms(e['adapter_export_ms']['max'])} | - | - |",
+        f"| context: the same + the server's NDJSON encoding, no HTTP | {fmt_ms(e['ndjson_in_process_ms']['median'])} | "
+        f"{fmt_ms(e['ndjson_in_process_ms']['min'])}..{fmt_ms(e['ndjson_in_process_ms']['max'])} | - | - |",
+    ]
+    if e["http_adapter_export_ms"]:
+        c = e["http_adapter_export_ms"]
+        lines.append(f"| context: `HttpAdapter.export()` (every line decoded to a dict) | {fmt_ms(c['median'])} | "
+                     f"{fmt_ms(c['min'])}..{fmt_ms(c['max'])} | - | - |")
+    share = m["peak_share_of_dicts"]
+    cur = m["export_current_during_rows_bytes"] or [m["export_after_snapshot_bytes"]]
+    lines += [
+        "",
+        f"### Export memory ({m['nodes']:,} nodes)",
+        "",
+        "| measure | value | per node | goal | met |",
+        "|---|---:|---:|---|---|",
+        f"| peak RSS growth while `/v1/export` streams (max over repeats; server + client) | "
+        f"{mib(e['rss_growth_max_bytes'])} | {e['rss_growth_max_bytes'] / m['nodes']:.0f} B | - | - |",
+        f"| tracemalloc peak of `adapter.export()` consumed in-process | {mib(m['export_peak_bytes'])} | "
+        f"{m['peak_bytes_per_node']:.0f} B | - | - |",
+        f"| of which: the snapshot's columns, held after the header | {mib(m['export_after_snapshot_bytes'])} | "
+        f"{m['export_after_snapshot_bytes'] / m['nodes']:.0f} B | - | - |",
+        f"| of which: streaming the rows (peak - columns; held while rows stream: "
+        f"{mib(min(cur))}..{mib(max(cur))}) | {mib(m['export_streaming_bytes'])} | "
+        f"{m['export_streaming_bytes'] / m['nodes']:.1f} B | - | - |",
+        f"| reference: a list of one row dict per node | {mib(m['dicts_reference_bytes'])} | "
+        f"{m['dicts_reference_bytes'] / m['nodes']:.0f} B | - | - |",
+        f"| **export peak / dict per node** | **{share:.1%}** | - | <= {GOAL_EXPORT_MEMORY_SHARE:.0%} | "
+        f"{verdict(share <= GOAL_EXPORT_MEMORY_SHARE)} |",
+    ]
+    a = res["attribution"]
+    hold = a["engine_hold_ms"]["median"]
+    lines += [
+        "",
+        f"### Session attribution: `BundledAdapter._attribute` for {a['sessions']:,} sessions, right after a tree "
+        f"change (median of {cfg.cold_repeats})",
+        "",
+        "| sessions | `_attribute` (ms) | p95 (ms) | per session (us) | engine hold (ms) | `sessions(limit="
+        f"{cfg.page})` in-process (ms) | goal (engine hold) | met |",
+        "|---:|---:|---:|---:|---:|---:|---|---|",
+        f"| {a['sessions']:,} | {fmt_ms(a['attribute_ms']['median'])} | {fmt_ms(a['attribute_ms']['p95'])} | "
+        f"{a['per_session_us']:.1f} | {fmt_ms(hold)} | {fmt_ms(a['call_ms']['median'])} | "
+        f"<= {GOAL_HOLD_MS:.0f} ms | {verdict(hold <= GOAL_HOLD_MS)} |",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    import fastapi
+    import httpx
+    import uvicorn
+
+    def has(mod: str) -> bool:
+        try:
+            __import__(mod)
+            return True
+        except ImportError:
+            return False
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "numpy": np.__version__,
+        "fastapi": fastapi.__version__,
+        "uvicorn": uvicorn.__version__,
+        "uvicorn_loop": "uvloop" if has("uvloop") else "asyncio",
+        "uvicorn_http": "httptools" if has("httptools") else "h11",
+        "httpx": httpx.__version__,
+        "gc": "tree built with GC disabled, then collected and frozen; GC enabled while measuring",
+        "timer": "time.perf_counter around each whole call (request sent to body read)",
+        "threads": "client (main), uvicorn server, engine owner thread: one process, one GIL",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a ~100k-node tree for a CI smoke run (< 60 s)")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "api.json", help="JSON results path")
+    ap.add_argument("--nodes", type=int, help="nodes in the tree (default: 1M full, 100k quick)")
+    args = ap.parse_args(argv)
+
+    cfg = quick_config() if args.quick else full_config()
+    if args.nodes is not None:
+        cfg = BenchConfig(**{**asdict(cfg), "tree": TreeConfig(**{**asdict(cfg.tree), "target_nodes": args.nodes})})
+
+    t_all = pc()
+    import httpx
+
+    from adapters.audit import AuditLog
+    from adapters.bundled import BundledAdapter
+    from adapters.http_client import HttpAdapter
+    from adapters.http_server import create_app
+    from gpu_backend.engine import Engine
+    from tests.live_server import running_server
+
+    results: dict[str, Any] = {"mode": cfg.mode, "config": asdict(cfg), "environment": environment(),
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    results["goals"] = {"page_ms": GOAL_PAGE_MS, "small_ms": GOAL_SMALL_MS, "cold_ms": GOAL_COLD_MS,
+                        "export_ratio": GOAL_EXPORT_RATIO, "export_memory_share": GOAL_EXPORT_MEMORY_SHARE,
+                        "attribution_hold_ms": GOAL_HOLD_MS}
+    log(f"mode {cfg.mode}: building a tree of ~{cfg.tree.target_nodes:,} nodes, {cfg.tree.sessions:,} sessions")
+    built = build_tree(cfg.tree)
+    results["tree"] = built.facts
+    log(f"  {built.facts['nodes']:,} nodes in {built.build_s:.1f} s (RSS {rss_bytes() / 2**20:.0f} MiB)")
+
+    engine = Engine(built.scheduler, None).start()
+    holds = EngineHolds(engine)
+    adapter = timed_adapter_class()(engine)
+    token = "bench-token"
+    app = create_app(adapter, token, AuditLog(None))
+    try:
+        with running_server(app) as url, httpx.Client(base_url=url, timeout=300.0) as client:
+            remote = HttpAdapter(url, token, timeout=300.0)
+            try:
+                log(f"reads: {cfg.read_repeats} rounds over {url}")
+                results["reads"] = measure_reads(cfg, built, adapter, holds, client, remote)
+                log(f"cold reads: {cfg.cold_repeats} tree changes")
+                results["cold"] = measure_cold(cfg, built, adapter, holds, client)
+                log(f"attribution: {cfg.cold_repeats} tree changes")
+                results["attribution"] = measure_attribution(cfg, built, adapter, holds)
+                log(f"export: {cfg.export_repeats} paired repeats (bare walk, HTTP export)")
+                results["export"] = measure_export(cfg, built, adapter, holds, client, remote)
+            finally:
+                remote.close()
+        log("export memory: tracemalloc")
+        # tracemalloc slows the snapshot several-fold: give this adapter a long timeout
+        results["export_memory"] = measure_export_memory(BundledAdapter(engine, timeout=300.0),
+                                                         built.facts["nodes"])
+    finally:
+        engine.stop()
+    results["wall_s"] = pc() - t_all
+    table = report(cfg, results)
+    results["table_markdown"] = table
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+        fh.write("\n")
+    print(table)
+    print()
+    print(f"_{cfg.mode} run, {results['wall_s']:.0f} s wall (tree build {built.build_s:.0f} s included); "
+          f"JSON: {args.out}_")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,567 @@
+"""RadixtopApp: the dashboard over any CacheAdapter (the embedded engine, or a server by URL)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Static
+
+from adapters.base import CacheAdapter
+from adapters.model import (
+    ROOT_ID,
+    AdapterError,
+    Capabilities,
+    NodeDetail,
+    SessionView,
+    Stats,
+    TargetTimeout,
+    TargetUnreachable,
+    Unsupported,
+)
+from inspector.format import age, human_bytes
+from inspector.header import HeaderBar
+from inspector.modals import AskScreen, ConfirmScreen, HelpScreen
+from inspector.sessions_view import SessionsTable
+from inspector.tree_state import TreeState
+from inspector.tree_view import CacheTree
+
+SESSIONS_LOADED = 1000
+MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
+LARGE_SHARE = 0.10
+"""An eviction of more than this share of capacity asks for the count to be typed."""
+
+
+def parse_token_ids(text: str) -> list[int] | None:
+    parts = text.replace(",", " ").split()
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return [int(p) for p in parts]
+
+
+class RadixtopApp(App[None]):
+    """Live view of one cache. Polls never overlap (the next is armed when one ends); reads and
+    actions run in thread workers; actions are bound to what the user saw when the modal opened."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "radixtop"
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("p", "pause", "Pause", id="app.pause"),
+        Binding("slash", "search", "Search", id="app.search"),
+        Binding("c", "close_sessions", "Close", id="app.close"),
+        Binding("E", "evict", "Evict", id="app.evict"),
+        Binding("F", "flush", "Flush", id="app.flush"),
+        Binding("f", "filter_sessions", "Filter", id="app.filter"),
+        Binding("plus,equals_sign", "faster", "Faster", show=False, id="app.faster"),
+        Binding("minus", "slower", "Slower", show=False, id="app.slower"),
+        Binding("escape", "clear_marks", "Clear marks", show=False, id="app.clear"),
+    ]
+
+    def __init__(self, adapter: CacheAdapter, target: str | None = None, interval: float = 1.0,
+                 keymap: dict[str, str] | None = None, poll: bool = True):
+        super().__init__()
+        self.adapter = adapter
+        self.target = target or getattr(adapter, "name", "cache")
+        self.interval = interval
+        self.paused = False
+        self.capabilities = Capabilities()
+        self.tree_state = TreeState(adapter.children)
+        self.tree_lock = threading.Lock()
+        self.since: int | None = None
+        self.stats: Stats | None = None
+        self.down: str | None = None
+        self.selected_node: int | None = None
+        self.marked_session: str | None = None
+        self._poll_enabled = poll
+        self._keymap = keymap or {}
+        self.polls = 0
+        """Completed polls (tests wait on it)."""
+
+    # ----- layout -----
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(self.target, read_only=False, id="header")
+        yield Static(id="banner")
+        with Horizontal(id="main"):
+            yield CacheTree(id="tree")
+            with Vertical(id="side"):
+                yield Static(id="detail")
+                yield Static(id="sessions-title")
+                yield Input(placeholder="filter sessions (enter applies, escape clears)", id="filter")
+                yield SessionsTable(id="sessions")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self._keymap:
+            self.set_keymap(self._keymap)
+        self.query_one("#filter", Input).display = False
+        self.query_one("#banner", Static).display = False
+        self.query_one(CacheTree).focus()
+        self.load_capabilities()
+        if self._poll_enabled:
+            self.poll()
+
+    # ----- polling -----
+
+    @work(thread=True, exclusive=True, group="capabilities", exit_on_error=False)
+    def load_capabilities(self) -> None:
+        try:
+            caps = self.adapter.capabilities()
+        except AdapterError:
+            return
+        self.call_from_thread(self._set_capabilities, caps)
+
+    def _set_capabilities(self, caps: Capabilities) -> None:
+        self.capabilities = caps
+        header = self.query_one(HeaderBar)
+        header.read_only = caps.read_only
+        header.render_stats()
+
+    @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
+    def poll(self) -> None:
+        """One poll: stats always; the tree, sessions and detail unless paused."""
+        try:
+            snap = self.collect()
+        except AdapterError as exc:
+            self.call_from_thread(self._show_down, exc)
+        except Exception as exc:  # never a traceback on screen: say it and keep polling
+            self.call_from_thread(self._show_down, AdapterError(f"{type(exc).__name__}: {exc}"))
+        else:
+            self.call_from_thread(self.apply_snapshot, snap)
+        finally:
+            self.call_from_thread(self._arm_poll)
+
+    def collect(self) -> dict[str, Any]:
+        """Read what the screen needs now (runs in a worker thread)."""
+        snap: dict[str, Any] = {"stats": self.adapter.stats(), "time": time.monotonic()}
+        if self.paused:
+            return snap
+        with self.tree_lock:
+            if self._tree_changed(snap["stats"].version):
+                self.tree_state.refresh()
+            snap["rows"] = list(self.tree_state.rows)
+            snap["order"] = self.tree_state.order
+        snap["sessions"] = list(self.adapter.sessions("exclusive_bytes", 0, SESSIONS_LOADED).sessions)
+        if self.selected_node is not None:
+            snap["detail"] = self._read_detail(self.selected_node)
+        return snap
+
+    def _tree_changed(self, version: int) -> bool:
+        """Did anything the tree shows change since the last poll? (changes(since) where the
+        target has it; a full reload of the loaded pages otherwise)."""
+        if self.since is None or not self.capabilities.changes:
+            self.since = version
+            return True
+        try:
+            delta = self.adapter.changes(self.since)
+        except Unsupported:
+            return True
+        self.since = delta.version
+        if delta.resync:
+            return True
+        touched = {*delta.added, *delta.changed, *delta.removed}
+        shown = set(self.tree_state.expanded)
+        for loaded in self.tree_state.loaded.values():
+            shown.update(c.id for c in loaded.children)
+        return bool(touched & shown)
+
+    def _read_detail(self, node_id: int) -> NodeDetail | None:
+        try:
+            return self.adapter.node(node_id, 0, 64)
+        except AdapterError:
+            return None
+
+    def apply_snapshot(self, snap: dict[str, Any]) -> None:
+        """Render a snapshot (UI thread). Paused: only the header moves."""
+        if self.down is not None:
+            self.down = None
+            self.query_one("#banner", Static).display = False
+            self.notify(f"reconnected to {self.target}", title="radixtop")
+        self.stats = snap["stats"]
+        header = self.query_one(HeaderBar)
+        header.paused = self.paused
+        header.interval = self.interval
+        header.update_stats(snap["stats"], snap["time"])
+        if "rows" in snap:
+            self.query_one(CacheTree).set_rows(snap["rows"], snap["stats"].total_bytes, snap["order"])
+        if "sessions" in snap:
+            self.query_one(SessionsTable).set_sessions(snap["sessions"])
+            self._title_sessions()
+        if snap.get("detail") is not None:
+            self._show_detail(snap["detail"])
+        self.polls += 1
+
+    def _show_down(self, exc: AdapterError) -> None:
+        self.down = exc.message
+        banner = self.query_one("#banner", Static)
+        kind = "timed out" if isinstance(exc, TargetTimeout) else "cannot reach" if isinstance(
+            exc, TargetUnreachable) else "error from"
+        banner.update(f"⚠ {kind} {self.target}: {exc.message} · reconnecting every {self.interval:g}s "
+                      f"(showing the last good data)")
+        banner.display = True
+
+    def _arm_poll(self) -> None:
+        if self._poll_enabled and not self._exit_requested():
+            self.set_timer(self.interval, self.poll)
+
+    def _exit_requested(self) -> bool:
+        return getattr(self, "_exit", False) or not self.is_running
+
+    # ----- tree -----
+
+    def on_cache_tree_request(self, message: CacheTree.Request) -> None:
+        self.tree_op(message.op, message.row)
+
+    @work(thread=True, group="tree", exit_on_error=False)
+    def tree_op(self, op: str, row) -> None:
+        try:
+            with self.tree_lock:
+                state = self.tree_state
+                if op == "toggle" and row.node is not None:
+                    state.toggle(row.node)
+                elif op == "expand" and row.node is not None and not row.expanded and row.node.num_children:
+                    state.toggle(row.node)
+                elif op == "collapse":
+                    if row.node is not None and row.expanded:
+                        state.collapse(row.node.id)
+                    elif row.parent_id != ROOT_ID:
+                        state.collapse(row.parent_id)
+                        self.call_from_thread(self.query_one(CacheTree).move_to_key, ("node", row.parent_id))
+                elif op == "more":
+                    state.load_more(row.parent_id)
+                    state.flatten()
+                elif op == "chain" and row.node is not None:
+                    top = row.chain[0] if row.chain else row.node
+                    length = state.fold_chain(top)
+                    if length == 1:
+                        self.call_from_thread(self.notify, "no chain of single children below this node")
+                elif op == "order":
+                    state.set_order("recency" if state.order == "bytes" else "bytes")
+                    self.call_from_thread(self.notify, f"children sorted by {state.order}")
+                rows, order = list(state.rows), state.order
+        except AdapterError as exc:
+            self.call_from_thread(self.notify, exc.message, severity="error", title="radixtop")
+            return
+        total = self.stats.total_bytes if self.stats else 1
+        self.call_from_thread(self.query_one(CacheTree).set_rows, rows, total, order)
+
+    def on_cache_tree_selected(self, message: CacheTree.Selected) -> None:
+        row = message.row
+        self.selected_node = row.node.id if row is not None and row.node is not None else None
+        if self.selected_node is not None:
+            self.load_detail(self.selected_node)
+
+    @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
+    def load_detail(self, node_id: int) -> None:
+        detail = self._read_detail(node_id)
+        if detail is not None:
+            self.call_from_thread(self._show_detail, detail)
+
+    def _show_detail(self, d: NodeDetail) -> None:
+        if d.node.id != self.selected_node:
+            return
+        n = d.node
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("node", f"#{n.id}  parent {'-' if n.parent_id is None else '#' + str(n.parent_id)}  depth {n.depth}")
+        table.add_row("tokens", f"{n.tokens:,} · {human_bytes(n.bytes)}  (path {d.path_tokens:,})")
+        table.add_row("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children")
+        table.add_row("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}")
+        table.add_row("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago")
+        table.add_row("holders", ", ".join(n.holders) or "-")
+        table.add_row("beneath", f"{d.sessions_beneath} sessions hold something here or below")
+        ids = " ".join(map(str, d.token_ids))
+        more = " …" if n.tokens > len(d.token_ids) + d.token_offset else ""
+        table.add_row("ids", Text(ids + more, style="dim"))
+        if n.text:
+            table.add_row("text", n.text)
+        self.query_one("#detail", Static).update(table)
+
+    # ----- sessions -----
+
+    def _title_sessions(self) -> None:
+        table = self.query_one(SessionsTable)
+        marked = f" · {len(table.marked)} marked" if table.marked else ""
+        shown = f" · filter {table.filter_text!r}" if table.filter_text else ""
+        self.query_one("#sessions-title", Static).update(
+            f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}")
+
+    def on_sessions_table_chosen(self, message: SessionsTable.Chosen) -> None:
+        self.show_session_chains(message.session.id)
+
+    @work(thread=True, exclusive=True, group="chains", exit_on_error=False)
+    def show_session_chains(self, session_id: str) -> None:
+        """Expand the tree down to every node the session holds and mark those chains."""
+        try:
+            detail = self.adapter.session(session_id)
+            marked: set[int] = set()
+            ancestors: set[int] = set()
+            for node_id in detail.node_ids[:64]:
+                current: int | None = node_id
+                while current is not None and current != ROOT_ID and current not in marked:
+                    marked.add(current)
+                    current = self.adapter.node(current, 0, 1).node.parent_id
+                    if current is not None and current != ROOT_ID:
+                        ancestors.add(current)
+            with self.tree_lock:
+                for node_id in ancestors:  # open the way down to every tagged node
+                    self.tree_state.expand(node_id)
+                self.tree_state.refresh()
+                rows, order = list(self.tree_state.rows), self.tree_state.order
+        except AdapterError as exc:
+            self.call_from_thread(self.notify, exc.message, severity="error")
+            return
+
+        def show() -> None:
+            tree = self.query_one(CacheTree)
+            tree.set_rows(rows, self.stats.total_bytes if self.stats else 1, order)
+            tree.set_marked(frozenset(marked))
+            if detail.node_ids:
+                tree.move_to_key(("node", detail.node_ids[0]))
+            self.notify(f"session {session_id}: {len(detail.node_ids)} nodes marked in the tree",
+                        title="radixtop")
+
+        self.call_from_thread(show)
+
+    def action_clear_marks(self) -> None:
+        self.query_one(CacheTree).set_marked(frozenset())
+        table = self.query_one(SessionsTable)
+        table.marked.clear()
+        table.refresh()
+        self._title_sessions()
+
+    def action_filter_sessions(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            table = self.query_one(SessionsTable)
+            table.set_filter(event.value)
+            self._title_sessions()
+            if not event.value.strip():
+                event.input.display = False
+            table.focus()
+
+    # ----- live controls -----
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        header = self.query_one(HeaderBar)
+        header.paused = self.paused
+        header.render_stats()
+        self.notify("paused: tree and sessions frozen, the header keeps moving" if self.paused else "live again")
+
+    def action_faster(self) -> None:
+        self.interval = max(MIN_INTERVAL, self.interval / 2)
+        self._interval_changed()
+
+    def action_slower(self) -> None:
+        self.interval = min(MAX_INTERVAL, self.interval * 2)
+        self._interval_changed()
+
+    def _interval_changed(self) -> None:
+        header = self.query_one(HeaderBar)
+        header.interval = self.interval
+        header.render_stats()
+        self.notify(f"refresh every {self.interval:g}s")
+
+    def action_help(self) -> None:
+        lines = []
+        seen = set()
+        for widget in (self, self.query_one(CacheTree), self.query_one(SessionsTable)):
+            for binding in widget._bindings.key_to_bindings.values():
+                for b in binding:
+                    if b.id in seen or not b.description:
+                        continue
+                    seen.add(b.id)
+                    lines.append(f"[b]{b.key:>16}[/]  {b.description}  [dim]({b.id})[/]")
+        self.push_screen(HelpScreen("\n".join(lines)))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Pause / resume", "Freeze the tree and sessions (header keeps moving)", self.action_pause)
+        yield SystemCommand("Search a prefix", "Jump to the longest cached prefix of token ids", self.action_search)
+        yield SystemCommand("Close sessions", "Close the marked or highlighted sessions", self.action_close_sessions)
+        yield SystemCommand("Evict tokens", "Evict least-recently-used unlocked leaves", self.action_evict)
+        yield SystemCommand("Flush", "Free everything not locked", self.action_flush)
+        yield SystemCommand("Keys", "Show every key", self.action_help)
+
+    # ----- search -----
+
+    def action_search(self) -> None:
+        self.push_screen(AskScreen("Search the cache", "Paste token ids (comma or space separated); "
+                                   "the tree jumps to the longest cached prefix.", "1, 2, 3"),
+                         self._search_submitted)
+
+    def _search_submitted(self, text: str | None) -> None:
+        if not text:
+            return
+        tokens = parse_token_ids(text)
+        if tokens is None:
+            self.notify("this target has no tokenizer: paste token ids (integers)", severity="warning")
+            return
+        self.search(tokens)
+
+    @work(thread=True, exclusive=True, group="search", exit_on_error=False)
+    def search(self, tokens: list[int]) -> None:
+        try:
+            m = self.adapter.match(tokens)
+            target = m.partial_node_id if m.partial_node_id is not None else m.node_id
+            path: list[int] = []
+            current: int | None = target
+            while current is not None and current != ROOT_ID:
+                current = self.adapter.node(current, 0, 1).node.parent_id
+                if current is not None:
+                    path.append(current)
+            with self.tree_lock:
+                for node_id in reversed(path):
+                    self.tree_state.expand(node_id)
+                self.tree_state.refresh()
+                rows, order = list(self.tree_state.rows), self.tree_state.order
+        except AdapterError as exc:
+            self.call_from_thread(self.notify, exc.message, severity="error")
+            return
+
+        def show() -> None:
+            tree = self.query_one(CacheTree)
+            tree.set_rows(rows, self.stats.total_bytes if self.stats else 1, order)
+            if target != ROOT_ID:
+                tree.move_to_key(("node", target))
+            tree.focus()
+            where = "" if m.partial_node_id is None else f" ({m.partial_tokens} tokens into #{m.partial_node_id})"
+            self.notify(f"{m.matched_tokens} of {m.query_tokens} tokens cached{where}", title="search")
+
+        self.call_from_thread(show)
+
+    # ----- actions: plan, preview, confirm, execute -----
+
+    def _refuse_actions(self) -> bool:
+        if self.capabilities.read_only:
+            self.notify(f"{self.target} is read-only: actions are disabled", severity="warning", title="read-only")
+            return True
+        return False
+
+    def action_close_sessions(self) -> None:
+        if self._refuse_actions():
+            return
+        table = self.query_one(SessionsTable)
+        ids = sorted(table.marked) or ([table.current.id] if table.current else [])
+        if not ids:
+            self.notify("no session highlighted or marked (space marks one)", severity="warning")
+            return
+        self.plan_closes(tuple(ids))
+
+    @work(thread=True, exclusive=True, group="action", exit_on_error=False)
+    def plan_closes(self, ids: tuple[str, ...]) -> None:
+        try:
+            plans = [self.adapter.plan_close(sid) for sid in ids]
+        except AdapterError as exc:
+            self.call_from_thread(self.notify, exc.message, severity="error")
+            return
+        self.call_from_thread(self._confirm_closes, plans)
+
+    def _confirm_closes(self, plans: list) -> None:
+        body = Table(show_edge=False)
+        for col in ("session", "state", "frees now", "nodes", "stays (why)"):
+            body.add_column(col)
+        for p in plans:
+            kept: dict[str, int] = {}
+            for k in p.kept:
+                kept[k.reason] = kept.get(k.reason, 0) + k.tokens
+            body.add_row(p.session_id, p.state, f"{p.freed_tokens:,} tok · {human_bytes(p.freed_bytes)}",
+                         str(len(p.freed_node_ids)), ", ".join(f"{v:,} tok {r}" for r, v in kept.items()) or "-")
+        total = sum(p.freed_bytes for p in plans)
+        bulk = len(plans) > 1
+        ids = tuple(p.session_id for p in plans)  # what the user saw: the action is bound to these
+        self.push_screen(
+            ConfirmScreen(f"Close {len(plans)} session(s): frees {human_bytes(total)} now", body,
+                          "Close", require_text=str(len(plans)) if bulk else None),
+            lambda ok: self.run_closes(ids, plans) if ok else self.notify("cancelled; nothing changed"),
+        )
+
+    @work(thread=True, group="action", exit_on_error=False)
+    def run_closes(self, ids: tuple[str, ...], plans: list) -> None:
+        planned = {p.session_id: p for p in plans}
+        lines = []
+        for sid in ids:
+            try:
+                r = self.adapter.close_session(sid)
+            except AdapterError as exc:
+                lines.append(f"{sid}: {exc.message}")
+                continue
+            diff = "" if r.freed_tokens == planned[sid].freed_tokens else \
+                f" (plan said {planned[sid].freed_tokens:,}: the cache changed in between)"
+            lines.append(f"{sid}: freed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}{diff}")
+        self.call_from_thread(self.notify, "\n".join(lines), title="closed", timeout=8)
+        self.call_from_thread(self.query_one(SessionsTable).marked.clear)
+        self.call_from_thread(self.poll)
+
+    def action_evict(self) -> None:
+        if self._refuse_actions():
+            return
+        evictable = self.stats.evictable_tokens if self.stats else 0
+        self.push_screen(AskScreen("Evict tokens", f"How many tokens? ({evictable:,} evictable now; whole "
+                                   "least-recently-used unlocked leaves go first)", "tokens"), self._evict_count)
+
+    def _evict_count(self, text: str | None) -> None:
+        if text is None:
+            return
+        if not text.strip().isdigit():
+            self.notify(f"not a token count: {text!r}", severity="error")
+            return
+        n = int(text.strip())
+        st = self.stats
+        bpt = st.bytes_per_token if st else 0
+        large = st is not None and n >= LARGE_SHARE * st.capacity_tokens
+        body = Text(f"Evict at least {n:,} tokens ({human_bytes(n * bpt)}) of "
+                    f"{st.evictable_tokens if st else 0:,} evictable.")
+        self.push_screen(ConfirmScreen("Evict", body, "Evict", require_text=str(n) if large else None),
+                         lambda ok: self.perform_action("evict", n) if ok else self.notify("cancelled; nothing changed"))
+
+    def action_flush(self) -> None:
+        if self._refuse_actions():
+            return
+        st = self.stats
+        body = Text(f"Free every unlocked node: {st.evictable_tokens if st else 0:,} tokens "
+                    f"({human_bytes(st.evictable_bytes) if st else '-'}). Running requests keep their paths.")
+        self.push_screen(ConfirmScreen("Flush the cache", body, "Flush", require_text="flush"),
+                         lambda ok: self.perform_action("flush", 0) if ok else self.notify("cancelled; nothing changed"))
+
+    @work(thread=True, group="action", exit_on_error=False)
+    def perform_action(self, action: str, n: int) -> None:
+        try:
+            if action == "evict":
+                r = self.adapter.evict(n)
+                message = f"evicted {r.evicted_tokens:,} tok · {human_bytes(r.evicted_bytes)} in {r.evicted_nodes} nodes"
+            else:
+                r = self.adapter.flush()
+                message = f"flushed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}" + (
+                    f"; {r.message}" if r.message else "")
+        except AdapterError as exc:
+            self.call_from_thread(self.notify, exc.message, severity="error")
+            return
+        self.call_from_thread(self.notify, message, title=action)
+        self.call_from_thread(self.poll)
+
+
+def run_dashboard(adapter: CacheAdapter, target: str | None = None, interval: float = 1.0,
+                  keymap: dict[str, str] | None = None, on_exit: Callable[[], None] | None = None) -> None:
+    try:
+        RadixtopApp(adapter, target, interval, keymap).run()
+    finally:
+        if on_exit is not None:
+            on_exit()

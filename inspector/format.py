@@ -1,0 +1,23 @@
+"""Styles for the dashboard: colour by share of memory; units come from adapters.units."""
+
+from __future__ import annotations
+
+from rich.style import Style
+
+from adapters.units import age, human_bytes  # noqa: F401  (re-exported for the widgets)
+
+_SHARE_STYLES = [
+    (0.25, Style(color="red", bold=True)),
+    (0.10, Style(color="dark_orange")),
+    (0.03, Style(color="yellow")),
+    (0.005, Style(color="green")),
+    (0.0, Style(color="grey62")),
+]
+
+
+def share_style(share: float) -> Style:
+    """Hotter colours for nodes whose subtree holds more of the cache."""
+    for threshold, style in _SHARE_STYLES:
+        if share >= threshold:
+            return style
+    return _SHARE_STYLES[-1][1]

@@ -1,0 +1,118 @@
+"""The dashboard header: target, LIVE/PAUSED and READ-ONLY badges, memory bar, sparklines."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import Sparkline, Static
+
+from adapters.model import Stats
+from inspector.format import human_bytes
+
+HISTORY = 120
+"""Samples kept for the sparklines (two minutes at the default one-second poll)."""
+
+
+def memory_bar(st: Stats, width: int) -> Text:
+    """protected | evictable | free, to scale, against capacity."""
+    width = max(width, 10)
+    text = Text()
+    used = 0
+    for tokens, style in ((st.protected_tokens, "red"), (st.evictable_tokens, "dark_orange")):
+        cells = min(round(width * tokens / st.capacity_tokens) if st.capacity_tokens else 0, width - used)
+        text.append("█" * cells, style=style)
+        used += cells
+    text.append("░" * (width - used), style="grey50")
+    return text
+
+
+class HeaderBar(Widget):
+    """Updated by the app on every poll, even while paused."""
+
+    DEFAULT_CSS = """
+    HeaderBar { height: 6; padding: 0 1; background: $panel; }
+    HeaderBar #title { height: 1; }
+    HeaderBar #bar { height: 1; }
+    HeaderBar #legend { height: 1; }
+    HeaderBar Horizontal { height: 3; }
+    HeaderBar Vertical { width: 1fr; padding: 0 1 0 0; }
+    HeaderBar .spark-label { height: 1; color: $text-muted; }
+    HeaderBar Sparkline { height: 2; }
+    """
+
+    def __init__(self, target: str, read_only: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.target = target
+        self.read_only = read_only
+        self.paused = False
+        self.interval = 1.0
+        self.stats: Stats | None = None
+        self.hit_rate: deque[float] = deque(maxlen=HISTORY)
+        self.evictions: deque[float] = deque(maxlen=HISTORY)
+        self.close_freed: deque[float] = deque(maxlen=HISTORY)
+        self._last: tuple[float, Stats] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        yield Static(id="bar")
+        yield Static(id="legend")
+        with Horizontal():
+            for key, label in (("hit", "hit rate"), ("evict", "evicted tok/s"), ("close", "freed by close tok/s")):
+                with Vertical():
+                    yield Static(label, id=f"{key}-label", classes="spark-label")
+                    yield Sparkline([], id=f"{key}-spark")
+
+    def update_stats(self, st: Stats, now: float) -> None:
+        """Take a new Stats sample: rates come from counter increments since the last one."""
+        if self._last is not None:
+            then, prev = self._last
+            dt = max(now - then, 1e-6)
+            prompt = st.prompt_tokens - prev.prompt_tokens
+            cached = st.cached_tokens - prev.cached_tokens
+            if prompt > 0:
+                self.hit_rate.append(cached / prompt)
+            elif self.hit_rate:
+                self.hit_rate.append(self.hit_rate[-1])
+            self.evictions.append(max(st.evicted_tokens - prev.evicted_tokens, 0) / dt)
+            self.close_freed.append(max(st.freed_by_close_tokens - prev.freed_by_close_tokens, 0) / dt)
+        self._last = (now, st)
+        self.stats = st
+        self.render_stats()
+
+    def render_stats(self) -> None:
+        st = self.stats
+        title = Text()
+        title.append(" radixtop ", style="bold reverse")
+        title.append(f" {self.target}  ")
+        if self.paused:
+            title.append(" PAUSED ", style="bold black on yellow")
+        else:
+            title.append(" LIVE ", style="bold black on green")
+        if self.read_only:
+            title.append(" ")
+            title.append(" READ-ONLY ", style="bold white on blue")
+        title.append(f"  every {self.interval:g}s", style="dim")
+        self.query_one("#title", Static).update(title)
+        if st is None:
+            return
+        width = max(self.size.width - 2, 10)
+        self.query_one("#bar", Static).update(memory_bar(st, width))
+        bpt = st.bytes_per_token
+        legend = Text.assemble(
+            ("■ protected ", "red"), f"{st.protected_tokens:,} tok {human_bytes(st.protected_tokens * bpt)}  ",
+            ("■ evictable ", "dark_orange"), f"{st.evictable_tokens:,} tok {human_bytes(st.evictable_tokens * bpt)}  ",
+            ("■ free ", "grey50"), f"{st.free_tokens:,} tok {human_bytes(st.free_tokens * bpt)}  ",
+            ("of ", "dim"), f"{human_bytes(st.capacity_bytes)} · {st.node_count:,} nodes · "
+            f"{st.open_sessions} sessions open",
+        )
+        self.query_one("#legend", Static).update(legend)
+        for key, series, fmt in (("hit", self.hit_rate, "{:.0%}"), ("evict", self.evictions, "{:,.0f}"),
+                                 ("close", self.close_freed, "{:,.0f}")):
+            self.query_one(f"#{key}-spark", Sparkline).data = list(series) or [0.0]
+            label = {"hit": "hit rate", "evict": "evicted tok/s", "close": "freed by close tok/s"}[key]
+            now = fmt.format(series[-1]) if series else "-"
+            self.query_one(f"#{key}-label", Static).update(f"{label}  {now}")

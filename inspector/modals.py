@@ -1,0 +1,117 @@
+"""Modal screens: confirm an action (Cancel is the default), ask for a value, help."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Static
+
+_MODAL_CSS = """
+{name} {{ align: center middle; }}
+{name} > Vertical {{
+    width: 90; max-width: 95%; height: auto; max-height: 90%;
+    border: thick $accent; background: $surface; padding: 1 2;
+}}
+{name} .title {{ text-style: bold; margin-bottom: 1; }}
+{name} VerticalScroll {{ height: auto; max-height: 20; }}
+{name} Horizontal {{ height: auto; margin-top: 1; align-horizontal: right; }}
+{name} Button {{ margin-left: 2; }}
+{name} Input {{ margin-top: 1; }}
+"""
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Shows what an action will do; returns True only on an explicit confirm.
+
+    With ``require_text`` the confirm button stays disabled until that text is typed (large or
+    bulk actions). Escape, Cancel and Enter on the focused Cancel button all cancel.
+    """
+
+    DEFAULT_CSS = _MODAL_CSS.format(name="ConfirmScreen")
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="modal.cancel")]
+
+    def __init__(self, title: str, body: RenderableType, confirm_label: str, require_text: str | None = None):
+        super().__init__()
+        self.title_text = title
+        self.body = body
+        self.confirm_label = confirm_label
+        self.require_text = require_text
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.title_text, classes="title")
+            with VerticalScroll():
+                yield Static(self.body)
+            if self.require_text is not None:
+                yield Static(f"Type [b]{self.require_text}[/] to confirm.")
+                yield Input(placeholder=self.require_text, id="confirm-text")
+            with Horizontal():
+                yield Button("Cancel", id="cancel", variant="primary")
+                yield Button(self.confirm_label, id="confirm", variant="error",
+                             disabled=self.require_text is not None)
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.query_one("#confirm", Button).disabled = event.value.strip() != self.require_text
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.value.strip() == self.require_text:
+            self.dismiss(True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "confirm")
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class AskScreen(ModalScreen[str | None]):
+    """One line of input (search text, a token count); Escape cancels."""
+
+    DEFAULT_CSS = _MODAL_CSS.format(name="AskScreen")
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="ask.cancel")]
+
+    def __init__(self, title: str, hint: str, placeholder: str = "", value: str = ""):
+        super().__init__()
+        self.title_text = title
+        self.hint = hint
+        self.placeholder = placeholder
+        self.value = value
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.title_text, classes="title")
+            yield Static(self.hint)
+            yield Input(value=self.value, placeholder=self.placeholder, id="ask-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key, from the bindings themselves (so remapped keys show as remapped)."""
+
+    DEFAULT_CSS = _MODAL_CSS.format(name="HelpScreen")
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("radixtop keys", classes="title")
+            with VerticalScroll():
+                yield Static(self.text)
+            yield Static("[dim]escape closes · ctrl+p opens the command palette[/]")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

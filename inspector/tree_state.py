@@ -1,0 +1,198 @@
+"""What the tree view shows: expanded nodes, their loaded pages of children, and flat rows.
+
+Pure data (no textual): loads pages through a CacheAdapter-like ``fetch_children`` and flattens
+only what the user expanded, so its size follows the screen and the user, not the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from adapters.model import ROOT_ID, ChildrenPage, NodeView
+
+PAGE = 100
+CHAIN_HOPS = 10_000
+
+FetchChildren = Callable[[int, int, int, str], ChildrenPage]
+
+
+@dataclass
+class Row:
+    """One line of the tree view."""
+
+    kind: str  # "node", "more" (load the next page), "chain" (a run of single children)
+    depth: int
+    node: NodeView | None = None
+    parent_id: int = ROOT_ID
+    more: int = 0
+    chain: tuple[NodeView, ...] = ()
+    """For "chain": every node of the run, top first; ``node`` is the last one."""
+    expanded: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Stable identity of the row across refreshes (the cursor follows it)."""
+        if self.kind == "more":
+            return ("more", self.parent_id)
+        return ("node", self.node.id)
+
+
+@dataclass
+class _Loaded:
+    children: list[NodeView] = field(default_factory=list)
+    total: int = 0
+
+
+class TreeState:
+    """Expanded nodes and the children loaded for each; flattens them into rows."""
+
+    def __init__(self, fetch_children: FetchChildren, order: str = "bytes", page: int = PAGE):
+        self.fetch_children = fetch_children
+        self.order = order
+        self.page = page
+        self.expanded: set[int] = {ROOT_ID}
+        self.loaded: dict[int, _Loaded] = {}
+        # Chains folded into one row: the top node id -> the chain's nodes, top first.
+        self.chains: dict[int, tuple[NodeView, ...]] = {}
+        self.rows: list[Row] = []
+
+    # ----- loading -----
+
+    def load(self, node_id: int, count: int | None = None) -> None:
+        """(Re)load the first ``count`` children of ``node_id`` (at least one page)."""
+        want = max(count or 0, self.page)
+        page = self.fetch_children(node_id, 0, want, self.order)
+        old = self.loaded.get(node_id)
+        self.loaded[node_id] = _Loaded(list(page.children), page.total)
+        if old is not None:
+            self._follow_splits(node_id, old)
+
+    def load_more(self, node_id: int) -> None:
+        loaded = self.loaded.get(node_id)
+        if loaded is None:
+            return self.load(node_id)
+        page = self.fetch_children(node_id, len(loaded.children), self.page, self.order)
+        seen = {c.id for c in loaded.children}
+        loaded.children.extend(c for c in page.children if c.id not in seen)
+        loaded.total = page.total
+
+    def _follow_splits(self, node_id: int, old: _Loaded) -> None:
+        """A split puts a new head above an expanded child (the tail keeps its id): expand the
+        head too, so what the user had open stays open."""
+        new_ids = {c.id for c in self.loaded[node_id].children}
+        lost = {c.id for c in old.children} - new_ids
+        if not lost & self.expanded:
+            return
+        old_ids = {c.id for c in old.children}
+        for child in self.loaded[node_id].children:
+            if child.id in old_ids or not child.num_children:
+                continue
+            below = self.fetch_children(child.id, 0, self.page, self.order).children
+            if lost & {c.id for c in below}:
+                self.expanded.add(child.id)
+                self.load(child.id)
+
+    def refresh(self) -> None:
+        """Reload every expanded node's pages (as many children as were loaded)."""
+        for node_id in list(self.expanded):
+            if node_id in self.loaded or node_id == ROOT_ID:
+                try:
+                    self.load(node_id, len(self.loaded.get(node_id, _Loaded()).children))
+                except LookupError:
+                    self.forget(node_id)
+        self.flatten()
+
+    def forget(self, node_id: int) -> None:
+        self.expanded.discard(node_id)
+        self.loaded.pop(node_id, None)
+        self.chains.pop(node_id, None)
+
+    # ----- user actions -----
+
+    def toggle(self, node: NodeView) -> None:
+        target = self._chain_end(node.id)
+        if target in self.expanded:
+            self.expanded.discard(target)
+        elif node.num_children or target != node.id:
+            self.expanded.add(target)
+            if target not in self.loaded:
+                self.load(target)
+        self.flatten()
+
+    def expand(self, node_id: int) -> None:
+        self.expanded.add(node_id)
+        if node_id not in self.loaded:
+            self.load(node_id)
+
+    def collapse(self, node_id: int) -> None:
+        self.expanded.discard(self._chain_end(node_id))
+        self.flatten()
+
+    def fold_chain(self, node: NodeView) -> int:
+        """Follow a run of single children below ``node`` and show it as one row; returns its
+        length. Called again on a folded chain, it unfolds it."""
+        if node.id in self.chains:
+            del self.chains[node.id]
+            self.flatten()
+            return 0
+        chain = [node]
+        while chain[-1].num_children == 1 and len(chain) < CHAIN_HOPS:
+            page = self.fetch_children(chain[-1].id, 0, 1, self.order)
+            if not page.children:
+                break
+            chain.append(page.children[0])
+        if len(chain) > 1:
+            self.chains[node.id] = tuple(chain)
+            if node.id in self.expanded:
+                self.expanded.add(chain[-1].id)
+                self.load(chain[-1].id)
+        self.flatten()
+        return len(chain)
+
+    def set_order(self, order: str) -> None:
+        self.order = order
+        self.refresh()
+
+    def _chain_end(self, node_id: int) -> int:
+        chain = self.chains.get(node_id)
+        return chain[-1].id if chain else node_id
+
+    # ----- rows -----
+
+    def flatten(self) -> list[Row]:
+        """Rows for everything expanded, parents before children (iterative: chains are deep)."""
+        rows: list[Row] = []
+        stack: list[tuple[str, int, int, object]] = [("children", ROOT_ID, 0, None)]
+        while stack:
+            kind, node_id, depth, payload = stack.pop()
+            if kind == "row":
+                rows.append(payload)
+                continue
+            loaded = self.loaded.get(node_id)
+            if loaded is None:
+                continue
+            pending: list[tuple[str, int, int, object]] = []
+            for child in loaded.children:
+                chain = self.chains.get(child.id)
+                end = chain[-1].id if chain else child.id
+                row = (Row("chain", depth, chain[-1], node_id, chain=chain) if chain
+                       else Row("node", depth, child, node_id))
+                row.expanded = end in self.expanded
+                pending.append(("row", 0, 0, row))
+                if end in self.expanded:
+                    pending.append(("children", end, depth + 1, None))
+            if loaded.total > len(loaded.children):
+                pending.append(("row", 0, 0, Row("more", depth, parent_id=node_id,
+                                                 more=loaded.total - len(loaded.children))))
+            stack.extend(reversed(pending))
+        self.rows = rows
+        return rows
+
+    def index_of(self, key: tuple[str, int]) -> int | None:
+        for i, row in enumerate(self.rows):
+            if row.key == key:
+                return i
+            if row.kind == "chain" and key[0] == "node" and any(n.id == key[1] for n in row.chain):
+                return i
+        return None

@@ -1,0 +1,213 @@
+"""CacheTree: the virtual tree (Line API); work per frame follows the screen, not the cache."""
+
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from adapters.model import NodeView
+from inspector.format import age, human_bytes, share_style
+from inspector.tree_state import Row
+
+_CURSOR = Style(reverse=True)
+_DIM = Style(dim=True)
+_MARK = Style(bold=True, color="magenta")
+
+
+def _preview(node: NodeView) -> str:
+    if node.text:
+        return node.text.replace("\n", "⏎")
+    tokens = " ".join(map(str, node.first_tokens[:8]))
+    return tokens + (" …" if node.tokens > 8 else "")
+
+
+class CacheTree(ScrollView, can_focus=True):
+    """Rows come from a TreeState (set by the app); the cursor follows a row's key."""
+
+    BINDINGS = [
+        Binding("up,k", "cursor_up", "Up", show=False, id="tree.up"),
+        Binding("down,j", "cursor_down", "Down", show=False, id="tree.down"),
+        Binding("pageup", "page_up", "Page up", show=False, id="tree.page_up"),
+        Binding("pagedown", "page_down", "Page down", show=False, id="tree.page_down"),
+        Binding("home", "first", "First", show=False, id="tree.first"),
+        Binding("end", "last", "Last", show=False, id="tree.last"),
+        Binding("enter,space", "toggle", "Expand", id="tree.toggle"),
+        Binding("right,l", "expand", "Expand", show=False, id="tree.expand"),
+        Binding("left,h", "collapse", "Collapse", show=False, id="tree.collapse"),
+        Binding("x", "fold_chain", "Chain", id="tree.chain"),
+        Binding("o", "cycle_order", "Sort", id="tree.order"),
+    ]
+
+    DEFAULT_CSS = """
+    CacheTree { height: 1fr; }
+    """
+
+    cursor = reactive(0, always_update=True)
+    """Index of the highlighted row."""
+
+    class Selected(Message):
+        """The cursor moved to a row (or its node changed)."""
+
+        def __init__(self, row: Row | None) -> None:
+            self.row = row
+            super().__init__()
+
+    class Request(Message):
+        """Ask the app to run a tree operation (loading happens off the UI thread)."""
+
+        def __init__(self, op: str, row: Row) -> None:
+            self.op = op
+            self.row = row
+            super().__init__()
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rows: list[Row] = []
+        self.total_bytes = 1
+        self.marked_ids: frozenset[int] = frozenset()
+        self.order = "bytes"
+        self._cursor_key: tuple[str, int] | None = None
+
+    # ----- data in -----
+
+    def set_rows(self, rows: list[Row], total_bytes: int, order: str) -> None:
+        """New rows; the cursor stays on the same row key (or the nearest place)."""
+        self.rows = rows
+        self.total_bytes = max(total_bytes, 1)
+        self.order = order
+        self.virtual_size = Size(self.size.width, len(rows))
+        if self._cursor_key is not None:
+            index = next((i for i, r in enumerate(rows) if r.key == self._cursor_key), None)
+            if index is None:
+                index = min(self.cursor, max(len(rows) - 1, 0))
+            self.cursor = index
+        else:
+            self.cursor = min(self.cursor, max(len(rows) - 1, 0))
+        self.refresh()
+
+    def set_marked(self, ids: frozenset[int]) -> None:
+        self.marked_ids = ids
+        self.refresh()
+
+    @property
+    def current(self) -> Row | None:
+        return self.rows[self.cursor] if 0 <= self.cursor < len(self.rows) else None
+
+    def move_to_key(self, key: tuple[str, int]) -> None:
+        index = next((i for i, r in enumerate(self.rows) if r.key == key), None)
+        if index is not None:
+            self.cursor = index
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        row = self.current
+        self._cursor_key = row.key if row else None
+        self.scroll_to_region_for(new)
+        self.refresh()
+        self.post_message(self.Selected(row))
+
+    def scroll_to_region_for(self, index: int) -> None:
+        top = self.scroll_offset.y
+        height = max(self.size.height, 1)
+        if index < top:
+            self.scroll_to(y=index, animate=False)
+        elif index >= top + height:
+            self.scroll_to(y=index - height + 1, animate=False)
+
+    # ----- rendering -----
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        index = self.scroll_offset.y + y
+        if index >= len(self.rows):
+            return Strip.blank(width)
+        row = self.rows[index]
+        strip = Strip(self._segments(row, width), width)
+        if index == self.cursor and self.has_focus:
+            strip = strip.apply_style(_CURSOR)
+        elif index == self.cursor:
+            strip = strip.apply_style(Style(underline=True))
+        return strip.crop_extend(0, width, None)
+
+    def _segments(self, row: Row, width: int) -> list[Segment]:
+        indent = "  " * row.depth
+        if row.kind == "more":
+            return [Segment(f"{indent}  … {row.more:,} more (enter loads the next page)", _DIM)]
+        node = row.node
+        expandable = node.num_children > 0
+        expanded = getattr(row, "expanded", False)
+        marker = ("▾ " if expanded else "▸ ") if expandable else "  "
+        if row.kind == "chain":
+            tokens = sum(n.tokens for n in row.chain)
+            label = f"#{row.chain[0].id} ⋯ #{node.id} chain of {len(row.chain)} nodes, {tokens:,} tok"
+        else:
+            label = f"#{node.id} {_preview(node)}"
+            if node.num_children == 1:
+                label += "  ┄"
+        cols = self._columns(node, width)
+        left_width = max(width - len(cols), 10)
+        left = f"{indent}{marker}{label}"
+        if len(left) > left_width:
+            left = left[: left_width - 1] + "…"
+        style = share_style(node.subtree_bytes / self.total_bytes)
+        if node.id in self.marked_ids:
+            style = style + _MARK
+        return [Segment(left.ljust(left_width), style), Segment(cols, _DIM if node.lock_ref == 0 else Style())]
+
+    def _columns(self, node: NodeView, width: int) -> str:
+        parts = [f"{node.tokens:>7,}t", f"{human_bytes(node.bytes):>10}", f"{human_bytes(node.subtree_bytes):>10}"]
+        if width >= 100:
+            parts.append(f"L{node.lock_ref:<2}")
+            parts.append(f"{len(node.holders):>3}h")
+            parts.append(f"{age(node.access_age_s):>5}")
+        return " " + " ".join(parts)
+
+    # ----- keys -----
+
+    def action_cursor_up(self) -> None:
+        if self.cursor > 0:
+            self.cursor -= 1
+
+    def action_cursor_down(self) -> None:
+        if self.cursor < len(self.rows) - 1:
+            self.cursor += 1
+
+    def action_page_up(self) -> None:
+        self.cursor = max(0, self.cursor - max(self.size.height - 1, 1))
+
+    def action_page_down(self) -> None:
+        self.cursor = min(max(len(self.rows) - 1, 0), self.cursor + max(self.size.height - 1, 1))
+
+    def action_first(self) -> None:
+        self.cursor = 0
+
+    def action_last(self) -> None:
+        self.cursor = max(len(self.rows) - 1, 0)
+
+    def _request(self, op: str) -> None:
+        row = self.current
+        if row is not None:
+            self.post_message(self.Request(op, row))
+
+    def action_toggle(self) -> None:
+        row = self.current
+        if row is not None:
+            self._request("more" if row.kind == "more" else "toggle")
+
+    def action_expand(self) -> None:
+        self._request("expand")
+
+    def action_collapse(self) -> None:
+        self._request("collapse")
+
+    def action_fold_chain(self) -> None:
+        self._request("chain")
+
+    def action_cycle_order(self) -> None:
+        row = self.current or Row("more", 0)
+        self.post_message(self.Request("order", row))
