@@ -74,13 +74,16 @@ class HeaderBar(Widget):
             prompt = st.prompt_tokens - prev.prompt_tokens
             cached = st.cached_tokens - prev.cached_tokens
             if prompt > 0:
-                self.hit_rate.append(cached / prompt)
+                self.hit_rate.append(min(max(cached / prompt, 0.0), 1.0))
             elif self.hit_rate:
                 self.hit_rate.append(self.hit_rate[-1])
             self.evictions.append(max(st.evicted_tokens - prev.evicted_tokens, 0) / dt)
             self.close_freed.append(max(st.freed_by_close_tokens - prev.freed_by_close_tokens, 0) / dt)
         self._last = (now, st)
         self.stats = st
+        self.render_stats()
+
+    def on_resize(self) -> None:
         self.render_stats()
 
     def render_stats(self) -> None:
@@ -99,7 +102,7 @@ class HeaderBar(Widget):
         self.query_one("#title", Static).update(title)
         if st is None:
             return
-        width = max(self.size.width - 2, 10)
+        width = max((self.size.width or self.app.size.width) - 2, 10)
         self.query_one("#bar", Static).update(memory_bar(st, width))
         bpt = st.bytes_per_token
         legend = Text.assemble(

@@ -127,7 +127,7 @@ class CacheTree(ScrollView, can_focus=True):
         if index >= len(self.rows):
             return Strip.blank(width)
         row = self.rows[index]
-        strip = Strip(self._segments(row, width), width)
+        strip = Strip(self._segments(row, width))
         if index == self.cursor and self.has_focus:
             strip = strip.apply_style(_CURSOR)
         elif index == self.cursor:
@@ -160,6 +160,9 @@ class CacheTree(ScrollView, can_focus=True):
         return [Segment(left.ljust(left_width), style), Segment(cols, _DIM if node.lock_ref == 0 else Style())]
 
     def _columns(self, node: NodeView, width: int) -> str:
+        """Right-hand columns; narrow views keep tokens and subtree bytes only."""
+        if width < 64:
+            return f" {node.tokens:>6,}t {human_bytes(node.subtree_bytes):>10}"
         parts = [f"{node.tokens:>7,}t", f"{human_bytes(node.bytes):>10}", f"{human_bytes(node.subtree_bytes):>10}"]
         if width >= 100:
             parts.append(f"L{node.lock_ref:<2}")

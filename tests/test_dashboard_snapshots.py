@@ -1,0 +1,84 @@
+"""Snapshot tests of the main screens, fed prepared snapshots (no polling: deterministic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.bundled import BundledAdapter
+from adapters.model import ClosePlanView, Geometry, KeptNodeView, NodeDetail, NodeView, SessionView, Stats
+from inspector.app import RadixtopApp
+from inspector.tree_state import Row
+from tests.contract import build_engine
+
+BPT = 131072  # llama-3-8b
+GEOMETRY = Geometry("llama-3-8b", 32, 8, 128, "bfloat16", 1, BPT)
+
+
+def stats(i: int) -> Stats:
+    return Stats(
+        target="snapshot", capacity_tokens=65536, free_tokens=30000 - 10 * i, evictable_tokens=30536,
+        protected_tokens=5000 + 10 * i, running_tokens=800, total_tokens=34736, bytes_per_token=BPT,
+        node_count=1_000_000, open_sessions=48, closed_sessions=120, prompt_tokens=10_000 * i,
+        cached_tokens=8_000 * i + 500 * (i % 4), evicted_tokens=400 * (i // 3) * 3,
+        closes=i, freed_by_close_tokens=300 * i, version=100 + i, geometry=GEOMETRY,
+    )
+
+
+def node(node_id: int, parent: int, depth: int, tokens: int, subtree: int, children: int, lock: int = 0,
+         holders: tuple[str, ...] = ()) -> NodeView:
+    first = tuple(range(1000 + node_id, 1000 + node_id + min(tokens, 16)))
+    return NodeView(node_id, parent, depth, tokens, first, None, lock, 3, 12.0, 300.0, tokens * BPT,
+                    subtree, subtree * BPT, children, holders)
+
+
+PROMPT = node(1001, 0, 1, 256, 20000, 3, lock=2)
+ROWS = [
+    Row("node", 0, PROMPT, 0, expanded=True),
+    Row("node", 1, node(1002, 1001, 2, 180, 9000, 1, holders=("s7",)), 1001),
+    Row("chain", 1, node(1005, 1004, 4, 40, 800, 0, holders=("s9", "s12")), 1001,
+        chain=(node(1003, 1001, 2, 20, 900, 1), node(1004, 1003, 3, 30, 880, 1),
+               node(1005, 1004, 4, 40, 800, 0, holders=("s9", "s12")))),
+    Row("more", 1, parent_id=1001, more=99_997),
+    Row("node", 0, node(1010, 0, 1, 256, 9000, 12), 0),
+    Row("node", 0, node(1011, 0, 1, 64, 700, 0, holders=("s3",)), 0),
+]
+SESSIONS = [
+    SessionView(f"s{i}", "open" if i % 5 else "closed", i % 4 + 1, (50 - i) * 2 * BPT * 10,
+                256 * BPT, (50 - i) * BPT * 25, 4 * (i % 3), float(i)) for i in range(1, 30)
+]
+DETAIL = NodeDetail(PROMPT, tuple(range(2001, 2065)), 0, 256, 17)
+
+
+@pytest.fixture
+def prepared_app():
+    engine = build_engine()
+    app = RadixtopApp(BundledAdapter(engine, name="snapshot"), poll=False)
+    yield app
+    engine.stop()
+
+
+async def feed(pilot) -> None:
+    app = pilot.app
+    for i in range(1, 40):
+        app.apply_snapshot({"stats": stats(i), "time": float(i), "rows": ROWS, "order": "bytes",
+                            "sessions": SESSIONS})
+    app.selected_node = PROMPT.id
+    app._show_detail(DETAIL)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_main_screen(snap_compare, prepared_app, size):
+    assert snap_compare(prepared_app, terminal_size=size, run_before=feed)
+
+
+def test_close_plan_modal(snap_compare, prepared_app):
+    async def run_before(pilot):
+        await feed(pilot)
+        plan = ClosePlanView("s7", "free", "open", (1002,), 180, 180 * BPT, 1,
+                             (KeptNodeView(1001, 256, "locked"), KeptNodeView(1003, 20, "shared")))
+        pilot.app._confirm_closes([plan, ClosePlanView("s9", "free", "open", (), 0, 0, 1,
+                                                       (KeptNodeView(1005, 40, "shared"),))])
+        await pilot.pause()
+
+    assert snap_compare(prepared_app, terminal_size=(120, 36), run_before=run_before)
