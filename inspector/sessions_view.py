@@ -159,6 +159,14 @@ class SessionsTable(ScrollView, can_focus=True):
             strip = strip.apply_style(_CURSOR if self.has_focus else Style(underline=True))
         return strip.crop_extend(0, width, None)
 
+    def on_click(self, event) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        index = self.scroll_offset.y + offset.y - 1  # the first line is the header
+        if 0 <= index < len(self.shown):
+            self.cursor = index
+
     def action_cursor_up(self) -> None:
         self.cursor = max(0, self.cursor - 1)
 

@@ -170,6 +170,17 @@ class CacheTree(ScrollView, can_focus=True):
             parts.append(f"{age(node.access_age_s):>5}")
         return " " + " ".join(parts)
 
+    def on_click(self, event) -> None:
+        """A click moves the cursor to the row; a second click on it expands or collapses."""
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        index = self.scroll_offset.y + offset.y
+        if 0 <= index < len(self.rows):
+            if index == self.cursor and event.chain >= 2:
+                self.action_toggle()
+            self.cursor = index
+
     # ----- keys -----
 
     def action_cursor_up(self) -> None:
