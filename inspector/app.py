@@ -66,7 +66,10 @@ class RadixtopApp(App[None]):
         Binding("plus,equals_sign", "faster", "Faster", show=False, id="app.faster"),
         Binding("minus", "slower", "Slower", show=False, id="app.slower"),
         Binding("escape", "clear_marks", "Clear marks", show=False, id="app.clear"),
+        Binding("right_square_bracket", "token_page(1)", "Next token ids", show=False, id="detail.next"),
+        Binding("left_square_bracket", "token_page(-1)", "Previous token ids", show=False, id="detail.prev"),
     ]
+    DETAIL_TOKENS = 64
 
     def __init__(self, adapter: CacheAdapter, target: str | None = None, interval: float = 1.0,
                  keymap: dict[str, str] | None = None, poll: bool = True):
@@ -82,6 +85,8 @@ class RadixtopApp(App[None]):
         self.stats: Stats | None = None
         self.down: str | None = None
         self.selected_node: int | None = None
+        self.detail_offset = 0
+        """First token id shown in the detail panel (``[`` and ``]`` page through them)."""
         self.marked_session: str | None = None
         self._poll_enabled = poll
         self._keymap = keymap or {}
@@ -178,7 +183,7 @@ class RadixtopApp(App[None]):
 
     def _read_detail(self, node_id: int) -> NodeDetail | None:
         try:
-            return self.adapter.node(node_id, 0, 64)
+            return self.adapter.node(node_id, self.detail_offset, self.DETAIL_TOKENS)
         except AdapterError:
             return None
 
@@ -258,7 +263,10 @@ class RadixtopApp(App[None]):
 
     def on_cache_tree_selected(self, message: CacheTree.Selected) -> None:
         row = message.row
-        self.selected_node = row.node.id if row is not None and row.node is not None else None
+        selected = row.node.id if row is not None and row.node is not None else None
+        if selected != self.selected_node:
+            self.detail_offset = 0
+        self.selected_node = selected
         if self.selected_node is not None:
             self.load_detail(self.selected_node)
 
@@ -284,10 +292,21 @@ class RadixtopApp(App[None]):
         table.add_row("beneath", f"{d.sessions_beneath} sessions hold something here or below")
         ids = " ".join(map(str, d.token_ids))
         more = " …" if n.tokens > len(d.token_ids) + d.token_offset else ""
-        table.add_row("ids", Text(ids + more, style="dim"))
+        span = f"ids {d.token_offset}-{d.token_offset + len(d.token_ids)}" if n.tokens > self.DETAIL_TOKENS else "ids"
+        table.add_row(span, Text(("… " if d.token_offset else "") + ids + more, style="dim"))
         if n.text:
             table.add_row("text", n.text)
         self.query_one("#detail", Static).update(table)
+
+    def action_token_page(self, step: int) -> None:
+        """Page the detail panel's token ids (``[`` back, ``]`` forward)."""
+        if self.selected_node is None:
+            return
+        tokens = self.query_one(CacheTree).current.node.tokens if self.query_one(CacheTree).current else 0
+        offset = self.detail_offset + step * self.DETAIL_TOKENS
+        if 0 <= offset < max(tokens, 1):
+            self.detail_offset = offset
+            self.load_detail(self.selected_node)
 
     # ----- sessions -----
 

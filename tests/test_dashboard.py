@@ -391,3 +391,43 @@ async def test_mouse_clicks_move_the_cursor(engine):
         assert tree.rows[1].expanded or tree.rows[1].node.num_children == 0
         await pilot.click(SessionsTable, offset=(5, 3))  # border, header, row 0, row 1
         assert app.query_one(SessionsTable).cursor == 1
+
+
+async def test_detail_pages_token_ids():
+    engine = build_engine()
+    engine.call(lambda s: s.request("long", list(range(5000, 5200)), [], None))
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app)
+            tree = app.query_one(CacheTree)
+            tree.move_to_key(("node", node_id_for(engine, list(range(5000, 5200)))))
+            await idle(pilot, app)
+            assert "ids 0-64" in screen_text(app)
+            await pilot.press("right_square_bracket")
+            await idle(pilot, app)
+            assert app.detail_offset == 64 and "ids 64-128" in screen_text(app) and "5064" in screen_text(app)
+            await pilot.press("left_square_bracket", "left_square_bracket")
+            await idle(pilot, app)
+            assert app.detail_offset == 0
+    finally:
+        engine.stop()
+
+
+async def test_close_works_over_http_too():
+    engine = build_engine()
+    with running_server(create_app(BundledAdapter(engine), "tok", AuditLog(None))) as url:
+        adapter = HttpAdapter(url, token="tok", timeout=5.0)
+        app = RadixtopApp(adapter, interval=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app)
+            await open_sessions(pilot, app, "b")
+            await pilot.press("c")
+            await idle(pilot, app)
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.click("#confirm")
+            await idle(pilot, app)
+            assert adapter.plan_close("b").state == "closed"
+            assert any("freed 3 tok" in n.message for n in app._notifications)
+        adapter.close()
+    engine.stop()
