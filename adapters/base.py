@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -70,6 +71,22 @@ class CacheAdapter(ABC):
     def export(self) -> Iterator[dict[str, Any]]:
         """The whole tree, a header then one row per node, parents before children."""
         raise NotImplementedError
+
+    def export_ndjson(self, chunk_rows: int = 10_000) -> Iterator[str]:
+        """``export()`` as NDJSON text: the header line first (the snapshot is taken before it is
+        yielded, so a failure can still become a status code), then chunks of ``chunk_rows``
+        lines. Adapters with a faster encoding override it."""
+        dumps = json.JSONEncoder(separators=(",", ":")).encode
+        rows = iter(self.export())
+        yield dumps(next(rows)) + "\n"
+        chunk: list[str] = []
+        for row in rows:
+            chunk.append(dumps(row))
+            if len(chunk) == chunk_rows:
+                yield "\n".join(chunk) + "\n"
+                chunk.clear()
+        if chunk:
+            yield "\n".join(chunk) + "\n"
 
     # ----- actions -----
 

@@ -7,7 +7,7 @@ integers (a face formats them); times are ages in seconds relative to when the v
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ChildOrder = Literal["bytes", "recency", "tokens"]
@@ -83,9 +83,21 @@ ERRORS_BY_CODE: dict[str, type[AdapterError]] = {
 # ----- views -----
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, _View):
+        return value.to_dict()
+    if isinstance(value, tuple) and value and isinstance(value[0], _View):
+        return tuple(v.to_dict() for v in value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
 class _View:
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data for JSON; like ``dataclasses.asdict`` without its deep copies (these views
+        hold only immutable values), which cost more than building a page of 1000 rows."""
+        return {name: _plain(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -166,7 +178,7 @@ class Stats(_View):
         return self.total_tokens * self.bytes_per_token
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = super().to_dict()
         for name in ("capacity", "free", "evictable", "protected", "total"):
             d[f"{name}_bytes"] = getattr(self, f"{name}_bytes")
         return d

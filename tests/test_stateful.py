@@ -98,6 +98,13 @@ class CacheMachine(RuleBasedStateMachine):
         check_invariants(self.s)
 
     @invariant()
+    def one_pass_attribution_equals_every_plan(self):
+        cache = self.s.cache
+        exclusive = cache.exclusive_tokens_by_session()
+        for sid in cache._session_leaves:
+            assert exclusive.get(sid, 0) == cache.plan_close(sid).freed_tokens, sid
+
+    @invariant()
     def changes_let_a_reader_follow_the_tree(self):
         """A reader that applies only changes(since) holds exactly what a full re-read gives."""
         cache = self.s.cache

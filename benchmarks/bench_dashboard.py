@@ -1,0 +1,1125 @@
+"""radixtop's dashboard (the real Textual app) driven headless by Textual's Pilot, on caches of ~10k
+and ~1M nodes, and the cost of a dashboard to a running engine.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/bench_dashboard.py            # full run (10k and 1M nodes; < 10 min)
+    .venv/bin/python benchmarks/bench_dashboard.py --quick    # CI smoke run (10k and 100k nodes; < 90 s)
+
+Prints Markdown tables and writes every raw number to ``benchmarks/results/dashboard.json``.
+See ``benchmarks/README.md`` for what each figure means.
+
+The caches are built fast: a ``Scheduler`` on a ``meta`` KV pool with the llama-3-8b geometry (shapes,
+no memory) and a large capacity, driven directly (``scheduler.request`` for the sessions,
+``cache.insert`` with real slots from the pool's allocator for the rest), wrapped in
+``Engine(scheduler, None).start()`` (the owner thread, no workload) and a ``BundledAdapter``. Every
+measurement runs ``RadixtopApp`` itself under ``app.run_test(size=(160, 48))``; the app and the
+adapter are only wrapped to time their calls (instance attributes and a subclass that times each
+adapter call), never changed.
+
+Sections:
+
+1. ``trees``: one of ~10k nodes and one of ~1M, with the same 3,000 sessions (the same node ids),
+   system prompts, a 1k-children node and a 1k-deep chain; the 1M one adds a node with 100k
+   children and a chain 10k deep, and a forest of small trees up to the node count.
+2. ``first_paint``: from constructing the app to the first completed poll with rows on screen.
+3. ``keys``: key-press-to-screen latency: from ``pilot.press`` until the widgets reflect the key,
+   the workers are idle and ``pilot.pause()`` (which repaints the screen) has returned.
+4. ``frame``: the work of one poll, with the poll timer off: ``collect()`` + ``apply_snapshot()``
+   + ``render_line`` of every visible line of the tree and the sessions table, on an unchanged
+   tree and right after a tree change, with the same nodes expanded at 10k and at 1M.
+5. ``throughput``: ``engine.requests_finished`` over a fixed window for an engine running the demo
+   workload flat out on a ~100k-node cache, with a dashboard attached (1 s refresh) and without,
+   alternating runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+
+import numpy as np  # noqa: E402
+
+pc = time.perf_counter
+SIZE = (160, 48)  # the terminal the app runs in (columns, lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    label: str
+    target_nodes: int  # the forest grows the tree until it has at least this many nodes
+    fanouts: tuple[int, ...] = (1_000,)  # children of each few-shot prompt (sessionless)
+    chains: tuple[int, ...] = (1_000,)  # depths of runs of single children under the root
+    sessions: int = 3_000  # sessions that tag nodes (closed ones are among them)
+    system_prompts: int = 4
+    system_prompt_len: tuple[int, int] = (256, 512)
+    turns: tuple[int, int] = (1, 3)
+    user_len: tuple[int, int] = (8, 64)
+    output_len: tuple[int, int] = (8, 64)
+    regenerate_share: float = 0.05
+    closed_sessions: int = 100  # closed after the trace (tombstoned; listed as closed)
+    running_requests: int = 16  # begun, not finished: they lock their paths
+    fanout_prompt_len: int = 1024
+    fanout_tail: tuple[int, int] = (4, 16)
+    chain_node_tokens: int = 4
+    segment_len: tuple[int, int] = (2, 8)  # tokens per node of the forest
+    group_prefix_len: tuple[int, int] = (16, 64)
+    extra_capacity: int = 0  # free slots on top of what the tree needs (room for a workload)
+    vocab: int = 128_256  # llama-3
+    seed: int = 11
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    mode: str
+    small: TreeConfig
+    large: TreeConfig
+    throughput_tree: TreeConfig
+    paint_repeats: int  # app starts per tree (first paint)
+    down_presses: int  # cursor-down presses per tree
+    press_repeats: int  # expand / collapse / sort / next-page presses per tree
+    chain_repeats: int  # fold + unfold of the 1k chain
+    long_chain_repeats: int  # fold + unfold of the long chain (large tree only)
+    frame_repeats: int  # polls per mode per tree per block
+    frame_blocks: int  # blocks of (small, large) app sessions, alternating
+    tp_pairs: int  # (without, with) pairs of throughput runs, order alternating
+    tp_window_s: float
+    tp_warmup_s: float  # engine running before the window opens (without the dashboard)
+    interval: float = 1.0  # the dashboard's refresh (its default)
+
+
+def full_config() -> BenchConfig:
+    return BenchConfig(
+        mode="full",
+        small=TreeConfig("10k", 10_000),
+        large=TreeConfig("1M", 1_000_000, fanouts=(1_000, 100_000), chains=(1_000, 10_000)),
+        throughput_tree=TreeConfig("100k", 100_000, fanouts=(1_000, 10_000), extra_capacity=16_000_000),
+        paint_repeats=5, down_presses=60, press_repeats=10, chain_repeats=5, long_chain_repeats=3,
+        frame_repeats=15, frame_blocks=2, tp_pairs=3, tp_window_s=20.0, tp_warmup_s=2.0,
+    )
+
+
+def quick_config() -> BenchConfig:
+    return BenchConfig(
+        mode="quick",
+        small=TreeConfig("10k", 10_000),
+        large=TreeConfig("100k", 100_000, fanouts=(1_000, 10_000), chains=(1_000, 2_000)),
+        throughput_tree=TreeConfig("30k", 30_000, extra_capacity=4_000_000),
+        paint_repeats=2, down_presses=20, press_repeats=4, chain_repeats=2, long_chain_repeats=1,
+        frame_repeats=6, frame_blocks=1, tp_pairs=1, tp_window_s=6.0, tp_warmup_s=1.0,
+    )
+
+
+# Goals (see benchmarks/README.md).
+GOAL_FIRST_PAINT_S = 1.0  # at 1M nodes
+GOAL_FRAME_RATIO = 1.2  # one poll's work at 1M / at 10k, same things expanded
+GOAL_THROUGHPUT_SHARE = 0.95  # requests finished with a dashboard attached / without
+INSTANT_MS = 100.0  # reference for key presses (not a goal): what still feels instant
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def ms_stats(secs: list[float]) -> dict[str, Any] | None:
+    """Milliseconds: median, p90 (nearest rank), min, max, and every sample."""
+    if not secs:
+        return None
+    ms = sorted(x * 1e3 for x in secs)
+    p90 = ms[min(len(ms) - 1, max(0, -(-90 * len(ms) // 100) - 1))]
+    return {"median": statistics.median(ms), "p90": p90, "min": ms[0], "max": ms[-1], "n": len(ms),
+            "samples": [x * 1e3 for x in secs]}
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """CPU seconds (user + system) of one thread of this process, from /proc."""
+    with open(f"/proc/self/task/{native_id}/stat") as fh:
+        parts = fh.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------------------------
+# the trees
+# ----------------------------------------------------------------------------------------------
+
+# Shapes of the forest's groups: a full tree of (branching, depth) under one prefix node.
+GROUP_SHAPES = ((2, 6), (3, 4), (4, 3), (5, 3), (6, 3), (8, 2), (16, 2))
+
+
+class TokenPool:
+    """Random token ids from a pre-drawn pool (fast and reproducible)."""
+
+    def __init__(self, rng: np.random.Generator, vocab: int, size: int = 1 << 20):
+        self.pool = rng.integers(0, vocab, size).tolist()
+        self.size = size
+        self.cursor = 0
+
+    def take(self, n: int) -> list[int]:
+        if self.cursor + n > self.size:
+            self.cursor = 0
+        out = self.pool[self.cursor : self.cursor + n]
+        self.cursor += n
+        return out
+
+
+@dataclass
+class Built:
+    label: str
+    scheduler: Any
+    build_s: float
+    facts: dict[str, Any]
+    system_ids: list[int]  # system prompt nodes, in the order they were made
+    system_prompts: list[tuple[int, ...]]
+    fanout_ids: dict[int, int]  # children -> node id
+    chain_ids: dict[int, int]  # depth -> id of the chain's top node (a root child)
+    engine: Any = None
+    holds: Any = None
+
+
+def build_tree(cfg: TreeConfig, with_facts: bool = True) -> Built:
+    """Sessions first (identical in every tree built from the same seed: same node ids), then the
+    few-shot fan-outs, the chains, and a sessionless forest up to ``target_nodes``; finally a few
+    running requests. GC is off while building; the tree is then collected and frozen."""
+    from gpu_backend.kv_geometry import get_geometry
+    from gpu_backend.scheduler import Scheduler
+
+    mean = lambda r: (r[0] + r[1]) / 2  # noqa: E731
+    est = (cfg.system_prompts * cfg.system_prompt_len[1]
+           + cfg.sessions * mean(cfg.turns) * 1.1 * (mean(cfg.user_len) + mean(cfg.output_len))
+           + sum(cfg.fanout_prompt_len + n * (1 + cfg.fanout_tail[1]) for n in cfg.fanouts)
+           + sum(d * cfg.chain_node_tokens for d in cfg.chains)
+           + cfg.target_nodes * (cfg.segment_len[1] + cfg.group_prefix_len[1] / 8)
+           + cfg.running_requests * 2 * cfg.user_len[1])
+    capacity = (int(est * 1.2) + cfg.extra_capacity) // 1024 * 1024 + 1024
+    geometry = get_geometry("llama-3-8b")
+    s = Scheduler(geometry, capacity, device="meta")
+    cache, allocator = s.cache, s.pool.allocator
+    prng = random.Random(cfg.seed)
+    tokens = TokenPool(np.random.default_rng(cfg.seed), cfg.vocab)
+    # Root children are keyed by their first token: draw those distinct.
+    first_tokens = iter(np.random.default_rng(cfg.seed + 1).permutation(cfg.vocab).tolist())
+    t0 = pc()
+    gc.collect()
+    gc.disable()
+    try:
+        # 1. system prompts and sessions, through the scheduler (the same in every tree)
+        systems = []
+        for i in range(cfg.system_prompts):
+            prompt = [next(first_tokens)] + tokens.take(prng.randint(*cfg.system_prompt_len) - 1)
+            s.request(f"sys{i}", prompt, [], None)
+            systems.append(tuple(prompt))
+        history: dict[str, list[int]] = {}
+        last_input: dict[str, list[int]] = {}
+        turns_left: dict[str, int] = {}
+        for k in range(cfg.sessions):
+            sid = f"u{k:05d}"
+            history[sid] = list(systems[prng.randrange(cfg.system_prompts)])
+            turns_left[sid] = prng.randint(*cfg.turns)
+        rid = itertools.count()
+        active = list(history)
+        while active:
+            still = []
+            for sid in active:
+                if sid in last_input and prng.random() < cfg.regenerate_share:
+                    inp = last_input[sid]
+                else:
+                    inp = history[sid] + tokens.take(prng.randint(*cfg.user_len))
+                    turns_left[sid] -= 1
+                out = tokens.take(prng.randint(*cfg.output_len))
+                s.request(f"r{next(rid)}", inp, out, sid)
+                last_input[sid] = inp
+                history[sid] = inp + out
+                if turns_left[sid] > 0:
+                    still.append(sid)
+            active = still
+        sids = list(history)
+        for sid in prng.sample(sids, cfg.closed_sessions):
+            s.close_session(sid)
+        session_nodes = cache.node_count()
+
+        # 2. few-shot prompts with many continuations (sessionless)
+        frng = random.Random(cfg.seed + 2)
+        fanout_ids = {}
+        for n in cfg.fanouts:
+            prompt = tuple([next(first_tokens)] + tokens.take(cfg.fanout_prompt_len - 1))
+            fan = cache.insert(prompt, allocator.alloc(len(prompt))).last_node
+            plen = len(prompt)
+            kids = np.random.default_rng(cfg.seed + n).permutation(cfg.vocab)[:n].tolist()
+            for j in range(n):
+                tail = (kids[j], *tokens.take(frng.randint(*cfg.fanout_tail)))
+                value = np.zeros(plen + len(tail), dtype=np.int64)
+                value[plen:] = allocator.alloc(len(tail))
+                r = cache.insert(prompt + tail, value)
+                assert r.prefix_len == plen
+            assert len(fan.children) == n
+            fanout_ids[n] = fan.id
+
+        # 3. chains of single children: the whole run inserted once, then ever shorter prefixes
+        #    of it (each splits the top node, so no insert walks the chain)
+        chain_ids = {}
+        per = cfg.chain_node_tokens
+        for depth in cfg.chains:
+            length = depth * per
+            key = tuple([next(first_tokens)] + tokens.take(length - 1))
+            slots = allocator.alloc(length)
+            cache.insert(key, slots)
+            for k in range(1, depth):
+                r = cache.insert(key[: length - k * per], slots[: length - k * per])
+                assert r.prefix_len == length - k * per
+            chain_ids[depth] = cache.root_node.children[key[0]].id
+
+        # 4. a sessionless forest of small full trees, until the tree has target_nodes nodes
+        grng = random.Random(cfg.seed + 3)
+        groups = 0
+        while cache.node_count() < cfg.target_nodes - cfg.running_requests:
+            b, d = grng.choice(GROUP_SHAPES)
+            _insert_group(cache, allocator, grng, tokens, next(first_tokens), b, d, cfg)
+            groups += 1
+
+        # 5. running requests: the next turn of some open sessions, begun and not finished
+        open_sids = [x for x in sids if not cache.is_session_closed(x)]
+        for k, sid in enumerate(prng.sample(open_sids, cfg.running_requests)):
+            s.begin(f"run{k}", history[sid] + tokens.take(prng.randint(*cfg.user_len)), sid)
+    finally:
+        gc.enable()
+    build_s = pc() - t0
+    gc.collect()
+    gc.freeze()  # the tree is long-lived: keep later collections from walking it
+
+    system_ids = [cache.lookup(p).last_node.id for p in systems]
+    facts: dict[str, Any] = {"label": cfg.label, "nodes": cache.node_count(), "build_s": build_s,
+                             "session_nodes": session_nodes, "forest_groups": groups}
+    if with_facts:
+        max_children, max_depth = 0, 0
+        stack = [(cache.root_node, 0)]
+        while stack:
+            node, depth = stack.pop()
+            max_children = max(max_children, len(node.children))
+            max_depth = max(max_depth, depth)
+            stack.extend((c, depth + 1) for c in node.children.values())
+        st = s.stats()
+        facts.update({
+            "tokens": st.total_size,
+            "capacity_tokens": st.capacity,
+            "bytes_per_token": geometry.bytes_per_token,
+            "sessions_tagging": len(cache._session_leaves),
+            "sessions_known": len(s.session_activity),
+            "closed_sessions": len(cache.closed_session_ids()),
+            "tagged_nodes": sum(len(v) for v in cache._session_leaves.values()),
+            "running_requests": len(s.running),
+            "root_children": len(cache.root_node.children),
+            "system_prompt_children": [len(cache.nodes[i].children) for i in system_ids],
+            "fanouts": {str(n): len(cache.nodes[i].children) for n, i in fanout_ids.items()},
+            "chains": list(cfg.chains),
+            "max_children": max_children,
+            "max_depth": max_depth,
+        })
+    return Built(cfg.label, s, build_s, facts, system_ids, systems, fanout_ids, chain_ids)
+
+
+def _insert_group(cache, allocator, prng: random.Random, tokens: TokenPool, first: int,
+                  b: int, d: int, cfg: TreeConfig) -> None:
+    """A full tree of branching ``b`` and depth ``d`` under one prefix, leaf paths in DFS order.
+    Each insert allocates slots only for the tokens past the previous path's divergence."""
+    prefix = tuple([first] + tokens.take(prng.randint(*cfg.group_prefix_len) - 1))
+    segments: dict[tuple[int, ...], tuple[int, ...]] = {}
+    lo, hi = cfg.segment_len
+    upto = [prefix]
+    prev: tuple[int, ...] | None = None
+    for path in itertools.product(range(b), repeat=d):
+        div = 0 if prev is None else next(i for i in range(d) if path[i] != prev[i])
+        del upto[div + 1 :]
+        for level in range(div, d):
+            node_path = path[: level + 1]
+            seg = segments.get(node_path)
+            if seg is None:
+                seg = segments[node_path] = (path[level],) + tuple(tokens.take(prng.randint(lo, hi) - 1))
+            upto.append(upto[-1] + seg)
+        key = upto[-1]
+        off = 0 if prev is None else len(upto[div])
+        value = np.zeros(len(key), dtype=np.int64)
+        value[off:] = allocator.alloc(len(key) - off)
+        r = cache.insert(key, value)
+        assert r.prefix_len == off, (r.prefix_len, off)
+        prev = path
+
+
+def release(built: Built) -> None:
+    """Stop the tree's engine and give its memory back (the tree was frozen: unfreeze first)."""
+    if built.engine is not None:
+        built.engine.stop()
+    built.engine = built.scheduler = built.holds = None
+    gc.unfreeze()
+    gc.collect()
+
+
+def change_tree(engine, prompt: tuple[int, ...], counter=itertools.count()) -> None:
+    """A sessionless request for a fully cached system prompt: it locks and unlocks the prompt's
+    node, so the cache's version moves (a live engine's every step) while the tree keeps its shape."""
+    engine.call(lambda s: s.request(f"touch{next(counter)}", list(prompt), [], None), 30.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# instrumentation (wraps, never edits, the code under test)
+# ----------------------------------------------------------------------------------------------
+
+
+class EngineHolds:
+    """Times each command on the engine's owner thread: how long a read holds the cache."""
+
+    def __init__(self, engine):
+        self.holds: list[float] = []
+        call = engine.call
+
+        def timed_call(fn, timeout: float = 10.0):
+            def run(s):
+                t0 = pc()
+                try:
+                    return fn(s)
+                finally:
+                    self.holds.append(pc() - t0)
+
+            return call(run, timeout)
+
+        engine.call = timed_call  # instance attribute: shadows Engine.call for this engine only
+
+    def mark(self) -> int:
+        return len(self.holds)
+
+    def since(self, mark: int) -> float:
+        return sum(self.holds[mark:])
+
+
+READS = ("stats", "changes", "children", "sessions", "node", "session")
+
+
+def timed_adapter(engine, **kwargs):
+    """A BundledAdapter that logs (method, seconds) of each read and each ``_attribute`` call."""
+    from adapters.bundled import BundledAdapter
+
+    class TimedAdapter(BundledAdapter):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.calls: list[tuple[str, float]] = []
+            self.attribute_log: list[tuple[bool, float]] = []
+
+        def _attribute(self, s):
+            before = self._attribution
+            t0 = pc()
+            result = super()._attribute(s)
+            self.attribute_log.append((result is not before, pc() - t0))
+            return result
+
+    def wrap(name):
+        def method(self, *args, **kw):
+            t0 = pc()
+            try:
+                return getattr(BundledAdapter, name)(self, *args, **kw)
+            finally:
+                self.calls.append((name, pc() - t0))
+
+        method.__name__ = name
+        return method
+
+    for name in READS:
+        setattr(TimedAdapter, name, wrap(name))
+    return TimedAdapter(engine, **kwargs)
+
+
+def instrument(app) -> None:
+    """Time the app's per-poll read and render step (instance attributes over the real methods)."""
+    app.bench_collect: list[float] = []
+    app.bench_apply: list[float] = []
+    app.bench_first_rows_at = None
+    collect, apply = app.collect, app.apply_snapshot
+
+    def timed_collect():
+        t0 = pc()
+        snap = collect()
+        app.bench_collect.append(pc() - t0)
+        return snap
+
+    def timed_apply(snap):
+        t0 = pc()
+        apply(snap)
+        t1 = pc()
+        app.bench_apply.append(t1 - t0)
+        if app.bench_first_rows_at is None and snap.get("rows"):
+            app.bench_first_rows_at = t1
+
+    app.collect, app.apply_snapshot = timed_collect, timed_apply
+
+
+def start_engine(built: Built) -> None:
+    from gpu_backend.engine import Engine
+
+    built.engine = Engine(built.scheduler, None).start()
+    built.holds = EngineHolds(built.engine)
+
+
+# ----------------------------------------------------------------------------------------------
+# driving the app
+# ----------------------------------------------------------------------------------------------
+
+
+async def idle(pilot, app) -> None:
+    """Until no worker runs and the screen has caught up."""
+    for _ in range(1000):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not len(app.workers):
+            return
+    raise RuntimeError("the app's workers never went idle")
+
+
+async def press(pilot, app, key: str, done: Callable[[], bool], timeout: float = 120.0) -> float:
+    """Seconds from ``pilot.press(key)`` until ``done()`` holds, no worker runs, and
+    ``pilot.pause()`` (which repaints) has returned."""
+    t0 = pc()
+    await pilot.press(key)
+    while True:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if done() and not len(app.workers):
+            return pc() - t0
+        if pc() - t0 > timeout:
+            raise RuntimeError(f"key {key!r}: the screen did not reflect it within {timeout:.0f} s")
+
+
+def row_of(tree, key: tuple[str, int]):
+    return next((r for r in tree.rows if r.key == key), None)
+
+
+async def prime(pilot, app) -> None:
+    """First poll by hand (the timer is off): collect, then apply on the UI thread."""
+    await idle(pilot, app)
+    app.apply_snapshot(app.collect())
+    await idle(pilot, app)
+
+
+async def set_view(pilot, app, expand: list[tuple[int, int]], cursor: tuple[str, int] | None) -> None:
+    """A known state: the root and ``expand`` [(node id, children loaded)] open, no chains folded,
+    order bytes, the cursor on ``cursor``. Set on the app's own TreeState, under its lock."""
+    from adapters.model import ROOT_ID
+    from inspector.tree_view import CacheTree
+
+    with app.tree_lock:
+        st = app.tree_state
+        st.expanded, st.loaded, st.chains, st.order = {ROOT_ID}, {}, {}, "bytes"
+        st.load(ROOT_ID)
+        for node_id, count in expand:
+            st.expanded.add(node_id)
+            st.load(node_id, count)
+        rows = list(st.flatten())
+    tree = app.query_one(CacheTree)
+    tree.set_rows(rows, app.stats.total_bytes, "bytes")
+    if cursor is not None:
+        if row_of(tree, cursor) is None:
+            raise RuntimeError(f"row {cursor} is not in the view")
+        tree.move_to_key(cursor)
+    else:
+        tree.cursor = 0
+    tree.focus()
+    await idle(pilot, app)
+
+
+def new_app(built: Built, poll: bool, interval: float = 1.0):
+    from inspector.app import RadixtopApp
+
+    adapter = timed_adapter(built.engine, name=f"bench {built.label}")
+    app = RadixtopApp(adapter, target=f"bench {built.label}", interval=interval, poll=poll)
+    instrument(app)
+    return app, adapter
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. first paint
+# ----------------------------------------------------------------------------------------------
+
+
+async def one_first_paint(built: Built, interval: float) -> dict[str, float]:
+    from inspector.tree_view import CacheTree
+
+    t0 = pc()
+    app, adapter = new_app(built, poll=True, interval=interval)  # a fresh adapter: nothing cached
+    async with app.run_test(size=SIZE) as pilot:
+        t_ready = pc()
+        tree = app.query_one(CacheTree)
+        while not (app.polls >= 1 and tree.rows):
+            if pc() - t0 > 120:
+                raise RuntimeError("no first poll within 120 s")
+            await asyncio.sleep(0.002)
+        await pilot.pause()  # the screen update that paints the rows
+        t_paint = pc()
+        line = "".join(seg.text for seg in tree.render_line(0))
+        if "#" not in line:
+            raise RuntimeError(f"first tree line has no node: {line!r}")
+        attr = [s for cold, s in adapter.attribute_log if cold]
+        return {"ready_s": t_ready - t0, "collect_s": app.bench_collect[0], "apply_s": app.bench_apply[0],
+                "applied_s": app.bench_first_rows_at - t0, "paint_s": t_paint - t0,
+                "attribute_s": attr[0] if attr else 0.0, "rows": len(tree.rows)}
+
+
+def measure_first_paint(cfg: BenchConfig, trees: list[Built]) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, float]]] = {b.label: [] for b in trees}
+    for k in range(cfg.paint_repeats):
+        for b in trees if k % 2 == 0 else trees[::-1]:
+            runs[b.label].append(asyncio.run(one_first_paint(b, cfg.interval)))
+    out = {}
+    for label, rs in runs.items():
+        out[label] = {key: ms_stats([r[key] for r in rs]) for key in
+                      ("ready_s", "collect_s", "attribute_s", "apply_s", "applied_s", "paint_s")}
+        out[label]["rows"] = rs[0]["rows"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. key presses
+# ----------------------------------------------------------------------------------------------
+
+
+def views(built: Built) -> dict[str, list[tuple[int, int]]]:
+    """V: root, system prompt 0 and the 1k-children node open (first page each).
+    V+ (when the tree has one): V and the 100k-children node open."""
+    base = [(built.system_ids[0], 100), (built.fanout_ids[1_000], 100)]
+    big = max(built.fanout_ids)
+    out = {"V": base}
+    if big != 1_000:
+        out["V+"] = base + [(built.fanout_ids[big], 100)]
+    return out
+
+
+async def key_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
+    from inspector.tree_view import CacheTree
+
+    app, adapter = new_app(built, poll=False)
+    res: dict[str, Any] = {}
+    async with app.run_test(size=SIZE) as pilot:
+        await prime(pilot, app)
+        tree = app.query_one(CacheTree)
+        st = app.tree_state
+        v = views(built)
+        p0, p1 = built.system_ids[0], built.system_ids[1]
+
+        # cursor down, N times from the top of V (scrolls past the first screen)
+        await set_view(pilot, app, v["V"], None)
+        times = []
+        for i in range(cfg.down_presses):
+            want = tree.cursor + 1
+            times.append(await press(pilot, app, "down", lambda: tree.cursor == want))
+        res["down"] = times
+
+        # expand (first load of its first page) and collapse: a system prompt, then the fan-outs
+        async def expand_collapse(node_id: int, key_e: str, key_c: str, base) -> None:
+            await set_view(pilot, app, base, ("node", node_id))
+            te, tc = [], []
+            for _ in range(cfg.press_repeats):
+                with app.tree_lock:
+                    st.loaded.pop(node_id, None)  # so every expand loads its page again
+                te.append(await press(pilot, app, "enter", lambda: (r := row_of(tree, ("node", node_id)))
+                                      is not None and r.expanded))
+                tc.append(await press(pilot, app, "enter", lambda: not row_of(tree, ("node", node_id)).expanded))
+            res[key_e], res[key_c] = te, tc
+
+        await expand_collapse(p1, "expand_system", "collapse_system", v["V"])
+        base = [(p0, 100)]
+        for n, node_id in sorted(built.fanout_ids.items()):
+            await expand_collapse(node_id, f"expand_fanout_{n}", f"collapse_fanout_{n}", base)
+
+        # the next page of children ("more" row) under each fan-out
+        for n, node_id in sorted(built.fanout_ids.items()):
+            view = v["V"] if n == 1_000 else v["V+"]
+            await set_view(pilot, app, view, ("more", node_id))
+            times = []
+            for _ in range(min(cfg.press_repeats, n // 100 - 2)):
+                want = len(st.loaded[node_id].children) + 100
+                times.append(await press(pilot, app, "enter", lambda: len(st.loaded[node_id].children) == want
+                                         and row_of(tree, ("more", node_id)).more == n - want))
+            res[f"more_{n}"] = times
+
+        # sort order (o): bytes -> recency -> bytes ..., in V and in V+
+        for name, view in v.items():
+            await set_view(pilot, app, view, ("node", p0))
+            times = []
+            for _ in range(cfg.press_repeats):
+                want = "recency" if st.order == "bytes" else "bytes"
+                times.append(await press(pilot, app, "o", lambda: st.order == want and tree.order == want))
+            res[f"order_{name}"] = times
+
+        # fold (x) a chain of single children into one row, and unfold it
+        for depth, top in sorted(built.chain_ids.items()):
+            await set_view(pilot, app, v["V"], ("node", top))
+            reps = cfg.chain_repeats if depth <= 1_000 else cfg.long_chain_repeats
+            tf, tu = [], []
+            for _ in range(reps):
+                tf.append(await press(pilot, app, "x", lambda: any(
+                    r.kind == "chain" and r.chain[0].id == top and len(r.chain) == depth for r in tree.rows)))
+                tu.append(await press(pilot, app, "x", lambda: row_of(tree, ("node", top)) is not None))
+            res[f"fold_chain_{depth}"], res[f"unfold_chain_{depth}"] = tf, tu
+    return res
+
+
+def measure_keys(cfg: BenchConfig, trees: list[Built]) -> dict[str, Any]:
+    out = {}
+    for b in trees:
+        log(f"  keys on {b.label}")
+        raw = asyncio.run(key_session(cfg, b))
+        out[b.label] = {k: ms_stats(v) for k, v in raw.items()}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. frame work per refresh
+# ----------------------------------------------------------------------------------------------
+
+
+async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
+    """The poll timer is off; each poll is ``collect()`` (normally a worker thread) then
+    ``apply_snapshot()`` (the UI thread), called here on the app's own thread, one after the
+    other, then ``render_line`` for every visible line of the tree and the sessions table."""
+    from inspector.sessions_view import SessionsTable
+    from inspector.tree_view import CacheTree
+
+    app, adapter = new_app(built, poll=False)
+    out: dict[str, Any] = {}
+    async with app.run_test(size=SIZE) as pilot:
+        await prime(pilot, app)
+        tree, table = app.query_one(CacheTree), app.query_one(SessionsTable)
+        for vname, view in views(built).items():
+            await set_view(pilot, app, view, ("node", built.system_ids[0]))
+            app.apply_snapshot(app.collect())  # warm: the next polls see no change
+            await idle(pilot, app)
+            for mode in ("idle", "changed"):
+                rec = {k: [] for k in ("collect", "apply", "render", "total", "screen", "hold")}
+                rec.update({f"call_{k}": [] for k in (*READS, "attribute", "other")})
+                rec["rows"] = len(tree.rows)
+                for _ in range(cfg.frame_repeats):
+                    if mode == "changed":
+                        change_tree(built.engine, built.system_prompts[0])
+                    mark_calls, mark_attr = len(adapter.calls), len(adapter.attribute_log)
+                    mark_hold = built.holds.mark()
+                    t0 = pc()
+                    snap = app.collect()
+                    t1 = pc()
+                    app.apply_snapshot(snap)
+                    t2 = pc()
+                    for y in range(tree.size.height):
+                        tree.render_line(y)
+                    for y in range(table.size.height):
+                        table.render_line(y)
+                    t3 = pc()
+                    await pilot.pause()  # Textual's own screen update (every dirty widget)
+                    t4 = pc()
+                    rec["collect"].append(t1 - t0)
+                    rec["apply"].append(t2 - t1)
+                    rec["render"].append(t3 - t2)
+                    rec["total"].append(t3 - t0)
+                    rec["screen"].append(t4 - t3)
+                    rec["hold"].append(built.holds.since(mark_hold))
+                    per = {k: 0.0 for k in READS}
+                    for name, secs in adapter.calls[mark_calls:]:
+                        per[name] += secs
+                    for k in READS:
+                        rec[f"call_{k}"].append(per[k])
+                    rec["call_attribute"].append(sum(s for _, s in adapter.attribute_log[mark_attr:]))
+                    rec["call_other"].append((t1 - t0) - sum(per.values()))
+                    if mode == "changed" and not any(c for c, _ in adapter.attribute_log[mark_attr:]):
+                        raise RuntimeError("a changed poll did not recompute attribution")
+                out[f"{vname}/{mode}"] = rec
+                await idle(pilot, app)
+    return out
+
+
+def measure_frame(cfg: BenchConfig, trees: list[Built]) -> dict[str, Any]:
+    merged: dict[str, dict[str, Any]] = {b.label: {} for b in trees}
+    for k in range(cfg.frame_blocks):
+        for b in trees if k % 2 == 0 else trees[::-1]:
+            log(f"  frame work on {b.label} (block {k + 1} of {cfg.frame_blocks})")
+            for key, rec in asyncio.run(frame_session(cfg, b)).items():
+                into = merged[b.label].setdefault(key, {"rows": rec["rows"]})
+                for name, xs in rec.items():
+                    if name != "rows":
+                        into.setdefault(name, []).extend(xs)
+    out: dict[str, Any] = {}
+    for label, recs in merged.items():
+        out[label] = {key: {name: (ms_stats(xs) if name != "rows" else xs) for name, xs in rec.items()}
+                      for key, rec in recs.items()}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. engine throughput with and without a dashboard
+# ----------------------------------------------------------------------------------------------
+
+
+def throughput_run(cfg: BenchConfig, with_dashboard: bool) -> dict[str, Any]:
+    """A fresh ~100k-node cache, an engine running the demo workload flat out on it, and
+    ``engine.requests_finished`` counted over ``tp_window_s`` with or without a dashboard."""
+    from gpu_backend.engine import Engine
+    from gpu_backend.workload import WorkloadConfig
+    from inspector.tree_view import CacheTree
+
+    built = build_tree(cfg.throughput_tree, with_facts=False)
+    wl = WorkloadConfig(arrival_rate=0.0)
+    engine = Engine(built.scheduler, wl, step_interval=0.0).start()
+    holds = EngineHolds(engine)
+    built.engine, built.holds = engine, holds
+    rec: dict[str, Any] = {"with_dashboard": with_dashboard, "tree_nodes": built.facts["nodes"]}
+    engine_tid = engine._thread.native_id
+
+    def window_open() -> tuple[float, int, int, float, float]:
+        return pc(), engine.requests_finished, engine.steps, time.process_time(), thread_cpu_s(engine_tid)
+
+    def window_close(start) -> None:
+        t, f, steps, cpu, ecpu = window_open()
+        secs = t - start[0]
+        rec.update({"window_s": secs, "finished": f - start[1], "steps": steps - start[2],
+                    "requests_per_s": (f - start[1]) / secs,
+                    "process_cpu_per_s": (cpu - start[3]) / secs, "engine_cpu_per_s": (ecpu - start[4]) / secs})
+
+    try:
+        if not with_dashboard:
+            time.sleep(cfg.tp_warmup_s)
+            start = window_open()
+            time.sleep(cfg.tp_window_s)
+            window_close(start)
+        else:
+            async def attached() -> None:
+                app, adapter = new_app(built, poll=True, interval=cfg.interval)
+                async with app.run_test(size=SIZE) as pilot:
+                    tree = app.query_one(CacheTree)
+                    t0 = pc()
+                    while not (app.polls >= 1 and tree.rows):
+                        if pc() - t0 > 60:
+                            raise RuntimeError("no first poll within 60 s")
+                        await asyncio.sleep(0.01)
+                    await asyncio.sleep(max(0.0, cfg.tp_warmup_s - (pc() - t0)))
+                    polls0, coll0, attr0, hold0 = (app.polls, len(app.bench_collect),
+                                                   len(adapter.attribute_log), holds.mark())
+                    start = window_open()
+                    await asyncio.sleep(cfg.tp_window_s)
+                    window_close(start)
+                    polls = app.polls - polls0
+                    attrs = adapter.attribute_log[attr0:]
+                    rec.update({
+                        "polls": polls,
+                        "collect_ms": ms_stats(app.bench_collect[coll0:]),
+                        "engine_hold_ms_per_s": holds.since(hold0) / rec["window_s"] * 1e3,
+                        "engine_hold_ms_per_poll": holds.since(hold0) / max(polls, 1) * 1e3,
+                        "attribute_cold_per_poll": sum(1 for c, _ in attrs if c) / max(polls, 1),
+                        "attribute_ms": ms_stats([s for c, s in attrs if c]),
+                        "sessions_listed": len(app.query_one("#sessions").all),
+                    })
+                    await pilot.pause()
+
+            asyncio.run(attached())
+        rec["tree_nodes_after"] = engine.call(lambda s: s.cache.node_count(), 30.0)
+        rec["evicted_tokens"] = built.scheduler.evicted_tokens
+        rec["aborted"] = engine.requests_aborted
+    finally:
+        release(built)
+    return rec
+
+
+def measure_throughput(cfg: BenchConfig) -> dict[str, Any]:
+    runs = []
+    ratios = []
+    for k in range(cfg.tp_pairs):
+        order = (False, True) if k % 2 == 0 else (True, False)
+        pair = {}
+        for with_dashboard in order:
+            log(f"  throughput pair {k + 1} of {cfg.tp_pairs}: {'with' if with_dashboard else 'without'} "
+                f"the dashboard, {cfg.tp_window_s:.0f} s")
+            r = throughput_run(cfg, with_dashboard)
+            r["pair"] = k
+            runs.append(r)
+            pair[with_dashboard] = r
+            log(f"    {r['requests_per_s']:.0f} requests/s")
+        ratios.append(pair[True]["requests_per_s"] / pair[False]["requests_per_s"])
+    return {"runs": runs, "ratio_per_pair": ratios, "ratio": median(ratios)}
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("yes" if ok else "NO")
+
+
+def fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+
+
+def fmt_nodes(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e3 else str(n)
+
+
+def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
+    small, large = cfg.small.label, cfg.large.label
+    lines = [
+        "### Trees (llama-3-8b KV on a meta pool; built with GC off, then collected and frozen)",
+        "",
+        "| tree | nodes | tokens | sessions (holding / closed) | running | root children | system prompt "
+        "children | fan-outs | chains | max depth | build (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for label in (small, large):
+        f = res["trees"][label]
+        lines.append(
+            f"| {label} | {f['nodes']:,} | {f['tokens'] / 1e6:.2f}M | {f['sessions_known']:,} "
+            f"({f['sessions_tagging']:,} / {f['closed_sessions']}) | {f['running_requests']} | "
+            f"{f['root_children']:,} | {min(f['system_prompt_children'])}-{max(f['system_prompt_children'])} | "
+            f"{', '.join(f'{int(v):,}' for v in f['fanouts'].values())} children | "
+            f"{', '.join(f'{d:,}' for d in f['chains'])} deep | {f['max_depth']:,} | {f['build_s']:.1f} |")
+
+    fp = res["first_paint"]
+    lines += [
+        "",
+        f"### Time to first paint: app constructed -> first poll applied with rows on screen "
+        f"(median of {cfg.paint_repeats} starts; ms)",
+        "",
+        "| tree | app ready (mounted) | first `collect()` | of which attribution | rows applied | "
+        "**first paint** | max | goal | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for label in (small, large):
+        p = fp[label]
+        goal = label == large
+        lines.append(
+            f"| {label} | {fmt_ms(p['ready_s']['median'])} | {fmt_ms(p['collect_s']['median'])} | "
+            f"{fmt_ms(p['attribute_s']['median'])} | {fmt_ms(p['applied_s']['median'])} | "
+            f"**{fmt_ms(p['paint_s']['median'])}** | {fmt_ms(p['paint_s']['max'])} | "
+            f"{'< 1 s' if goal else '-'} | "
+            f"{verdict(p['paint_s']['median'] < GOAL_FIRST_PAINT_S * 1e3) if goal else '-'} |")
+
+    k = res["keys"]
+    big_fan = max(int(x) for x in res["trees"][large]["fanouts"])
+    long_chain = max(res["trees"][large]["chains"])
+    sp = res["trees"][large]["system_prompt_children"]
+    rows = [
+        ("down", f"cursor down (x{cfg.down_presses}, one press each; the detail pane follows)"),
+        ("expand_system", f"expand a system prompt ({min(sp)}-{max(sp)} children; loads its first page of 100)"),
+        ("collapse_system", "collapse it"),
+        ("expand_fanout_1000", "expand the 1k-children node (first page of 100)"),
+        (f"expand_fanout_{big_fan}", f"expand the {big_fan // 1000}k-children node (first page of 100)"),
+        ("more_1000", "next page of 100 (\"more\" row) under the 1k-children node"),
+        (f"more_{big_fan}", f"next page of 100 (\"more\" row) under the {big_fan // 1000}k-children node"),
+        ("order_V", "toggle sort order (`o`), view V"),
+        ("order_V+", f"toggle sort order (`o`), view V+ (the {big_fan // 1000}k-children node open)"),
+        ("fold_chain_1000", "fold (`x`) the 1k-deep chain into one row"),
+        ("unfold_chain_1000", "unfold it (`x`)"),
+        (f"fold_chain_{long_chain}", f"fold (`x`) the {long_chain // 1000}k-deep chain (walks it)"),
+        (f"unfold_chain_{long_chain}", "unfold it (`x`)"),
+    ]
+    lines += [
+        "",
+        "### Key press to screen (pilot.press -> widgets reflect it, workers idle, `pilot.pause()` repainted; ms)",
+        "",
+        f"| key press | {small} median | {small} p90 | {large} median | {large} p90 | {large}/{small} | n |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, label in rows:
+        a, b = k[small].get(key), k[large].get(key)
+        if b is None:
+            continue
+        ratio = f"{b['median'] / a['median']:.2f}x" if a else "-"
+        lines.append(f"| {label} | {fmt_ms(a and a['median'])} | {fmt_ms(a and a['p90'])} | "
+                     f"{fmt_ms(b['median'])} | {fmt_ms(b['p90'])} | {ratio} | {b['n']} |")
+
+    fr = res["frame"]
+    lines += [
+        "",
+        f"### Frame work per refresh: one poll's `collect()` + `apply_snapshot()` + `render_line` of every "
+        f"visible line (median of {cfg.frame_repeats * cfg.frame_blocks}; ms)",
+        "",
+        f"| poll | view | {small}: collect | apply | render | **total** | {large}: collect | apply | render | "
+        f"**total** | {large}/{small} | goal | met |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for mode, what in (("idle", "tree unchanged"), ("changed", "after a tree change")):
+        for vname in ("V", "V+"):
+            b = fr[large].get(f"{vname}/{mode}")
+            if b is None:
+                continue
+            a = fr[small][f"V/{mode}"]
+            ratio = b["total"]["median"] / a["total"]["median"]
+            goal = vname == "V"
+            vlabel = f"V ({b['rows']} rows)" if vname == "V" else f"V+ at {large} vs V at {small}"
+            lines.append(
+                f"| {what} | {vlabel} | {fmt_ms(a['collect']['median'])} | {fmt_ms(a['apply']['median'])} | "
+                f"{fmt_ms(a['render']['median'])} | **{fmt_ms(a['total']['median'])}** | "
+                f"{fmt_ms(b['collect']['median'])} | {fmt_ms(b['apply']['median'])} | "
+                f"{fmt_ms(b['render']['median'])} | **{fmt_ms(b['total']['median'])}** | {ratio:.2f}x | "
+                f"{f'<= {GOAL_FRAME_RATIO}x' if goal else '-'} | {verdict(ratio <= GOAL_FRAME_RATIO) if goal else '-'} |")
+    lines += [
+        "",
+        "Where a poll's `collect()` goes (median ms per poll; `children` sums every page reloaded; "
+        "attribution runs inside `sessions`/`node`; engine hold is the time the reads held the owner thread):",
+        "",
+        "| poll | tree / view | stats | changes | children | sessions | of which attribution | node | other "
+        "(flatten, copies) | engine hold | Textual screen update (context) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode in ("idle", "changed"):
+        for label, vname in ((small, "V"), (large, "V"), (large, "V+")):
+            r = fr[label].get(f"{vname}/{mode}")
+            if r is None:
+                continue
+            m = lambda x: fmt_ms(r[x]["median"])  # noqa: E731
+            lines.append(f"| {mode} | {label} / {vname} | {m('call_stats')} | {m('call_changes')} | "
+                         f"{m('call_children')} | {m('call_sessions')} | {m('call_attribute')} | {m('call_node')} | "
+                         f"{m('call_other')} | {m('hold')} | {m('screen')} |")
+
+    tp = res["throughput"]
+    without = [r for r in tp["runs"] if not r["with_dashboard"]]
+    with_ = [r for r in tp["runs"] if r["with_dashboard"]]
+    med = lambda rs, key: median([r[key] for r in rs])  # noqa: E731
+    per_run = lambda rs: ", ".join(f"{r['requests_per_s']:,.0f}" for r in rs)  # noqa: E731
+    lines += [
+        "",
+        f"### Engine throughput with a dashboard attached ({cfg.interval:g} s refresh) and without: demo workload "
+        f"flat out on a ~{fmt_nodes(with_[0]['tree_nodes'])}-node cache, {cfg.tp_window_s:.0f} s windows, "
+        f"{cfg.tp_pairs} alternating pair{'s' if cfg.tp_pairs > 1 else ''}",
+        "",
+        "| run | requests/s (median) | per run | engine thread CPU (s/s) | process CPU (s/s) | polls | "
+        "engine hold per poll (ms) | attribution per poll (ms) | `collect()` (ms) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        f"| without | {med(without, 'requests_per_s'):,.0f} | {per_run(without)} | "
+        f"{med(without, 'engine_cpu_per_s'):.2f} | "
+        f"{med(without, 'process_cpu_per_s'):.2f} | - | - | - | - |",
+        f"| with the dashboard | {med(with_, 'requests_per_s'):,.0f} | {per_run(with_)} | "
+        f"{med(with_, 'engine_cpu_per_s'):.2f} | "
+        f"{med(with_, 'process_cpu_per_s'):.2f} | {med(with_, 'polls'):.0f} | "
+        f"{med(with_, 'engine_hold_ms_per_poll'):.1f} | "
+        f"{fmt_ms(median([r['attribute_ms']['median'] for r in with_ if r['attribute_ms']]))} "
+        f"(x{med(with_, 'attribute_cold_per_poll'):.1f}) | "
+        f"{fmt_ms(median([r['collect_ms']['median'] for r in with_ if r['collect_ms']]))} |",
+        "",
+        "| measure | value | per pair | goal | met |",
+        "|---|---:|---|---|---|",
+        f"| **with / without** (median of the per-pair ratios) | **{tp['ratio']:.1%}** | "
+        f"{', '.join(f'{x:.1%}' for x in tp['ratio_per_pair'])} | >= {GOAL_THROUGHPUT_SHARE:.0%} | "
+        f"{verdict(tp['ratio'] >= GOAL_THROUGHPUT_SHARE)} |",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    import rich
+    import textual
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "textual": textual.__version__,
+        "rich": getattr(rich, "__version__", "?"),
+        "terminal": f"{SIZE[0]}x{SIZE[1]} (app.run_test, headless)",
+        "gc": "trees built with GC disabled, then collected and frozen; GC enabled while measuring",
+        "timer": "time.perf_counter",
+        "threads": "app (main thread, asyncio), its thread workers, engine owner thread: one process, one GIL",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10k and 100k nodes, fewer repeats (< 90 s)")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "dashboard.json", help="JSON results path")
+    ap.add_argument("--skip-throughput", action="store_true", help="leave out section 5")
+    args = ap.parse_args(argv)
+    cfg = quick_config() if args.quick else full_config()
+
+    t_all = pc()
+    import logging
+
+    logging.getLogger("gpu_backend.engine").setLevel(logging.ERROR)
+    results: dict[str, Any] = {"mode": cfg.mode, "config": asdict(cfg), "environment": environment(),
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               "goals": {"first_paint_s": GOAL_FIRST_PAINT_S, "frame_ratio": GOAL_FRAME_RATIO,
+                                         "throughput_share": GOAL_THROUGHPUT_SHARE, "instant_ms": INSTANT_MS}}
+    trees = []
+    for tc in (cfg.small, cfg.large):
+        log(f"mode {cfg.mode}: building the {tc.label} tree")
+        b = build_tree(tc)
+        start_engine(b)
+        trees.append(b)
+        log(f"  {b.facts['nodes']:,} nodes in {b.build_s:.1f} s (RSS {rss_mib():.0f} MiB)")
+    results["trees"] = {b.label: b.facts for b in trees}
+    try:
+        log(f"first paint: {cfg.paint_repeats} starts per tree")
+        results["first_paint"] = measure_first_paint(cfg, trees)
+        log("key presses")
+        results["keys"] = measure_keys(cfg, trees)
+        log("frame work per refresh")
+        results["frame"] = measure_frame(cfg, trees)
+    finally:
+        for b in trees:
+            release(b)
+        trees.clear()
+    if not args.skip_throughput:
+        log(f"throughput: {cfg.tp_pairs} pairs of {cfg.tp_window_s:.0f} s windows")
+        results["throughput"] = measure_throughput(cfg)
+    results["wall_s"] = pc() - t_all
+    table = report(cfg, results) if "throughput" in results else "(throughput skipped: no report)"
+    results["table_markdown"] = table
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+        fh.write("\n")
+    print(table)
+    print()
+    print(f"_{cfg.mode} run, {results['wall_s']:.0f} s wall (tree builds included); JSON: {args.out}_")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
