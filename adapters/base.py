@@ -9,6 +9,8 @@ from typing import Any
 
 from adapters.model import (
     CHILD_ORDERS,
+    EXPORT_COLUMNS,
+    ExportColumns,
     SESSION_ORDERS,
     BadRequest,
     Capabilities,
@@ -71,6 +73,22 @@ class CacheAdapter(ABC):
     def export(self) -> Iterator[dict[str, Any]]:
         """The whole tree, a header then one row per node, parents before children."""
         raise NotImplementedError
+
+    def export_columns(self) -> ExportColumns:
+        """The export as columns (see ExportColumns); adapters with a snapshot of their own
+        override it."""
+        from array import array
+
+        rows = iter(self.export())
+        header = next(rows)
+        columns = {name: array("q") for name in EXPORT_COLUMNS}
+        holders: dict[int, tuple[str, ...]] = {}
+        for row in rows:
+            for name in EXPORT_COLUMNS:
+                columns[name].append(row[name])
+            if row["holders"]:
+                holders[row["id"]] = tuple(row["holders"])
+        return ExportColumns(header["version"], header["bytes_per_token"], columns, holders)
 
     def export_ndjson(self, chunk_rows: int = 10_000) -> Iterator[str]:
         """``export()`` as NDJSON text: the header line first (the snapshot is taken before it is

@@ -26,6 +26,7 @@ from adapters.model import (
     ClosePlanView,
     CloseResultView,
     EvictResultView,
+    ExportColumns,
     FlushResultView,
     Geometry,
     KeptNodeView,
@@ -358,6 +359,11 @@ class BundledAdapter(CacheAdapter):
             node_id = ids[i]
             yield {"id": node_id, "parent": parents[i], "tokens": tokens[i], "lock_ref": locks[i],
                    "hit_count": hits[i], "holders": holders.get(node_id, empty)}
+
+    def export_columns(self) -> ExportColumns:
+        version, bpt, ids, parents, tokens, locks, hits, holders = self._export_snapshot()
+        columns = {"id": ids, "parent": parents, "tokens": tokens, "lock_ref": locks, "hit_count": hits}
+        return ExportColumns(version, bpt, columns, holders)
 
     def export_ndjson(self, chunk_rows: int = 10_000) -> Iterator[str]:
         """The same rows as ``export``, formatted straight from the columns (no dict per row)."""

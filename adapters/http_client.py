@@ -21,6 +21,7 @@ from adapters.model import (
     ClosePlanView,
     CloseResultView,
     EvictResultView,
+    ExportColumns,
     FlushResultView,
     MatchView,
     NodeDetail,
@@ -38,6 +39,7 @@ from adapters.wire import (
     children_page_from_dict,
     close_plan_from_dict,
     close_result_from_dict,
+    decode_export_columns,
     error_from_body,
     evict_result_from_dict,
     export_row_from_dict,
@@ -174,6 +176,14 @@ class HttpAdapter(CacheAdapter):
             if rows != header["node_count"]:
                 raise AdapterError(f"the export from {self.url} ended after {rows} of "
                                    f"{header['node_count']} nodes")
+
+    def export_columns(self) -> ExportColumns:
+        """The server's columnar export (one response, int64 columns: no object per node)."""
+        with self._transport():
+            response = self._client.get("/v1/export", params={"format": "columns"})
+        if not response.is_success:
+            self._reply(response)
+        return self._view(decode_export_columns, response.content)
 
     def audit(self, limit: int = 100, offset: int = 0) -> list[AuditEntry]:
         """The server's audit log, newest first (not part of the adapter contract)."""

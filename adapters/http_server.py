@@ -53,7 +53,14 @@ from adapters.model import (
     Unauthorized,
     Unsupported,
 )
-from adapters.wire import METHOD_NOT_ALLOWED, NOT_FOUND, PAYLOAD_TOO_LARGE, error_body, error_to_body
+from adapters.wire import (
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    PAYLOAD_TOO_LARGE,
+    encode_export_columns,
+    error_body,
+    error_to_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +342,18 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     @app.get("/v1/export", summary="The whole tree as NDJSON: a header line, then one line per node",
              response_class=StreamingResponse, responses=_errors(501, 503))
-    def export() -> StreamingResponse:
+    def export(format: str = Query("ndjson", pattern="^(ndjson|columns)$",
+                                   description="ndjson: a line per node; columns: raw int64 columns")) -> StreamingResponse:
+        if format == "columns":
+            try:
+                columns = adapter.export_columns()
+            except NotImplementedError:
+                raise Unsupported(f"{adapter.name} cannot export its tree") from None
+            except AdapterError:
+                raise
+            except Exception as exc:
+                raise _internal(exc) from None
+            return StreamingResponse(encode_export_columns(columns), media_type="application/octet-stream")
         try:
             chunks = iter(adapter.export_ndjson())
             header = next(chunks)  # takes the snapshot here, so a failure is still a status code

@@ -344,3 +344,22 @@ class AuditEntry(_View):
     result: dict[str, Any] | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+EXPORT_COLUMNS = ("id", "parent", "tokens", "lock_ref", "hit_count")
+
+
+@dataclass(frozen=True)
+class ExportColumns:
+    """The whole tree as columns (parents before children): one int64 column per name in
+    ``EXPORT_COLUMNS`` (any sequence of ints: ``array('q')`` in process) and the holders of the
+    nodes that have any. The compact form of an export: no object per node."""
+
+    version: int
+    bytes_per_token: int
+    columns: dict[str, Any]
+    holders: dict[int, tuple[str, ...]]
+
+    @property
+    def node_count(self) -> int:
+        return len(self.columns["id"])

@@ -118,7 +118,7 @@ def full_config() -> BenchConfig:
         large=TreeConfig("1M", 1_000_000, fanouts=(1_000, 100_000), chains=(1_000, 10_000)),
         throughput_tree=TreeConfig("100k", 100_000, fanouts=(1_000, 10_000), extra_capacity=16_000_000),
         paint_repeats=5, down_presses=60, press_repeats=10, chain_repeats=5, long_chain_repeats=3,
-        frame_repeats=15, frame_blocks=2, tp_pairs=3, tp_window_s=20.0, tp_warmup_s=2.0,
+        frame_repeats=10, frame_blocks=4, tp_pairs=3, tp_window_s=20.0, tp_warmup_s=2.0,
     )
 
 
@@ -166,6 +166,33 @@ def ms_stats(secs: list[float]) -> dict[str, Any] | None:
 
 def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
+
+
+class GcPauses:
+    """Every cyclic-GC collection in this process (any thread): generation and duration."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, float]] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = pc()
+        else:
+            self.events.append((info["generation"], pc() - self._t0))
+
+    def mark(self) -> int:
+        return len(self.events)
+
+    def since(self, mark: int) -> dict[str, Any]:
+        ev = self.events[mark:]
+        gen2 = [d for g, d in ev if g == 2]
+        return {"collections": len(ev), "total_ms": sum(d for _, d in ev) * 1e3, "gen2": len(gen2),
+                "gen2_ms": sum(gen2) * 1e3, "max_ms": max((d for _, d in ev), default=0.0) * 1e3}
+
+
+GC = GcPauses()
 
 
 def thread_cpu_s(native_id: int) -> float:
@@ -464,11 +491,27 @@ def timed_adapter(engine, **kwargs):
 
 
 def instrument(app) -> None:
-    """Time the app's per-poll read and render step (instance attributes over the real methods)."""
+    """Time the app's per-poll read and render step, and note every screen update the compositor
+    hands to the (headless) driver and the node the detail panel last showed (instance attributes
+    over the real methods)."""
     app.bench_collect: list[float] = []
     app.bench_apply: list[float] = []
     app.bench_first_rows_at = None
-    collect, apply = app.collect, app.apply_snapshot
+    app.bench_displays: list[float] = []
+    app.bench_detail_id = None
+    collect, apply, display, show_detail = app.collect, app.apply_snapshot, app._display, app._show_detail
+
+    def timed_display(screen, renderable):
+        if renderable is not None:
+            app.bench_displays.append(pc())
+        display(screen, renderable)
+
+    def noted_detail(d):
+        show_detail(d)
+        if d.node.id == app.selected_node:
+            app.bench_detail_id = d.node.id
+
+    app._display, app._show_detail = timed_display, noted_detail
 
     def timed_collect():
         t0 = pc()
@@ -485,6 +528,23 @@ def instrument(app) -> None:
             app.bench_first_rows_at = t1
 
     app.collect, app.apply_snapshot = timed_collect, timed_apply
+
+
+def hook_screen(app) -> None:
+    """Time every screen update (``Screen._on_timer_update``: layout if needed, then the
+    compositor renders the dirty widgets and hands the update to the driver), whether its update
+    timer or ``pilot.pause()`` runs it. Call once the app runs."""
+    screen = app.screen
+    app.bench_screen_updates: list[tuple[float, float]] = []
+    update = screen._on_timer_update
+
+    def timed_update():
+        t0 = pc()
+        update()
+        app.bench_screen_updates.append((t0, pc() - t0))
+
+    screen._on_timer_update = timed_update  # what pilot.pause() calls
+    screen._update_timer._callback = timed_update  # what the screen's update timer calls
 
 
 def start_engine(built: Built) -> None:
@@ -509,9 +569,9 @@ async def idle(pilot, app) -> None:
     raise RuntimeError("the app's workers never went idle")
 
 
-async def press(pilot, app, key: str, done: Callable[[], bool], timeout: float = 120.0) -> float:
+async def press_pilot(pilot, app, key: str, done: Callable[[], bool], timeout: float = 120.0) -> float:
     """Seconds from ``pilot.press(key)`` until ``done()`` holds, no worker runs, and
-    ``pilot.pause()`` (which repaints) has returned."""
+    ``pilot.pause()`` (which ends with a screen update) has returned."""
     t0 = pc()
     await pilot.press(key)
     while True:
@@ -521,6 +581,40 @@ async def press(pilot, app, key: str, done: Callable[[], bool], timeout: float =
             return pc() - t0
         if pc() - t0 > timeout:
             raise RuntimeError(f"key {key!r}: the screen did not reflect it within {timeout:.0f} s")
+
+
+_KEY_CHARS = {"enter": "\r", "down": None}
+
+
+async def press_direct(pilot, app, key: str, done: Callable[[], bool], timeout: float = 120.0) -> float:
+    """The same key event Pilot sends, handed to the driver; then a 1 ms check (no idle-detection
+    sleeps) until ``done()`` holds, no worker runs and no message is queued; then one screen update
+    (what ``pilot.pause()`` ends with). Seconds from sending the key to the end of that update."""
+    from textual import events
+    from textual.worker import WorkerError
+
+    from inspector.sessions_view import SessionsTable
+    from inspector.tree_view import CacheTree
+
+    pumps = (app, app.screen, app.query_one(CacheTree), app.query_one(SessionsTable))
+    t0 = pc()
+    app._driver.send_message(events.Key(key, _KEY_CHARS.get(key, key)))
+    while True:
+        if len(app.workers):
+            try:  # event-driven while a worker runs: polling here would compete with it for the GIL
+                await app.workers.wait_for_complete()
+            except WorkerError:  # not started yet
+                await asyncio.sleep(0.001)
+        else:
+            await asyncio.sleep(0.001)
+        if done() and not len(app.workers) and all(p._message_queue.empty() for p in pumps):
+            app.screen._on_timer_update()
+            t1 = pc()
+            break
+        if pc() - t0 > timeout:
+            raise RuntimeError(f"key {key!r}: the screen did not reflect it within {timeout:.0f} s")
+    await idle(pilot, app)  # untimed: let anything that follows settle before the next key
+    return t1 - t0
 
 
 def row_of(tree, key: tuple[str, int]):
@@ -582,18 +676,20 @@ async def one_first_paint(built: Built, interval: float) -> dict[str, float]:
     async with app.run_test(size=SIZE) as pilot:
         t_ready = pc()
         tree = app.query_one(CacheTree)
-        while not (app.polls >= 1 and tree.rows):
+        while not (app.bench_first_rows_at is not None
+                   and app.bench_displays and app.bench_displays[-1] > app.bench_first_rows_at):
             if pc() - t0 > 120:
                 raise RuntimeError("no first poll within 120 s")
-            await asyncio.sleep(0.002)
-        await pilot.pause()  # the screen update that paints the rows
-        t_paint = pc()
+            await asyncio.sleep(0.001)
+        t_screen = next(t for t in app.bench_displays if t > app.bench_first_rows_at)
+        await pilot.pause()  # and until the app is idle (Pilot's idle detection)
+        t_idle = pc()
         line = "".join(seg.text for seg in tree.render_line(0))
         if "#" not in line:
             raise RuntimeError(f"first tree line has no node: {line!r}")
         attr = [s for cold, s in adapter.attribute_log if cold]
         return {"ready_s": t_ready - t0, "collect_s": app.bench_collect[0], "apply_s": app.bench_apply[0],
-                "applied_s": app.bench_first_rows_at - t0, "paint_s": t_paint - t0,
+                "applied_s": app.bench_first_rows_at - t0, "paint_s": t_screen - t0, "idle_s": t_idle - t0,
                 "attribute_s": attr[0] if attr else 0.0, "rows": len(tree.rows)}
 
 
@@ -605,7 +701,7 @@ def measure_first_paint(cfg: BenchConfig, trees: list[Built]) -> dict[str, Any]:
     out = {}
     for label, rs in runs.items():
         out[label] = {key: ms_stats([r[key] for r in rs]) for key in
-                      ("ready_s", "collect_s", "attribute_s", "apply_s", "applied_s", "paint_s")}
+                      ("ready_s", "collect_s", "attribute_s", "apply_s", "applied_s", "paint_s", "idle_s")}
         out[label]["rows"] = rs[0]["rows"]
     return out
 
@@ -626,24 +722,32 @@ def views(built: Built) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-async def key_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
+async def key_session(cfg: BenchConfig, built: Built, method: str) -> dict[str, Any]:
+    """Every key press in turn, timed with ``method``: "pilot" (``press_pilot``) or "direct"."""
     from inspector.tree_view import CacheTree
 
+    press = press_pilot if method == "pilot" else press_direct
     app, adapter = new_app(built, poll=False)
     res: dict[str, Any] = {}
     async with app.run_test(size=SIZE) as pilot:
+        hook_screen(app)
         await prime(pilot, app)
         tree = app.query_one(CacheTree)
         st = app.tree_state
         v = views(built)
         p0, p1 = built.system_ids[0], built.system_ids[1]
 
-        # cursor down, N times from the top of V (scrolls past the first screen)
+        # a key bound to nothing: the floor of the method itself
         await set_view(pilot, app, v["V"], None)
+        res["noop"] = [await press(pilot, app, "z", lambda: True) for _ in range(cfg.press_repeats)]
+
+        # cursor down, N times from the top of V (scrolls past the first screen); done when the
+        # detail panel shows the new row's node
         times = []
         for i in range(cfg.down_presses):
             want = tree.cursor + 1
-            times.append(await press(pilot, app, "down", lambda: tree.cursor == want))
+            times.append(await press(pilot, app, "down", lambda: tree.cursor == want and tree.current is not None
+                                     and app.bench_detail_id == tree.current.node.id))
         res["down"] = times
 
         # expand (first load of its first page) and collapse: a system prompt, then the fan-outs
@@ -697,11 +801,12 @@ async def key_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
 
 
 def measure_keys(cfg: BenchConfig, trees: list[Built]) -> dict[str, Any]:
-    out = {}
-    for b in trees:
-        log(f"  keys on {b.label}")
-        raw = asyncio.run(key_session(cfg, b))
-        out[b.label] = {k: ms_stats(v) for k, v in raw.items()}
+    out: dict[str, Any] = {b.label: {} for b in trees}
+    for method in ("pilot", "direct"):
+        for b in trees:
+            log(f"  keys on {b.label}, {method}")
+            raw = asyncio.run(key_session(cfg, b, method))
+            out[b.label][method] = {k: ms_stats(v) for k, v in raw.items()}
     return out
 
 
@@ -720,6 +825,7 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
     app, adapter = new_app(built, poll=False)
     out: dict[str, Any] = {}
     async with app.run_test(size=SIZE) as pilot:
+        hook_screen(app)
         await prime(pilot, app)
         tree, table = app.query_one(CacheTree), app.query_one(SessionsTable)
         for vname, view in views(built).items():
@@ -727,7 +833,8 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
             app.apply_snapshot(app.collect())  # warm: the next polls see no change
             await idle(pilot, app)
             for mode in ("idle", "changed"):
-                rec = {k: [] for k in ("collect", "apply", "render", "total", "screen", "hold")}
+                rec = {k: [] for k in ("collect", "apply", "render", "total", "screen", "hold", "after")}
+                rec["after_calls"] = []
                 rec.update({f"call_{k}": [] for k in (*READS, "attribute", "other")})
                 rec["rows"] = len(tree.rows)
                 for _ in range(cfg.frame_repeats):
@@ -738,6 +845,7 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
                     t0 = pc()
                     snap = app.collect()
                     t1 = pc()
+                    mark_after = len(adapter.calls)
                     app.apply_snapshot(snap)
                     t2 = pc()
                     for y in range(tree.size.height):
@@ -745,8 +853,11 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
                     for y in range(table.size.height):
                         table.render_line(y)
                     t3 = pc()
-                    await pilot.pause()  # Textual's own screen update (every dirty widget)
-                    t4 = pc()
+                    await idle(pilot, app)  # untimed: Textual paints; the detail worker the cursor starts
+                    t4 = t3 + sum(d for t, d in app.bench_screen_updates if t >= t3)
+                    after = adapter.calls[mark_after:]
+                    rec["after"].append(sum(secs for _, secs in after))
+                    rec["after_calls"].append(len(after))
                     rec["collect"].append(t1 - t0)
                     rec["apply"].append(t2 - t1)
                     rec["render"].append(t3 - t2)
@@ -754,7 +865,7 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
                     rec["screen"].append(t4 - t3)
                     rec["hold"].append(built.holds.since(mark_hold))
                     per = {k: 0.0 for k in READS}
-                    for name, secs in adapter.calls[mark_calls:]:
+                    for name, secs in adapter.calls[mark_calls:mark_after]:  # collect's own reads
                         per[name] += secs
                     for k in READS:
                         rec[f"call_{k}"].append(per[k])
@@ -779,8 +890,8 @@ def measure_frame(cfg: BenchConfig, trees: list[Built]) -> dict[str, Any]:
                         into.setdefault(name, []).extend(xs)
     out: dict[str, Any] = {}
     for label, recs in merged.items():
-        out[label] = {key: {name: (ms_stats(xs) if name != "rows" else xs) for name, xs in rec.items()}
-                      for key, rec in recs.items()}
+        out[label] = {key: {name: (xs if name in ("rows", "after_calls") else ms_stats(xs))
+                            for name, xs in rec.items()} for key, rec in recs.items()}
     return out
 
 
@@ -811,15 +922,25 @@ def throughput_run(cfg: BenchConfig, with_dashboard: bool) -> dict[str, Any]:
         t, f, steps, cpu, ecpu = window_open()
         secs = t - start[0]
         rec.update({"window_s": secs, "finished": f - start[1], "steps": steps - start[2],
+                    "finished_at_open": start[1],
                     "requests_per_s": (f - start[1]) / secs,
                     "process_cpu_per_s": (cpu - start[3]) / secs, "engine_cpu_per_s": (ecpu - start[4]) / secs})
+
+    series: list[int] = []  # requests finished, sampled every second of the window
+
+    def sample_until(end: float) -> None:
+        while (left := end - pc()) > 0:
+            time.sleep(min(1.0, left))
+            series.append(engine.requests_finished)
 
     try:
         if not with_dashboard:
             time.sleep(cfg.tp_warmup_s)
+            gc_mark = GC.mark()
             start = window_open()
-            time.sleep(cfg.tp_window_s)
+            sample_until(start[0] + cfg.tp_window_s)
             window_close(start)
+            rec["gc"] = GC.since(gc_mark)
         else:
             async def attached() -> None:
                 app, adapter = new_app(built, poll=True, interval=cfg.interval)
@@ -833,9 +954,13 @@ def throughput_run(cfg: BenchConfig, with_dashboard: bool) -> dict[str, Any]:
                     await asyncio.sleep(max(0.0, cfg.tp_warmup_s - (pc() - t0)))
                     polls0, coll0, attr0, hold0 = (app.polls, len(app.bench_collect),
                                                    len(adapter.attribute_log), holds.mark())
+                    gc_mark = GC.mark()
                     start = window_open()
-                    await asyncio.sleep(cfg.tp_window_s)
+                    while (left := start[0] + cfg.tp_window_s - pc()) > 0:
+                        await asyncio.sleep(min(1.0, left))
+                        series.append(engine.requests_finished)
                     window_close(start)
+                    rec["gc"] = GC.since(gc_mark)
                     polls = app.polls - polls0
                     attrs = adapter.attribute_log[attr0:]
                     rec.update({
@@ -846,10 +971,12 @@ def throughput_run(cfg: BenchConfig, with_dashboard: bool) -> dict[str, Any]:
                         "attribute_cold_per_poll": sum(1 for c, _ in attrs if c) / max(polls, 1),
                         "attribute_ms": ms_stats([s for c, s in attrs if c]),
                         "sessions_listed": len(app.query_one("#sessions").all),
+                        "sessions_open": app.stats.open_sessions, "sessions_closed": app.stats.closed_sessions,
                     })
                     await pilot.pause()
 
             asyncio.run(attached())
+        rec["finished_per_second"] = [b - a for a, b in zip([rec["finished_at_open"], *series], series)]
         rec["tree_nodes_after"] = engine.call(lambda s: s.cache.node_count(), 30.0)
         rec["evicted_tokens"] = built.scheduler.evicted_tokens
         rec["aborted"] = engine.requests_aborted
@@ -920,8 +1047,8 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
         f"(median of {cfg.paint_repeats} starts; ms)",
         "",
         "| tree | app ready (mounted) | first `collect()` | of which attribution | rows applied | "
-        "**first paint** | max | goal | met |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "**first paint** (on screen) | max | app idle (context) | goal | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for label in (small, large):
         p = fp[label]
@@ -930,7 +1057,7 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
             f"| {label} | {fmt_ms(p['ready_s']['median'])} | {fmt_ms(p['collect_s']['median'])} | "
             f"{fmt_ms(p['attribute_s']['median'])} | {fmt_ms(p['applied_s']['median'])} | "
             f"**{fmt_ms(p['paint_s']['median'])}** | {fmt_ms(p['paint_s']['max'])} | "
-            f"{'< 1 s' if goal else '-'} | "
+            f"{fmt_ms(p['idle_s']['median'])} | {'< 1 s' if goal else '-'} | "
             f"{verdict(p['paint_s']['median'] < GOAL_FIRST_PAINT_S * 1e3) if goal else '-'} |")
 
     k = res["keys"]
@@ -938,6 +1065,7 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
     long_chain = max(res["trees"][large]["chains"])
     sp = res["trees"][large]["system_prompt_children"]
     rows = [
+        ("noop", "a key bound to nothing (`z`): the method's own floor"),
         ("down", f"cursor down (x{cfg.down_presses}, one press each; the detail pane follows)"),
         ("expand_system", f"expand a system prompt ({min(sp)}-{max(sp)} children; loads its first page of 100)"),
         ("collapse_system", "collapse it"),
@@ -954,18 +1082,22 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
     ]
     lines += [
         "",
-        "### Key press to screen (pilot.press -> widgets reflect it, workers idle, `pilot.pause()` repainted; ms)",
+        "### Key press to screen (medians, ms; p90 in brackets). Pilot: `pilot.press` -> widgets reflect it, "
+        "workers idle, `pilot.pause()` returned. Direct: the same key event -> reflected, idle, one screen update "
+        "(1 ms checks, none of Pilot's idle-detection sleeps)",
         "",
-        f"| key press | {small} median | {small} p90 | {large} median | {large} p90 | {large}/{small} | n |",
+        f"| key press | {small}: Pilot | {small}: direct | {large}: Pilot | {large}: direct | "
+        f"{large}/{small} (direct) | n |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    cell = lambda x: "-" if x is None else f"{fmt_ms(x['median'])} ({fmt_ms(x['p90'])})"  # noqa: E731
     for key, label in rows:
-        a, b = k[small].get(key), k[large].get(key)
-        if b is None:
+        ap, ad = k[small]["pilot"].get(key), k[small]["direct"].get(key)
+        bp, bd = k[large]["pilot"].get(key), k[large]["direct"].get(key)
+        if bd is None:
             continue
-        ratio = f"{b['median'] / a['median']:.2f}x" if a else "-"
-        lines.append(f"| {label} | {fmt_ms(a and a['median'])} | {fmt_ms(a and a['p90'])} | "
-                     f"{fmt_ms(b['median'])} | {fmt_ms(b['p90'])} | {ratio} | {b['n']} |")
+        ratio = f"{bd['median'] / ad['median']:.2f}x" if ad else "-"
+        lines.append(f"| {label} | {cell(ap)} | {cell(ad)} | {cell(bp)} | {cell(bd)} | {ratio} | {bd['n']} |")
 
     fr = res["frame"]
     lines += [
@@ -992,14 +1124,20 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
                 f"{fmt_ms(b['collect']['median'])} | {fmt_ms(b['apply']['median'])} | "
                 f"{fmt_ms(b['render']['median'])} | **{fmt_ms(b['total']['median'])}** | {ratio:.2f}x | "
                 f"{f'<= {GOAL_FRAME_RATIO}x' if goal else '-'} | {verdict(ratio <= GOAL_FRAME_RATIO) if goal else '-'} |")
+    g = res["gc"]["frame"]
+    lines += [
+        "",
+        f"Cyclic GC while the frame work was measured (both trees): {g['collections']:,} collections "
+        f"({g['gen2']} of generation 2), {g['total_ms']:,.0f} ms in all, the longest {g['max_ms']:.0f} ms.",
+    ]
     lines += [
         "",
         "Where a poll's `collect()` goes (median ms per poll; `children` sums every page reloaded; "
         "attribution runs inside `sessions`/`node`; engine hold is the time the reads held the owner thread):",
         "",
         "| poll | tree / view | stats | changes | children | sessions | of which attribution | node | other "
-        "(flatten, copies) | engine hold | Textual screen update (context) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "(flatten, copies) | engine hold | reads after apply (calls) | Textual screen updates after it (context) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in ("idle", "changed"):
         for label, vname in ((small, "V"), (large, "V"), (large, "V+")):
@@ -1009,12 +1147,14 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
             m = lambda x: fmt_ms(r[x]["median"])  # noqa: E731
             lines.append(f"| {mode} | {label} / {vname} | {m('call_stats')} | {m('call_changes')} | "
                          f"{m('call_children')} | {m('call_sessions')} | {m('call_attribute')} | {m('call_node')} | "
-                         f"{m('call_other')} | {m('hold')} | {m('screen')} |")
+                         f"{m('call_other')} | {m('hold')} | {m('after')} ({median(r['after_calls']):.0f}) | "
+                         f"{m('screen')} |")
 
     tp = res["throughput"]
     without = [r for r in tp["runs"] if not r["with_dashboard"]]
     with_ = [r for r in tp["runs"] if r["with_dashboard"]]
     med = lambda rs, key: median([r[key] for r in rs])  # noqa: E731
+    gc_rate = lambda rs: median([r["gc"]["total_ms"] / r["window_s"] for r in rs])  # noqa: E731
     per_run = lambda rs: ", ".join(f"{r['requests_per_s']:,.0f}" for r in rs)  # noqa: E731
     lines += [
         "",
@@ -1022,15 +1162,15 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
         f"flat out on a ~{fmt_nodes(with_[0]['tree_nodes'])}-node cache, {cfg.tp_window_s:.0f} s windows, "
         f"{cfg.tp_pairs} alternating pair{'s' if cfg.tp_pairs > 1 else ''}",
         "",
-        "| run | requests/s (median) | per run | engine thread CPU (s/s) | process CPU (s/s) | polls | "
-        "engine hold per poll (ms) | attribution per poll (ms) | `collect()` (ms) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| run | requests/s (median) | per run | engine thread CPU (s/s) | process CPU (s/s) | GC pauses (ms/s) | "
+        "polls | engine hold per poll (ms) | attribution per poll (ms) | `collect()` (ms) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         f"| without | {med(without, 'requests_per_s'):,.0f} | {per_run(without)} | "
         f"{med(without, 'engine_cpu_per_s'):.2f} | "
-        f"{med(without, 'process_cpu_per_s'):.2f} | - | - | - | - |",
+        f"{med(without, 'process_cpu_per_s'):.2f} | {gc_rate(without):.0f} | - | - | - | - |",
         f"| with the dashboard | {med(with_, 'requests_per_s'):,.0f} | {per_run(with_)} | "
         f"{med(with_, 'engine_cpu_per_s'):.2f} | "
-        f"{med(with_, 'process_cpu_per_s'):.2f} | {med(with_, 'polls'):.0f} | "
+        f"{med(with_, 'process_cpu_per_s'):.2f} | {gc_rate(with_):.0f} | {med(with_, 'polls'):.0f} | "
         f"{med(with_, 'engine_hold_ms_per_poll'):.1f} | "
         f"{fmt_ms(median([r['attribute_ms']['median'] for r in with_ if r['attribute_ms']]))} "
         f"(x{med(with_, 'attribute_cold_per_poll'):.1f}) | "
@@ -1096,11 +1236,16 @@ def main(argv: list[str] | None = None) -> int:
     results["trees"] = {b.label: b.facts for b in trees}
     try:
         log(f"first paint: {cfg.paint_repeats} starts per tree")
+        results["gc"] = {}
+        mark = GC.mark()
         results["first_paint"] = measure_first_paint(cfg, trees)
+        results["gc"]["first_paint"], mark = GC.since(mark), GC.mark()
         log("key presses")
         results["keys"] = measure_keys(cfg, trees)
+        results["gc"]["keys"], mark = GC.since(mark), GC.mark()
         log("frame work per refresh")
         results["frame"] = measure_frame(cfg, trees)
+        results["gc"]["frame"] = GC.since(mark)
     finally:
         for b in trees:
             release(b)

@@ -299,14 +299,36 @@ def _parse_tokens(parts: list[str]) -> list[int]:
 
 @app.command()
 def export(
-    output: Annotated[typer.FileTextWrite, typer.Option("--output", "-o", help="File (default: stdout).")] = "-",
+    output: Annotated[str, typer.Option("--output", "-o", help="File (default: stdout).")] = "-",
+    fmt: Annotated[str, typer.Option("--format", help="ndjson (a line per node) or columns (int64 columns, "
+                                     "compact; needs --output).")] = "ndjson",
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 60.0,
 ) -> None:
-    """The whole tree as JSON lines (a header, then a row per node, parents first), streamed."""
-    with target(url, token, timeout) as t:
-        for row in t.export():
-            output.write(json.dumps(row, separators=(",", ":"), default=list) + "\n")
-    output.flush()
+    """The whole tree, streamed: JSON lines (a header, then a row per node, parents first), or
+    the compact columnar form."""
+    if fmt not in ("ndjson", "columns"):
+        raise _exit(f"--format must be ndjson or columns, got {fmt!r}", EXIT_USAGE)
+    if fmt == "columns" and output == "-":
+        raise _exit("--format columns is binary: give --output FILE", EXIT_USAGE)
+    try:
+        sink = sys.stdout if output == "-" else open(output, "w" if fmt == "ndjson" else "wb")
+    except OSError as exc:
+        raise _exit(f"cannot write {output}: {exc.strerror or exc}", EXIT_USAGE) from None
+    try:
+        with target(url, token, timeout) as t:
+            if fmt == "columns":
+                from adapters.wire import encode_export_columns
+
+                for chunk in encode_export_columns(t.export_columns()):
+                    sink.write(chunk)
+            else:
+                for row in t.export():
+                    sink.write(json.dumps(row, separators=(",", ":"), default=list) + "\n")
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+        else:
+            sink.flush()
 
 
 @app.command()

@@ -209,3 +209,12 @@ def test_read_only_refuses_every_action(read_only_adapter):
     assert read_only_adapter.plan_close("a").freed_tokens >= 0  # a dry run is still allowed
     after = read_only_adapter.stats()
     assert (after.version, after.free_tokens) == (before.version, before.free_tokens)
+
+
+def test_columnar_export_equals_the_row_export(adapter):
+    columns = adapter.export_columns()
+    rows = list(adapter.export())[1:]
+    assert columns.node_count == len(rows) == adapter.stats().node_count
+    for name in ("id", "parent", "tokens", "lock_ref", "hit_count"):
+        assert list(columns.columns[name]) == [r[name] for r in rows]
+    assert columns.holders == {r["id"]: tuple(r["holders"]) for r in rows if r["holders"]}

@@ -98,6 +98,18 @@ def test_match_export(server):
     assert rows[0]["node_count"] == len(rows) - 1
 
 
+def test_export_columns_to_a_file(server, tmp_path):
+    from adapters.wire import decode_export_columns
+
+    path = tmp_path / "tree.cols"
+    assert run(server, "export", "--format", "columns", "-o", str(path)).exit_code == 0
+    columns = decode_export_columns(path.read_bytes())
+    rows = [json.loads(line) for line in run(server, "export").stdout.splitlines()][1:]
+    assert list(columns.columns["parent"]) == [r["parent"] for r in rows]
+    assert run(server, "export", "--format", "columns").exit_code == 2  # binary needs a file
+    assert run(server, "export", "--format", "xml").exit_code == 2
+
+
 def test_close_dry_run_then_confirmed(fresh_server):
     before = one_json(run(fresh_server, "stats", "--json"))
     dry = run(fresh_server, "close", "b", "--dry-run")

@@ -498,3 +498,15 @@ def test_serve_prints_a_made_up_token_once_and_stops_on_ctrl_c():
             proc.communicate()
     assert proc.returncode == 0 and out.strip() == "stopped"
     assert token not in out + err and "Traceback" not in err
+
+
+def test_columnar_export_and_bad_format(client):
+    from adapters.wire import decode_export_columns
+
+    response = client.get("/v1/export", params={"format": "columns"})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/octet-stream"
+    columns = decode_export_columns(response.content)
+    rows = [json.loads(line) for line in client.get("/v1/export").text.splitlines()][1:]
+    assert list(columns.columns["id"]) == [r["id"] for r in rows]
+    bad = client.get("/v1/export", params={"format": "xml"})
+    assert bad.status_code == 422 and error_code(bad) == "bad_request"
