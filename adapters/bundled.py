@@ -335,13 +335,14 @@ class BundledAdapter(CacheAdapter):
                 push, pop = stack.extend, stack.pop
                 while stack:
                     node = pop()
-                    add_id(node.id)
+                    node_id = node.id
+                    add_id(node_id)
                     add_parent(node.parent.id)
                     add_tokens(len(node.key))
                     add_lock(node.lock_ref)
                     add_hit(node.hit_count)
                     if node.session_ids:
-                        holders[node.id] = tuple(sorted(node.session_ids))
+                        holders[node_id] = tuple(node.session_ids)  # sorted off the owner thread
                     if node.children:
                         push(node.children.values())
                 return s.cache.version, s.geometry.bytes_per_token, ids, parents, tokens, locks, hits, holders
@@ -349,7 +350,9 @@ class BundledAdapter(CacheAdapter):
                 if enabled:
                     gc.enable()
 
-        return self._call(snapshot)
+        version, bpt, ids, parents, tokens, locks, hits, holders = self._call(snapshot)
+        holders = {k: tuple(sorted(v)) for k, v in holders.items()}
+        return version, bpt, ids, parents, tokens, locks, hits, holders
 
     def export(self) -> Iterator[dict[str, Any]]:
         version, bpt, ids, parents, tokens, locks, hits, holders = self._export_snapshot()

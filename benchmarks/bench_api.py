@@ -571,6 +571,16 @@ def export_over_http(client) -> tuple[int, int]:
     return lines, size
 
 
+def export_columns_over_http(client) -> int:
+    """GET /v1/export?format=columns, every byte consumed; returns bytes."""
+    size = 0
+    with client.stream("GET", "/v1/export", params={"format": "columns"}) as r:
+        r.raise_for_status()
+        for chunk in r.iter_bytes():
+            size += len(chunk)
+    return size
+
+
 def export_in_process(adapter) -> tuple[int, float, float]:
     """adapter.export() consumed here: (rows, seconds to the header = the snapshot, total seconds)."""
     t0 = pc()
@@ -585,12 +595,8 @@ def export_in_process(adapter) -> tuple[int, float, float]:
 
 def ndjson_in_process(adapter) -> tuple[int, float]:
     """The server's NDJSON encoding of adapter.export(), without HTTP: (bytes, seconds)."""
-    from adapters.http_server import _ndjson
-
     t0 = pc()
-    it = iter(adapter.export())
-    header = next(it)
-    size = sum(len(chunk) for chunk in _ndjson(header, it))
+    size = sum(len(chunk) for chunk in adapter.export_ndjson())
     return size, pc() - t0
 
 
@@ -598,6 +604,8 @@ def measure_export(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, 
     cache = built.scheduler.cache
     n = built.facts["nodes"]
     walk_s, http_s, ratios, rss_growth, holds_s = [], [], [], [], []
+    cols_s, cols_ratios = [], []
+    cols_bytes = 0
     inproc_s, snapshot_s, ndjson_s = [], [], []
     http_bytes = 0
     gc.collect()
@@ -620,9 +628,16 @@ def measure_export(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, 
             rss_growth.append(rss.growth)
             assert lines == n + 1, (lines, n)
 
-        for step in (walk, http) if k % 2 == 0 else (http, walk):
+        def columns() -> None:
+            nonlocal cols_bytes
+            t0 = pc()
+            cols_bytes = export_columns_over_http(client)
+            cols_s.append(pc() - t0)
+
+        for step in (walk, http, columns) if k % 2 == 0 else (columns, http, walk):
             step()
         ratios.append(http_s[-1] / walk_s[-1])
+        cols_ratios.append(cols_s[-1] / walk_s[-1])
         rows, snap, total = export_in_process(adapter)
         assert rows == n
         snapshot_s.append(snap)
@@ -643,6 +658,10 @@ def measure_export(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, 
         "http_ms": ms_stats(http_s),
         "ratio_per_repeat": ratios,
         "ratio": statistics.median(ratios),
+        "columns_ms": ms_stats(cols_s),
+        "columns_bytes": cols_bytes,
+        "columns_ratio_per_repeat": cols_ratios,
+        "columns_ratio": statistics.median(cols_ratios),
         "snapshot_ms": ms_stats(snapshot_s),
         "engine_hold_ms": ms_stats(holds_s),
         "adapter_export_ms": ms_stats(inproc_s),
@@ -791,9 +810,15 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
         f"{fmt_ms(e['walk_ms']['min'])}..{fmt_ms(e['walk_ms']['max'])} | - | - |",
         f"| `/v1/export` over HTTP ({e['http_bytes'] / 2**20:.0f} MiB NDJSON, lines counted) | "
         f"{fmt_ms(e['http_ms']['median'])} | {fmt_ms(e['http_ms']['min'])}..{fmt_ms(e['http_ms']['max'])} | - | - |",
-        f"| **export / bare walk** (per-repeat ratio) | **{e['ratio']:.2f}x** | "
+        f"| **NDJSON export / bare walk** (per-repeat ratio) | **{e['ratio']:.2f}x** | "
         f"{min(e['ratio_per_repeat']):.2f}x..{max(e['ratio_per_repeat']):.2f}x | <= {GOAL_EXPORT_RATIO:.0f}x | "
         f"{verdict(e['ratio'] <= GOAL_EXPORT_RATIO)} |",
+        f"| `/v1/export?format=columns` over HTTP ({e['columns_bytes'] / 2**20:.0f} MiB, int64 columns) | "
+        f"{fmt_ms(e['columns_ms']['median'])} | {fmt_ms(e['columns_ms']['min'])}..{fmt_ms(e['columns_ms']['max'])} "
+        f"| - | - |",
+        f"| **columnar export / bare walk** (per-repeat ratio) | **{e['columns_ratio']:.2f}x** | "
+        f"{min(e['columns_ratio_per_repeat']):.2f}x..{max(e['columns_ratio_per_repeat']):.2f}x | "
+        f"<= {GOAL_EXPORT_RATIO:.0f}x | {verdict(e['columns_ratio'] <= GOAL_EXPORT_RATIO)} |",
         f"| of which: snapshot on the engine thread (engine hold) | {fmt_ms(e['engine_hold_ms']['median'])} | "
         f"{fmt_ms(e['engine_hold_ms']['min'])}..{fmt_ms(e['engine_hold_ms']['max'])} | - | - |",
         f"| context: `adapter.export()` in-process, time to its header (the snapshot) | "

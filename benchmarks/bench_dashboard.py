@@ -128,7 +128,7 @@ def quick_config() -> BenchConfig:
         small=TreeConfig("10k", 10_000),
         large=TreeConfig("100k", 100_000, fanouts=(1_000, 10_000), chains=(1_000, 2_000)),
         throughput_tree=TreeConfig("30k", 30_000, extra_capacity=4_000_000),
-        paint_repeats=2, down_presses=20, press_repeats=4, chain_repeats=2, long_chain_repeats=1,
+        paint_repeats=2, down_presses=12, press_repeats=3, chain_repeats=2, long_chain_repeats=1,
         frame_repeats=6, frame_blocks=1, tp_pairs=1, tp_window_s=6.0, tp_warmup_s=1.0,
     )
 
