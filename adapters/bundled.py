@@ -70,6 +70,7 @@ class _Attribution:
     """Every session's view and each node's count of distinct sessions beneath it."""
 
     key: tuple[int, int]
+    taken_at: float
     sessions: dict[str, SessionView]
     node_ids: dict[str, tuple[int, ...]]
     beneath: dict[int, int]
@@ -86,13 +87,14 @@ class BundledAdapter(CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
-                 tokenizer: Any = None, timeout: float = 10.0):
+                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 0.5):
         self.engine = engine
         self.name = name
         self.read_only = read_only
         self.tokenizer = tokenizer
         self.timeout = timeout
         self._attribution: _Attribution | None = None
+        self.attribution_max_age = attribution_max_age
 
     def _call(self, fn: Callable[[Scheduler], T]) -> T:
         try:
@@ -225,11 +227,16 @@ class BundledAdapter(CacheAdapter):
         return self._call(read)
 
     def _attribute(self, s: Scheduler) -> _Attribution:
-        """Attribution of memory to sessions; computed once per tree version (owner thread)."""
+        """Attribution of memory to sessions (owner thread). Reused while the tree has not
+        changed, and on a live engine (where the version moves every step) for up to
+        ``attribution_max_age`` seconds: it costs O(sessions' paths), and a dashboard reads it
+        several times per poll. Close plans never use it: ``plan_close`` is always exact."""
         cache = s.cache
         key = (cache.version, len(s.session_activity))
-        if self._attribution is not None and self._attribution.key == key:
-            return self._attribution
+        cached = self._attribution
+        if cached is not None and (cached.key == key
+                                   or time.monotonic() - cached.taken_at < self.attribution_max_age):
+            return cached
         bpt = s.geometry.bytes_per_token
         root = cache.root_node
         now = time.monotonic()
@@ -271,7 +278,7 @@ class BundledAdapter(CacheAdapter):
                 last_activity_age_s=None if seen_at is None else max(0.0, now - seen_at),
             )
             node_ids[sid] = tuple(sorted(n.id for n in cache._session_leaves.get(sid, ())))
-        self._attribution = _Attribution(key, views, node_ids, beneath)
+        self._attribution = _Attribution(key, time.monotonic(), views, node_ids, beneath)
         return self._attribution
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
@@ -413,6 +420,7 @@ class BundledAdapter(CacheAdapter):
             if not known:
                 raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
             r = s.close_session(session_id)
+            self._attribution = None  # after an action the next read recomputes
             self.engine.record("close", session=session_id)
             return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
                                    r.freed_tokens, r.freed_bytes, r.released_holds)
@@ -425,6 +433,7 @@ class BundledAdapter(CacheAdapter):
 
         def act(s: Scheduler) -> EvictResultView:
             r = s.evict(num_tokens)
+            self._attribution = None  # after an action the next read recomputes
             self.engine.record("evict", tokens=num_tokens)
             bpt = s.geometry.bytes_per_token
             return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
@@ -438,6 +447,7 @@ class BundledAdapter(CacheAdapter):
         def act(s: Scheduler) -> FlushResultView:
             requested = s.cache.evictable_size()
             r = s.flush()
+            self._attribution = None  # after an action the next read recomputes
             self.engine.record("evict", tokens=requested)
             locked = s.cache.protected_size()
             message = f"{locked} tokens locked by running requests stay" if locked else ""

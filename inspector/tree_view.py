@@ -82,13 +82,14 @@ class CacheTree(ScrollView, can_focus=True):
         self.total_bytes = max(total_bytes, 1)
         self.order = order
         self.virtual_size = Size(self.size.width, len(rows))
+        index = None
         if self._cursor_key is not None:
             index = next((i for i, r in enumerate(rows) if r.key == self._cursor_key), None)
-            if index is None:
-                index = min(self.cursor, max(len(rows) - 1, 0))
-            self.cursor = index
-        else:
-            self.cursor = min(self.cursor, max(len(rows) - 1, 0))
+        if index is None:
+            index = min(self.cursor, max(len(rows) - 1, 0))
+        current = rows[index] if 0 <= index < len(rows) else None
+        if index != self.cursor or (current.key if current else None) != self._cursor_key:
+            self.cursor = index  # the row under the cursor changed: say so (detail reloads)
         self.refresh()
 
     def set_marked(self, ids: frozenset[int]) -> None:

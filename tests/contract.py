@@ -218,3 +218,10 @@ def test_columnar_export_equals_the_row_export(adapter):
     for name in ("id", "parent", "tokens", "lock_ref", "hit_count"):
         assert list(columns.columns[name]) == [r[name] for r in rows]
     assert columns.holders == {r["id"]: tuple(r["holders"]) for r in rows if r["holders"]}
+
+
+def test_session_views_follow_an_action_at_once(adapter):
+    assert {s.id: s.state for s in adapter.sessions("id", 0, 100).sessions}["b"] == "open"
+    adapter.close_session("b")
+    view = adapter.session("b").session
+    assert view.state == "closed" and view.exclusive_bytes == 0
