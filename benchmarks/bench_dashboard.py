@@ -837,6 +837,8 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
     from inspector.tree_view import CacheTree
 
     app, adapter = new_app(built, poll=False)
+    # The worst case: every changed poll recomputes attribution (no reuse within max age).
+    adapter.attribution_max_age = 0.0
     out: dict[str, Any] = {}
     async with app.run_test(size=SIZE) as pilot:
         hook_screen(app)
