@@ -87,7 +87,7 @@ class BundledAdapter(CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
-                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 0.5):
+                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 5.0):
         self.engine = engine
         self.name = name
         self.read_only = read_only

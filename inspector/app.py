@@ -36,6 +36,10 @@ from inspector.tree_state import TreeState
 from inspector.tree_view import CacheTree
 
 SESSIONS_LOADED = 1000
+SESSIONS_EVERY = 5.0
+"""Seconds between reloads of the sessions table: attributing memory to every session walks all
+their paths on the owner thread, so a live dashboard does it at this pace, not every poll
+(an action reloads it at once; close plans are always exact)."""
 MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
 LARGE_SHARE = 0.10
 """An eviction of more than this share of capacity asks for the count to be typed."""
@@ -90,6 +94,7 @@ class RadixtopApp(App[None]):
         self.marked_session: str | None = None
         self._poll_enabled = poll
         self._keymap = keymap or {}
+        self._sessions_at = float("-inf")
         self.polls = 0
         """Completed polls (tests wait on it)."""
 
@@ -157,7 +162,9 @@ class RadixtopApp(App[None]):
                 self.tree_state.refresh()
             snap["rows"] = list(self.tree_state.rows)
             snap["order"] = self.tree_state.order
-        snap["sessions"] = list(self.adapter.sessions("exclusive_bytes", 0, SESSIONS_LOADED).sessions)
+        if snap["time"] - self._sessions_at >= max(SESSIONS_EVERY, self.interval):
+            snap["sessions"] = list(self.adapter.sessions("exclusive_bytes", 0, SESSIONS_LOADED).sessions)
+            self._sessions_at = snap["time"]
         if self.selected_node is not None:
             snap["detail"] = self._read_detail(self.selected_node)
         return snap
@@ -379,6 +386,8 @@ class RadixtopApp(App[None]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
+        if not self.paused:
+            self._sessions_at = float("-inf")  # resuming shows fresh sessions at once
         header = self.query_one(HeaderBar)
         header.paused = self.paused
         header.render_stats()
@@ -527,6 +536,7 @@ class RadixtopApp(App[None]):
             lines.append(f"{sid}: freed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}{diff}")
         self.call_from_thread(self.notify, "\n".join(lines), title="closed", timeout=8)
         self.call_from_thread(self.query_one(SessionsTable).marked.clear)
+        self._sessions_at = float("-inf")  # the sessions table shows the action at once
         self.call_from_thread(self.poll)
 
     def action_evict(self) -> None:
@@ -574,6 +584,7 @@ class RadixtopApp(App[None]):
             self.call_from_thread(self.notify, exc.message, severity="error")
             return
         self.call_from_thread(self.notify, message, title=action)
+        self._sessions_at = float("-inf")  # the sessions table shows the action at once
         self.call_from_thread(self.poll)
 
 
