@@ -52,6 +52,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 HERE = Path(__file__).resolve().parent
 
+from _common import EngineHolds, log  # noqa: E402
 import numpy as np  # noqa: E402
 
 pc = time.perf_counter
@@ -122,8 +123,6 @@ GOAL_HOLD_MS = 100.0  # engine thread held by one attribution (10k sessions)
 # ----------------------------------------------------------------------------------------------
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def rss_bytes() -> int:
@@ -380,30 +379,6 @@ def _insert_group(cache, allocator, prng: random.Random, tokens: TokenPool, firs
 # ----------------------------------------------------------------------------------------------
 
 
-class EngineHolds:
-    """Times each command on the engine's owner thread: how long a read holds the cache."""
-
-    def __init__(self, engine):
-        self.holds: list[float] = []
-        call = engine.call
-
-        def timed_call(fn, timeout: float = 10.0):
-            def run(s):
-                t0 = pc()
-                try:
-                    return fn(s)
-                finally:
-                    self.holds.append(pc() - t0)
-
-            return call(run, timeout)
-
-        engine.call = timed_call  # instance attribute: shadows Engine.call for this engine only
-
-    def mark(self) -> int:
-        return len(self.holds)
-
-    def since(self, mark: int) -> float:
-        return sum(self.holds[mark:])
 
 
 def timed_adapter_class():

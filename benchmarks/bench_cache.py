@@ -58,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from _common import fmt_nodes, log, median  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gpu_backend.allocator import TokenToKVPoolAllocator as RtAllocator  # noqa: E402
@@ -148,8 +149,6 @@ def quick_config() -> BenchConfig:
 # ----------------------------------------------------------------------------------------------
 
 
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 def rss_mib() -> float | None:
@@ -163,8 +162,6 @@ def rss_mib() -> float | None:
     return None
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 class GCPaused:
@@ -865,8 +862,6 @@ def fmt_ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
-def fmt_nodes(n: int) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e3 else str(n)
 
 
 def verdict(ok: bool | None) -> str:

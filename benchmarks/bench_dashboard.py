@@ -58,6 +58,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 HERE = Path(__file__).resolve().parent
 
+from _common import EngineHolds, fmt_nodes, log, median  # noqa: E402
 import numpy as np  # noqa: E402
 
 pc = time.perf_counter
@@ -147,8 +148,6 @@ INSTANT_MS = 100.0  # reference for key presses (not a goal): what still feels i
 # ----------------------------------------------------------------------------------------------
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def rss_mib() -> float:
@@ -166,8 +165,6 @@ def ms_stats(secs: list[float]) -> dict[str, Any] | None:
             "samples": [x * 1e3 for x in secs]}
 
 
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 class GcPauses:
@@ -430,30 +427,6 @@ def change_tree(engine, prompt: tuple[int, ...], counter=itertools.count()) -> N
 # ----------------------------------------------------------------------------------------------
 
 
-class EngineHolds:
-    """Times each command on the engine's owner thread: how long a read holds the cache."""
-
-    def __init__(self, engine):
-        self.holds: list[float] = []
-        call = engine.call
-
-        def timed_call(fn, timeout: float = 10.0):
-            def run(s):
-                t0 = pc()
-                try:
-                    return fn(s)
-                finally:
-                    self.holds.append(pc() - t0)
-
-            return call(run, timeout)
-
-        engine.call = timed_call  # instance attribute: shadows Engine.call for this engine only
-
-    def mark(self) -> int:
-        return len(self.holds)
-
-    def since(self, mark: int) -> float:
-        return sum(self.holds[mark:])
 
 
 READS = ("stats", "changes", "children", "sessions", "node", "session")
@@ -1034,8 +1007,6 @@ def fmt_ms(x: float | None) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
 
 
-def fmt_nodes(n: int) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e3 else str(n)
 
 
 def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
