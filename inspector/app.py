@@ -224,11 +224,8 @@ class RadixtopApp(App[None]):
         banner.display = True
 
     def _arm_poll(self) -> None:
-        if self._poll_enabled and not self._exit_requested():
+        if self._poll_enabled and self.is_running:
             self.set_timer(self.interval, self.poll)
-
-    def _exit_requested(self) -> bool:
-        return getattr(self, "_exit", False) or not self.is_running
 
     # ----- tree -----
 

@@ -59,13 +59,13 @@ class TreeState:
 
     # ----- loading -----
 
-    def load(self, node_id: int, count: int | None = None) -> None:
+    def load(self, node_id: int, count: int | None = None, follow_splits: bool = True) -> None:
         """(Re)load the first ``count`` children of ``node_id`` (at least one page)."""
         want = max(count or 0, self.page)
         page = self.fetch_children(node_id, 0, want, self.order)
         old = self.loaded.get(node_id)
         self.loaded[node_id] = _Loaded(list(page.children), page.total)
-        if old is not None:
+        if old is not None and follow_splits:
             self._follow_splits(node_id, old)
 
     def load_more(self, node_id: int) -> None:
@@ -93,12 +93,13 @@ class TreeState:
                 self.expanded.add(child.id)
                 self.load(child.id)
 
-    def refresh(self) -> None:
-        """Reload every expanded node's pages (as many children as were loaded)."""
+    def refresh(self, follow_splits: bool = True) -> None:
+        """Reload every expanded node's pages (as many children as were loaded). A reload after
+        a change of sort order compares different pages, so it looks for no splits."""
         for node_id in list(self.expanded):
             if node_id in self.loaded or node_id == ROOT_ID:
                 try:
-                    self.load(node_id, len(self.loaded.get(node_id, _Loaded()).children))
+                    self.load(node_id, len(self.loaded.get(node_id, _Loaded()).children), follow_splits)
                 except LookupError:
                     self.forget(node_id)
         self.flatten()
@@ -152,7 +153,7 @@ class TreeState:
 
     def set_order(self, order: str) -> None:
         self.order = order
-        self.refresh()
+        self.refresh(follow_splits=False)
 
     def _chain_end(self, node_id: int) -> int:
         chain = self.chains.get(node_id)
@@ -188,11 +189,3 @@ class TreeState:
             stack.extend(reversed(pending))
         self.rows = rows
         return rows
-
-    def index_of(self, key: tuple[str, int]) -> int | None:
-        for i, row in enumerate(self.rows):
-            if row.key == key:
-                return i
-            if row.kind == "chain" and key[0] == "node" and any(n.id == key[1] for n in row.chain):
-                return i
-        return None

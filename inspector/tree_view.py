@@ -141,8 +141,7 @@ class CacheTree(ScrollView, can_focus=True):
             return [Segment(f"{indent}  … {row.more:,} more (enter loads the next page)", _DIM)]
         node = row.node
         expandable = node.num_children > 0
-        expanded = getattr(row, "expanded", False)
-        marker = ("▾ " if expanded else "▸ ") if expandable else "  "
+        marker = ("▾ " if row.expanded else "▸ ") if expandable else "  "
         if row.kind == "chain":
             tokens = sum(n.tokens for n in row.chain)
             label = f"#{row.chain[0].id} ⋯ #{node.id} chain of {len(row.chain)} nodes, {tokens:,} tok"
