@@ -9,6 +9,7 @@ from typing import Any
 
 from adapters.model import (
     CHILD_ORDERS,
+    ChainView,
     EXPORT_COLUMNS,
     ExportColumns,
     SESSION_ORDERS,
@@ -28,6 +29,7 @@ from adapters.model import (
 )
 
 MAX_PAGE = 10_000
+MAX_CHAIN = 100_000
 MAX_MATCH_TOKENS = 1_000_000
 
 
@@ -52,6 +54,21 @@ class CacheAdapter(ABC):
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         """A page of ``node_id``'s children, largest subtree first (``bytes``), most recently
         used first (``recency``), or most tokens first (``tokens``); ties by id."""
+
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        """The run of single children below ``node_id`` (see ChainView), in one read where the
+        target can; this default costs one ``children`` call per node."""
+        check_chain_limit(limit)
+        nodes = []
+        page = self.children(node_id, 0, 1)
+        while page.total == 1 and len(nodes) < limit:
+            child = page.children[0]
+            nodes.append(child)
+            if child.num_children != 1:
+                break
+            page = self.children(child.id, 0, 1)
+        truncated = len(nodes) == limit and nodes[-1].num_children == 1
+        return ChainView(node_id, tuple(nodes), truncated)
 
     @abstractmethod
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail: ...
@@ -130,6 +147,11 @@ def check_page(offset: int, limit: int) -> None:
         raise BadRequest(f"offset must be >= 0, got {offset}")
     if not 1 <= limit <= MAX_PAGE:
         raise BadRequest(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+
+
+def check_chain_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_CHAIN:
+        raise BadRequest(f"limit must be between 1 and {MAX_CHAIN}, got {limit}")
 
 
 def check_child_order(order: str) -> None:

@@ -13,6 +13,7 @@ from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
     check_child_order,
+    check_chain_limit,
     check_page,
     check_session_order,
     check_tokens,
@@ -21,6 +22,7 @@ from adapters.model import (
     ROOT_ID,
     BadRequest,
     Capabilities,
+    ChainView,
     Changes,
     ChildrenPage,
     ClosePlanView,
@@ -44,6 +46,7 @@ from adapters.model import (
     UnknownSession,
 )
 from gpu_backend.engine import Engine, EngineStopped, EngineTimeout
+from gpu_backend.radix_cache import ChangeSet
 
 if TYPE_CHECKING:
     from gpu_backend.radix_cache import TreeNode
@@ -51,28 +54,44 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 FIRST_TOKENS = 16
+MAX_CHANGES = 5_000  # more touches than this since `since` answer resync: re-reading is cheaper
+ATTRIBUTION_BUDGET = 50  # reuse an attribution for at least 50x what it cost (<= 2% of the engine)
 
 _CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
     "bytes": lambda n: (-n.subtree_tokens, n.id),
     "recency": lambda n: (-n.last_access_time, n.id),
     "tokens": lambda n: (-len(n.key), n.id),
 }
-_SESSION_KEYS: dict[str, Callable[[SessionView], Any]] = {
-    "exclusive_bytes": lambda s: (-s.exclusive_bytes, s.id),
-    "shared_bytes": lambda s: (-s.shared_bytes, s.id),
-    "last_activity": lambda s: (s.last_activity_age_s is None, s.last_activity_age_s or 0.0, s.id),
-    "id": lambda s: s.id,
+
+# A session's attribution as a plain tuple (views are built only for the page asked for: a
+# frozen dataclass costs more to build than the whole attribution of its session):
+# (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
+#  last_activity as a monotonic time or None)
+_SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
+_SESSION_KEYS: dict[str, Callable[[_SessionRow], Any]] = {
+    "exclusive_bytes": lambda r: (-r[3], r[0]),
+    "shared_bytes": lambda r: (-r[4], r[0]),
+    "last_activity": lambda r: (r[7] is None, -(r[7] or 0.0), r[0]),
+    "id": lambda r: r[0],
 }
+
+
+def _session_view(row: _SessionRow, now: float) -> SessionView:
+    sid, closed, tagged, exclusive, shared, fair, locked, seen_at = row
+    return SessionView(id=sid, state="closed" if closed else "open", tagged_nodes=tagged,
+                       exclusive_bytes=exclusive, shared_bytes=shared, fair_share_bytes=fair,
+                       locked_tokens=locked,
+                       last_activity_age_s=None if seen_at is None else max(0.0, now - seen_at))
 
 
 @dataclass
 class _Attribution:
-    """Every session's view and each node's count of distinct sessions beneath it."""
+    """Every session's figures and each node's count of distinct sessions beneath it."""
 
     key: tuple[int, int]
     taken_at: float
-    sessions: dict[str, SessionView]
-    node_ids: dict[str, tuple[int, ...]]
+    cost_s: float
+    sessions: dict[str, _SessionRow]
     beneath: dict[int, int]
 
 
@@ -87,7 +106,8 @@ class BundledAdapter(CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
-                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 5.0):
+                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 5.0,
+                 attribution_budget: float = ATTRIBUTION_BUDGET):
         self.engine = engine
         self.name = name
         self.read_only = read_only
@@ -95,6 +115,7 @@ class BundledAdapter(CacheAdapter):
         self.timeout = timeout
         self._attribution: _Attribution | None = None
         self.attribution_max_age = attribution_max_age
+        self.attribution_budget = attribution_budget
 
     def _call(self, fn: Callable[[Scheduler], T]) -> T:
         try:
@@ -128,8 +149,8 @@ class BundledAdapter(CacheAdapter):
                 total_tokens=st.total_size,
                 bytes_per_token=g.bytes_per_token,
                 node_count=cache.node_count(),
-                open_sessions=len(s.open_session_ids()),
-                closed_sessions=len(cache.closed_session_ids()),
+                open_sessions=len(s.session_activity.keys() - cache._closed_session_ids.keys()),
+                closed_sessions=len(cache._closed_session_ids),
                 prompt_tokens=s.prompt_tokens,
                 cached_tokens=s.cached_tokens,
                 evicted_tokens=s.evicted_tokens,
@@ -201,6 +222,22 @@ class BundledAdapter(CacheAdapter):
 
         return self._call(read)
 
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        check_chain_limit(limit)
+
+        def read(s: Scheduler) -> ChainView:
+            node = self._lookup(s, node_id)
+            depth = self._depth(node)
+            now = s.cache.clock()
+            nodes = []
+            while len(node.children) == 1 and len(nodes) < limit:
+                node = next(iter(node.children.values()))
+                depth += 1
+                nodes.append(self._node_view(s, node, depth, now))
+            return ChainView(node_id, tuple(nodes), len(node.children) == 1)
+
+        return self._call(read)
+
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)
 
@@ -213,7 +250,7 @@ class BundledAdapter(CacheAdapter):
                 path_tokens += len(up.key)
                 up = up.parent
             if node is s.cache.root_node:
-                beneath = sum(1 for ids in attribution.node_ids.values() if ids)
+                beneath = sum(1 for row in attribution.sessions.values() if row[2])
             else:
                 beneath = attribution.beneath.get(node.id, 0)
             return NodeDetail(
@@ -227,58 +264,68 @@ class BundledAdapter(CacheAdapter):
         return self._call(read)
 
     def _attribute(self, s: Scheduler) -> _Attribution:
-        """Attribution of memory to sessions (owner thread). Reused while the tree has not
-        changed, and on a live engine (where the version moves every step) for up to
-        ``attribution_max_age`` seconds: it costs O(sessions' paths), and a dashboard reads it
-        several times per poll. Close plans never use it: ``plan_close`` is always exact."""
+        """Attribution of memory to sessions (owner thread). It costs O(sessions' paths) and a
+        dashboard reads it several times per poll, so it is reused while the tree has not
+        changed, and on a live engine (where the version moves every step) while it is younger
+        than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the last
+        one cost, whichever is longer: a large cache is re-attributed less often rather than
+        taking more than ~2% of the engine. Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
         key = (cache.version, len(s.session_activity))
         cached = self._attribution
-        if cached is not None and (cached.key == key
-                                   or time.monotonic() - cached.taken_at < self.attribution_max_age):
-            return cached
+        if cached is not None:
+            max_age = max(self.attribution_max_age, cached.cost_s * self.attribution_budget)
+            if cached.key == key or time.monotonic() - cached.taken_at < max_age:
+                return cached
+        started = time.perf_counter()
         bpt = s.geometry.bytes_per_token
         root = cache.root_node
-        now = time.monotonic()
+        # Each session's union of root paths (a plain walk for the common single tag), then
+        # how many sessions each node on those paths serves.
         unions: dict[str, list[TreeNode]] = {}
-        beneath: dict[int, int] = {}
+        beneath: dict[TreeNode, int] = {}
         for sid, leaves in cache._session_leaves.items():
             if not leaves:
                 continue
-            seen: set[TreeNode] = set()
-            for leaf in leaves:
-                node = leaf
-                while node is not root and node not in seen:
-                    seen.add(node)
+            path: list[TreeNode] = []
+            if len(leaves) == 1:
+                node = next(iter(leaves))
+                while node is not root:
+                    path.append(node)
                     node = node.parent
-            unions[sid] = list(seen)
-            for node in seen:
-                beneath[node.id] = beneath.get(node.id, 0) + 1
-        exclusive_by_session = cache.exclusive_tokens_by_session()
-        views: dict[str, SessionView] = {}
-        node_ids: dict[str, tuple[int, ...]] = {}
-        known = dict.fromkeys(s.open_session_ids())
-        known.update(dict.fromkeys(cache.closed_session_ids()))
+            else:
+                seen: set[TreeNode] = set()
+                for leaf in leaves:
+                    node = leaf
+                    while node is not root and node not in seen:
+                        seen.add(node)
+                        path.append(node)
+                        node = node.parent
+            unions[sid] = path
+            for node in path:
+                beneath[node] = beneath.get(node, 0) + 1
+        exclusive_by_session = cache.exclusive_tokens_by_session(on_paths=beneath.keys())
+        activity = s.session_activity
+        closed = cache._closed_session_ids
+        leaves_of = cache._session_leaves
+        rows: dict[str, _SessionRow] = {}
+        known = dict.fromkeys(activity)
+        known.update(dict.fromkeys(closed))
         known.update(dict.fromkeys(unions))
         for sid in known:
-            union = unions.get(sid, [])
-            path_tokens = sum(len(n.key) for n in union)
+            path_tokens = locked = 0
+            fair = 0.0
+            for node in unions.get(sid, ()):
+                n = len(node.key)
+                path_tokens += n
+                fair += n / beneath[node]
+                if node.lock_ref > 0:
+                    locked += n
             exclusive = exclusive_by_session.get(sid, 0)
-            fair = sum(len(n.key) / beneath[n.id] for n in union)
-            locked = sum(len(n.key) for n in union if n.lock_ref > 0)
-            seen_at = s.session_activity.get(sid)
-            views[sid] = SessionView(
-                id=sid,
-                state="closed" if cache.is_session_closed(sid) else "open",
-                tagged_nodes=len(cache._session_leaves.get(sid, ())),
-                exclusive_bytes=exclusive * bpt,
-                shared_bytes=(path_tokens - exclusive) * bpt,
-                fair_share_bytes=round(fair * bpt),
-                locked_tokens=locked,
-                last_activity_age_s=None if seen_at is None else max(0.0, now - seen_at),
-            )
-            node_ids[sid] = tuple(sorted(n.id for n in cache._session_leaves.get(sid, ())))
-        self._attribution = _Attribution(key, time.monotonic(), views, node_ids, beneath)
+            rows[sid] = (sid, sid in closed, len(leaves_of.get(sid, ())), exclusive * bpt,
+                         (path_tokens - exclusive) * bpt, round(fair * bpt), locked, activity.get(sid))
+        by_id = {node.id: count for node, count in beneath.items()}
+        self._attribution = _Attribution(key, time.monotonic(), time.perf_counter() - started, rows, by_id)
         return self._attribution
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
@@ -286,19 +333,21 @@ class BundledAdapter(CacheAdapter):
         check_session_order(order)
 
         def read(s: Scheduler) -> SessionsPage:
-            views = list(self._attribute(s).sessions.values())
-            page = _page(views, _SESSION_KEYS[order], offset, limit)
-            return SessionsPage(offset, limit, len(views), order, tuple(page))
+            rows = list(self._attribute(s).sessions.values())
+            page = _page(rows, _SESSION_KEYS[order], offset, limit)
+            now = time.monotonic()
+            return SessionsPage(offset, limit, len(rows), order, tuple(_session_view(r, now) for r in page))
 
         return self._call(read)
 
     def session(self, session_id: str) -> SessionDetail:
         def read(s: Scheduler) -> SessionDetail:
             attribution = self._attribute(s)
-            view = attribution.sessions.get(session_id)
-            if view is None:
+            row = attribution.sessions.get(session_id)
+            if row is None:
                 raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
-            return SessionDetail(view, attribution.node_ids[session_id])
+            leaves = s.cache._session_leaves.get(session_id, ())
+            return SessionDetail(_session_view(row, time.monotonic()), tuple(sorted(node.id for node in leaves)))
 
         return self._call(read)
 
@@ -322,7 +371,14 @@ class BundledAdapter(CacheAdapter):
     def changes(self, since: int) -> Changes:
         if since < 0:
             raise BadRequest(f"since must be >= 0, got {since}")
-        delta = self._call(lambda s: s.cache.changes(since))
+
+        def read(s: Scheduler):
+            cache = s.cache
+            if cache.version - since > MAX_CHANGES:
+                return ChangeSet(since, cache.version, True)
+            return cache.changes(since)
+
+        delta = self._call(read)
         return Changes(delta.since, delta.version, delta.resync, delta.added, delta.changed, delta.removed)
 
     def _export_snapshot(self):

@@ -17,6 +17,7 @@ from adapters.model import (
     BadRequest,
     Capabilities,
     Changes,
+    ChainView,
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
@@ -36,6 +37,7 @@ from adapters.wire import (
     audit_entry_from_dict,
     capabilities_from_dict,
     changes_from_dict,
+    chain_from_dict,
     children_page_from_dict,
     close_plan_from_dict,
     close_result_from_dict,
@@ -135,6 +137,9 @@ class HttpAdapter(CacheAdapter):
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         return self._get(children_page_from_dict, f"/v1/nodes/{int(node_id)}/children",
                          offset=offset, limit=limit, order=order)
+
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        return self._get(chain_from_dict, f"/v1/nodes/{int(node_id)}/chain", limit=limit)
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         return self._get(node_detail_from_dict, f"/v1/nodes/{int(node_id)}",

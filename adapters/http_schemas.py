@@ -235,3 +235,9 @@ class AuditPageOut(Schema):
     offset: int
     limit: int
     entries: list[AuditEntryOut]
+
+
+class ChainOut(Schema):
+    node_id: int
+    nodes: list[NodeOut]
+    truncated: bool

@@ -29,6 +29,7 @@ from adapters.http_schemas import (
     AuditPageOut,
     CapabilitiesOut,
     ChangesOut,
+    ChainOut,
     ChildrenPageOut,
     ClosePlanOut,
     CloseOut,
@@ -317,6 +318,11 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
     def children(node_id: str, offset: int = 0, limit: int = 100,
                  order: str = Query("bytes", description="bytes, recency or tokens")) -> JSONResponse:
         return _json(_call(adapter.children, parse_node_id(node_id), offset, limit, order).to_dict())
+
+    @app.get("/v1/nodes/{node_id}/chain", response_model=ChainOut,
+             summary="The run of single children below a node, in one read", responses=_errors(404, 422))
+    def chain(node_id: str, limit: int = 10_000) -> JSONResponse:
+        return _json(_call(adapter.chain, parse_node_id(node_id), limit).to_dict())
 
     @app.get("/v1/sessions", response_model=SessionsPageOut, summary="A page of sessions",
              responses=_errors(422))

@@ -228,6 +228,17 @@ class ChildrenPage(_View):
 
 
 @dataclass(frozen=True)
+class ChainView(_View):
+    """A run of single children below ``node_id``: its only child, that one's only child, and
+    so on, top first. It ends with a node that has no child or several, or at the limit."""
+
+    node_id: int
+    nodes: tuple[NodeView, ...]
+    truncated: bool
+    """Stopped at the limit while the run went on."""
+
+
+@dataclass(frozen=True)
 class SessionView(_View):
     id: str
     state: Literal["open", "closed"]
@@ -278,7 +289,8 @@ class Changes(_View):
     since: int
     version: int
     resync: bool
-    """The journal no longer reaches back to ``since``: re-read everything."""
+    """Re-read everything: the journal no longer reaches back to ``since``, or more changed
+    since then than a list of ids is worth (a target may cap it)."""
     added: tuple[int, ...] = ()
     changed: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()

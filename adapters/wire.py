@@ -21,6 +21,7 @@ from adapters.model import (
     BadRequest,
     Capabilities,
     Changes,
+    ChainView,
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
@@ -107,6 +108,10 @@ def stats_from_dict(d: dict[str, Any]) -> Stats:
 
 def children_page_from_dict(d: dict[str, Any]) -> ChildrenPage:
     return from_wire(ChildrenPage, d)
+
+
+def chain_from_dict(d: dict[str, Any]) -> ChainView:
+    return from_wire(ChainView, d)
 
 
 def node_detail_from_dict(d: dict[str, Any]) -> NodeDetail:

@@ -915,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(built.scheduler, None).start()
     holds = EngineHolds(engine)
     # Measure the cost of attribution itself: every read after a tree change recomputes it.
-    adapter = timed_adapter_class()(engine, attribution_max_age=0.0)
+    adapter = timed_adapter_class()(engine, attribution_max_age=0.0, attribution_budget=0.0)
     token = "bench-token"
     app = create_app(adapter, token, AuditLog(None))
     try:

@@ -811,7 +811,7 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
 
     app, adapter = new_app(built, poll=False)
     # The worst case: every changed poll recomputes attribution (no reuse within max age).
-    adapter.attribution_max_age = 0.0
+    adapter.attribution_max_age = adapter.attribution_budget = 0.0
     out: dict[str, Any] = {}
     async with app.run_test(size=SIZE) as pilot:
         hook_screen(app)
@@ -1137,15 +1137,17 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
                          f"{m('call_children')} | {m('call_sessions')} | {m('call_attribute')} | {m('call_node')} | "
                          f"{m('call_other')} | {m('hold')} | {m('after')} ({median(r['after_calls']):.0f}) | "
                          f"{m('screen')} |")
+    lines += ["", throughput_table(cfg, res["throughput"])]
+    return "\n".join(lines)
 
-    tp = res["throughput"]
+
+def throughput_table(cfg: BenchConfig, tp: dict[str, Any]) -> str:
     without = [r for r in tp["runs"] if not r["with_dashboard"]]
     with_ = [r for r in tp["runs"] if r["with_dashboard"]]
     med = lambda rs, key: median([r[key] for r in rs])  # noqa: E731
     gc_rate = lambda rs: median([r["gc"]["total_ms"] / r["window_s"] for r in rs])  # noqa: E731
     per_run = lambda rs: ", ".join(f"{r['requests_per_s']:,.0f}" for r in rs)  # noqa: E731
-    lines += [
-        "",
+    lines = [
         f"### Engine throughput with a dashboard attached ({cfg.interval:g} s refresh) and without: demo workload "
         f"flat out on a ~{fmt_nodes(with_[0]['tree_nodes'])}-node cache, {cfg.tp_window_s:.0f} s windows, "
         f"{cfg.tp_pairs} alternating pair{'s' if cfg.tp_pairs > 1 else ''}",
@@ -1198,11 +1200,16 @@ def environment() -> dict[str, Any]:
     }
 
 
+class _SkipTreeSections(Exception):
+    """--only-throughput: sections 1-4 are left out."""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10k and 100k nodes, fewer repeats (< 90 s)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "dashboard.json", help="JSON results path")
     ap.add_argument("--skip-throughput", action="store_true", help="leave out section 5")
+    ap.add_argument("--only-throughput", action="store_true", help="run section 5 alone")
     args = ap.parse_args(argv)
     cfg = quick_config() if args.quick else full_config()
 
@@ -1215,7 +1222,7 @@ def main(argv: list[str] | None = None) -> int:
                                "goals": {"first_paint_s": GOAL_FIRST_PAINT_S, "frame_ratio": GOAL_FRAME_RATIO,
                                          "throughput_share": GOAL_THROUGHPUT_SHARE, "instant_ms": INSTANT_MS}}
     trees = []
-    for tc in (cfg.small, cfg.large):
+    for tc in () if args.only_throughput else (cfg.small, cfg.large):
         log(f"mode {cfg.mode}: building the {tc.label} tree")
         b = build_tree(tc)
         start_engine(b)
@@ -1223,6 +1230,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {b.facts['nodes']:,} nodes in {b.build_s:.1f} s (RSS {rss_mib():.0f} MiB)")
     results["trees"] = {b.label: b.facts for b in trees}
     try:
+        if args.only_throughput:
+            raise _SkipTreeSections
         log(f"first paint: {cfg.paint_repeats} starts per tree")
         results["gc"] = {}
         mark = GC.mark()
@@ -1234,6 +1243,8 @@ def main(argv: list[str] | None = None) -> int:
         log("frame work per refresh")
         results["frame"] = measure_frame(cfg, trees)
         results["gc"]["frame"] = GC.since(mark)
+    except _SkipTreeSections:
+        pass
     finally:
         for b in trees:
             release(b)
@@ -1242,7 +1253,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"throughput: {cfg.tp_pairs} pairs of {cfg.tp_window_s:.0f} s windows")
         results["throughput"] = measure_throughput(cfg)
     results["wall_s"] = pc() - t_all
-    table = report(cfg, results) if "throughput" in results else "(throughput skipped: no report)"
+    table = (report(cfg, results) if "throughput" in results and "frame" in results
+             else throughput_table(cfg, results["throughput"]) if "throughput" in results
+             else "(throughput skipped: no report)")
     results["table_markdown"] = table
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as fh:

@@ -10,6 +10,7 @@ with its parent. Shared prefixes survive until their last holder closes.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -235,7 +236,7 @@ class SessionRadixCacheMixin:
             freed_tokens * self.bytes_per_token, len(holding), tuple(kept.values()),
         )
 
-    def exclusive_tokens_by_session(self) -> dict[str, int]:
+    def exclusive_tokens_by_session(self, on_paths: Collection[TreeNode] | None = None) -> dict[str, int]:
         """Tokens each session's close would free right now: ``plan_close(s).freed_tokens`` for
         every session at once, in one pass over the sessions' paths (not one walk per session).
 
@@ -243,17 +244,21 @@ class SessionRadixCacheMixin:
         subtree is locked, no other session holds anything there, and every leaf there is one
         ``s`` tagged (only walks from s's tags free, and they free leaves upward). So each node
         on some session's path gets an owner, bottom-up: the one session whose close frees it.
+
+        ``on_paths``: the nodes on the sessions' paths, when the caller has them already (a set
+        or a dict's keys view); found here otherwise.
         """
         if self.close_policy == "deref":
             return {sid: 0 for sid, leaves in self._session_leaves.items() if leaves}
-        on_paths: set[TreeNode] = set()
         root = self.root_node
-        for leaves in self._session_leaves.values():
-            for leaf in leaves:
-                node = leaf
-                while node is not root and node not in on_paths:
-                    on_paths.add(node)
-                    node = node.parent
+        if on_paths is None:
+            on_paths = set()
+            for leaves in self._session_leaves.values():
+                for leaf in leaves:
+                    node = leaf
+                    while node is not root and node not in on_paths:
+                        on_paths.add(node)
+                        node = node.parent
         owner: dict[TreeNode, str | None] = {}
         stack: list[tuple[TreeNode, bool]] = [(n, False) for n in root.children.values() if n in on_paths]
         while stack:

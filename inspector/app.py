@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -83,12 +84,13 @@ class RadixtopApp(App[None]):
         self.interval = interval
         self.paused = False
         self.capabilities = Capabilities()
-        self.tree_state = TreeState(adapter.children)
+        self.tree_state = TreeState(adapter.children, fetch_chain=adapter.chain)
         self.tree_lock = threading.Lock()
         self.since: int | None = None
         self.stats: Stats | None = None
         self.down: str | None = None
         self.selected_node: int | None = None
+        self._detail_shape: NodeDetail | None = None  # the detail shown, ages left out
         self.detail_offset = 0
         """First token id shown in the detail panel (``[`` and ``]`` page through them)."""
         self.marked_session: str | None = None
@@ -300,7 +302,11 @@ class RadixtopApp(App[None]):
         table.add_row(span, Text(("… " if d.token_offset else "") + ids + more, style="dim"))
         if n.text:
             table.add_row("text", n.text)
-        self.query_one("#detail", Static).update(table)
+        # Only the ages change from poll to poll, and they never change the panel's height:
+        # a layout pass is needed only when something else did.
+        shape = replace(d, node=replace(n, access_age_s=0.0, created_age_s=0.0))
+        self.query_one("#detail", Static).update(table, layout=shape != self._detail_shape)
+        self._detail_shape = shape
 
     def action_token_page(self, step: int) -> None:
         """Page the detail panel's token ids (``[`` back, ``]`` forward)."""
@@ -318,8 +324,10 @@ class RadixtopApp(App[None]):
         table = self.query_one(SessionsTable)
         marked = f" · {len(table.marked)} marked" if table.marked else ""
         shown = f" · filter {table.filter_text!r}" if table.filter_text else ""
-        self.query_one("#sessions-title", Static).update(
-            f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}")
+        title = f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}"
+        line = self.query_one("#sessions-title", Static)
+        if line.content != title:
+            line.update(title, layout=False)  # one line, fixed height
 
     def on_sessions_table_chosen(self, message: SessionsTable.Chosen) -> None:
         self.show_session_chains(message.session.id)

@@ -30,6 +30,14 @@ def memory_bar(st: Stats, width: int) -> Text:
     return text
 
 
+def _set(line: Static, content: Text | str) -> None:
+    """Update a one-line Static in place: its height is fixed, so no layout pass (a layout of the
+    whole screen every poll costs more than everything else the header does), and nothing at
+    all when the content is the same."""
+    if line.content != content:
+        line.update(content, layout=False)
+
+
 class HeaderBar(Widget):
     """Updated by the app on every poll, even while paused."""
 
@@ -99,11 +107,11 @@ class HeaderBar(Widget):
             title.append(" ")
             title.append(" READ-ONLY ", style="bold white on blue")
         title.append(f"  every {self.interval:g}s", style="dim")
-        self.query_one("#title", Static).update(title)
+        _set(self.query_one("#title", Static), title)
         if st is None:
             return
         width = max((self.size.width or self.app.size.width) - 2, 10)
-        self.query_one("#bar", Static).update(memory_bar(st, width))
+        _set(self.query_one("#bar", Static), memory_bar(st, width))
         bpt = st.bytes_per_token
         legend = Text.assemble(
             ("■ protected ", "red"), f"{st.protected_tokens:,} tok {human_bytes(st.protected_tokens * bpt)}  ",
@@ -112,10 +120,13 @@ class HeaderBar(Widget):
             ("of ", "dim"), f"{human_bytes(st.capacity_bytes)} · {st.node_count:,} nodes · "
             f"{st.open_sessions} sessions open",
         )
-        self.query_one("#legend", Static).update(legend)
+        _set(self.query_one("#legend", Static), legend)
         for key, series, fmt in (("hit", self.hit_rate, "{:.0%}"), ("evict", self.evictions, "{:,.0f}"),
                                  ("close", self.close_freed, "{:,.0f}")):
-            self.query_one(f"#{key}-spark", Sparkline).data = list(series) or [0.0]
+            spark = self.query_one(f"#{key}-spark", Sparkline)
+            data = list(series) or [0.0]
+            if spark.data != data:
+                spark.data = data
             label = {"hit": "hit rate", "evict": "evicted tok/s", "close": "freed by close tok/s"}[key]
             now = fmt.format(series[-1]) if series else "-"
-            self.query_one(f"#{key}-label", Static).update(f"{label}  {now}")
+            _set(self.query_one(f"#{key}-label", Static), f"{label}  {now}")

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from adapters.model import ROOT_ID, ChildrenPage, NodeView
+from adapters.model import ROOT_ID, ChainView, ChildrenPage, NodeView
 
 PAGE = 100
 CHAIN_HOPS = 10_000
 
 FetchChildren = Callable[[int, int, int, str], ChildrenPage]
+FetchChain = Callable[[int, int], ChainView]
 
 
 @dataclass
@@ -47,8 +48,10 @@ class _Loaded:
 class TreeState:
     """Expanded nodes and the children loaded for each; flattens them into rows."""
 
-    def __init__(self, fetch_children: FetchChildren, order: str = "bytes", page: int = PAGE):
+    def __init__(self, fetch_children: FetchChildren, order: str = "bytes", page: int = PAGE,
+                 fetch_chain: FetchChain | None = None):
         self.fetch_children = fetch_children
+        self.fetch_chain = fetch_chain
         self.order = order
         self.page = page
         self.expanded: set[int] = {ROOT_ID}
@@ -138,6 +141,8 @@ class TreeState:
             self.flatten()
             return 0
         chain = [node]
+        if node.num_children == 1 and self.fetch_chain is not None:
+            chain.extend(self.fetch_chain(node.id, CHAIN_HOPS - 1).nodes)  # one read
         while chain[-1].num_children == 1 and len(chain) < CHAIN_HOPS:
             page = self.fetch_children(chain[-1].id, 0, 1, self.order)
             if not page.children:

@@ -6,6 +6,8 @@ A test module provides an ``adapter`` fixture (and ``read_only_adapter``) built 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from adapters.model import ROOT_ID, BadRequest, ReadOnly, UnknownNode, UnknownSession
@@ -27,6 +29,8 @@ def build_engine() -> Engine:
     s.close_session("gone")
     s.begin("running", [1, 2, 3, 4, 9, 9], "d")
     s.request("r6", [40, 41, 42], [43], None)
+    for k, prompt in enumerate(([50, 51], [50, 51, 52, 53], [50, 51, 52, 53, 54, 55])):
+        s.request(f"run{k}", prompt, [prompt[-1] + 1], None)  # a run of single children
     check_invariants(s)
     return Engine(s, None).start()
 
@@ -83,6 +87,43 @@ def test_children_bad_input(adapter):
         adapter.children(ROOT_ID, 0, 0)
 
 
+def test_chain_follows_single_children(adapter):
+    from adapters.base import CacheAdapter
+
+    def shape(view):
+        return [(n.id, n.depth, n.tokens, n.num_children, n.parent_id) for n in view.nodes], view.truncated
+
+    stack, runs = [ROOT_ID], 0
+    while stack:
+        node_id = stack.pop()
+        kids = all_children(adapter, node_id)
+        stack.extend(c.id for c in kids)
+        got = adapter.chain(node_id)
+        # the same as following children() one hop at a time (the contract's default)
+        assert shape(got) == shape(CacheAdapter.chain(adapter, node_id))
+        if len(kids) != 1:
+            assert got.nodes == () and not got.truncated
+            continue
+        runs += 1
+        assert got.node_id == node_id and got.nodes[0].id == kids[0].id
+        assert all(n.num_children == 1 for n in got.nodes[:-1]) and got.nodes[-1].num_children != 1
+        assert [n.parent_id for n in got.nodes] == [node_id] + [n.id for n in got.nodes[:-1]]
+    assert runs >= 1  # the known tree has a run: a's first turn, then its second
+    one = next(n for n in all_children(adapter, ROOT_ID))
+    with pytest.raises(UnknownNode):
+        adapter.chain(987654)
+    with pytest.raises(BadRequest):
+        adapter.chain(one.id, 0)
+
+
+def test_chain_truncates_at_the_limit(adapter):
+    top = next(c for c in all_children(adapter, ROOT_ID) if c.first_tokens[:1] == (50,))
+    whole = adapter.chain(top.id)
+    assert [n.first_tokens for n in whole.nodes] == [(53, 54), (55, 56)] and not whole.truncated
+    cut = adapter.chain(top.id, 1)
+    assert [n.id for n in cut.nodes] == [whole.nodes[0].id] and cut.truncated
+
+
 def test_node_detail(adapter):
     root = adapter.node(ROOT_ID)
     assert root.node.parent_id is None and root.node.depth == 0 and root.path_tokens == 0
@@ -116,7 +157,10 @@ def test_sessions_views_and_orders(adapter):
     assert views["c"].exclusive_bytes == 0  # shares its node with a
     assert views["a"].locked_tokens == 4  # the prompt, locked by d's running request
     detail = adapter.session("a")
-    assert detail.session == views["a"] and len(detail.node_ids) == 2
+    # the same figures; each view takes the age when it is made (so it only grows)
+    assert replace(detail.session, last_activity_age_s=0.0) == replace(views["a"], last_activity_age_s=0.0)
+    assert detail.session.last_activity_age_s >= views["a"].last_activity_age_s
+    assert len(detail.node_ids) == 2
     with pytest.raises(UnknownSession):
         adapter.session("nobody")
     with pytest.raises(BadRequest):

@@ -64,7 +64,7 @@ def test_tree(server):
     assert doc["node"]["id"] == 0 and all(c["children"] == [] for c in doc["children"])
     assert all(c["more"] == c["node"]["num_children"] for c in doc["children"])
     big = one_json(run(server, "tree", "--min-bytes", "10000000", "--json"))
-    assert big["children"] == [] and big["more"] == 2
+    assert big["children"] == [] and big["more"] == 3  # root children: the prompt, [40..43], the [50..] run
     only_b = one_json(run(server, "tree", "--session", "b", "--json"))
     assert len(only_b["children"]) == 1 and only_b["children"][0]["children"][0]["node"]["holders"] == ["b"]
 

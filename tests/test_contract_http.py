@@ -12,7 +12,7 @@ from adapters.audit import AuditLog
 from adapters.bundled import BundledAdapter
 from adapters.http_client import HttpAdapter
 from adapters.http_server import create_app
-from adapters.model import ROOT_ID, NodeView
+from adapters.model import ROOT_ID, NodeView, SessionView
 from tests.contract import *  # noqa: F401,F403  (the shared contract tests)
 from tests.contract import build_engine
 from tests.live_server import running_server
@@ -53,13 +53,21 @@ def _ageless(node: NodeView) -> NodeView:
     return dataclasses.replace(node, access_age_s=0.0, created_age_s=0.0)
 
 
+def _session_ageless(view: SessionView) -> SessionView:
+    return dataclasses.replace(view, last_activity_age_s=0.0)
+
+
 def test_views_over_http_equal_the_in_process_ones():
     with served() as (remote, local):
         assert remote.name.startswith("http://127.0.0.1:")
         assert remote.capabilities() == local.capabilities()
         assert remote.stats() == local.stats()
-        assert remote.sessions("id", 0, 100) == local.sessions("id", 0, 100)
-        assert remote.session("a") == local.session("a")
+        page_r, page_l = remote.sessions("id", 0, 100), local.sessions("id", 0, 100)
+        assert dataclasses.replace(page_r, sessions=()) == dataclasses.replace(page_l, sessions=())
+        assert [_session_ageless(v) for v in page_r.sessions] == [_session_ageless(v) for v in page_l.sessions]
+        detail_r, detail_l = remote.session("a"), local.session("a")
+        assert _session_ageless(detail_r.session) == _session_ageless(detail_l.session)
+        assert detail_r.node_ids == detail_l.node_ids
         assert remote.plan_close("a") == local.plan_close("a")
         assert remote.match([1, 2, 3, 4, 5, 99]) == local.match([1, 2, 3, 4, 5, 99])
         v = local.stats().version
