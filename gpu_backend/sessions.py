@@ -14,6 +14,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpu_backend.session_rules import exclusive_tokens, plan_release
+
 if TYPE_CHECKING:
     from gpu_backend.radix_cache import TreeNode
 
@@ -21,12 +23,6 @@ if TYPE_CHECKING:
 # so after 8192 later closes a very late finish can tag once more (as in the seed).
 CLOSED_SESSION_TOMBSTONE_LIMIT = 8192
 
-# Why an upward walk stopped, in the seed's order of checks.
-STOP_ROOT = "root"
-STOP_LOCKED = "locked"
-STOP_CHILDREN = "has_children"
-STOP_NOT_EVICTABLE = "not_evictable"
-STOP_SHARED = "shared"
 
 
 @dataclass(frozen=True)
@@ -185,109 +181,29 @@ class SessionRadixCacheMixin:
         )
 
     def plan_close(self, session_id: str) -> ClosePlan:
-        """Exactly what :meth:`release_radix_session` would free now, with nothing changed.
-
-        Replays the seed's walk over an overlay (holders dropped, children deleted) instead of the
-        tree itself, so walks that meet on a shared parent see each other's effect.
-        """
+        """Exactly what :meth:`release_radix_session` would free now, with nothing changed
+        (``session_rules.plan_release``: the seed's walk over an overlay)."""
         known = session_id in self._session_leaves
         already_closed = session_id in self._closed_session_ids
         indexed = self._session_leaves.get(session_id, {})
-        holding = [n for n in indexed if n.session_ids and session_id in n.session_ids]
         if self.close_policy == "deref":
+            holding = [n for n in indexed if n.session_ids and session_id in n.session_ids]
             kept = tuple(KeptNode(n.id, len(n.key), "deref") for n in holding)
             return ClosePlan(session_id, "deref", known, already_closed, (), 0, 0, len(holding), kept)
-        dropped: set[TreeNode] = set()
-        deleted_children: dict[TreeNode, int] = {}
-        freed: list[int] = []
-        kept: dict[int, KeptNode] = {}
-        freed_tokens = 0
-        for leaf in holding:
-            if leaf in dropped:
-                continue
-            node = leaf
-            while True:
-                if node.session_ids and session_id in node.session_ids:
-                    dropped.add(node)
-                others = len(node.session_ids or ()) - (1 if node in dropped else 0)
-                children = len(node.children) - deleted_children.get(node, 0)
-                reason = None
-                if node is self.root_node:
-                    reason = STOP_ROOT
-                elif node.lock_ref != 0:
-                    reason = STOP_LOCKED
-                elif children != 0:
-                    reason = STOP_CHILDREN
-                elif others > 0:
-                    reason = STOP_SHARED
-                # (With lock_ref 0 and no children left, a node is an evictable leaf.)
-                if reason is not None:
-                    if node is not self.root_node:
-                        kept[node.id] = KeptNode(node.id, len(node.key), reason)
-                    break
-                freed.append(node.id)
-                kept.pop(node.id, None)
-                freed_tokens += len(node.key)
-                parent = node.parent
-                deleted_children[parent] = deleted_children.get(parent, 0) + 1
-                node = parent
+        freed, kept, holds = plan_release(self.root_node, indexed, session_id)
+        freed_tokens = sum(len(n.key) for n in freed)
         return ClosePlan(
-            session_id, "free", known, already_closed, tuple(freed), freed_tokens,
-            freed_tokens * self.bytes_per_token, len(holding), tuple(kept.values()),
+            session_id, "free", known, already_closed, tuple(n.id for n in freed), freed_tokens,
+            freed_tokens * self.bytes_per_token, holds,
+            tuple(KeptNode(n.id, len(n.key), why) for n, why in kept.items()),
         )
 
     def exclusive_tokens_by_session(self, on_paths: Collection[TreeNode] | None = None) -> dict[str, int]:
-        """Tokens each session's close would free right now: ``plan_close(s).freed_tokens`` for
-        every session at once, in one pass over the sessions' paths (not one walk per session).
-
-        Under the seed's rule a close of ``s`` frees node ``n`` exactly when nothing in n's
-        subtree is locked, no other session holds anything there, and every leaf there is one
-        ``s`` tagged (only walks from s's tags free, and they free leaves upward). So each node
-        on some session's path gets an owner, bottom-up: the one session whose close frees it.
-
-        ``on_paths``: the nodes on the sessions' paths, when the caller has them already (a set
-        or a dict's keys view); found here otherwise.
-        """
+        """Tokens each session's close would free right now, every session in one pass
+        (``session_rules.exclusive_tokens``); none under the deref policy."""
         if self.close_policy == "deref":
             return {sid: 0 for sid, leaves in self._session_leaves.items() if leaves}
-        root = self.root_node
-        if on_paths is None:
-            on_paths = set()
-            for leaves in self._session_leaves.values():
-                for leaf in leaves:
-                    node = leaf
-                    while node is not root and node not in on_paths:
-                        on_paths.add(node)
-                        node = node.parent
-        owner: dict[TreeNode, str | None] = {}
-        stack: list[tuple[TreeNode, bool]] = [(n, False) for n in root.children.values() if n in on_paths]
-        while stack:
-            node, children_done = stack.pop()
-            if not children_done:
-                stack.append((node, True))
-                stack.extend((c, False) for c in node.children.values() if c in on_paths)
-                continue
-            holders = node.session_ids
-            if node.lock_ref != 0 or (holders and len(holders) > 1):
-                owner[node] = None
-                continue
-            held_by = next(iter(holders)) if holders else None
-            if not node.children:
-                owner[node] = held_by
-                continue
-            below: str | None = None
-            for child in node.children.values():
-                child_owner = owner.get(child)
-                if child_owner is None or (below is not None and child_owner != below):
-                    below = None
-                    break
-                below = child_owner
-            owner[node] = below if held_by is None or held_by == below else None
-        exclusive = {sid: 0 for sid, leaves in self._session_leaves.items() if leaves}
-        for node, sid in owner.items():
-            if sid is not None:
-                exclusive[sid] = exclusive.get(sid, 0) + len(node.key)
-        return exclusive
+        return exclusive_tokens(self.root_node, self._session_leaves, on_paths)
 
     def _drop_holder(self, node: TreeNode, session_id: str) -> None:
         self._mark(node)

@@ -1,0 +1,120 @@
+"""The seed's close rules as pure functions over any radix tree (no torch, nothing changed).
+
+They read only ``parent``, ``children``, ``lock_ref``, ``key`` (its length) and, where a node is
+tagged, ``session_ids`` (a set; absent or None when untagged). That is radixtop's ``TreeNode``
+and SGLang's alike, so the bundled cache and the SGLang adapters plan and attribute with the
+same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+# Why an upward walk stopped, in the seed's order of checks.
+STOP_ROOT = "root"
+STOP_LOCKED = "locked"
+STOP_CHILDREN = "has_children"
+STOP_SHARED = "shared"
+
+Node = Any  # a tree node of either implementation
+
+
+def holders_of(node: Node) -> set[str] | None:
+    return getattr(node, "session_ids", None)
+
+
+def plan_release(root: Node, tagged: Iterable[Node], session_id: str) -> tuple[list[Node], dict[Node, str], int]:
+    """What the seed's close of ``session_id`` frees now, given the nodes it tagged (in the
+    order the close visits them): (freed nodes in order, {kept node: why}, holds released).
+
+    Replays the upward walk over an overlay (holders dropped, children deleted) instead of the
+    tree, so walks that meet on a shared parent see each other's effect. With lock_ref 0 and no
+    children left, a node is an evictable leaf, so the seed's evictable check needs no overlay.
+    """
+    holding = [n for n in tagged if session_id in (holders_of(n) or ())]
+    dropped: set[Node] = set()
+    deleted_children: dict[Node, int] = {}
+    freed: list[Node] = []
+    kept: dict[Node, str] = {}
+    for leaf in holding:
+        if leaf in dropped:
+            continue
+        node = leaf
+        while True:
+            held = holders_of(node)
+            if held and session_id in held:
+                dropped.add(node)
+            others = len(held or ()) - (1 if node in dropped else 0)
+            children = len(node.children) - deleted_children.get(node, 0)
+            reason = None
+            if node is root:
+                reason = STOP_ROOT
+            elif node.lock_ref != 0:
+                reason = STOP_LOCKED
+            elif children != 0:
+                reason = STOP_CHILDREN
+            elif others > 0:
+                reason = STOP_SHARED
+            if reason is not None:
+                if node is not root:
+                    kept[node] = reason
+                break
+            freed.append(node)
+            kept.pop(node, None)
+            parent = node.parent
+            deleted_children[parent] = deleted_children.get(parent, 0) + 1
+            node = parent
+    return freed, kept, len(holding)
+
+
+def exclusive_tokens(root: Node, session_leaves: Mapping[str, Collection[Node]],
+                     on_paths: Collection[Node] | None = None) -> dict[str, int]:
+    """Tokens each session's close would free right now (``plan_release`` for every session
+    at once), in one pass over the sessions' paths, not one walk per session.
+
+    Under the seed's rule a close of ``s`` frees node ``n`` exactly when nothing in n's subtree
+    is locked, no other session holds anything there, and every leaf there is one ``s`` tagged
+    (only walks from s's tags free, and they free leaves upward). So each node on some session's
+    path gets an owner, bottom-up: the one session whose close frees it.
+
+    ``on_paths``: the nodes on the sessions' paths, when the caller has them already (a set or
+    a dict's keys view); found here otherwise.
+    """
+    if on_paths is None:
+        on_paths = set()
+        for leaves in session_leaves.values():
+            for leaf in leaves:
+                node = leaf
+                while node is not root and node not in on_paths:
+                    on_paths.add(node)
+                    node = node.parent
+    owner: dict[Node, str | None] = {}
+    stack: list[tuple[Node, bool]] = [(n, False) for n in root.children.values() if n in on_paths]
+    while stack:
+        node, children_done = stack.pop()
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node.children.values() if c in on_paths)
+            continue
+        held = holders_of(node)
+        if node.lock_ref != 0 or (held and len(held) > 1):
+            owner[node] = None
+            continue
+        held_by = next(iter(held)) if held else None
+        if not node.children:
+            owner[node] = held_by
+            continue
+        below: str | None = None
+        for child in node.children.values():
+            child_owner = owner.get(child)
+            if child_owner is None or (below is not None and child_owner != below):
+                below = None
+                break
+            below = child_owner
+        owner[node] = below if held_by is None or held_by == below else None
+    exclusive = {sid: 0 for sid, leaves in session_leaves.items() if leaves}
+    for node, sid in owner.items():
+        if sid is not None:
+            exclusive[sid] = exclusive.get(sid, 0) + len(node.key)
+    return exclusive
