@@ -6,9 +6,9 @@ import gc
 import heapq
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from adapters.attribution import ATTRIBUTION_BUDGET, SESSION_KEYS, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
@@ -38,7 +38,6 @@ from adapters.model import (
     ReadOnly,
     SessionDetail,
     SessionsPage,
-    SessionView,
     Stats,
     TargetTimeout,
     TargetUnreachable,
@@ -55,45 +54,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 FIRST_TOKENS = 16
 MAX_CHANGES = 5_000  # more touches than this since `since` answer resync: re-reading is cheaper
-ATTRIBUTION_BUDGET = 50  # reuse an attribution for at least 50x what it cost (<= 2% of the engine)
 
 _CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
     "bytes": lambda n: (-n.subtree_tokens, n.id),
     "recency": lambda n: (-n.last_access_time, n.id),
     "tokens": lambda n: (-len(n.key), n.id),
 }
-
-# A session's attribution as a plain tuple (views are built only for the page asked for: a
-# frozen dataclass costs more to build than the whole attribution of its session):
-# (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
-#  last_activity as a monotonic time or None)
-_SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
-_SESSION_KEYS: dict[str, Callable[[_SessionRow], Any]] = {
-    "exclusive_bytes": lambda r: (-r[3], r[0]),
-    "shared_bytes": lambda r: (-r[4], r[0]),
-    "last_activity": lambda r: (r[7] is None, -(r[7] or 0.0), r[0]),
-    "id": lambda r: r[0],
-}
-
-
-def _session_view(row: _SessionRow, now: float) -> SessionView:
-    sid, closed, tagged, exclusive, shared, fair, locked, seen_at = row
-    return SessionView(id=sid, state="closed" if closed else "open", tagged_nodes=tagged,
-                       exclusive_bytes=exclusive, shared_bytes=shared, fair_share_bytes=fair,
-                       locked_tokens=locked,
-                       last_activity_age_s=None if seen_at is None else max(0.0, now - seen_at))
-
-
-@dataclass
-class _Attribution:
-    """Every session's figures and each node's count of distinct sessions beneath it."""
-
-    key: tuple[int, int]
-    taken_at: float
-    cost_s: float
-    sessions: dict[str, _SessionRow]
-    beneath: dict[int, int]
-
 
 def _page(items: list[T], key: Callable[[T], Any], offset: int, limit: int) -> list[T]:
     """items[offset:offset+limit] in ``key`` order, without sorting everything for early pages."""
@@ -113,7 +79,7 @@ class BundledAdapter(CacheAdapter):
         self.read_only = read_only
         self.tokenizer = tokenizer
         self.timeout = timeout
-        self._attribution: _Attribution | None = None
+        self._attribution: Attribution | None = None
         self.attribution_max_age = attribution_max_age
         self.attribution_budget = attribution_budget
 
@@ -250,7 +216,7 @@ class BundledAdapter(CacheAdapter):
                 path_tokens += len(up.key)
                 up = up.parent
             if node is s.cache.root_node:
-                beneath = sum(1 for row in attribution.sessions.values() if row[2])
+                beneath = attribution.sessions_holding
             else:
                 beneath = attribution.beneath.get(node.id, 0)
             return NodeDetail(
@@ -263,7 +229,7 @@ class BundledAdapter(CacheAdapter):
 
         return self._call(read)
 
-    def _attribute(self, s: Scheduler) -> _Attribution:
+    def _attribute(self, s: Scheduler) -> Attribution:
         """Attribution of memory to sessions (owner thread). It costs O(sessions' paths) and a
         dashboard reads it several times per poll, so it is reused while the tree has not
         changed, and on a live engine (where the version moves every step) while it is younger
@@ -273,59 +239,12 @@ class BundledAdapter(CacheAdapter):
         cache = s.cache
         key = (cache.version, len(s.session_activity))
         cached = self._attribution
-        if cached is not None:
-            max_age = max(self.attribution_max_age, cached.cost_s * self.attribution_budget)
-            if cached.key == key or time.monotonic() - cached.taken_at < max_age:
-                return cached
-        started = time.perf_counter()
-        bpt = s.geometry.bytes_per_token
-        root = cache.root_node
-        # Each session's union of root paths (a plain walk for the common single tag), then
-        # how many sessions each node on those paths serves.
-        unions: dict[str, list[TreeNode]] = {}
-        beneath: dict[TreeNode, int] = {}
-        for sid, leaves in cache._session_leaves.items():
-            if not leaves:
-                continue
-            path: list[TreeNode] = []
-            if len(leaves) == 1:
-                node = next(iter(leaves))
-                while node is not root:
-                    path.append(node)
-                    node = node.parent
-            else:
-                seen: set[TreeNode] = set()
-                for leaf in leaves:
-                    node = leaf
-                    while node is not root and node not in seen:
-                        seen.add(node)
-                        path.append(node)
-                        node = node.parent
-            unions[sid] = path
-            for node in path:
-                beneath[node] = beneath.get(node, 0) + 1
-        exclusive_by_session = cache.exclusive_tokens_by_session(on_paths=beneath.keys())
-        activity = s.session_activity
-        closed = cache._closed_session_ids
-        leaves_of = cache._session_leaves
-        rows: dict[str, _SessionRow] = {}
-        known = dict.fromkeys(activity)
-        known.update(dict.fromkeys(closed))
-        known.update(dict.fromkeys(unions))
-        for sid in known:
-            path_tokens = locked = 0
-            fair = 0.0
-            for node in unions.get(sid, ()):
-                n = len(node.key)
-                path_tokens += n
-                fair += n / beneath[node]
-                if node.lock_ref > 0:
-                    locked += n
-            exclusive = exclusive_by_session.get(sid, 0)
-            rows[sid] = (sid, sid in closed, len(leaves_of.get(sid, ())), exclusive * bpt,
-                         (path_tokens - exclusive) * bpt, round(fair * bpt), locked, activity.get(sid))
-        by_id = {node.id: count for node, count in beneath.items()}
-        self._attribution = _Attribution(key, time.monotonic(), time.perf_counter() - started, rows, by_id)
+        if cached is not None and cached.fresh(key, self.attribution_max_age, self.attribution_budget):
+            return cached
+        self._attribution = attribute(
+            cache.root_node, cache._session_leaves, cache._closed_session_ids, s.session_activity,
+            s.session_activity, s.geometry.bytes_per_token,
+            lambda on_paths: cache.exclusive_tokens_by_session(on_paths=on_paths), key)
         return self._attribution
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
@@ -334,9 +253,9 @@ class BundledAdapter(CacheAdapter):
 
         def read(s: Scheduler) -> SessionsPage:
             rows = list(self._attribute(s).sessions.values())
-            page = _page(rows, _SESSION_KEYS[order], offset, limit)
+            page = _page(rows, SESSION_KEYS[order], offset, limit)
             now = time.monotonic()
-            return SessionsPage(offset, limit, len(rows), order, tuple(_session_view(r, now) for r in page))
+            return SessionsPage(offset, limit, len(rows), order, tuple(session_view(r, now) for r in page))
 
         return self._call(read)
 
@@ -347,7 +266,7 @@ class BundledAdapter(CacheAdapter):
             if row is None:
                 raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
             leaves = s.cache._session_leaves.get(session_id, ())
-            return SessionDetail(_session_view(row, time.monotonic()), tuple(sorted(node.id for node in leaves)))
+            return SessionDetail(session_view(row, time.monotonic()), tuple(sorted(node.id for node in leaves)))
 
         return self._call(read)
 
