@@ -7,6 +7,7 @@ into ``SessionView``s only for the page asked for.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -64,12 +65,13 @@ def attribute(
     bytes_per_token: int,
     exclusive_tokens: Callable[[Collection[Any]], Mapping[str, int]],
     key: Any = None,
+    lock_ref: Callable[[Any], int] = operator.attrgetter("lock_ref"),
 ) -> Attribution:
     """Attribute the tree's memory to every session in ``session_leaves`` and ``known``.
 
     ``exclusive_tokens(on_paths)``: what each session's close would free now (the cache's own
-    rule, given the nodes on the sessions' paths). Nodes need ``parent``, ``key``, ``lock_ref``
-    and ``id``; ``activity`` maps session ids to a ``time.monotonic()`` of their last activity.
+    rule, given the nodes on the sessions' paths). Nodes need ``parent``, ``key`` and ``id``;
+    ``lock_ref(node)`` reads a node's lock count; ``activity`` maps session ids to a ``time.monotonic()`` of their last activity.
     """
     started = time.perf_counter()
     bpt = bytes_per_token
@@ -109,7 +111,7 @@ def attribute(
             n = len(node.key)
             path_tokens += n
             fair += n / beneath[node]
-            if node.lock_ref > 0:
+            if lock_ref(node) > 0:
                 locked += n
         exclusive = exclusive_by_session.get(sid, 0)
         rows[sid] = (sid, sid in closed, len(session_leaves.get(sid, ())), exclusive * bpt,

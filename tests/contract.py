@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from adapters.model import ROOT_ID, BadRequest, ReadOnly, UnknownNode, UnknownSession
+from adapters.model import ROOT_ID, BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
 from gpu_backend.engine import Engine
 from gpu_backend.kv_geometry import get_geometry
 from gpu_backend.scheduler import Scheduler
@@ -179,6 +179,11 @@ def test_match_is_read_only(adapter):
 
 
 def test_changes_follow_actions(adapter):
+    if not adapter.capabilities().changes:  # a target without a journal says so, and how
+        with pytest.raises(Unsupported):
+            adapter.changes(0)
+        assert "journal" in adapter.capabilities().reason
+        return
     v0 = adapter.stats().version
     assert adapter.changes(v0).resync is False and adapter.changes(v0).removed == ()
     freed = adapter.close_session("b")

@@ -29,3 +29,9 @@ def test_adapters_load_neither_torch_nor_textual():
 def test_inspector_loads_neither_torch_nor_the_backend():
     mods = loaded_modules("import inspector")
     assert not {"torch", "gpu_backend"} & mods
+
+
+def test_sglang_adapters_import_sglang_lazily():
+    mods = loaded_modules("import adapters.sglang_inproc, adapters.sglang_trees, adapters.owner_queue")
+    assert "adapters.sglang_inproc" in mods
+    assert not {"torch", "textual", "sglang"} & mods

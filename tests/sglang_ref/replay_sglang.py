@@ -195,7 +195,6 @@ def _pool_shape(ops: list[tuple[int, dict]]) -> tuple[int, int]:
 class SGLangReplayer:
     """Owns one set of SGLang objects and applies trace ops to them."""
 
-    KV_DTYPE_NAME = "float16"
 
     def __init__(
         self,
@@ -204,13 +203,16 @@ class SGLangReplayer:
         eviction_policy: str = "priority",
         max_running: int = 64,
         max_context_len: int = 4096,
+        kv_shape: tuple[int, int, int, str] = (1, 1, 1, "float16"),
     ):
+        """``kv_shape``: (layers, heads, head_dim, dtype) of the KV pool (tiny by default)."""
         torch = sgl.torch
         self.sgl = sgl
-        kv_dtype = getattr(torch, self.KV_DTYPE_NAME)
+        layers, heads, head_dim, dtype_name = kv_shape
+        kv_dtype = getattr(torch, dtype_name)
         self.kv_pool = sgl.MHATokenToKVPool(
-            size=capacity, page_size=1, dtype=kv_dtype, head_num=1, head_dim=1, layer_num=1,
-            device="cpu", enable_memory_saver=False,
+            size=capacity, page_size=1, dtype=kv_dtype, head_num=heads, head_dim=head_dim,
+            layer_num=layers, device="cpu", enable_memory_saver=False,
         )
         self.allocator = sgl.TokenToKVPoolAllocator(
             size=capacity, dtype=kv_dtype, device="cpu", kvcache=self.kv_pool, need_sort=False,
