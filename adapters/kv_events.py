@@ -27,27 +27,10 @@ import zmq
 
 from adapters.base import MAX_MATCH_TOKENS, CacheAdapter, check_child_order, check_page
 from adapters.kv_events_decode import BlockTree, Cleared, DecodeError, Stored, TreeNode, decode_batch
-from adapters.model import (
-    ROOT_ID,
-    BadRequest,
-    Capabilities,
-    Changes,
-    ChildrenPage,
-    ClosePlanView,
-    CloseResultView,
-    EvictResultView,
-    FlushResultView,
-    Geometry,
-    MatchView,
-    NodeDetail,
-    NodeView,
-    ReadOnly,
-    SessionDetail,
-    SessionsPage,
-    Stats,
-    UnknownNode,
-    Unsupported,
-)
+from adapters.model import (ROOT_ID, BadRequest, Capabilities, Changes, ChildrenPage, ClosePlanView,
+                            CloseResultView, EvictResultView, FlushResultView, Geometry, MatchView,
+                            NodeDetail, NodeView, ReadOnly, SessionDetail, SessionsPage, Stats,
+                            UnknownNode, Unsupported)
 
 log = logging.getLogger(__name__)
 FIRST_TOKENS = 16
@@ -179,9 +162,9 @@ class KvEventsAdapter(CacheAdapter):
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-        self._ctx.term()
+        self._thread.join(5)
+        if not self._ctx.closed:
+            self._ctx.term()
 
     def __enter__(self) -> KvEventsAdapter:
         return self
@@ -308,7 +291,7 @@ class KvEventsAdapter(CacheAdapter):
             return
         with self._lock:
             for event in batch.events:
-                if event.medium not in (None, self.medium):
+                if not isinstance(event, Cleared) and event.medium not in (None, self.medium):
                     self._counts["skipped_medium_events"] += 1
                     continue
                 self._removed_tokens += self._tree.apply(event, batch.ts)
@@ -363,7 +346,8 @@ class KvEventsAdapter(CacheAdapter):
     def stats(self) -> Stats:
         bpt, cap = self.bytes_per_token, self.capacity_tokens
         with self._lock:
-            total, nodes, version = self._tree.root.subtree_tokens, len(self._tree.nodes) - 1, self._tree.version
+            tree = self._tree
+            total, nodes, version = tree.root.subtree_tokens, len(tree.nodes) - 1, tree.version
             removed, block_size = self._removed_tokens, self._block_size
         g = self.geometry
         if g is None:

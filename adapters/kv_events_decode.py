@@ -8,8 +8,8 @@ What is on the wire (each ZMQ message is ``topic, seq (8 bytes, big-endian), pay
   ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. Hashes are signed int64
   (the first 8 bytes of the page's SHA-256); ``medium`` is ``"GPU"`` (device), ``"CPU_PINNED"``,
   ``"DISK"`` or ``"EXTERNAL"`` (HiCache tiers). Bigram (EAGLE) pages carry ``[t, t_next]`` pairs.
-* vLLM up to about 0.10: the same arrays without ``medium`` and without the batch's rank.
-* vLLM later: maps, not arrays: ``{"ts", "events", "data_parallel_rank"}`` and events tagged by
+* older vLLM (0.9-era): the same arrays without ``medium`` and without the batch's rank.
+* vLLM now: maps, not arrays: ``{"ts", "events", "data_parallel_rank"}`` and events tagged by
   ``"type"``, with more trailing fields (``lora_name``, ``extra_keys``, ``group_idx``,
   ``kv_cache_spec_kind``, ...); hashes may be ``bytes`` as well as ints.
 

@@ -99,6 +99,8 @@ class HeaderBar(Widget):
         title = Text()
         title.append(" radixtop ", style="bold reverse")
         title.append(f" {self.target}  ")
+        if st is not None and st.target and st.target not in self.target:
+            title.append(f"({st.target})  ", style="dim")  # what is behind a URL
         if self.paused:
             title.append(" PAUSED ", style="bold black on yellow")
         else:
