@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
+from cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
 
 app = typer.Typer(
     name="radixtop",
@@ -47,15 +48,34 @@ def tui(
     interval: Annotated[float, typer.Option(min=0.25, max=30, help="Seconds between refreshes.")] = 1.0,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the target.")] = 5.0,
     keymap: Annotated[str, typer.Option(help="Remap keys: binding-id=key,... (ids are listed by ?).")] = "",
-    capacity: Capacity = 65536,
-    model: Model = "llama-3-8b",
+    capacity: Annotated[int | None, typer.Option(min=1, show_default=False,
+                                                 help="KV pool size in tokens (demo: 65536).")] = None,
+    model: Annotated[str | None, typer.Option(show_default=False, help="KV geometry preset for bytes "
+                                              "(llama-3-8b, llama-3-70b, qwen2.5-7b, qwen2.5-0.5b, tiny; demo: llama-3-8b).")] = None,
     sessions: Annotated[int, typer.Option(help="Embedded demo: sessions open at once.")] = 48,
     seed: Annotated[int, typer.Option(help="Embedded demo: random seed.")] = 0,
     arrival_rate: Annotated[float, typer.Option(min=0, help="Embedded demo: requests per second.")] = 20.0,
     read_only: Annotated[bool, typer.Option("--read-only", help="Embedded demo: refuse every action.")] = False,
+    kv_events: KvEvents = None,
+    kv_replay: KvReplay = None,
+    dp_rank: DpRank = 0,
+    sglang_url: SGLangUrl = None,
+    sglang_api_key: SGLangApiKey = None,
 ) -> None:
-    """The dashboard: on the embedded demo engine, or on a radixtop server with --url."""
+    """The dashboard: on the embedded demo engine, on a radixtop server or SGLang's radixtop
+    plugin (--url), on an SGLang/vLLM KV-event stream (--kv-events), or on a plain SGLang
+    server (--sglang-url)."""
     keys = _keymap(keymap)
+    if kv_events or sglang_url:
+        from inspector.app import run_dashboard
+
+        try:
+            adapter, label, close = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
+                                                  model, capacity, timeout)
+        except ValueError as exc:
+            raise fail(str(exc), 2) from None
+        run_dashboard(adapter, label, interval, keys, on_exit=close)
+        return
     if url is not None:
         from adapters.http_client import HttpAdapter
         from inspector.app import run_dashboard
@@ -72,7 +92,8 @@ def tui(
     from inspector.app import run_dashboard
 
     try:
-        geometry = get_geometry(model)
+        geometry = get_geometry(model or "llama-3-8b")
+        capacity = capacity or 65536
         workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate)
     except ValueError as exc:
         raise fail(str(exc), 2) from None
@@ -173,3 +194,7 @@ app.add_typer(remote.app)
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli.options import Capacity, ClosePolicy, EvictionPolicy, Model, PageSize
+from cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize
+from cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
 
 app = typer.Typer()
 
@@ -15,7 +16,8 @@ app = typer.Typer()
 @app.command()
 def serve(
     capacity: Capacity = 65536,
-    model: Model = "llama-3-8b",
+    model: Annotated[str | None, typer.Option(show_default=False, help="KV geometry preset (llama-3-8b, "
+                                              "llama-3-70b, qwen2.5-7b, qwen2.5-0.5b, tiny; demo: llama-3-8b).")] = None,
     page_size: PageSize = 1,
     eviction_policy: EvictionPolicy = "lru",
     close_policy: ClosePolicy = "free",
@@ -32,8 +34,15 @@ def serve(
                                               help="Bearer token for actions; made up and printed if not given.")] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
     audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
+    kv_events: KvEvents = None,
+    kv_replay: KvReplay = None,
+    dp_rank: DpRank = 0,
+    sglang_url: SGLangUrl = None,
+    sglang_api_key: SGLangApiKey = None,
 ) -> None:
-    """Serve the bundled engine's cache over the HTTP admin API."""
+    """Serve a cache over the HTTP admin API: the bundled engine (demo workload or a replayed
+    trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
+    (--sglang-url), so every command and the dashboard can use them through --url."""
     from adapters.bundled import BundledAdapter
     from adapters.http_server import serve as serve_http
     from cli.demo_view import pick_device
@@ -47,8 +56,28 @@ def serve(
         typer.echo(f"radixtop: {message}", err=True)
         return typer.Exit(2)
 
+    if kv_events or sglang_url:
+        try:
+            external = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
+                                     model, None)
+        except ValueError as exc:
+            raise usage(str(exc)) from None
+        adapter, _, close = external
+        if read_only:
+            adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
+        try:
+            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
+        except ValueError as exc:
+            raise usage(str(exc)) from None
+        except OSError as exc:
+            typer.echo(f"radixtop: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(1) from None
+        finally:
+            close()
+        return
+
     try:
-        geometry = get_geometry(model, page_size)
+        geometry = get_geometry(model or "llama-3-8b", page_size)
         scheduler = Scheduler(geometry, capacity, device=pick_device(device, capacity * geometry.bytes_per_token),
                               eviction_policy=eviction_policy, close_policy=close_policy)
         workload = None

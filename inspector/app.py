@@ -84,6 +84,7 @@ class RadixtopApp(App[None]):
         self.interval = interval
         self.paused = False
         self.capabilities = Capabilities()
+        self._caps_stale = True
         self.tree_state = TreeState(adapter.children, fetch_chain=adapter.chain)
         self.tree_lock = threading.Lock()
         self.since: int | None = None
@@ -120,25 +121,20 @@ class RadixtopApp(App[None]):
         self.query_one("#filter", Input).display = False
         self.query_one("#banner", Static).display = False
         self.query_one(CacheTree).focus()
-        self.load_capabilities()
         if self._poll_enabled:
             self.poll()
 
     # ----- polling -----
-
-    @work(thread=True, exclusive=True, group="capabilities", exit_on_error=False)
-    def load_capabilities(self) -> None:
-        try:
-            caps = self.adapter.capabilities()
-        except AdapterError:
-            return
-        self.call_from_thread(self._set_capabilities, caps)
 
     def _set_capabilities(self, caps: Capabilities) -> None:
         self.capabilities = caps
         header = self.query_one(HeaderBar)
         header.read_only = caps.read_only
         header.render_stats()
+        if not caps.tree:
+            self.query_one("#detail", Static).update(Text(f"No tree from this target: {caps.reason}", style="yellow"))
+        if not caps.sessions:
+            self.query_one("#sessions-title", Static).update(Text("sessions: not available here", style="yellow"))
 
     @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
     def poll(self) -> None:
@@ -156,15 +152,24 @@ class RadixtopApp(App[None]):
 
     def collect(self) -> dict[str, Any]:
         """Read what the screen needs now (runs in a worker thread)."""
+        if self._caps_stale:  # first poll, or the target is back (it may have restarted otherwise)
+            self.capabilities = self.adapter.capabilities()
+            self._caps_stale = False
+            if threading.get_ident() == self._thread_id:
+                self._set_capabilities(self.capabilities)
+            else:
+                self.call_from_thread(self._set_capabilities, self.capabilities)
         snap: dict[str, Any] = {"stats": self.adapter.stats(), "time": time.monotonic()}
         if self.paused:
             return snap
-        with self.tree_lock:
-            if self._tree_changed(snap["stats"].version):
-                self.tree_state.refresh()
-            snap["rows"] = list(self.tree_state.rows)
-            snap["order"] = self.tree_state.order
-        if snap["time"] - self._sessions_at >= max(SESSIONS_EVERY, self.interval):
+        caps = self.capabilities  # a target without a tree or sessions says so once, not each poll
+        if caps.tree:
+            with self.tree_lock:
+                if self._tree_changed(snap["stats"].version):
+                    self.tree_state.refresh()
+                snap["rows"] = list(self.tree_state.rows)
+                snap["order"] = self.tree_state.order
+        if caps.sessions and snap["time"] - self._sessions_at >= max(SESSIONS_EVERY, self.interval):
             snap["sessions"] = list(self.adapter.sessions("exclusive_bytes", 0, SESSIONS_LOADED).sessions)
             self._sessions_at = snap["time"]
         if self.selected_node is not None:
@@ -218,6 +223,7 @@ class RadixtopApp(App[None]):
 
     def _show_down(self, exc: AdapterError) -> None:
         self.down = exc.message
+        self._caps_stale = True
         banner = self.query_one("#banner", Static)
         kind = "timed out" if isinstance(exc, TargetTimeout) else "cannot reach" if isinstance(
             exc, TargetUnreachable) else "error from"
@@ -482,14 +488,18 @@ class RadixtopApp(App[None]):
 
     # ----- actions: plan, preview, confirm, execute -----
 
-    def _refuse_actions(self) -> bool:
-        if self.capabilities.read_only:
+    def _refuse_actions(self, action: str = "") -> bool:
+        caps = self.capabilities
+        if caps.read_only:
             self.notify(f"{self.target} is read-only: actions are disabled", severity="warning", title="read-only")
+            return True
+        if action and not getattr(caps, action):
+            self.notify(f"{self.target} cannot {action}: {caps.reason}", severity="warning", title="not here")
             return True
         return False
 
     def action_close_sessions(self) -> None:
-        if self._refuse_actions():
+        if self._refuse_actions("close"):
             return
         table = self.query_one(SessionsTable)
         ids = sorted(table.marked) or ([table.current.id] if table.current else [])
@@ -545,7 +555,7 @@ class RadixtopApp(App[None]):
         self.call_from_thread(self.poll)
 
     def action_evict(self) -> None:
-        if self._refuse_actions():
+        if self._refuse_actions("evict"):
             return
         evictable = self.stats.evictable_tokens if self.stats else 0
         self.push_screen(AskScreen("Evict tokens", f"How many tokens? ({evictable:,} evictable now; whole "
@@ -567,7 +577,7 @@ class RadixtopApp(App[None]):
                          lambda ok: self.perform_action("evict", n) if ok else self.notify("cancelled; nothing changed"))
 
     def action_flush(self) -> None:
-        if self._refuse_actions():
+        if self._refuse_actions("flush"):
             return
         st = self.stats
         body = Text(f"Free every unlocked node: {st.evictable_tokens if st else 0:,} tokens "

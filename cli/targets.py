@@ -1,0 +1,71 @@
+"""The targets a face can open besides the embedded engine and a radixtop server: an SGLang
+server's KV-event stream, and an SGLang server's plain HTTP surface. Heavy imports stay inside."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+KvEvents = Annotated[
+    str | None,
+    typer.Option("--kv-events", envvar="RADIXTOP_KV_EVENTS", show_default=False,
+                 help="Read-only: rebuild the tree from an SGLang/vLLM server's KV-event stream "
+                      "(its --kv-events-config endpoint, e.g. tcp://127.0.0.1:5557)."),
+]
+KvReplay = Annotated[
+    str | None,
+    typer.Option("--kv-replay", show_default=False,
+                 help="The stream's replay_endpoint (fills gaps after a sequence jump)."),
+]
+DpRank = Annotated[int, typer.Option("--dp-rank", min=0, help="Which DP rank's tree (KV events).")]
+SGLangUrl = Annotated[
+    str | None,
+    typer.Option("--sglang-url", envvar="RADIXTOP_SGLANG_URL", show_default=False,
+                 help="An SGLang server without the plugin: totals from /metrics, /server_info and "
+                      "/v1/loads; close and flush through its own routes; no tree."),
+]
+SGLangApiKey = Annotated[
+    str | None,
+    typer.Option("--sglang-api-key", envvar="SGLANG_API_KEY", show_default=False,
+                 help="The SGLang server's --api-key, if it has one."),
+]
+
+
+def model_geometry(model: str | None) -> Any:
+    """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
+    if not model:
+        return None
+    from adapters.model import Geometry
+    from gpu_backend.kv_geometry import get_geometry
+
+    g = get_geometry(model)
+    return Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.page_size, g.bytes_per_token)
+
+
+def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
+                  sglang_api_key: str | None, model: str | None, capacity: int | None,
+                  timeout: float = 5.0) -> tuple[Any, str, Callable[[], None]] | None:
+    """(adapter, label, close) for --kv-events or --sglang-url; None when neither is given.
+    Raises ValueError (a usage error) for a bad combination or value."""
+    if kv_events and sglang_url:
+        raise ValueError("give --kv-events or --sglang-url, not both")
+    geometry = model_geometry(model)
+    if kv_events:
+        from adapters.kv_events import KvEventsAdapter
+        from adapters.model import AdapterError
+
+        try:
+            adapter = KvEventsAdapter(kv_events, kv_replay, dp_rank=dp_rank, geometry=geometry,
+                                      capacity_tokens=capacity or 0)
+        except AdapterError as exc:
+            raise ValueError(exc.message) from None
+        return adapter, adapter.name, adapter.close
+    if sglang_url:
+        from adapters.sglang_http import SGLangHttpAdapter
+
+        adapter = SGLangHttpAdapter(sglang_url, api_key=sglang_api_key, geometry=geometry,
+                                    dp_rank=dp_rank if dp_rank else None, timeout=timeout)
+        return adapter, sglang_url, adapter.close
+    return None
