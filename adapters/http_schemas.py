@@ -200,7 +200,8 @@ class CloseResultOut(Schema):
 
 
 class CloseOut(Schema):
-    plan: ClosePlanOut
+    plan: ClosePlanOut | None
+    """None where the target cannot preview a close (SGLang's plain HTTP surface)."""
     result: CloseResultOut
 
 

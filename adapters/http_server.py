@@ -257,8 +257,13 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
         async def work(record: _Record) -> Any:
             dry_run = parse_bool("dry_run", raw_dry_run)
-            plan = await in_thread(adapter.plan_close, session_id)
-            record.plan = plan.to_dict()
+            try:
+                plan = await in_thread(adapter.plan_close, session_id)
+            except Unsupported:
+                if dry_run:
+                    raise
+                plan = None  # a target that can close but not preview (its result says what it saw)
+            record.plan = plan.to_dict() if plan is not None else None
             if dry_run:
                 return record.plan
             result = await in_thread(adapter.close_session, session_id)

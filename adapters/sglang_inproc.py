@@ -155,8 +155,7 @@ class SGLangAdapter(CacheAdapter):
 
     def _need_sessions(self) -> None:
         if self.tree.policy is None:
-            raise Unsupported(f"this {self.tree.kind} keeps no sessions (SGLang's "
-                              "--enable-session-radix-cache is off, or the version has none)")
+            raise Unsupported(f"{self.tree.kind}: {self.tree.sessions_reason}")
 
     def _changed(self) -> None:
         """After an action: the next read walks and attributes again."""
@@ -166,11 +165,14 @@ class SGLangAdapter(CacheAdapter):
 
     def capabilities(self) -> Capabilities:
         reasons = [self.tree.reason] if self.tree.reason else []
-        if self.tree.policy is None and self.tree.has_nodes:
-            reasons.append("no sessions: start SGLang with --enable-session-radix-cache to see holders")
+        if self.tree.policy is None:
+            reasons.append(self.tree.sessions_reason)
         if self.tree.policy == "deref":
             reasons.append("close only drops the session's references (UnifiedRadixCache): eviction frees "
                            "the memory later, so a close frees 0 tokens now")
+        if self.tree.has_nodes and not self.tree.clock_is_time:
+            reasons.append(f"{self.tree.kind} stamps accesses with a counter, not a clock: ages read 0 "
+                           "(recency order is still exact)")
         reasons.append("SGLang keeps no change journal: views reload what they show")
         if self.read_only:
             reasons.insert(0, "read-only: actions are refused")
@@ -261,7 +263,8 @@ class SGLangAdapter(CacheAdapter):
         tree, bpt = self.tree, self.bpt
         is_root = node is tree.root
         tokens = 0 if is_root else len(node.key)
-        first = tuple(node.key.token_ids[:FIRST_TOKENS]) if tokens else ()
+        # bounded by len(key): a key may carry a limit or a bigram's extra boundary token
+        first = tuple(node.key.token_ids[: min(FIRST_TOKENS, tokens)]) if tokens else ()
         sub = self._subtree_tokens(node, walk)
         if tree.clock_is_time:
             access = max(0.0, now - node.last_access_time)
@@ -310,9 +313,11 @@ class SGLangAdapter(CacheAdapter):
             free = int(self.allocator.available_size())
             evictable, protected = tree.evictable_size(), tree.protected_size()
             running = max(0, capacity - free - evictable - protected)
-            nodes = self._walk_tree().count if tree.has_nodes else 0
+            nodes = tree.node_count() if tree.has_nodes else 0
+            if nodes is None:
+                nodes = self._walk_tree().count
             closed = tree.closed()
-            open_ids = set(self._open_sessions()) | {s for s, v in tree.session_leaves().items() if v}
+            open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
             return Stats(
                 target=self.name, capacity_tokens=capacity, free_tokens=free,
                 evictable_tokens=evictable, protected_tokens=protected + running,
@@ -375,9 +380,10 @@ class SGLangAdapter(CacheAdapter):
             else:
                 beneath = attribution.beneath.get(node.id, 0)
             ids = node.key.token_ids if node is not root else ()
+            end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
             return NodeDetail(
                 node=self._view(node, self._depth(node), time.monotonic(), walk),
-                token_ids=tuple(int(t) for t in ids[token_offset : token_offset + token_limit]),
+                token_ids=tuple(int(t) for t in ids[token_offset:end]),
                 token_offset=token_offset,
                 path_tokens=path_tokens,
                 sessions_beneath=beneath,
@@ -403,7 +409,7 @@ class SGLangAdapter(CacheAdapter):
             for sid, nodes in leaves.items():
                 if nodes:
                     activity[sid] = max(n.last_access_time for n in nodes)
-        known = list(self._open_sessions())
+        known = list(dict.fromkeys([*self._open_sessions(), *tree.open_ids()]))
         self._attribution = attribute(root, leaves, tree.closed(), known, activity, self.bpt, exclusive,
                                       key=("version", self.version, time.monotonic()),
                                       lock_ref=tree.lock_ref)
@@ -445,7 +451,7 @@ class SGLangAdapter(CacheAdapter):
             while pos + page <= len(tokens):
                 first = tokens[pos] if page == 1 else tuple(tokens[pos : pos + page])
                 child = node.children.get(first)  # a plain dict read: no node is minted or touched
-                if child is None:
+                if child is None or self.tree.device_evicted(child):  # SGLang's match stops there
                     break
                 key = child.key.token_ids
                 n = len(child.key)
@@ -491,10 +497,16 @@ class SGLangAdapter(CacheAdapter):
 
     # ----- actions -----
 
+    def _known_open(self) -> set[str]:
+        """Open sessions the server's session controller and the tree itself know of (0.5.23's
+        UnifiedRadixCache opens a generation for every request that carries a session id, even
+        one never opened through /open_session)."""
+        return set(self._open_sessions()) | set(self.tree.open_ids())
+
     def _state(self, session_id: str) -> str:
         if session_id in self.tree.closed():
             return "closed"
-        if session_id in self.tree.session_leaves() or session_id in set(self._open_sessions()):
+        if session_id in self.tree.session_leaves() or session_id in self._known_open():
             return "open"
         raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
 
@@ -540,27 +552,11 @@ class SGLangAdapter(CacheAdapter):
         return self._call(act)
 
     def _evict(self, num_tokens: int) -> tuple[int, int]:
-        """(tokens, nodes) SGLang's own ``evict`` freed; nodes counted from its deletions."""
-        cache, deleted = self.cache, [0]
-        delete_leaf = getattr(cache, "_delete_leaf", None)
-        own = vars(cache).get("_delete_leaf") if hasattr(cache, "__dict__") else None
-        if delete_leaf is not None:
-            def counting(node, *args, **kwargs):
-                deleted[0] += 1
-                return delete_leaf(node, *args, **kwargs)
-
-            cache._delete_leaf = counting  # this call only, on the owner thread
-        try:
-            tokens = self.tree.evict(num_tokens)
-        finally:
-            if delete_leaf is not None:
-                if own is not None:
-                    cache._delete_leaf = own
-                else:
-                    del cache._delete_leaf
+        """(tokens, nodes) SGLang's own ``evict`` freed (owner thread)."""
+        tokens, nodes = self.tree.evict_counted(num_tokens)
         self.evicted_tokens += tokens
         self._changed()
-        return tokens, deleted[0]
+        return tokens, nodes
 
     def evict(self, num_tokens: int) -> EvictResultView:
         check_tokens(num_tokens)

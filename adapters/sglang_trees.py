@@ -3,7 +3,8 @@
 * ``RadixCache`` of 0.5.15/0.5.16 with ``SessionRadixCacheMixin``: holders in
   ``node.session_ids`` (present only while non-empty), the index in ``cache._session_leaves``,
   tombstones in ``cache._closed_session_ids``; close frees (the seed's rule).
-* ``RadixCache`` of 0.5.17+: the same node fields, no sessions.
+* ``RadixCache`` of 0.5.15/0.5.16 without the flag: the same, no sessions until it is set.
+* ``RadixCache`` of 0.5.17+: the same node fields, no session support at all.
 * ``UnifiedRadixCache`` of 0.5.17+ with its Python tree core: KV fields per component in
   ``node.component_data[FULL]`` (``value``, ``lock_ref``, ``session_ids`` on each session's
   frontier nodes, ``session_ref``); every live node in ``tree_core._node_arena``; close only
@@ -19,6 +20,14 @@ from typing import Any
 
 FULL = 0  # ComponentType.FULL: component_data is a list indexed by the enum's int value
 
+NO_SESSIONS_FLAG = ("no sessions: start SGLang with --enable-session-radix-cache to see holders, "
+                    "sessions and close")
+NO_SESSIONS_17 = ("no sessions: SGLang 0.5.17+ RadixCache has none (--enable-session-radix-cache "
+                  "needs UnifiedRadixCache, the default tree since 0.5.23), so holders, sessions "
+                  "and close are unavailable")
+NO_SESSIONS_RUST = ("no sessions: the Rust tree core runs only without --enable-session-radix-cache "
+                    "(the flag selects the Python core)")
+
 
 class SGLangTree:
     """One SGLang tree cache object, read through the fields its version has."""
@@ -30,6 +39,8 @@ class SGLangTree:
     """``last_access_time`` is ``time.monotonic()`` (an age can be shown), not a counter."""
     has_nodes = True
     reason = ""
+    sessions_reason = NO_SESSIONS_FLAG
+    """Why there are no sessions (shown when ``policy`` is None)."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
@@ -45,11 +56,23 @@ class SGLangTree:
     def holders(self, node: Any) -> set[str] | None:
         return getattr(node, "session_ids", None)
 
+    def device_evicted(self, node: Any) -> bool:
+        """No KV on the device (a host-only node a match stops at, as SGLang's does)."""
+        return node.value is None
+
     def session_leaves(self) -> Mapping[str, Collection[Any]]:
         return {}
 
     def closed(self) -> Collection[str]:
         return ()
+
+    def open_ids(self) -> Collection[str]:
+        """Sessions the tree itself knows to be open (beyond those holding nodes)."""
+        return ()
+
+    def node_count(self) -> int | None:
+        """Nodes in the tree, the root excluded, where the tree counts them (None: walk)."""
+        return None
 
     def release(self, session_id: str) -> None:
         raise NotImplementedError
@@ -71,6 +94,36 @@ class SGLangTree:
 
         result = self.cache.evict(EvictParams(num_tokens=num_tokens))
         return int(getattr(result, "num_tokens_evicted", 0) or 0)
+
+    def evict_counted(self, num_tokens: int) -> tuple[int, int]:
+        """(tokens, nodes) SGLang's own ``evict`` freed; nodes counted from its ``_delete_leaf``
+        calls, wrapped for this call only (owner thread)."""
+        cache, deleted = self.cache, [0]
+        delete_leaf = getattr(cache, "_delete_leaf", None)
+        if delete_leaf is None:
+            return self.evict(num_tokens), 0
+        own = vars(cache).get("_delete_leaf") if hasattr(cache, "__dict__") else None
+
+        def counting(node, *args, **kwargs):
+            deleted[0] += 1
+            return delete_leaf(node, *args, **kwargs)
+
+        cache._delete_leaf = counting
+        try:
+            tokens = self.evict(num_tokens)
+        finally:
+            if own is not None:
+                cache._delete_leaf = own
+            else:
+                del cache._delete_leaf
+        return tokens, deleted[0]
+
+
+class PlainRadixTree(SGLangTree):
+    """0.5.17+ ``RadixCache``: the 0.5.16 node fields, and no session support at all (the
+    session mixin is gone; ``release_radix_session`` is ``BasePrefixCache``'s no-op)."""
+
+    sessions_reason = NO_SESSIONS_17
 
 
 class SessionRadixTree(SGLangTree):
@@ -108,14 +161,24 @@ class UnifiedTree(SGLangTree):
     def holders(self, node: Any) -> set[str] | None:
         return node.component_data[FULL].session_ids
 
+    def device_evicted(self, node: Any) -> bool:
+        return node.component_data[FULL].value is None
+
     def session_leaves(self) -> Mapping[str, Collection[Any]]:
         if not self.sessions_on or self.full is None:
             return {}
         return getattr(self.full, "_session_leaves", None) or {}
 
+    def _refs(self) -> Any:
+        return getattr(self.cache, "session_refs", None) if self.sessions_on else None
+
     def closed(self) -> Collection[str]:
-        refs = getattr(self.cache, "session_refs", None)
-        return getattr(refs, "_closed_session_ids", None) or {}
+        return getattr(self._refs(), "_closed_session_ids", None) or {}
+
+    def open_ids(self) -> Collection[str]:
+        # Every request with a session id opens (or re-opens) its generation on arrival
+        # (Scheduler -> ensure_session_generation); a close drops it.
+        return getattr(self._refs(), "_session_generations", None) or {}
 
     def release(self, session_id: str) -> None:
         self.cache.release_radix_session(session_id)
@@ -123,12 +186,24 @@ class UnifiedTree(SGLangTree):
     def node_by_id(self, node_id: int) -> Any | None:
         return self.cache.tree_core._node_arena.get(node_id)
 
+    def node_count(self) -> int | None:
+        return len(self.cache.tree_core._node_arena) - 1  # the arena holds the root too
+
+    def evict_counted(self, num_tokens: int) -> tuple[int, int]:
+        """Nodes counted from the arena: eviction deletes nodes from the tree core, never the
+        cache's own ``_delete_leaf`` (it has none)."""
+        before = len(self.cache.tree_core._node_arena)
+        tokens = self.evict(num_tokens)
+        return tokens, max(0, before - len(self.cache.tree_core._node_arena))
+
 
 class RustUnifiedTree(SGLangTree):
     """0.5.17+ ``UnifiedRadixCache`` with the Rust tree core: totals only, no Python nodes."""
 
     kind = "UnifiedRadixCache (rust core)"
     has_nodes = False
+    clock_is_time = False
+    sessions_reason = NO_SESSIONS_RUST
     reason = ("the server's UnifiedRadixCache runs the Rust tree core, which exposes no Python "
               "nodes: start it with SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python (or "
               "--enable-session-radix-cache) to see the tree")
@@ -144,4 +219,6 @@ def tree_for(cache: Any) -> SGLangTree:
     if getattr(cache, "enable_session_radix_cache", False) and hasattr(cache, "release_radix_session") \
             and hasattr(cache, "_reset_session_radix_state"):
         return SessionRadixTree(cache)
+    if not hasattr(cache, "_reset_session_radix_state"):  # the 0.5.15/0.5.16 session mixin
+        return PlainRadixTree(cache)
     return SGLangTree(cache)

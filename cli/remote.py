@@ -390,7 +390,7 @@ def close(
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """Close sessions: shows the exact plan first, then asks (the ids you see are the ids closed)."""
-    from adapters.model import UnknownSession
+    from adapters.model import UnknownSession, Unsupported
 
     ids = list(dict.fromkeys(session_ids))
     with target(url, token, timeout) as t:
@@ -400,6 +400,10 @@ def close(
                 plans.append(t.plan_close(sid))
             except UnknownSession:
                 unknown.append(sid)
+            except Unsupported as exc:
+                if dry_run:
+                    raise
+                return _close_blind(t, ids, exc.message, yes, as_json)
         if not as_json or dry_run:
             _print_plans(plans, as_json and dry_run)
         for sid in unknown:
@@ -422,6 +426,20 @@ def close(
                        f"({human_bytes(r.freed_bytes)}) in {len(r.freed_node_ids)} nodes{note}")
     if unknown:
         raise typer.Exit(EXIT_REFUSED)
+
+
+def _close_blind(t: Any, ids: list[str], why: str, yes: bool, as_json: bool) -> None:
+    """A target that closes but cannot preview (SGLang's plain HTTP surface): say so, ask, and
+    report what was seen freed afterwards."""
+    typer.echo(f"radixtop: this target cannot show a close plan ({why}); what a close frees is "
+               "seen only after it", err=True)
+    _confirm(f"Close {len(ids)} session(s) without a preview?", yes)
+    results = [t.close_session(sid) for sid in ids]
+    if as_json:
+        return emit_json({"plans": [], "results": [r.to_dict() for r in results]})
+    for r in results:
+        typer.echo(f"closed {r.session_id} ({r.policy}): {r.freed_tokens} tokens "
+                   f"({human_bytes(r.freed_bytes)}) seen freed")
 
 
 def _print_plans(plans: list[Any], as_json: bool) -> None:

@@ -512,10 +512,22 @@ class RadixtopApp(App[None]):
     def plan_closes(self, ids: tuple[str, ...]) -> None:
         try:
             plans = [self.adapter.plan_close(sid) for sid in ids]
+        except Unsupported as exc:  # a target that closes but cannot preview: say so, then ask
+            self.call_from_thread(self._confirm_blind_closes, ids, exc.message)
+            return
         except AdapterError as exc:
             self.call_from_thread(self.notify, exc.message, severity="error")
             return
         self.call_from_thread(self._confirm_closes, plans)
+
+    def _confirm_blind_closes(self, ids: tuple[str, ...], why: str) -> None:
+        body = Text(f"{self.target} cannot show what a close frees ({why}).\n"
+                    f"Sessions: {', '.join(ids)}. What was freed is read back afterwards.")
+        self.push_screen(
+            ConfirmScreen(f"Close {len(ids)} session(s) without a preview", body, "Close",
+                          require_text=str(len(ids))),
+            lambda ok: self.run_closes(ids, []) if ok else self.notify("cancelled; nothing changed"),
+        )
 
     def _confirm_closes(self, plans: list) -> None:
         body = Table(show_edge=False)
@@ -546,8 +558,9 @@ class RadixtopApp(App[None]):
             except AdapterError as exc:
                 lines.append(f"{sid}: {exc.message}")
                 continue
-            diff = "" if r.freed_tokens == planned[sid].freed_tokens else \
-                f" (plan said {planned[sid].freed_tokens:,}: the cache changed in between)"
+            plan = planned.get(sid)
+            diff = "" if plan is None or r.freed_tokens == plan.freed_tokens else \
+                f" (plan said {plan.freed_tokens:,}: the cache changed in between)"
             lines.append(f"{sid}: freed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}{diff}")
         self.call_from_thread(self.notify, "\n".join(lines), title="closed", timeout=8)
         self.call_from_thread(self.query_one(SessionsTable).marked.clear)
