@@ -83,24 +83,25 @@ def tui(
         adapter = HttpAdapter(url, token=token, timeout=timeout)
         run_dashboard(adapter, url, interval, keys, on_exit=adapter.close)
         return
-    from adapters.bundled import BundledAdapter
-    from cli.demo_view import pick_device
-    from gpu_backend.engine import Engine
+    from adapters.http_client import HttpAdapter
+    from cli.embedded import demo_server
     from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.scheduler import Scheduler
-    from gpu_backend.workload import WorkloadConfig
     from inspector.app import run_dashboard
 
     try:
         geometry = get_geometry(model or "llama-3-8b")
-        capacity = capacity or 65536
-        workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate)
     except ValueError as exc:
         raise fail(str(exc), 2) from None
-    scheduler = Scheduler(geometry, capacity, device=pick_device("auto", capacity * geometry.bytes_per_token))
-    engine = Engine(scheduler, workload, step_interval=0.01).start()
-    adapter = BundledAdapter(engine, name=f"embedded demo · {geometry.name}", read_only=read_only)
-    run_dashboard(adapter, None, interval, keys, on_exit=engine.stop)
+    name = f"embedded demo · {geometry.name}"
+    typer.echo(f"radixtop: starting the embedded demo engine ({geometry.name}, {capacity or 65536:,} tokens)...",
+               err=True)
+    try:
+        with demo_server(name, geometry.name, capacity or 65536, sessions, seed, arrival_rate,
+                         read_only) as (demo_url, demo_token):
+            adapter = HttpAdapter(demo_url, token=demo_token, timeout=timeout)
+            run_dashboard(adapter, name, interval, keys, on_exit=adapter.close)
+    except RuntimeError as exc:
+        raise fail(str(exc), 1) from None
 
 
 @app.command()

@@ -34,6 +34,7 @@ def serve(
                                               help="Bearer token for actions; made up and printed if not given.")] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
     audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
+    name: Annotated[str | None, typer.Option(show_default=False, help="The target's name, as faces show it.")] = None,
     kv_events: KvEvents = None,
     kv_replay: KvReplay = None,
     dp_rank: DpRank = 0,
@@ -98,7 +99,7 @@ def serve(
             typer.echo(f"radixtop: {trace}: {exc}", err=True)
             raise typer.Exit(1) from None
     engine = Engine(scheduler, workload, step_interval=0.01).start()
-    name = f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
+    name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
     adapter = BundledAdapter(engine, name=name, read_only=read_only)
     try:
         serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
