@@ -1,0 +1,27 @@
+"""A dashboard in a process of its own (what `radixtop` runs): RadixtopApp headless at 160x48 over
+an HttpAdapter for a number of seconds; prints its poll count as JSON. Used by bench_dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+async def main(url: str, token: str, seconds: float, interval: float) -> None:
+    from adapters.http_client import HttpAdapter
+    from inspector.app import RadixtopApp
+
+    adapter = HttpAdapter(url, token=token, timeout=10)
+    app = RadixtopApp(adapter, target=url, interval=interval)
+    async with app.run_test(size=(160, 48)):
+        await asyncio.sleep(seconds)
+        print(json.dumps({"polls": app.polls, "down": app.down}), flush=True)
+    adapter.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))
