@@ -15,7 +15,7 @@ from typing import Any
 
 from adapters.model import SessionView
 
-ATTRIBUTION_BUDGET = 50  # reuse an attribution for at least 50x what it cost (<= 2% of the owner)
+ATTRIBUTION_BUDGET = 200  # reuse an attribution for at least 200x what it cost (<= 0.5% of the owner)
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)

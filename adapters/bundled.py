@@ -235,7 +235,7 @@ class BundledAdapter(CacheAdapter):
         changed, and on a live engine (where the version moves every step) while it is younger
         than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the last
         one cost, whichever is longer: a large cache is re-attributed less often rather than
-        taking more than ~2% of the engine. Close plans never use it: ``plan_close`` is exact."""
+        taking more than ~0.5% of the engine. Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
         key = (cache.version, len(s.session_activity))
         cached = self._attribution
