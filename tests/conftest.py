@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 
 import numpy as np
@@ -9,6 +10,15 @@ import pytest
 
 from gpu_backend.kv_geometry import get_geometry
 from gpu_backend.scheduler import Scheduler
+
+try:  # from the installed metadata: importing sglang itself takes seconds
+    SGLANG_VERSION: str | None = importlib.metadata.version("sglang")
+except importlib.metadata.PackageNotFoundError:
+    SGLANG_VERSION = None
+
+# The SGLang 0.5.23 tests belong to .venv-sglang23 (.ci/test runs them there by name); beside any
+# other sglang they are not collected at all rather than skipped.
+collect_ignore = [] if SGLANG_VERSION == "0.5.23" else ["test_sglang23_drive.py", "test_sglang23_adapter.py"]
 
 
 class CounterClock:

@@ -14,19 +14,13 @@ Needs sglang 0.5.23 (``.venv-sglang23``, built by ``.ci/setup-sglang23``); skipp
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 
-try:  # decided from the installed metadata: importing sglang itself takes seconds
-    _SGLANG_VERSION: str | None = importlib.metadata.version("sglang")
-except importlib.metadata.PackageNotFoundError:
-    _SGLANG_VERSION = None
-if _SGLANG_VERSION != "0.5.23":
-    pytest.skip(
-        f"needs sglang 0.5.23 (found {_SGLANG_VERSION}); use .venv-sglang23 (.ci/setup-sglang23)",
-        allow_module_level=True,
-    )
+from tests.conftest import SGLANG_VERSION
+
+if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
+    raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "
+                       "(.ci/setup-sglang23), as .ci/test does")
 
 from array import array  # noqa: E402
 
@@ -534,8 +528,7 @@ def test_unified_without_sessions_python_core():
 
 def test_rust_core_has_stats_but_no_tree():
     with known23.known_adapter("unified-nosessions", tree_core_backend="rust") as (a, k, scheduler):
-        if k.cache._tree_core_backend != "rust":  # pragma: no cover - depends on the wheel/torch
-            pytest.skip(f"the Rust TreeCore is not available here ({k.cache._tree_core_backend})")
+        assert k.cache._tree_core_backend == "rust", "0.5.23's wheel ships the Rust TreeCore; it must load here"
         assert isinstance(a.tree, RustUnifiedTree)
         caps = a.capabilities()
         assert not caps.tree and not caps.sessions and not caps.close and caps.evict and caps.flush

@@ -12,19 +12,13 @@ They need sglang 0.5.23 (``.ci/setup-sglang23`` builds ``.venv-sglang23``; run
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 
-try:  # decided from the installed metadata: importing sglang itself takes seconds
-    _SGLANG_VERSION: str | None = importlib.metadata.version("sglang")
-except importlib.metadata.PackageNotFoundError:
-    _SGLANG_VERSION = None
-if _SGLANG_VERSION != "0.5.23":
-    pytest.skip(
-        f"needs sglang 0.5.23 (found {_SGLANG_VERSION}); use .venv-sglang23 (.ci/setup-sglang23)",
-        allow_module_level=True,
-    )
+from tests.conftest import SGLANG_VERSION
+
+if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
+    raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "
+                       "(.ci/setup-sglang23), as .ci/test does")
 
 from tests.sglang_ref import drive23  # noqa: E402
 
@@ -93,8 +87,7 @@ def test_unified_cache_picks_the_python_core_for_sessions(sgl):
 def test_unified_rust_core_has_no_python_nodes(sgl):
     cache, pools = drive23.build_unified_cache23(32, enable_session_radix_cache=False,
                                                  tree_core_backend="rust")
-    if cache._tree_core_backend != "rust":  # pragma: no cover - depends on the wheel/torch
-        pytest.skip(f"the Rust TreeCore is not available here ({cache._tree_core_backend})")
+    assert cache._tree_core_backend == "rust", "0.5.23's wheel ships the Rust TreeCore; it must load here"
     drive23.run_request(cache, pools, [1, 2, 3, 4], [5, 6])
     assert cache.evictable_size() == 5
     assert isinstance(cache.root_node_handle(), int)  # NodeId handles only
