@@ -18,6 +18,7 @@ from adapters.base import (
     check_session_order,
     check_tokens,
 )
+from adapters.units import decode_preview
 from adapters.model import (
     ROOT_ID,
     BadRequest,
@@ -138,7 +139,7 @@ class BundledAdapter(CacheAdapter):
             depth=depth,
             tokens=len(node.key),
             first_tokens=first,
-            text=self._decode(first),
+            text=decode_preview(self.tokenizer, first),
             lock_ref=node.lock_ref if node is not s.cache.root_node else 0,
             hit_count=node.hit_count,
             access_age_s=max(0.0, now - node.last_access_time),
@@ -149,14 +150,6 @@ class BundledAdapter(CacheAdapter):
             num_children=len(node.children),
             holders=tuple(sorted(node.session_ids or ())),
         )
-
-    def _decode(self, tokens: tuple[int, ...]) -> str | None:
-        if self.tokenizer is None or not tokens:
-            return None
-        try:
-            return self.tokenizer.decode(list(tokens))
-        except Exception:  # a tokenizer that cannot decode these ids shows ids instead
-            return None
 
     @staticmethod
     def _lookup(s: Scheduler, node_id: int) -> TreeNode:

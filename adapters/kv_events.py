@@ -27,6 +27,7 @@ import zmq
 
 from adapters.base import MAX_MATCH_TOKENS, CacheAdapter, check_child_order, check_page
 from adapters.kv_events_decode import BlockTree, Cleared, DecodeError, Stored, TreeNode, decode_batch
+from adapters.units import decode_preview
 from adapters.model import (ROOT_ID, BadRequest, Capabilities, Changes, ChildrenPage, ClosePlanView,
                             CloseResultView, EvictResultView, FlushResultView, Geometry, MatchView,
                             NodeDetail, NodeView, ReadOnly, SessionDetail, SessionsPage, Stats,
@@ -367,20 +368,12 @@ class KvEventsAdapter(CacheAdapter):
             raise UnknownNode(f"node {node_id} is not in the tree (removed, or never existed)")
         return node
 
-    def _decode(self, tokens: tuple[int, ...]) -> str | None:
-        if self.tokenizer is None or not tokens:
-            return None
-        try:
-            return self.tokenizer.decode(list(tokens))
-        except Exception:  # a tokenizer that cannot decode these ids shows ids instead
-            return None
-
     def _view(self, node: TreeNode, depth: int, now: float) -> NodeView:
         bpt = self.bytes_per_token
         first = node.token_slice(0, FIRST_TOKENS)
         return NodeView(
             id=node.id, parent_id=node.parent.id if node.parent is not None else None, depth=depth,
-            tokens=node.tokens, first_tokens=first, text=self._decode(first), lock_ref=0, hit_count=0,
+            tokens=node.tokens, first_tokens=first, text=decode_preview(self.tokenizer, first), lock_ref=0, hit_count=0,
             access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
             bytes=node.tokens * bpt, subtree_tokens=node.subtree_tokens,
             subtree_bytes=node.subtree_tokens * bpt, num_children=len(node.children), holders=())

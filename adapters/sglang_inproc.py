@@ -31,6 +31,7 @@ from adapters.base import (
     check_session_order,
     check_tokens,
 )
+from adapters.units import decode_preview
 from adapters.model import (
     ROOT_ID,
     AdapterError,
@@ -277,7 +278,7 @@ class SGLangAdapter(CacheAdapter):
             depth=depth,
             tokens=tokens,
             first_tokens=first,
-            text=self._decode(first),
+            text=decode_preview(self.tokenizer, first),
             lock_ref=0 if is_root else tree.lock_ref(node),
             hit_count=int(getattr(node, "hit_count", 0) or 0),
             access_age_s=access,
@@ -288,14 +289,6 @@ class SGLangAdapter(CacheAdapter):
             num_children=len(node.children),
             holders=tuple(sorted(tree.holders(node) or ())),
         )
-
-    def _decode(self, tokens: tuple[int, ...]) -> str | None:
-        if self.tokenizer is None or not tokens:
-            return None
-        try:
-            return self.tokenizer.decode(list(tokens))
-        except Exception:  # a tokenizer that cannot decode these ids shows ids instead
-            return None
 
     def _child_key(self, order: str, walk: _Walk) -> Callable[[Any], Any]:
         if order == "bytes":

@@ -22,3 +22,14 @@ def age(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.0f}m"
     return f"{seconds / 3600:.1f}h"
+
+
+def decode_preview(tokenizer, tokens: tuple[int, ...]) -> str | None:
+    """A node's token preview as text, or None (no tokenizer, nothing to decode, or ids it
+    cannot decode: the faces then show the ids)."""
+    if tokenizer is None or not tokens:
+        return None
+    try:
+        return tokenizer.decode(list(tokens))
+    except Exception:  # a tokenizer that cannot decode these ids shows ids instead
+        return None

@@ -955,7 +955,6 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
     try:
         if mode == "process":
             url, server, thread = serve_in_thread(engine)
-            hold0 = holds.mark()
             child = subprocess.Popen(
                 [sys.executable, str(HERE / "_dashboard_child.py"), url, "bench",
                  str(cfg.tp_warmup_s + 3 + cfg.tp_window_s), str(cfg.interval)],

@@ -57,6 +57,18 @@ def serve(
         typer.echo(f"radixtop: {message}", err=True)
         return typer.Exit(2)
 
+    def run_server(adapter, release) -> None:
+        """Serve ``adapter`` until interrupted; errors become one line and an exit code."""
+        try:
+            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
+        except ValueError as exc:
+            raise usage(str(exc)) from None
+        except OSError as exc:
+            typer.echo(f"radixtop: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(1) from None
+        finally:
+            release()
+
     if kv_events or sglang_url:
         try:
             external = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
@@ -66,16 +78,7 @@ def serve(
         adapter, _, close = external
         if read_only:
             adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
-        try:
-            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
-        except ValueError as exc:
-            raise usage(str(exc)) from None
-        except OSError as exc:
-            typer.echo(f"radixtop: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
-            raise typer.Exit(1) from None
-        finally:
-            close()
-        return
+        return run_server(adapter, close)
 
     try:
         geometry = get_geometry(model or "llama-3-8b", page_size)
@@ -100,13 +103,4 @@ def serve(
             raise typer.Exit(1) from None
     engine = Engine(scheduler, workload, step_interval=0.01).start()
     name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
-    adapter = BundledAdapter(engine, name=name, read_only=read_only)
-    try:
-        serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
-    except ValueError as exc:
-        raise usage(str(exc)) from None
-    except OSError as exc:
-        typer.echo(f"radixtop: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        engine.stop()
+    run_server(BundledAdapter(engine, name=name, read_only=read_only), engine.stop)
