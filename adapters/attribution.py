@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.model import SessionView
@@ -50,6 +50,16 @@ class Attribution:
         """Still good: nothing changed (same key), or younger than ``max_age`` seconds or than
         ``budget`` times what it cost, whichever is longer (a live cache moves every step)."""
         return key == self.key or time.monotonic() - self.taken_at < max(max_age, self.cost_s * budget)
+
+    _ordered: dict[str, list[SessionRow]] = field(default_factory=dict, repr=False, compare=False)
+
+    def page(self, order: str, offset: int, limit: int) -> list[SessionRow]:
+        """Rows ``offset:offset+limit`` in ``order`` (one of SESSION_KEYS); each order is sorted
+        once per attribution, so a dashboard's repeated reads of it cost a slice."""
+        rows = self._ordered.get(order)
+        if rows is None:
+            rows = self._ordered[order] = sorted(self.sessions.values(), key=SESSION_KEYS[order])
+        return rows[offset : offset + limit]
 
     @property
     def sessions_holding(self) -> int:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapters.attribution import ATTRIBUTION_BUDGET, SESSION_KEYS, Attribution, attribute, session_view
+from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
@@ -116,7 +116,7 @@ class BundledAdapter(CacheAdapter):
                 total_tokens=st.total_size,
                 bytes_per_token=g.bytes_per_token,
                 node_count=cache.node_count(),
-                open_sessions=len(s.session_activity.keys() - cache._closed_session_ids.keys()),
+                open_sessions=s.open_session_count,
                 closed_sessions=len(cache._closed_session_ids),
                 prompt_tokens=s.prompt_tokens,
                 cached_tokens=s.cached_tokens,
@@ -245,10 +245,11 @@ class BundledAdapter(CacheAdapter):
         check_session_order(order)
 
         def read(s: Scheduler) -> SessionsPage:
-            rows = list(self._attribute(s).sessions.values())
-            page = _page(rows, SESSION_KEYS[order], offset, limit)
+            attribution = self._attribute(s)
+            page = attribution.page(order, offset, limit)
             now = time.monotonic()
-            return SessionsPage(offset, limit, len(rows), order, tuple(session_view(r, now) for r in page))
+            return SessionsPage(offset, limit, len(attribution.sessions), order,
+                                tuple(session_view(r, now) for r in page))
 
         return self._call(read)
 

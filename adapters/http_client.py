@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+import orjson
 
 from adapters.base import MAX_MATCH_TOKENS, CacheAdapter
 from adapters.model import (
@@ -92,8 +93,8 @@ class HttpAdapter(CacheAdapter):
 
     def _reply(self, response: httpx.Response) -> Any:
         try:
-            body = response.json()
-        except ValueError:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
             text = response.text[:200]
             if response.is_success:
                 raise WireError(f"{self.url} answered {response.request.url.path} with something "

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from adapters.attribution import ATTRIBUTION_BUDGET, SESSION_KEYS, Attribution, attribute, session_view
+from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
@@ -414,10 +414,10 @@ class SGLangAdapter(CacheAdapter):
         self._need_sessions()
 
         def read() -> SessionsPage:
-            rows = sorted(self._attribute().sessions.values(), key=SESSION_KEYS[order])
+            attribution = self._attribute()
             now = time.monotonic()
-            page = tuple(session_view(r, now) for r in rows[offset : offset + limit])
-            return SessionsPage(offset, limit, len(rows), order, page)
+            page = tuple(session_view(r, now) for r in attribution.page(order, offset, limit))
+            return SessionsPage(offset, limit, len(attribution.sessions), order, page)
 
         return self._call(read)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -81,6 +82,9 @@ class Scheduler:
         # Last time (time.monotonic) each session began, finished, registered or closed a request;
         # pruned of sessions that hold nothing, run nothing and are not tombstoned.
         self.session_activity: dict[str, float] = {}
+        # len(open_session_ids()), kept as sessions appear, close, reopen and lose their
+        # tombstone, so that stats() never walks every session a long-lived server has seen.
+        self.open_session_count = 0
 
     # ----- requests -----
 
@@ -140,14 +144,28 @@ class Scheduler:
     # ----- admin -----
 
     def close_session(self, session_id: str) -> CloseResult:
-        result = self.cache.release_radix_session(session_id)
+        closed = self.cache._closed_session_ids
+        was_closed = session_id in closed
+        # The oldest tombstones that this close may push out (those sessions count as open again).
+        drop = 0 if was_closed else max(0, len(closed) + 1 - self.cache.closed_session_limit)
+        oldest = list(itertools.islice(closed, drop))
+        try:
+            result = self.cache.release_radix_session(session_id)
+        finally:
+            activity = self.session_activity
+            if not was_closed and session_id in closed and session_id in activity:
+                self.open_session_count -= 1
+            self.open_session_count += sum(1 for sid in oldest if sid not in closed and sid in activity)
         self.closes += 1
         self.freed_by_close_tokens += result.freed_tokens
         self._touch_session(session_id)
         return result
 
     def register_session(self, session_id: str) -> None:
+        was_closed = self.cache.is_session_closed(session_id)
         self.cache.register_session(session_id)
+        if was_closed and session_id in self.session_activity:
+            self.open_session_count += 1  # reopened
         self._touch_session(session_id)
 
     def flush(self) -> EvictResult:
@@ -164,7 +182,8 @@ class Scheduler:
         if session_id is None:
             return
         activity = self.session_activity
-        activity.pop(session_id, None)  # re-insert: most recent last
+        if activity.pop(session_id, None) is None and not self.cache.is_session_closed(session_id):
+            self.open_session_count += 1  # re-insert: most recent last
         activity[session_id] = time.monotonic()
         if len(activity) > 2 * (len(self.cache._session_leaves) + len(self.cache._closed_session_ids)) + 1024:
             self._prune_sessions()
@@ -177,6 +196,7 @@ class Scheduler:
             sid: t for sid, t in self.session_activity.items()
             if sid in cache._session_leaves or sid in running or cache.is_session_closed(sid)
         }
+        self.open_session_count = sum(1 for sid in self.session_activity if not cache.is_session_closed(sid))
 
     def evict(self, num_tokens: int) -> EvictResult:
         result = self.cache.evict(num_tokens)

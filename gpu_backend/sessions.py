@@ -80,6 +80,8 @@ class SessionRadixCacheMixin:
         # Insertion-ordered (dict, not set) so that a close frees slots in a reproducible order.
         self._session_leaves: dict[str, dict[TreeNode, None]] = {}
         self._closed_session_ids: OrderedDict[str, None] = OrderedDict()
+        self.closed_session_limit = CLOSED_SESSION_TOMBSTONE_LIMIT
+        """Tombstones kept; the oldest is forgotten past it (its session counts as open again)."""
 
     # ----- queries -----
 
@@ -106,7 +108,7 @@ class SessionRadixCacheMixin:
     def _remember_closed_session(self, session_id: str) -> None:
         self._closed_session_ids[session_id] = None
         self._closed_session_ids.move_to_end(session_id)
-        while len(self._closed_session_ids) > CLOSED_SESSION_TOMBSTONE_LIMIT:
+        while len(self._closed_session_ids) > self.closed_session_limit:
             self._closed_session_ids.popitem(last=False)
 
     def _tag_session_leaf(self, session_id: str | None, node: TreeNode) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -91,7 +90,8 @@ class RadixtopApp(App[None]):
         self.stats: Stats | None = None
         self.down: str | None = None
         self.selected_node: int | None = None
-        self._detail_shape: NodeDetail | None = None  # the detail shown, ages left out
+        self._detail_shape: tuple = ()  # the detail shown: each row's label and length
+        self._detail_rows: list = []
         self.detail_offset = 0
         """First token id shown in the detail panel (``[`` and ``]`` page through them)."""
         self.marked_session: str | None = None
@@ -133,6 +133,7 @@ class RadixtopApp(App[None]):
         header.render_stats()
         if not caps.tree:
             self.query_one("#detail", Static).update(Text(f"No tree from this target: {caps.reason}", style="yellow"))
+            self._detail_rows, self._detail_shape = [], ()
         if not caps.sessions:
             self.query_one("#sessions-title", Static).update(Text("sessions: not available here", style="yellow"))
 
@@ -292,25 +293,33 @@ class RadixtopApp(App[None]):
         if d.node.id != self.selected_node:
             return
         n = d.node
-        table = Table.grid(padding=(0, 1))
-        table.add_column(style="bold")
-        table.add_column()
-        table.add_row("node", f"#{n.id}  parent {'-' if n.parent_id is None else '#' + str(n.parent_id)}  depth {n.depth}")
-        table.add_row("tokens", f"{n.tokens:,} · {human_bytes(n.bytes)}  (path {d.path_tokens:,})")
-        table.add_row("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children")
-        table.add_row("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}")
-        table.add_row("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago")
-        table.add_row("holders", ", ".join(n.holders) or "-")
-        table.add_row("beneath", f"{d.sessions_beneath} sessions hold something here or below")
         ids = " ".join(map(str, d.token_ids))
         more = " …" if n.tokens > len(d.token_ids) + d.token_offset else ""
         span = f"ids {d.token_offset}-{d.token_offset + len(d.token_ids)}" if n.tokens > self.DETAIL_TOKENS else "ids"
-        table.add_row(span, Text(("… " if d.token_offset else "") + ids + more, style="dim"))
+        rows = [
+            ("node", f"#{n.id}  parent {'-' if n.parent_id is None else '#' + str(n.parent_id)}  depth {n.depth}"),
+            ("tokens", f"{n.tokens:,} · {human_bytes(n.bytes)}  (path {d.path_tokens:,})"),
+            ("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children"),
+            ("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}"),
+            ("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago"),
+            ("holders", ", ".join(n.holders) or "-"),
+            ("beneath", f"{d.sessions_beneath} sessions hold something here or below"),
+            (span, Text(("… " if d.token_offset else "") + ids + more, style="dim")),
+        ]
         if n.text:
-            table.add_row("text", n.text)
-        # Only the ages change from poll to poll, and they never change the panel's height:
-        # a layout pass is needed only when something else did.
-        shape = replace(d, node=replace(n, access_age_s=0.0, created_age_s=0.0))
+            rows.append(("text", n.text))
+        if rows == self._detail_rows:
+            return  # nothing the panel shows changed
+        self._detail_rows = rows
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="bold", no_wrap=True)  # labels keep their width; values wrap
+        table.add_column(ratio=1)
+        for label, value in rows:
+            table.add_row(label, value)
+        # The panel's height follows the number of rows and how each one wraps, which only a change
+        # of some cell's length can alter (a busy node's counts and ages change on every poll):
+        # a layout pass of the screen is needed only then.
+        shape = tuple((label, len(value)) for label, value in rows)
         self.query_one("#detail", Static).update(table, layout=shape != self._detail_shape)
         self._detail_shape = shape
 

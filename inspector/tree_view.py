@@ -73,6 +73,9 @@ class CacheTree(ScrollView, can_focus=True):
         self.marked_ids: frozenset[int] = frozenset()
         self.order = "bytes"
         self._cursor_key: tuple[str, int] | None = None
+        # What each line shows now (row index -> segments), so that a refresh repaints only the
+        # lines whose text or colour changed: a live cache changes a few rows per poll.
+        self._painted: dict[int, list[Segment]] = {}
 
     # ----- data in -----
 
@@ -90,7 +93,18 @@ class CacheTree(ScrollView, can_focus=True):
         current = rows[index] if 0 <= index < len(rows) else None
         if index != self.cursor or (current.key if current else None) != self._cursor_key:
             self.cursor = index  # the row under the cursor changed: say so (detail reloads)
-        self.refresh()
+        self._refresh_changed_lines()
+
+    def _refresh_changed_lines(self) -> None:
+        width, top = self.size.width, self.scroll_offset.y
+        painted = self._painted
+        for index in range(top, top + self.size.height):
+            now = self._segments(self.rows[index], width) if index < len(self.rows) else None
+            if painted.get(index) != now:
+                self.refresh_line(index)
+        if len(painted) > 4 * max(self.size.height, 1):  # scrolled far: forget what is off screen
+            for index in [i for i in painted if not top <= i < top + self.size.height]:
+                del painted[index]
 
     def set_marked(self, ids: frozenset[int]) -> None:
         self.marked_ids = ids
@@ -126,9 +140,11 @@ class CacheTree(ScrollView, can_focus=True):
         width = self.size.width
         index = self.scroll_offset.y + y
         if index >= len(self.rows):
+            self._painted[index] = None
             return Strip.blank(width)
-        row = self.rows[index]
-        strip = Strip(self._segments(row, width))
+        segments = self._segments(self.rows[index], width)
+        self._painted[index] = segments
+        strip = Strip(segments)
         if index == self.cursor and self.has_focus:
             strip = strip.apply_style(_CURSOR)
         elif index == self.cursor:

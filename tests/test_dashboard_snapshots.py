@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 
 from adapters.bundled import BundledAdapter
@@ -49,6 +52,15 @@ SESSIONS = [
 DETAIL = NodeDetail(PROMPT, tuple(range(2001, 2065)), 0, 256, 17)
 
 
+def screen_lines(app) -> list[str]:
+    """The screen as lines of plain text, the way a user reads it."""
+    svg = app.export_screenshot()
+    lines: dict[str, list[str]] = {}
+    for line, text in re.findall(r'clip-path="url\(#[\w-]+-line-(\d+)\)">([^<]*)</text>', svg):
+        lines.setdefault(line, []).append(html.unescape(text).replace("\xa0", " "))
+    return ["".join(parts) for _, parts in sorted(lines.items(), key=lambda kv: int(kv[0]))]
+
+
 @pytest.fixture
 def prepared_app():
     engine = build_engine()
@@ -82,3 +94,38 @@ def test_close_plan_modal(snap_compare, prepared_app):
         await pilot.pause()
 
     assert snap_compare(prepared_app, terminal_size=(120, 36), run_before=run_before)
+
+
+async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_app):
+    """A live cache changes a few rows per poll: those lines are repainted (and show the new
+    figures), the others are left alone; rows that move repaint everything they moved over."""
+    from dataclasses import replace
+
+    from inspector.tree_view import CacheTree
+
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        tree = app.query_one(CacheTree)
+        repainted: list[int] = []
+        real = tree.refresh_line
+        tree.refresh_line = lambda y: (repainted.append(y), real(y))
+
+        def show(rows):
+            app.apply_snapshot({"stats": stats(40), "time": 40.0, "rows": rows, "order": "bytes"})
+
+        show(list(ROWS))
+        await pilot.pause()
+        assert repainted == []  # nothing changed, nothing repainted
+
+        locked = replace(ROWS[5].node, lock_ref=7, tokens=65)
+        show([*ROWS[:5], replace(ROWS[5], node=locked)])
+        await pilot.pause()
+        assert repainted == [5]
+        line = next(line for line in screen_lines(app) if "#1011" in line)
+        assert "65t" in line and "8.0 MiB" in line  # the new figures are on screen
+
+        repainted.clear()
+        show([ROWS[4], *ROWS[:4], replace(ROWS[5], node=locked)])  # the largest root child moved up
+        await pilot.pause()
+        assert repainted == [0, 1, 2, 3, 4]

@@ -24,6 +24,7 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.s = make_scheduler(self.capacity, self.page_size, self.eviction_policy, self.close_policy)
+        self.s.cache.closed_session_limit = 2  # fewer tombstones than sessions: the oldest fall off
         self.next_id = 0
 
     @rule(prompt=st.sampled_from(PROMPTS), extra=TOKENS, session=st.none() | SESSIONS)
@@ -92,6 +93,14 @@ class CacheMachine(RuleBasedStateMachine):
         key = prompt + extra
         looked = self.s.cache.lookup(key).prefix_len
         assert self.s.cache.match_prefix(key).prefix_len == looked
+
+    @rule()
+    def prune_sessions(self):
+        self.s._prune_sessions()
+
+    @invariant()
+    def open_session_count_is_kept(self):
+        assert self.s.open_session_count == len(self.s.open_session_ids())
 
     @invariant()
     def invariants_hold(self):
