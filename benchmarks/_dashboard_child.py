@@ -1,10 +1,12 @@
 """A dashboard in a process of its own (what `radixtop` runs): RadixtopApp headless at 160x48 over
-an HttpAdapter for a number of seconds; prints its poll count as JSON. Used by bench_dashboard."""
+an HttpAdapter for a number of seconds (or until SIGUSR1); prints its poll count as JSON. Used by
+bench_dashboard."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -17,8 +19,13 @@ async def main(url: str, token: str, seconds: float, interval: float) -> None:
 
     adapter = HttpAdapter(url, token=token, timeout=10)
     app = RadixtopApp(adapter, target=url, interval=interval)
+    done = asyncio.Event()  # SIGUSR1: stop now (before ``seconds``) and report
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, done.set)
     async with app.run_test(size=(160, 48)):
-        await asyncio.sleep(seconds)
+        try:
+            await asyncio.wait_for(done.wait(), seconds)
+        except TimeoutError:
+            pass
         print(json.dumps({"polls": app.polls, "down": app.down}), flush=True)
     adapter.close()
 

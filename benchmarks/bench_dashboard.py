@@ -111,6 +111,8 @@ class BenchConfig:
     tp_pairs: int  # (without, with) pairs of throughput runs, order alternating
     tp_window_s: float
     tp_warmup_s: float  # engine running before the window opens (without the dashboard)
+    alt_pairs: int  # (without, with) windows in the one-engine alternating run
+    alt_window_s: float
     interval: float = 1.0  # the dashboard's refresh (its default)
 
 
@@ -122,6 +124,7 @@ def full_config() -> BenchConfig:
         throughput_tree=TreeConfig("100k", 100_000, fanouts=(1_000, 10_000), extra_capacity=16_000_000),
         paint_repeats=5, down_presses=60, press_repeats=10, chain_repeats=5, long_chain_repeats=3,
         frame_repeats=10, frame_blocks=4, tp_pairs=6, tp_window_s=20.0, tp_warmup_s=2.0,
+        alt_pairs=15, alt_window_s=10.0,
     )
 
 
@@ -133,6 +136,7 @@ def quick_config() -> BenchConfig:
         throughput_tree=TreeConfig("30k", 30_000, extra_capacity=4_000_000),
         paint_repeats=2, down_presses=12, press_repeats=3, chain_repeats=2, long_chain_repeats=1,
         frame_repeats=6, frame_blocks=1, tp_pairs=1, tp_window_s=6.0, tp_warmup_s=1.0,
+        alt_pairs=3, alt_window_s=2.0,
     )
 
 
@@ -1028,6 +1032,72 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
     return rec
 
 
+def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
+    """One engine running the demo workload flat out on a fresh ~100k-node cache, the admin API in
+    a thread of its process, and a dashboard in its own process attached over it (what `radixtop`
+    runs). The dashboard is stopped (SIGSTOP) and continued (SIGCONT) in turn, in windows of
+    ``alt_window_s``, in the order without-with-with-without, so that each window with the
+    dashboard has a window without it beside it, under the same tree, the same point of the
+    workload and the same load on the machine: the drift and noise that separate runs suffer
+    (a fresh tree each, minutes apart) cancel in each pair. A stopped dashboard holds an idle
+    connection and nothing else."""
+    import signal
+    import subprocess
+
+    from gpu_backend.engine import Engine
+    from gpu_backend.workload import WorkloadConfig
+
+    built = build_tree(cfg.throughput_tree, with_facts=False)
+    engine = Engine(built.scheduler, WorkloadConfig(arrival_rate=0.0), step_interval=0.0).start()
+    holds = EngineHolds(engine)
+    built.engine, built.holds = engine, holds
+    windows: list[dict[str, Any]] = []
+    url, server, thread = serve_in_thread(engine)
+    total_s = 3 + cfg.tp_warmup_s + 2 * cfg.alt_pairs * cfg.alt_window_s + 30
+    child = subprocess.Popen([sys.executable, str(HERE / "_dashboard_child.py"), url, "bench", str(total_s),
+                              str(cfg.interval)], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(cfg.tp_warmup_s + 3)  # the child imports textual and paints first
+        gc_mark = GC.mark()
+        stopped = False
+        for k in range(2 * cfg.alt_pairs):
+            with_dashboard = k % 4 in (1, 2)  # without, with, with, without, ...
+            if with_dashboard == stopped:
+                child.send_signal(signal.SIGCONT if stopped else signal.SIGSTOP)
+                stopped = not stopped
+            t0, f0, h0 = pc(), engine.requests_finished, holds.mark()
+            time.sleep(cfg.alt_window_s)
+            secs = pc() - t0
+            windows.append({"with": with_dashboard, "s": secs, "finished": engine.requests_finished - f0,
+                            "requests_per_s": (engine.requests_finished - f0) / secs,
+                            "hold_ms": holds.since(h0) * 1e3})
+        gc_stats = GC.since(gc_mark)
+        if stopped:
+            child.send_signal(signal.SIGCONT)
+        child.send_signal(signal.SIGUSR1)  # ends its wait early: it prints its polls and exits
+        out_text = child.communicate(timeout=60)[0].strip()
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+        server.should_exit = True
+        thread.join(10)
+        nodes_after = engine.call(lambda s: s.cache.node_count(), 30.0)
+        release(built)
+    out = json.loads(out_text.splitlines()[-1]) if out_text else {"polls": None, "down": "no report"}
+    pairs = [(windows[i], windows[i + 1]) for i in range(0, len(windows), 2)]
+    ratios = [w["requests_per_s"] / wo["requests_per_s"] if w["with"] else wo["requests_per_s"] / w["requests_per_s"]
+              for wo, w in ((a, b) if b["with"] else (b, a) for a, b in pairs)]
+    with_w = [w for w in windows if w["with"]]
+    without_w = [w for w in windows if not w["with"]]
+    rate = lambda ws: sum(w["finished"] for w in ws) / sum(w["s"] for w in ws)  # noqa: E731
+    return {"windows": windows, "pair_ratios": ratios, "ratio_median": median(ratios),
+            "ratio_total": rate(with_w) / rate(without_w), "with_requests_per_s": rate(with_w),
+            "without_requests_per_s": rate(without_w), "polls": out["polls"], "dashboard_down": out["down"],
+            "hold_ms_per_s_with": sum(w["hold_ms"] for w in with_w) / sum(w["s"] for w in with_w),
+            "tree_nodes_after": nodes_after, "gc": gc_stats}
+
+
 MODES = ("without", "process", "inprocess")
 
 
@@ -1201,6 +1271,28 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def alternating_table(cfg: BenchConfig, alt: dict[str, Any]) -> str:
+    ws = alt["windows"]
+    pct = ", ".join(f"{x:.1%}" for x in alt["pair_ratios"])
+    return "\n".join([
+        f"### Engine throughput with the dashboard attached and stopped in turn ({cfg.interval:g} s refresh): "
+        f"one engine, demo workload flat out on a ~{fmt_nodes(alt['tree_nodes_after'])}-node cache, "
+        f"{len(ws)} windows of {cfg.alt_window_s:g} s (without, with, with, without, ...)",
+        "",
+        "| measure | value | goal | met |",
+        "|---|---:|---|---|",
+        f"| **with / without** (median of the {len(alt['pair_ratios'])} adjacent pairs) | "
+        f"**{alt['ratio_median']:.1%}** | >= {GOAL_THROUGHPUT_SHARE:.0%} | "
+        f"{verdict(alt['ratio_median'] >= GOAL_THROUGHPUT_SHARE)} |",
+        f"| with / without (all windows: requests / seconds) | {alt['ratio_total']:.1%} | - | - |",
+        f"| requests/s without / with | {alt['without_requests_per_s']:,.0f} / {alt['with_requests_per_s']:,.0f} | - | - |",
+        f"| engine hold by the dashboard's reads (ms per s, windows with it) | {alt['hold_ms_per_s_with']:.1f} | - | - |",
+        f"| dashboard polls (all windows with it) | {alt['polls']} | - | - |",
+        "",
+        f"Per pair: {pct}.",
+    ])
+
+
 def throughput_table(cfg: BenchConfig, tp: dict[str, Any]) -> str:
     by_mode = {m: [r for r in tp["runs"] if r["mode"] == m] for m in MODES}
     med = lambda rs, key: median([r[key] for r in rs])  # noqa: E731
@@ -1274,6 +1366,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "dashboard.json", help="JSON results path")
     ap.add_argument("--skip-throughput", action="store_true", help="leave out section 5")
     ap.add_argument("--only-throughput", action="store_true", help="run section 5 alone")
+    ap.add_argument("--only-alternating", action="store_true",
+                    help="run only section 5's one-engine measurement (dashboard stopped and continued in turn)")
     args = ap.parse_args(argv)
     cfg = quick_config() if args.quick else full_config()
 
@@ -1286,7 +1380,7 @@ def main(argv: list[str] | None = None) -> int:
                                "goals": {"first_paint_s": GOAL_FIRST_PAINT_S, "frame_ratio": GOAL_FRAME_RATIO,
                                          "throughput_share": GOAL_THROUGHPUT_SHARE, "instant_ms": INSTANT_MS}}
     trees = []
-    for tc in () if args.only_throughput else (cfg.small, cfg.large):
+    for tc in () if args.only_throughput or args.only_alternating else (cfg.small, cfg.large):
         log(f"mode {cfg.mode}: building the {tc.label} tree")
         b = build_tree(tc)
         start_engine(b)
@@ -1294,7 +1388,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {b.facts['nodes']:,} nodes in {b.build_s:.1f} s (RSS {rss_mib():.0f} MiB)")
     results["trees"] = {b.label: b.facts for b in trees}
     try:
-        if args.only_throughput:
+        if args.only_throughput or args.only_alternating:
             raise _SkipTreeSections
         log(f"first paint: {cfg.paint_repeats} starts per tree")
         results["gc"] = {}
@@ -1314,12 +1408,19 @@ def main(argv: list[str] | None = None) -> int:
             release(b)
         trees.clear()
     if not args.skip_throughput:
-        log(f"throughput: {cfg.tp_pairs} pairs of {cfg.tp_window_s:.0f} s windows")
+        log(f"throughput, one engine: {cfg.alt_pairs} pairs of {cfg.alt_window_s:g} s windows, "
+            f"the dashboard stopped and continued in turn")
+        results["alternating"] = alternating_run(cfg)
+        log(f"  with / without: {results['alternating']['ratio_median']:.1%} (median of pairs)")
+    if not args.skip_throughput and not args.only_alternating:
+        log(f"throughput: {cfg.tp_pairs} rounds of {cfg.tp_window_s:.0f} s runs")
         results["throughput"] = measure_throughput(cfg)
     results["wall_s"] = pc() - t_all
     table = (report(cfg, results) if "throughput" in results and "frame" in results
              else throughput_table(cfg, results["throughput"]) if "throughput" in results
-             else "(throughput skipped: no report)")
+             else "(throughput skipped: no report)" if "alternating" not in results else "")
+    if "alternating" in results:
+        table = alternating_table(cfg, results["alternating"]) + ("\n\n" + table if table else "")
     results["table_markdown"] = table
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as fh:
