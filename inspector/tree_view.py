@@ -180,7 +180,7 @@ class CacheTree(ScrollView, can_focus=True):
         if width < 64:
             return f" {node.tokens:>6,}t {human_bytes(node.subtree_bytes):>10}"
         parts = [f"{node.tokens:>7,}t", f"{human_bytes(node.bytes):>10}", f"{human_bytes(node.subtree_bytes):>10}"]
-        if width >= 100:
+        if width >= 88:  # 160 columns give the tree 94
             parts.append(f"L{node.lock_ref:<2}")
             parts.append(f"{len(node.holders):>3}h")
             parts.append(f"{age(node.access_age_s):>5}")
