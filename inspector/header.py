@@ -30,6 +30,29 @@ def memory_bar(st: Stats, width: int) -> Text:
     return text
 
 
+def legend(st: Stats, width: int) -> Text:
+    """The memory bar's legend, as much of it as fits: tokens and bytes on wide screens, bytes
+    only on narrower ones, short labels on 80 columns."""
+    bpt = st.bytes_per_token
+    parts = (("protected", "red", st.protected_tokens), ("evictable", "dark_orange", st.evictable_tokens),
+             ("free", "grey50", st.free_tokens))
+    short = {"protected": "prot", "evictable": "evict", "free": "free"}
+    for form in ("full", "bytes", "short", "shortest"):
+        text = Text()
+        for name, style, tokens in parts:
+            text.append(f"■ {name if form in ('full', 'bytes') else short[name]} ", style=style)
+            amount = human_bytes(tokens * bpt)
+            text.append(f"{tokens:,} tok {amount}  " if form == "full" else f"{amount}  ")
+        text.append("of ", style="dim")
+        text.append(human_bytes(st.capacity_bytes))
+        if form != "shortest":
+            text.append(f" · {st.node_count:,} nodes")
+        text.append(f" · {st.open_sessions} sessions" + (" open" if form != "shortest" else ""))
+        if text.cell_len <= width:
+            break
+    return text
+
+
 def _set(line: Static, content: Text | str) -> None:
     """Update a one-line Static in place: its height is fixed, so no layout pass (a layout of the
     whole screen every poll costs more than everything else the header does), and nothing at
@@ -114,15 +137,7 @@ class HeaderBar(Widget):
             return
         width = max((self.size.width or self.app.size.width) - 2, 10)
         _set(self.query_one("#bar", Static), memory_bar(st, width))
-        bpt = st.bytes_per_token
-        legend = Text.assemble(
-            ("■ protected ", "red"), f"{st.protected_tokens:,} tok {human_bytes(st.protected_tokens * bpt)}  ",
-            ("■ evictable ", "dark_orange"), f"{st.evictable_tokens:,} tok {human_bytes(st.evictable_tokens * bpt)}  ",
-            ("■ free ", "grey50"), f"{st.free_tokens:,} tok {human_bytes(st.free_tokens * bpt)}  ",
-            ("of ", "dim"), f"{human_bytes(st.capacity_bytes)} · {st.node_count:,} nodes · "
-            f"{st.open_sessions} sessions open",
-        )
-        _set(self.query_one("#legend", Static), legend)
+        _set(self.query_one("#legend", Static), legend(st, width))
         for key, series, fmt in (("hit", self.hit_rate, "{:.0%}"), ("evict", self.evictions, "{:,.0f}"),
                                  ("close", self.close_freed, "{:,.0f}")):
             spark = self.query_one(f"#{key}-spark", Sparkline)

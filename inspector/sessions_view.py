@@ -56,7 +56,7 @@ class SessionsTable(ScrollView, can_focus=True):
     ]
 
     DEFAULT_CSS = """
-    SessionsTable { height: 1fr; }
+    SessionsTable { height: 1fr; overflow-x: hidden; }
     """
 
     cursor = reactive(0, always_update=True)
@@ -83,6 +83,7 @@ class SessionsTable(ScrollView, can_focus=True):
         self.filter_text = ""
         self.marked: set[str] = set()
         self._cursor_id: str | None = None
+        self._moved = False
 
     def set_sessions(self, sessions: list[SessionView]) -> None:
         self.all = sessions
@@ -102,7 +103,9 @@ class SessionsTable(ScrollView, can_focus=True):
         self.shown = rows
         self.marked &= {s.id for s in self.all}
         self.virtual_size = Size(self.size.width, len(rows) + 1)
-        index = next((i for i, s in enumerate(rows) if s.id == self._cursor_id), None)
+        # The cursor stays on its session as the order changes, once the user has moved it;
+        # until then it stays on the top row (the biggest session now, not the first one seen).
+        index = next((i for i, s in enumerate(rows) if s.id == self._cursor_id), None) if self._moved else None
         self.cursor = index if index is not None else min(self.cursor, max(len(rows) - 1, 0))
         self.refresh()
 
@@ -165,18 +168,23 @@ class SessionsTable(ScrollView, can_focus=True):
             return
         index = self.scroll_offset.y + offset.y - 1  # the first line is the header
         if 0 <= index < len(self.shown):
+            self._moved = True
             self.cursor = index
 
     def action_cursor_up(self) -> None:
+        self._moved = True
         self.cursor = max(0, self.cursor - 1)
 
     def action_cursor_down(self) -> None:
+        self._moved = True
         self.cursor = min(max(len(self.shown) - 1, 0), self.cursor + 1)
 
     def action_page_up(self) -> None:
+        self._moved = True
         self.cursor = max(0, self.cursor - max(self.size.height - 2, 1))
 
     def action_page_down(self) -> None:
+        self._moved = True
         self.cursor = min(max(len(self.shown) - 1, 0), self.cursor + max(self.size.height - 2, 1))
 
     def action_next_sort(self) -> None:

@@ -45,7 +45,7 @@ class CacheTree(ScrollView, can_focus=True):
     ]
 
     DEFAULT_CSS = """
-    CacheTree { height: 1fr; }
+    CacheTree { height: 1fr; overflow-x: hidden; }
     """
 
     cursor = reactive(0, always_update=True)

@@ -129,3 +129,24 @@ async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_
         show([ROWS[4], *ROWS[:4], replace(ROWS[5], node=locked)])  # the largest root child moved up
         await pilot.pause()
         assert repainted == [0, 1, 2, 3, 4]
+
+
+async def test_sessions_cursor_stays_on_top_until_moved_then_follows_its_session(prepared_app):
+    from dataclasses import replace
+
+    from inspector.sessions_view import SessionsTable
+
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        table = app.query_one(SessionsTable)
+        assert table.current.id == "s1" and table.cursor == 0
+        # s1 shrinks to nothing: an untouched table keeps showing the biggest session on top.
+        shrunk = [replace(s, exclusive_bytes=0) if s.id == "s1" else s for s in SESSIONS]
+        table.set_sessions(shrunk)
+        assert table.cursor == 0 and table.current.id == "s2"
+        table.focus()
+        await pilot.press("down")  # the user picks s3: from now on the cursor follows it
+        assert table.current.id == "s3"
+        table.set_sessions([replace(s, exclusive_bytes=0) if s.id == "s3" else s for s in shrunk])
+        assert table.current.id == "s3" and table.cursor > 1
