@@ -982,7 +982,7 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
                         "engine_hold_ms_per_s": held / rec["window_s"] * 1e3,
                         "engine_hold_ms_per_poll": held / max(out["polls"], 1) * 1e3})
         elif not with_dashboard:
-            time.sleep(cfg.tp_warmup_s)
+            time.sleep(cfg.tp_warmup_s + 3)  # the same time from engine start as the other modes
             gc_mark = GC.mark()
             start = window_open()
             sample_until(start[0] + cfg.tp_window_s)
@@ -998,7 +998,7 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
                         if pc() - t0 > 60:
                             raise RuntimeError("no first poll within 60 s")
                         await asyncio.sleep(0.01)
-                    await asyncio.sleep(max(0.0, cfg.tp_warmup_s - (pc() - t0)))
+                    await asyncio.sleep(max(0.0, cfg.tp_warmup_s + 3 - (pc() - t0)))
                     polls0, coll0, attr0, hold0 = (app.polls, len(app.bench_collect),
                                                    len(adapter.attribute_log), holds.mark())
                     gc_mark = GC.mark()
