@@ -26,6 +26,7 @@ from adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    Unsupported,
 )
 
 MAX_PAGE = 10_000
@@ -131,6 +132,16 @@ class CacheAdapter(ABC):
 
     @abstractmethod
     def close_session(self, session_id: str) -> CloseResultView: ...
+
+    def close_session_planned(self, session_id: str) -> tuple[ClosePlanView | None, CloseResultView]:
+        """Plan and close, the plan taken as close to the close as the target allows: an adapter
+        that owns its cache's thread takes both in one step, so the result equals the plan. Here
+        (the default) two calls; the plan is None where the target cannot preview a close."""
+        try:
+            plan = self.plan_close(session_id)
+        except Unsupported:
+            plan = None
+        return plan, self.close_session(session_id)
 
     @abstractmethod
     def evict(self, num_tokens: int) -> EvictResultView: ...

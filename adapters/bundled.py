@@ -363,38 +363,43 @@ class BundledAdapter(CacheAdapter):
 
     # ----- actions -----
 
-    def plan_close(self, session_id: str) -> ClosePlanView:
-        def read(s: Scheduler) -> ClosePlanView:
-            plan = s.cache.plan_close(session_id)
-            if s.cache.is_session_closed(session_id):
-                state = "closed"
-            elif plan.known or session_id in s.session_activity:
-                state = "open"
-            else:
-                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
-            return ClosePlanView(
-                session_id, plan.policy, state, plan.freed_node_ids, plan.freed_tokens,
-                plan.freed_bytes, plan.released_holds,
-                tuple(KeptNodeView(k.node_id, k.tokens, k.reason) for k in plan.kept),
-            )
+    def _plan(self, s: Scheduler, session_id: str) -> ClosePlanView:
+        plan = s.cache.plan_close(session_id)
+        if s.cache.is_session_closed(session_id):
+            state = "closed"
+        elif plan.known or session_id in s.session_activity:
+            state = "open"
+        else:
+            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+        return ClosePlanView(
+            session_id, plan.policy, state, plan.freed_node_ids, plan.freed_tokens,
+            plan.freed_bytes, plan.released_holds,
+            tuple(KeptNodeView(k.node_id, k.tokens, k.reason) for k in plan.kept),
+        )
 
-        return self._call(read)
+    def _close(self, s: Scheduler, session_id: str) -> CloseResultView:
+        known = (session_id in s.cache._session_leaves or session_id in s.session_activity
+                 or s.cache.is_session_closed(session_id))
+        if not known:
+            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+        r = s.close_session(session_id)
+        self._attribution = None  # after an action the next read recomputes
+        self.engine.record("close", session=session_id)
+        return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
+                               r.freed_tokens, r.freed_bytes, r.released_holds)
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        return self._call(lambda s: self._plan(s, session_id))
 
     def close_session(self, session_id: str) -> CloseResultView:
         self._refuse_if_read_only(f"close of session {session_id!r}")
+        return self._call(lambda s: self._close(s, session_id))
 
-        def act(s: Scheduler) -> CloseResultView:
-            known = (session_id in s.cache._session_leaves or session_id in s.session_activity
-                     or s.cache.is_session_closed(session_id))
-            if not known:
-                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
-            r = s.close_session(session_id)
-            self._attribution = None  # after an action the next read recomputes
-            self.engine.record("close", session=session_id)
-            return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
-                                   r.freed_tokens, r.freed_bytes, r.released_holds)
-
-        return self._call(act)
+    def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
+        """Plan and close in one step of the owner thread: nothing runs in between, so the
+        result is the plan."""
+        self._refuse_if_read_only(f"close of session {session_id!r}")
+        return self._call(lambda s: (self._plan(s, session_id), self._close(s, session_id)))
 
     def evict(self, num_tokens: int) -> EvictResultView:
         self._refuse_if_read_only(f"evict of {num_tokens} tokens")

@@ -67,6 +67,8 @@ class HttpAdapter(CacheAdapter):
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
         if not url.startswith(("http://", "https://")):
             raise BadRequest(f"{url!r} is not an http:// or https:// URL")
+        if token and not (token.isascii() and token.isprintable()):
+            raise BadRequest("the token must be printable ASCII (it is sent in an HTTP header)")
         self.url = url.rstrip("/")
         self.name = self.url
         self.timeout = timeout
@@ -202,15 +204,24 @@ class HttpAdapter(CacheAdapter):
         body = self._request("POST", self._session_path(session_id) + "/close", params={"dry_run": "true"})
         return self._view(close_plan_from_dict, body)
 
+    def _act(self, path: str, **kwargs: Any) -> Any:
+        """POST an action. Unanswered is not undone: a server that was only slow (or stopped,
+        then continued) still carries out what it received, so a timeout says so."""
+        try:
+            return self._request("POST", path, **kwargs)
+        except TargetTimeout as exc:
+            raise TargetTimeout(f"{exc.message}; the action may still be done (the audit log "
+                                "lists what ran)") from None
+
     def close_session(self, session_id: str) -> CloseResultView:
-        body = self._request("POST", self._session_path(session_id) + "/close")
+        body = self._act(self._session_path(session_id) + "/close")
         return self._view(lambda b: close_result_from_dict(b["result"]), body)
 
     def evict(self, num_tokens: int) -> EvictResultView:
-        return self._view(evict_result_from_dict, self._request("POST", "/v1/evict", json={"tokens": num_tokens}))
+        return self._view(evict_result_from_dict, self._act("/v1/evict", json={"tokens": num_tokens}))
 
     def flush(self) -> FlushResultView:
-        return self._view(flush_result_from_dict, self._request("POST", "/v1/flush"))
+        return self._view(flush_result_from_dict, self._act("/v1/flush"))
 
     def close(self) -> None:
         self._client.close()

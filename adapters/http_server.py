@@ -12,19 +12,24 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.audit import AuditLog
-from adapters.base import MAX_MATCH_TOKENS, CacheAdapter
+from adapters.base import CHILD_ORDERS, MAX_CHAIN, MAX_MATCH_TOKENS, MAX_PAGE, SESSION_ORDERS, CacheAdapter
 from adapters.http_metrics import metrics_registry, render_metrics
 from adapters.http_schemas import (
     AuditPageOut,
@@ -68,9 +73,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_BODY = 64 * 1024
+MAX_URL = 65_535  # httptools cannot parse a longer request target; the app holds to the same limit
 MAX_ID = 2**63 - 1
 EXPORT_CHUNK_ROWS = 1000
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take '٣'
+NODE_ID_PATTERN = r"^(root|[0-9]{1,19})$"
+TOKENS_PATTERN = r"^\s*([0-9]{1,19}\s*(,\s*[0-9]{1,19}\s*)*)?$"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _STATUS_CODES = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED, 413: PAYLOAD_TOO_LARGE}
@@ -81,8 +89,38 @@ class PayloadTooLarge(AdapterError):
     http_status = 413
 
 
+_TARGET_ERRORS = (501, 503, 504)  # what any call to the target can meet: unsupported, unreachable, timeout
+
+
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorOut} for status in statuses}
+    """An operation's documented error answers: its own, and what any request can meet (a URL over
+    MAX_URL: 413; a bug: 500). Each with the error body."""
+    return {status: {"model": ErrorOut} for status in sorted({*statuses, 413, 500})}
+
+
+# ----- parameters: bounds and shapes published in the schema, enforced here or by the adapter -----
+
+Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="Rows to skip.")]
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"At most this many rows (1-{MAX_PAGE}).")]
+NodeId = Annotated[str, PathParam(description="'root', or a node id (a non-negative integer below 2**63).",
+                                  json_schema_extra={"pattern": NODE_ID_PATTERN})]
+SessionId = Annotated[str, PathParam(description="A session id: any text, '/' included.")]
+
+
+class _AnyText(Convertor[str]):
+    """A path parameter that takes any text, '/' and line breaks included. Starlette's ``path``
+    stops at a line break, so '/v1/sessions/b%0A' was read as session 'b'."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("anytext", _AnyText())
 
 
 def parse_node_id(raw: str) -> int:
@@ -170,6 +208,10 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
     audited, allowed or refused; read-only is the adapter's to enforce, not the server's."""
     if not token:
         raise ValueError("the admin API needs a non-empty token")
+    if not (token.isascii() and token.isprintable()) or token != token.strip():
+        # Anything else could never match: HTTP clients send header values as ASCII, and the
+        # server strips the value it is sent.
+        raise ValueError("the admin API token must be printable ASCII, with no space at either end")
     expected = token.encode()
     registry = metrics_registry(adapter)
     app = FastAPI(
@@ -177,6 +219,15 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         summary="Read and act on a radix KV cache: stats, tree, sessions, close, evict, flush.",
         version="1",
     )
+    app.add_middleware(_Edge)
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _exact_int_bounds(default_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     # ----- errors at the edge -----
 
@@ -195,12 +246,16 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _STATUS_CODES.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=exc.headers)
+        message, path = str(exc.detail), request.url.path[:100]
+        if exc.status_code == 404:
+            message = f"no route {path!r} in this API (its routes are listed at /docs)"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {path!r}"
+        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return _error_response(_internal(exc))
+        return _error_response(_internal(exc))  # a last resort: _Edge answers errors from the routes
 
     # ----- actions: authorised, then audited whatever happens -----
 
@@ -212,20 +267,31 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
             raise Unauthorized("wrong token")
 
-    def check_body_size(request: Request) -> None:
+    async def read_body(request: Request) -> bytes:
+        """The whole body, at most MAX_BODY bytes, whether or not the action takes one: an oversized
+        body is refused the same way with or without a Content-Length."""
         length = request.headers.get("content-length")
         if length is not None and length.isascii() and length.isdigit() and int(length) > MAX_BODY:
             raise PayloadTooLarge(f"request body over {MAX_BODY} bytes")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise PayloadTooLarge(f"request body over {MAX_BODY} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # the client's doing, not a server error: audited as refused
+            raise BadRequest("the client went away before it sent the whole body") from None
+        return b"".join(chunks)
 
     async def guarded(request: Request, action: str, target: str,
-                      work: Callable[[_Record], Awaitable[Any]]) -> JSONResponse:
+                      work: Callable[[_Record, bytes], Awaitable[Any]]) -> JSONResponse:
         record = _Record()
         client = request.client.host if request.client is not None else "unknown"
         error: AdapterError | None = None
         try:
             check_token(request)
-            check_body_size(request)
-            payload = await work(record)
+            payload = await work(record, await read_body(request))
         except AdapterError as exc:
             error = exc
         except Exception as exc:
@@ -243,16 +309,14 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
             return _error_response(error)
         return _json(payload)
 
-    async def read_json(request: Request) -> Any:
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise PayloadTooLarge(f"request body over {MAX_BODY} bytes")
-            chunks.append(chunk)
+    def parse_json(request: Request, body: bytes) -> Any:
+        content_type = request.headers.get("content-type")
+        if content_type is None or content_type.partition(";")[0].strip().lower() != "application/json":
+            sent = "none" if content_type is None else repr(content_type[:60])
+            raise BadRequest(f"body must be JSON sent as Content-Type: application/json (got {sent})")
         try:
-            return json.loads(b"".join(chunks))
-        except ValueError:
+            return json.loads(body)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             raise BadRequest('body must be JSON, such as {"tokens": 1000}') from None
 
     def in_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
@@ -264,24 +328,20 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         "description": "Return the plan (what a close would free now) and change nothing.",
     }]}
 
-    @app.post("/v1/sessions/{session_id:path}/close", response_model=CloseOut | ClosePlanOut,
+    @app.post("/v1/sessions/{session_id:anytext}/close", response_model=CloseOut | ClosePlanOut,
               summary="Close a session: its plan and result (only the plan with dry_run=true)",
-              responses=_errors(401, 403, 404, 413, 422), openapi_extra=dry_run_param)
-    async def close_session(session_id: str, request: Request) -> JSONResponse:
+              responses=_errors(401, 403, 404, 422, *_TARGET_ERRORS), openapi_extra=dry_run_param)
+    async def close_session(session_id: SessionId, request: Request) -> JSONResponse:
         raw_dry_run = request.query_params.get("dry_run")
 
-        async def work(record: _Record) -> Any:
-            dry_run = parse_bool("dry_run", raw_dry_run)
-            try:
-                plan = await in_thread(adapter.plan_close, session_id)
-            except Unsupported:
-                if dry_run:
-                    raise
-                plan = None  # a target that can close but not preview (its result says what it saw)
-            record.plan = plan.to_dict() if plan is not None else None
-            if dry_run:
+        async def work(record: _Record, body: bytes) -> Any:
+            if parse_bool("dry_run", raw_dry_run):
+                record.plan = (await in_thread(adapter.plan_close, session_id)).to_dict()
                 return record.plan
-            result = await in_thread(adapter.close_session, session_id)
+            # One step where the adapter owns its cache's thread: the result is the plan. A target
+            # that can close but not preview answers a null plan (its result says what it saw).
+            plan, result = await in_thread(adapter.close_session_planned, session_id)
+            record.plan = plan.to_dict() if plan is not None else None
             record.result = result.to_dict()
             return {"plan": record.plan, "result": record.result}
 
@@ -289,13 +349,13 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return await guarded(request, action, f"session:{session_id}", work)
 
     @app.post("/v1/evict", response_model=EvictOut, summary="Evict unlocked LRU leaves",
-              responses=_errors(401, 403, 413, 422),
+              responses=_errors(401, 403, 422, *_TARGET_ERRORS),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": EvictIn.model_json_schema()}}}})
     async def evict(request: Request) -> JSONResponse:
-        async def work(record: _Record) -> Any:
+        async def work(record: _Record, body: bytes) -> Any:
             try:
-                num_tokens = EvictIn.model_validate(await read_json(request)).tokens
+                num_tokens = EvictIn.model_validate(parse_json(request, body)).tokens
             except ValidationError as exc:
                 raise BadRequest('body must be {"tokens": N} with N >= 0: '
                                  + "; ".join(e["msg"] for e in exc.errors())) from None
@@ -307,9 +367,9 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return await guarded(request, "evict", "cache", work)
 
     @app.post("/v1/flush", response_model=FlushOut, summary="Evict everything that is evictable",
-              responses=_errors(401, 403, 413))
+              responses=_errors(401, 403, *_TARGET_ERRORS))
     async def flush(request: Request) -> JSONResponse:
-        async def work(record: _Record) -> Any:
+        async def work(record: _Record, body: bytes) -> Any:
             result = await in_thread(adapter.flush)
             record.result = result.to_dict()
             return record.result
@@ -318,56 +378,67 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     # ----- reads -----
 
-    @app.get("/v1/capabilities", response_model=CapabilitiesOut, summary="What this target can do")
+    @app.get("/v1/capabilities", response_model=CapabilitiesOut, summary="What this target can do",
+             responses=_errors(*_TARGET_ERRORS))
     def capabilities() -> JSONResponse:
         return _json(_call(adapter.capabilities))
 
     @app.get("/v1/stats", response_model=StatsOut, summary="Cache totals (tokens and bytes)",
-             responses=_errors(503, 504))
+             responses=_errors(*_TARGET_ERRORS))
     def stats() -> JSONResponse:
         return _json(_call(adapter.stats).to_dict())  # with its byte figures
 
     @app.get("/v1/nodes/{node_id}", response_model=NodeDetailOut,
              summary="One node and a page of its token ids ('root' names the root)",
-             responses=_errors(404, 422))
-    def node(node_id: str, token_offset: int = 0, token_limit: int = 256) -> JSONResponse:
+             responses=_errors(404, 422, *_TARGET_ERRORS))
+    def node(node_id: NodeId, token_offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+             token_limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 256) -> JSONResponse:
         return _json(_call(adapter.node, parse_node_id(node_id), token_offset, token_limit))
 
     @app.get("/v1/nodes/{node_id}/children", response_model=ChildrenPageOut,
-             summary="A page of a node's children", responses=_errors(404, 422))
-    def children(node_id: str, offset: int = 0, limit: int = 100,
-                 order: str = Query("bytes", description="bytes, recency or tokens")) -> JSONResponse:
+             summary="A page of a node's children", responses=_errors(404, 422, *_TARGET_ERRORS))
+    def children(node_id: NodeId, offset: Offset = 0, limit: PageLimit = 100,
+                 order: str = Query("bytes", description="bytes, recency or tokens",
+                                    json_schema_extra={"enum": list(CHILD_ORDERS)})) -> JSONResponse:
         return _json(_call(adapter.children, parse_node_id(node_id), offset, limit, order))
 
     @app.get("/v1/nodes/{node_id}/chain", response_model=ChainOut,
-             summary="The run of single children below a node, in one read", responses=_errors(404, 422))
-    def chain(node_id: str, limit: int = 10_000) -> JSONResponse:
+             summary="The run of single children below a node, in one read",
+             responses=_errors(404, 422, *_TARGET_ERRORS))
+    def chain(node_id: NodeId, limit: Annotated[int, Query(ge=1, le=MAX_CHAIN)] = 10_000) -> JSONResponse:
         return _json(_call(adapter.chain, parse_node_id(node_id), limit))
 
     @app.get("/v1/sessions", response_model=SessionsPageOut, summary="A page of sessions",
-             responses=_errors(422))
+             responses=_errors(422, *_TARGET_ERRORS))
     def sessions(order: str = Query("exclusive_bytes",
-                                    description="exclusive_bytes, shared_bytes, last_activity or id"),
-                 offset: int = 0, limit: int = 100) -> JSONResponse:
+                                    description="exclusive_bytes, shared_bytes, last_activity or id",
+                                    json_schema_extra={"enum": list(SESSION_ORDERS)}),
+                 offset: Offset = 0, limit: PageLimit = 100) -> JSONResponse:
         return _json(_call(adapter.sessions, order, offset, limit))
 
-    @app.get("/v1/sessions/{session_id:path}", response_model=SessionDetailOut,
-             summary="One session and the nodes it holds", responses=_errors(404))
-    def session(session_id: str) -> JSONResponse:
+    @app.get("/v1/sessions/{session_id:anytext}", response_model=SessionDetailOut,
+             summary="One session and the nodes it holds", responses=_errors(404, 422, *_TARGET_ERRORS))
+    def session(session_id: SessionId) -> JSONResponse:
         return _json(_call(adapter.session, session_id))
 
     @app.get("/v1/match", response_model=MatchOut,
-             summary="Longest cached prefix of a token list (read-only)", responses=_errors(413, 422))
-    def match(tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3")) -> JSONResponse:
+             summary="Longest cached prefix of a token list (read-only)",
+             responses=_errors(422, *_TARGET_ERRORS))
+    def match(tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
+                                  json_schema_extra={"pattern": TOKENS_PATTERN})) -> JSONResponse:
         return _json(_call(adapter.match, parse_tokens(tokens)))
 
     @app.get("/v1/changes", response_model=ChangesOut, summary="Node ids changed since a version",
-             responses=_errors(422))
-    def changes(since: int) -> JSONResponse:
+             responses=_errors(422, *_TARGET_ERRORS))
+    def changes(since: Annotated[int, Query(ge=0, le=MAX_ID)]) -> JSONResponse:
         return _json(_call(adapter.changes, since))
 
     @app.get("/v1/export", summary="The whole tree as NDJSON: a header line, then one line per node",
-             response_class=StreamingResponse, responses=_errors(501, 503))
+             response_class=StreamingResponse, responses={**_errors(422, *_TARGET_ERRORS), 200: {
+                 "description": "ndjson: a JSON header line, then one JSON line per node; columns: a JSON "
+                                "header line, then raw little-endian int64 columns, then the holders as JSON",
+                 "content": {"application/x-ndjson": {"schema": {"type": "string"}},
+                             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     def export(format: str = Query("ndjson", pattern="^(ndjson|columns)$",
                                    description="ndjson: a line per node; columns: raw int64 columns")) -> StreamingResponse:
         if format == "columns":
@@ -393,7 +464,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     @app.get("/v1/audit", response_model=AuditPageOut, summary="Audited actions, newest first",
              responses=_errors(422))
-    def audit_page(limit: int = 100, offset: int = 0) -> JSONResponse:
+    def audit_page(limit: PageLimit = 100, offset: Offset = 0) -> JSONResponse:
         entries = _call(audit.tail, limit, offset)
         return _json({"offset": offset, "limit": limit, "entries": entries})
 
@@ -408,12 +479,72 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return _json({"status": "ok", "target": st.target, "version": st.version, "read_only": read_only})
 
     @app.get("/metrics", summary="Prometheus metrics (read from the target at scrape time)",
-             response_class=Response, responses=_errors(503, 504))
+             response_class=Response, responses={**_errors(503, 504), 200: {
+                 "description": "The Prometheus text exposition format",
+                 "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         content, media_type = _call(render_metrics, registry)
         return Response(content, media_type=media_type)
 
     return app
+
+
+class _Edge:
+    """The app's outer layer: refuses a URL over MAX_URL with 413 (whatever server runs the app), and
+    answers an unexpected error with the 500 error body itself. Starlette's error middleware would
+    answer too, but then re-raise to the server, which drops the keep-alive connection: a client's
+    next, unrelated request failed with a connection reset."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if _url_length(scope) > MAX_URL:
+            await _error_response(_url_too_long())(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            if started:  # too late for a status code: the server closes the connection
+                raise
+            await _error_response(_internal(exc))(scope, receive, send)
+
+
+def _url_length(scope: Scope) -> int:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    return len(path) + (1 + len(query) if query else 0)
+
+
+def _url_too_long() -> PayloadTooLarge:
+    return PayloadTooLarge(f"request URL over {MAX_URL} bytes (a match over HTTP takes ~10k-30k token ids)")
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _exact_int_bounds(node: Any) -> None:
+    """FastAPI's OpenAPI model holds numeric bounds as floats, so 2**63-1 was published as
+    9.223372036854776e18 (that is 2**63, a value the server refuses). Restore integer bounds."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _BOUNDS and isinstance(value, float) and value.is_integer():
+                node[key] = MAX_ID if value == float(MAX_ID) else int(value)
+            else:
+                _exact_int_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _exact_int_bounds(item)
 
 
 def _ndjson(header: str, chunks: Iterator[str]) -> Iterator[str]:
@@ -426,6 +557,32 @@ def _ndjson(header: str, chunks: Iterator[str]) -> Iterator[str]:
 
 
 # ----- running it -----
+
+
+@cache
+def http_protocol() -> type:
+    """uvicorn's httptools protocol, whose own refusals carry the API's error body: 413 for a URL
+    over MAX_URL (httptools cannot parse one, so the app never sees it), 400 for a request it
+    cannot parse at all. uvicorn answers both in plain text."""
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+    class JsonRefusalProtocol(HttpToolsProtocol):
+        def send_400_response(self, msg: str) -> None:
+            if len(getattr(self, "url", b"")) > MAX_URL:
+                status, error = 413, _url_too_long()
+            else:
+                status, error = 400, BadRequest("invalid HTTP request: not well-formed HTTP/1.1")
+            content = json.dumps(error_to_body(error)).encode()
+            head = [STATUS_LINE[status]]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            head += [b"content-type: application/json\r\n",
+                     b"content-length: " + str(len(content)).encode() + b"\r\n",
+                     b"connection: close\r\n\r\n", content]
+            self.transport.write(b"".join(head))
+            self.transport.close()
+
+    return JsonRefusalProtocol
 
 
 def is_loopback(host: str) -> bool:
@@ -459,7 +616,7 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
             + (f" (audit log: {audit_path})" if audit_path is not None else ""))
         if generated:
             log(f"API token (send as 'Authorization: Bearer <token>'): {token}")
-        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        config = uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False)
         try:
             uvicorn.Server(config).run(sockets=[sock])
         except KeyboardInterrupt:

@@ -525,10 +525,14 @@ class SGLangAdapter(CacheAdapter):
             raise ReadOnly(f"{action} refused: {self.name} is attached read-only")
 
     def close_session(self, session_id: str) -> CloseResultView:
+        return self.close_session_planned(session_id)[1]
+
+    def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
+        """Plan and close in one step of the scheduler thread (the result is the plan)."""
         self._need_sessions()
         self._refuse_if_read_only(f"close of session {session_id!r}")
 
-        def act() -> CloseResultView:
+        def act() -> tuple[ClosePlanView, CloseResultView]:
             plan = self._plan(session_id)
             already = plan.state == "closed"
             before = int(self.allocator.available_size())
@@ -539,8 +543,8 @@ class SGLangAdapter(CacheAdapter):
             self.freed_by_close_tokens += freed_tokens
             # The plan ran on this thread, in the same step: it is what the close freed.
             freed_ids = plan.freed_node_ids if freed_tokens == plan.freed_tokens else ()
-            return CloseResultView(session_id, plan.policy, already, freed_ids, freed_tokens,
-                                   freed_tokens * self.bpt, plan.released_holds)
+            return plan, CloseResultView(session_id, plan.policy, already, freed_ids, freed_tokens,
+                                         freed_tokens * self.bpt, plan.released_holds)
 
         return self._call(act)
 

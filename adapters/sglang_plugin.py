@@ -99,7 +99,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     """Serve the admin API over ``scheduler.tree_cache`` (what the ``__init__`` hook does).
     Returns None on a TP rank other than the first."""
     from adapters.audit import AuditLog
-    from adapters.http_server import _bind, create_app, is_loopback
+    from adapters.http_server import _bind, create_app, http_protocol, is_loopback
 
     if int(getattr(scheduler, "tp_rank", 0) or 0) != 0:
         return None
@@ -121,7 +121,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     import uvicorn
 
     sock = _bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name=f"radixtop-api-dp{dp_rank}", daemon=True)
     thread.start()

@@ -164,7 +164,14 @@ def export_row_from_dict(d: dict[str, Any]) -> dict[str, Any]:
 # ----- errors -----
 
 
+MAX_MESSAGE = 1000
+
+
 def error_body(code: str, message: str) -> dict[str, Any]:
+    """The error body; a message over MAX_MESSAGE characters (one naming a 10 kB session id) keeps
+    its start and its end, which says what went wrong."""
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:700]} ... {message[-(MAX_MESSAGE - 705):]}"
     return {"error": {"code": code, "message": message}}
 
 

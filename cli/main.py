@@ -78,9 +78,13 @@ def tui(
         return
     if url is not None:
         from adapters.http_client import HttpAdapter
+        from adapters.model import BadRequest
         from inspector.app import run_dashboard
 
-        adapter = HttpAdapter(url, token=token, timeout=timeout)
+        try:
+            adapter = HttpAdapter(url, token=token, timeout=timeout)
+        except BadRequest as exc:  # a URL or token that cannot be sent
+            raise fail(exc.message, 2) from None
         run_dashboard(adapter, url, interval, keys, on_exit=adapter.close)
         return
     from adapters.http_client import HttpAdapter
@@ -159,7 +163,7 @@ def replay(
 ) -> None:
     """Apply a trace to a fresh bundled cache and print what happened."""
     from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.trace import TraceError
+    from gpu_backend.trace import TraceError, read_lines
     from gpu_backend.trace import replay as run_replay
 
     if capacity % page_size:
@@ -167,14 +171,14 @@ def replay(
     try:
         geometry = get_geometry(model)
         if str(trace) == "-":
-            doc = run_replay(sys.stdin, capacity, page_size, eviction_policy, close_policy, geometry)
+            doc = run_replay(read_lines(sys.stdin.buffer), capacity, page_size, eviction_policy,
+                             close_policy, geometry)
         else:
-            with trace.open(encoding="utf-8") as lines:
-                doc = run_replay(lines, capacity, page_size, eviction_policy, close_policy, geometry)
+            with trace.open("rb") as stream:  # bytes: read_trace names a line that is not UTF-8
+                doc = run_replay(read_lines(stream), capacity, page_size, eviction_policy, close_policy,
+                                 geometry)
     except OSError as exc:
         raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
-    except UnicodeDecodeError:
-        raise fail(f"trace {trace} is not UTF-8 text", 1) from None
     except TraceError as exc:
         raise fail(f"{trace}: {exc}", 1) from None
     except ValueError as exc:

@@ -30,7 +30,10 @@ def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
     from adapters.http_client import HttpAdapter
     from adapters.model import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
 
-    adapter = HttpAdapter(url, token=token, timeout=timeout)
+    try:
+        adapter = HttpAdapter(url, token=token, timeout=timeout)
+    except BadRequest as exc:  # a URL or token that cannot be sent
+        raise _exit(exc.message, EXIT_USAGE) from None
     try:
         yield adapter
     except (TargetUnreachable, TargetTimeout) as exc:

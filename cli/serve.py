@@ -50,7 +50,7 @@ def serve(
     from gpu_backend.engine import Engine
     from gpu_backend.kv_geometry import get_geometry
     from gpu_backend.scheduler import Scheduler
-    from gpu_backend.trace import Replayer, TraceError, read_trace
+    from gpu_backend.trace import Replayer, TraceError, read_lines, read_trace
     from gpu_backend.workload import WorkloadConfig
 
     def usage(message: str) -> typer.Exit:
@@ -92,9 +92,9 @@ def serve(
         raise usage(str(exc)) from None
     if trace is not None:
         try:
-            with trace.open(encoding="utf-8") as lines:
+            with trace.open("rb") as stream:
                 replayer = Replayer(scheduler)
-                for op in read_trace(lines):
+                for op in read_trace(read_lines(stream)):
                     replayer.apply(op)
         except OSError as exc:
             raise usage(f"cannot read trace {trace}: {exc.strerror or exc}") from None

@@ -54,6 +54,7 @@ class Engine:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._paused = threading.Event()
+        self._finished = threading.Event()  # set when the loop has ended, before it fails what is queued
         self.steps = 0
         self.requests_finished = 0
         self.requests_aborted = 0
@@ -71,6 +72,9 @@ class Engine:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """From now on every call raises EngineStopped at once, and queued commands that have not
+        started never run (their callers get EngineStopped). A command already running finishes:
+        ``timeout`` bounds the wait for it, not the refusal of new ones."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -97,11 +101,13 @@ class Engine:
         Raises EngineTimeout if it has not run within ``timeout`` seconds (the command is then
         cancelled if it has not started), and EngineStopped if the engine is not running.
         """
-        if not self.alive:
+        if self._stop.is_set() or not self.alive:  # stopped: refused even while a command still runs
             raise EngineStopped(self._dead_reason())
         future: Future = Future()
         self._commands.put((fn, future))
         self._wake.set()
+        if self._finished.is_set():  # the loop ended after the check above: nobody else will answer
+            self._fail_pending(EngineStopped(self._dead_reason()))
         try:
             return future.result(timeout)
         except FutureTimeout:
@@ -133,20 +139,24 @@ class Engine:
             self.error = exc
             logger.exception("engine thread died")
         finally:
+            self._finished.set()
             self._fail_pending(EngineStopped(self._dead_reason()))
 
     def _drain_commands(self) -> None:
-        while True:
+        while not self._stop.is_set():  # once stopped, what is still queued is failed, never run
             try:
                 fn, future = self._commands.get_nowait()
             except queue.Empty:
                 return
             if not future.set_running_or_notify_cancel():
-                continue
+                continue  # its caller timed out before it started: it never runs
             try:
                 future.set_result(fn(self.scheduler))
             except Exception as exc:
                 future.set_exception(exc)
+            except BaseException as exc:  # it ends the loop; its caller must hear why, not wait forever
+                future.set_exception(EngineStopped(f"engine thread died: {type(exc).__name__}: {exc}"))
+                raise
 
     def _fail_pending(self, exc: Exception) -> None:
         while True:

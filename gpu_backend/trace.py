@@ -6,12 +6,16 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from gpu_backend.kv_geometry import KVGeometry, get_geometry
 from gpu_backend.scheduler import OutOfSlotsError, Scheduler, UnknownRequestError
 
 OPS = ("begin", "finish", "abort", "request", "close", "register", "evict")
+MAX_TOKEN_ID = 2**63 - 1  # token ids and counts are int64 everywhere past the trace (pool, API, export)
+MAX_LINE_BYTES = 16 * 2**20
+"""The longest op line read: a 1M-token prompt is about 8 MB of JSON. A longer line is refused
+before it is parsed, so one line cannot cost gigabytes of Python ints."""
 
 
 class TraceError(ValueError):
@@ -37,6 +41,8 @@ def _token_list(line_no: int, fields: dict, name: str) -> list[int]:
         raise TraceError(line_no, f"field {name!r} must be a list of integer token ids")
     if any(t < 0 for t in value):
         raise TraceError(line_no, f"field {name!r} has a negative token id")
+    if any(t > MAX_TOKEN_ID for t in value):
+        raise TraceError(line_no, f"field {name!r} has a token id over 2**63-1")
     return value
 
 
@@ -59,6 +65,10 @@ def parse_op(line_no: int, text: str) -> Op:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(line_no, f"not valid JSON ({exc.msg})") from None
+    except ValueError:  # json's int() refuses numbers over 4300 digits
+        raise TraceError(line_no, "not valid JSON (a number too long to read)") from None
+    except RecursionError:
+        raise TraceError(line_no, "not valid JSON (nested too deeply)") from None
     if not isinstance(raw, dict):
         raise TraceError(line_no, "an op must be a JSON object")
     op = raw.get("op")
@@ -79,15 +89,44 @@ def parse_op(line_no: int, text: str) -> Op:
         f["session"] = _session(line_no, raw, required=True)
     if op == "evict":
         tokens = raw.get("tokens")
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-            raise TraceError(line_no, "field 'tokens' must be a non-negative integer")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 <= tokens <= MAX_TOKEN_ID:
+            raise TraceError(line_no, "field 'tokens' must be a non-negative integer (below 2**63)")
         f["tokens"] = tokens
     return Op(line_no, op, f)
 
 
-def read_trace(lines: Iterable[str]) -> Iterator[Op]:
-    """Ops from JSON lines; blank lines and lines starting with '#' are skipped."""
+def read_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """A binary stream's lines for read_trace, split as a text file's are (LF, CRLF or CR). Each
+    is read with a bound, so a line over ``limit`` bytes is a TraceError naming it rather than a
+    line held whole in memory; and they stay bytes, so a line that is not UTF-8 is named too."""
+    line_no = 0
+    while True:
+        chunk = stream.readline(limit + 1)
+        if not chunk:
+            return
+        if len(chunk) > limit and not chunk.endswith(b"\n"):
+            raise TraceError(line_no + 1, f"longer than {limit:,} bytes (one op is one line: is this a trace?)")
+        if chunk.endswith(b"\n"):
+            body = chunk[:-2] if chunk.endswith(b"\r\n") else chunk[:-1]
+        else:  # the last line, without an end
+            body = chunk[:-1] if chunk.endswith(b"\r") else chunk
+        for line in body.split(b"\r"):
+            line_no += 1
+            yield line
+
+
+def read_trace(lines: Iterable[str | bytes]) -> Iterator[Op]:
+    """Ops from JSON lines (text, or UTF-8 bytes as read_lines yields them); blank lines and
+    lines starting with '#' are skipped."""
     for line_no, text in enumerate(lines, start=1):
+        if len(text) > MAX_LINE_BYTES:
+            raise TraceError(line_no, f"longer than {MAX_LINE_BYTES:,} bytes (one op is one line: is this a trace?)")
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(line_no, f"not UTF-8 text (byte 0x{text[exc.start]:02x} at column "
+                                          f"{exc.start + 1})") from None
         text = text.strip()
         if text and not text.startswith("#"):
             yield parse_op(line_no, text)

@@ -224,7 +224,11 @@ class RadixtopApp(App[None]):
 
     def _show_down(self, exc: AdapterError) -> None:
         self.down = exc.message
+        # What comes back may be a restarted target, whose versions and ids start over: the first
+        # good poll reloads capabilities, the tree and the sessions in full.
         self._caps_stale = True
+        self.since = None
+        self._sessions_at = float("-inf")
         banner = self.query_one("#banner", Static)
         kind = "timed out" if isinstance(exc, TargetTimeout) else "cannot reach" if isinstance(
             exc, TargetUnreachable) else "error from"
@@ -572,7 +576,8 @@ class RadixtopApp(App[None]):
                 f" (plan said {plan.freed_tokens:,}: the cache changed in between)"
             lines.append(f"{sid}: freed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}{diff}")
         self.call_from_thread(self.notify, "\n".join(lines), title="closed", timeout=8)
-        self.call_from_thread(self.query_one(SessionsTable).marked.clear)
+        # A lambda: Textual reads the callback's signature, and a builtin such as set.clear has none.
+        self.call_from_thread(lambda: self.query_one(SessionsTable).marked.clear())
         self._sessions_at = float("-inf")  # the sessions table shows the action at once
         self.call_from_thread(self.poll)
 

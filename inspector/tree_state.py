@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from adapters.model import ROOT_ID, ChainView, ChildrenPage, NodeView
+from adapters.model import ROOT_ID, ChainView, ChildrenPage, NodeView, UnknownNode
 
 PAGE = 100
 CHAIN_HOPS = 10_000
@@ -103,7 +103,7 @@ class TreeState:
             if node_id in self.loaded or node_id == ROOT_ID:
                 try:
                     self.load(node_id, len(self.loaded.get(node_id, _Loaded()).children), follow_splits)
-                except LookupError:
+                except (LookupError, UnknownNode):  # evicted, freed, or the target restarted
                     self.forget(node_id)
         self.flatten()
 

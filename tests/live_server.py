@@ -18,10 +18,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(app, port: int | None = None) -> Iterator[str]:
-    """Serve ``app`` (on ``port``, or a free one) until the block ends; yield its URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning",
-                            access_log=False, lifespan="off")
+def running_server(app, port: int | None = None, **options) -> Iterator[str]:
+    """Serve ``app`` (on ``port``, or a free one) until the block ends; yield its URL. ``options``
+    go to ``uvicorn.Config`` (``http=`` the protocol ``serve`` uses, for one)."""
+    options = {"log_level": "warning", "access_log": False, "lifespan": "off", **options}
+    config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="radixtop-test-api", daemon=True)
     thread.start()
