@@ -92,6 +92,7 @@ class RadixtopApp(App[None]):
         self.selected_node: int | None = None
         self._detail_shape: tuple = ()  # the detail shown: each row's label and length
         self._detail_rows: list = []
+        self._rows_generation = 0  # the tree state's flatten count of the rows on screen
         self.detail_offset = 0
         """First token id shown in the detail panel (``[`` and ``]`` page through them)."""
         self.marked_session: str | None = None
@@ -137,7 +138,10 @@ class RadixtopApp(App[None]):
         if not caps.sessions:
             self.query_one("#sessions-title", Static).update(Text("sessions: not available here", style="yellow"))
 
-    @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
+    # One chain: each poll arms the next as it ends, so polls never overlap. Not exclusive: on a
+    # loaded machine the next may start while the last is still returning, and cancelling that
+    # one would only lose it.
+    @work(thread=True, group="poll", exit_on_error=False)
     def poll(self) -> None:
         """One poll: stats always; the tree, sessions and detail unless paused."""
         try:
@@ -170,6 +174,7 @@ class RadixtopApp(App[None]):
                     self.tree_state.refresh()
                 snap["rows"] = list(self.tree_state.rows)
                 snap["order"] = self.tree_state.order
+                snap["generation"] = self.tree_state.generation
         if caps.sessions and snap["time"] - self._sessions_at >= max(SESSIONS_EVERY, self.interval):
             snap["sessions"] = list(self.adapter.sessions("exclusive_bytes", 0, SESSIONS_LOADED).sessions)
             self._sessions_at = snap["time"]
@@ -214,7 +219,7 @@ class RadixtopApp(App[None]):
         header.interval = self.interval
         header.update_stats(snap["stats"], snap["time"])
         if "rows" in snap:
-            self.query_one(CacheTree).set_rows(snap["rows"], snap["stats"].total_bytes, snap["order"])
+            self._show_rows(snap["rows"], snap["stats"].total_bytes, snap["order"], snap.get("generation"))
         if "sessions" in snap:
             self.query_one(SessionsTable).set_sessions(snap["sessions"])
             self._title_sessions()
@@ -271,12 +276,21 @@ class RadixtopApp(App[None]):
                 elif op == "order":
                     state.set_order("recency" if state.order == "bytes" else "bytes")
                     self.call_from_thread(self.notify, f"children sorted by {state.order}")
-                rows, order = list(state.rows), state.order
+                rows, order, generation = list(state.rows), state.order, state.generation
         except AdapterError as exc:
             self.call_from_thread(self.notify, exc.message, severity="error", title="radixtop")
             return
         total = self.stats.total_bytes if self.stats else 1
-        self.call_from_thread(self.query_one(CacheTree).set_rows, rows, total, order)
+        self.call_from_thread(self._show_rows, rows, total, order, generation)
+
+    def _show_rows(self, rows: list, total_bytes: int, order: str, generation: int | None) -> None:
+        """Rows to the tree, unless rows flattened later are already shown (a poll that read the
+        tree before an expand may land after it: it must not undo the expand on screen)."""
+        if generation is not None:
+            if generation < self._rows_generation:
+                return
+            self._rows_generation = generation
+        self.query_one(CacheTree).set_rows(rows, total_bytes, order)
 
     def on_cache_tree_selected(self, message: CacheTree.Selected) -> None:
         row = message.row
@@ -369,14 +383,14 @@ class RadixtopApp(App[None]):
                 for node_id in ancestors:  # open the way down to every tagged node
                     self.tree_state.expand(node_id)
                 self.tree_state.refresh()
-                rows, order = list(self.tree_state.rows), self.tree_state.order
+                rows, order, generation = list(self.tree_state.rows), self.tree_state.order, self.tree_state.generation
         except AdapterError as exc:
             self.call_from_thread(self.notify, exc.message, severity="error")
             return
 
         def show() -> None:
             tree = self.query_one(CacheTree)
-            tree.set_rows(rows, self.stats.total_bytes if self.stats else 1, order)
+            self._show_rows(rows, self.stats.total_bytes if self.stats else 1, order, generation)
             tree.set_marked(frozenset(marked))
             if detail.node_ids:
                 tree.move_to_key(("node", detail.node_ids[0]))
@@ -483,14 +497,14 @@ class RadixtopApp(App[None]):
                 for node_id in reversed(path):
                     self.tree_state.expand(node_id)
                 self.tree_state.refresh()
-                rows, order = list(self.tree_state.rows), self.tree_state.order
+                rows, order, generation = list(self.tree_state.rows), self.tree_state.order, self.tree_state.generation
         except AdapterError as exc:
             self.call_from_thread(self.notify, exc.message, severity="error")
             return
 
         def show() -> None:
             tree = self.query_one(CacheTree)
-            tree.set_rows(rows, self.stats.total_bytes if self.stats else 1, order)
+            self._show_rows(rows, self.stats.total_bytes if self.stats else 1, order, generation)
             if target != ROOT_ID:
                 tree.move_to_key(("node", target))
             tree.focus()

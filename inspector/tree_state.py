@@ -59,6 +59,8 @@ class TreeState:
         # Chains folded into one row: the top node id -> the chain's nodes, top first.
         self.chains: dict[int, tuple[NodeView, ...]] = {}
         self.rows: list[Row] = []
+        self.generation = 0
+        """Counts flattens: rows read earlier must not replace rows read later on screen."""
 
     # ----- loading -----
 
@@ -168,6 +170,7 @@ class TreeState:
 
     def flatten(self) -> list[Row]:
         """Rows for everything expanded, parents before children (iterative: chains are deep)."""
+        self.generation += 1
         rows: list[Row] = []
         stack: list[tuple[str, int, int, object]] = [("children", ROOT_ID, 0, None)]
         while stack:
