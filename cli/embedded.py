@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -36,12 +36,31 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, output: Callable[[], str],
+                 target: str | None = None) -> None:
+    """Until the `radixtop serve` child ``proc`` answers /healthz at ``url`` (as ``target``, when
+    given: a restarted one answers with its new name); RuntimeError if it exits or stays silent."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"radixtop serve exited at start ({proc.returncode}): {output()}")
+        try:
+            reply = httpx.get(f"{url}/healthz", timeout=1.0)
+            if reply.status_code == 200 and (target is None or reply.json()["target"] == target):
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"radixtop serve did not answer on {url} within {timeout:g} s")
+        time.sleep(0.05)
+
+
 @contextmanager
 def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, arrival_rate: float,
                 read_only: bool = False, start_timeout: float = 120.0) -> Iterator[tuple[str, str]]:
     """(url, token) of a `radixtop serve` child running the demo workload, until the block ends."""
-    import httpx
-
     token = secrets.token_urlsafe(24)
     port = _free_port()
     cmd = [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -55,19 +74,7 @@ def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, 
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the demo engine exited at start ({proc.returncode}): "
-                                   f"{(proc.stderr.read() or '').strip()[-500:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the demo engine did not answer on {url} within {start_timeout:g}s")
-            time.sleep(0.1)
+        wait_healthy(url, proc, start_timeout, lambda: (proc.stderr.read() or "").strip()[-500:])
         yield url, token
     finally:
         proc.terminate()

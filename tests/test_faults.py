@@ -35,7 +35,7 @@ from adapters.bundled import BundledAdapter
 from adapters.http_client import HttpAdapter
 from adapters.http_server import create_app
 from adapters.model import AdapterError, TargetTimeout, TargetUnreachable
-from cli.embedded import _die_with_parent
+from cli.embedded import _die_with_parent, wait_healthy
 from gpu_backend.engine import Engine
 from gpu_backend.kv_geometry import get_geometry
 from gpu_backend.scheduler import Scheduler
@@ -139,20 +139,7 @@ class Served:
 
     def wait_ready(self) -> None:
         """Until /healthz answers as this incarnation (any thread)."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"radixtop serve exited ({self.proc.returncode}): "
-                                     f"{self.log.read_text()[-2000:]}")
-            try:
-                reply = httpx.get(f"{self.url}/healthz", timeout=2)
-                if reply.status_code == 200 and reply.json()["target"] == self.name:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"radixtop serve did not answer on {self.url} within {WAIT:g} s")
-            time.sleep(0.05)
+        wait_healthy(self.url, self.proc, WAIT, lambda: self.log.read_text()[-2000:], target=self.name)
 
     def ensure_up(self) -> None:
         """Answering again, whatever a test before left behind (killed, or stopped)."""
