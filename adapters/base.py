@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from adapters.model import (
     CHILD_ORDERS,
+    AdapterError,
     ChainView,
     EXPORT_COLUMNS,
     ExportColumns,
@@ -26,12 +27,32 @@ from adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    TargetTimeout,
+    TargetUnreachable,
     Unsupported,
 )
 
 MAX_PAGE = 10_000
 MAX_CHAIN = 100_000
 MAX_MATCH_TOKENS = 1_000_000
+MAX_READS = 32
+
+READ_PARAMS: dict[str, tuple[str, ...]] = {
+    "capabilities": (),
+    "stats": (),
+    "children": ("node_id", "offset", "limit", "order"),
+    "chain": ("node_id", "limit"),
+    "node": ("node_id", "token_offset", "token_limit"),
+    "sessions": ("order", "offset", "limit"),
+    "session": ("session_id",),
+    "match": ("tokens",),
+    "changes": ("since",),
+}
+"""The reads ``read_many`` takes: each names a read method, and the parameters it passes to it
+in order (the same names as the method's and the admin API's)."""
+
+Read = tuple[str, tuple[Any, ...]]
+"""One read for ``read_many``: a method of READ_PARAMS and its positional arguments."""
 
 
 class CacheAdapter(ABC):
@@ -124,6 +145,24 @@ class CacheAdapter(ABC):
         if chunk:
             yield "\n".join(chunk) + "\n"
 
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        """Several reads as one: for each ``(method, args)``, what ``method(*args)`` returns, or
+        the typed error it raised (an ``AdapterError`` in its place: one unknown node does not
+        lose the others). An error of the target itself (unreachable, timed out) raises.
+
+        A dashboard's poll is one call: an adapter that owns its cache's thread runs them all
+        in one step of it (one wait for a step boundary, one consistent view), and over HTTP it
+        is one request. Here (the default) they run one after another."""
+        return [self._read_one(op, args) for op, args in check_reads(reads)]
+
+    def _read_one(self, op: str, args: tuple[Any, ...]) -> Any:
+        try:
+            return getattr(self, op)(*args)
+        except (TargetUnreachable, TargetTimeout):
+            raise
+        except AdapterError as exc:
+            return exc
+
     # ----- actions -----
 
     @abstractmethod
@@ -151,6 +190,25 @@ class CacheAdapter(ABC):
 
     def close(self) -> None:
         """Release connections or threads the adapter holds."""
+
+
+def check_reads(reads: Sequence[Read]) -> list[Read]:
+    """``reads`` as a list of (method, args), or BadRequest naming the first that is not one."""
+    checked: list[Read] = []
+    for i, read in enumerate(reads):
+        try:
+            op, args = read
+            args = tuple(args)
+        except (TypeError, ValueError):
+            raise BadRequest(f"read {i}: expected (method, arguments), got {read!r:.80}") from None
+        if op not in READ_PARAMS:
+            raise BadRequest(f"read {i}: unknown read {op!r:.40}; one of {', '.join(READ_PARAMS)}")
+        if len(args) > len(READ_PARAMS[op]):
+            raise BadRequest(f"read {i}: {op} takes at most {len(READ_PARAMS[op])} arguments, got {len(args)}")
+        checked.append((op, args))
+    if not 1 <= len(checked) <= MAX_READS:
+        raise BadRequest(f"between 1 and {MAX_READS} reads at once, got {len(checked)}")
+    return checked
 
 
 def check_page(offset: int, limit: int) -> None:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import gc
 import heapq
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
+    Read,
     check_child_order,
     check_chain_limit,
     check_page,
+    check_reads,
     check_session_order,
     check_tokens,
 )
@@ -83,14 +86,31 @@ class BundledAdapter(CacheAdapter):
         self._attribution: Attribution | None = None
         self.attribution_max_age = attribution_max_age
         self.attribution_budget = attribution_budget
+        self._step = threading.local()  # .scheduler: set while read_many runs on the owner thread
 
     def _call(self, fn: Callable[[Scheduler], T]) -> T:
+        scheduler = getattr(self._step, "scheduler", None)
+        if scheduler is not None:  # inside read_many's step: already on the owner thread
+            return fn(scheduler)
         try:
             return self.engine.call(fn, self.timeout)
         except EngineTimeout as exc:
             raise TargetTimeout(f"{self.name}: {exc}") from None
         except EngineStopped as exc:
             raise TargetUnreachable(f"{self.name}: {exc}") from None
+
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        """All of ``reads`` in one step of the owner thread (see CacheAdapter.read_many)."""
+        checked = check_reads(reads)
+
+        def step(s: Scheduler) -> list[Any]:
+            self._step.scheduler = s
+            try:
+                return [self._read_one(op, args) for op, args in checked]
+            finally:
+                self._step.scheduler = None
+
+        return self._call(step)
 
     def _refuse_if_read_only(self, action: str) -> None:
         if self.read_only:

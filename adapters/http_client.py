@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -11,7 +11,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from adapters.base import MAX_MATCH_TOKENS, CacheAdapter
+from adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_reads
 from adapters.model import (
     AdapterError,
     AuditEntry,
@@ -74,6 +74,7 @@ class HttpAdapter(CacheAdapter):
         self.timeout = timeout
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, timeout=timeout)
+        self._batch_reads = True
 
     def __repr__(self) -> str:
         return f"HttpAdapter({self.url!r})"
@@ -165,6 +166,33 @@ class HttpAdapter(CacheAdapter):
 
     def changes(self, since: int) -> Changes:
         return self._get(changes_from_dict, "/v1/changes", since=since)
+
+    _READ_VIEWS: dict[str, Callable[[Any], Any]] = {
+        "capabilities": capabilities_from_dict, "stats": stats_from_dict, "children": children_page_from_dict,
+        "chain": chain_from_dict, "node": node_detail_from_dict, "sessions": sessions_page_from_dict,
+        "session": session_detail_from_dict, "match": match_from_dict, "changes": changes_from_dict,
+    }
+
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        """One ``GET /v1/read`` (one step of the target's owner thread). A server from before
+        that route answers it 404 unknown-route: then reads one by one, and remembers."""
+        checked = check_reads(reads)
+        if not self._batch_reads:
+            return super().read_many(checked)
+        items = [{"op": op, **dict(zip(READ_PARAMS[op], args))} for op, args in checked]
+        with self._transport():
+            response = self._client.get("/v1/read", params={"reads": orjson.dumps(items).decode()})
+        if response.status_code == 404 and b'"not_found"' in response.content[:200]:  # no such route
+            self._batch_reads = False
+            return super().read_many(checked)
+        body = self._reply(response)
+        results = self._view(lambda b: b["results"], body)
+        if not isinstance(results, list) or len(results) != len(checked):
+            raise WireError(f"unexpected reply from {self.url}: {len(checked)} reads answered with "
+                            f"{len(results) if isinstance(results, list) else type(results).__name__}")
+        return [self._view(self._READ_VIEWS[op], r["ok"]) if isinstance(r, dict) and "ok" in r
+                else error_from_body(r.get("status", 500) if isinstance(r, dict) else 500, r)
+                for (op, _), r in zip(checked, results)]
 
     def export(self) -> Iterator[dict[str, Any]]:
         """The server's NDJSON export, one dict per line as it arrives (a header, then nodes)."""

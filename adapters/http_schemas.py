@@ -162,6 +162,16 @@ class ChangesOut(Schema):
     removed: list[int]
 
 
+class ReadResultOut(Schema):
+    ok: Any = Field(None, description="The read's answer, as its own route sends it.")
+    error: ErrorDetail | None = Field(None, description="Or the error the read met ...")
+    status: int | None = Field(None, description="... and the HTTP status its own route would have answered.")
+
+
+class ReadOut(Schema):
+    results: list[ReadResultOut] = Field(description="One per read, in the order asked.")
+
+
 class HealthOut(Schema):
     status: Literal["ok"]
     target: str

@@ -6,7 +6,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import re
 import secrets
 import socket
 import time
@@ -29,7 +28,16 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.audit import AuditLog
-from adapters.base import CHILD_ORDERS, MAX_CHAIN, MAX_MATCH_TOKENS, MAX_PAGE, SESSION_ORDERS, CacheAdapter
+from adapters.base import (
+    CHILD_ORDERS,
+    MAX_CHAIN,
+    MAX_MATCH_TOKENS,
+    MAX_PAGE,
+    MAX_READS,
+    READ_PARAMS,
+    SESSION_ORDERS,
+    CacheAdapter,
+)
 from adapters.http_metrics import metrics_registry, render_metrics
 from adapters.http_schemas import (
     AuditPageOut,
@@ -45,13 +53,13 @@ from adapters.http_schemas import (
     FlushOut,
     HealthOut,
     MatchOut,
+    ReadOut,
     NodeDetailOut,
     SessionDetailOut,
     SessionsPageOut,
     StatsOut,
 )
 from adapters.model import (
-    ROOT_ID,
     AdapterError,
     AuditEntry,
     BadRequest,
@@ -60,6 +68,7 @@ from adapters.model import (
     Unauthorized,
     Unsupported,
 )
+from adapters.http_reads import _DIGITS, MAX_ID, encode_results, parse_node_id, parse_reads
 from adapters.wire import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
@@ -74,9 +83,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BODY = 64 * 1024
 MAX_URL = 65_535  # httptools cannot parse a longer request target; the app holds to the same limit
-MAX_ID = 2**63 - 1
 EXPORT_CHUNK_ROWS = 1000
-_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take '٣'
 NODE_ID_PATTERN = r"^(root|[0-9]{1,19})$"
 TOKENS_PATTERN = r"^\s*([0-9]{1,19}\s*(,\s*[0-9]{1,19}\s*)*)?$"
 _TRUE = {"1", "true", "yes", "on"}
@@ -121,15 +128,6 @@ class _AnyText(Convertor[str]):
 
 
 register_url_convertor("anytext", _AnyText())
-
-
-def parse_node_id(raw: str) -> int:
-    """``root`` or a non-negative integer (ASCII digits, below 2**63)."""
-    if raw == "root":
-        return ROOT_ID
-    if _DIGITS.fullmatch(raw) is None or int(raw) > MAX_ID:
-        raise BadRequest(f"node id must be 'root' or a non-negative integer, got {raw[:40]!r}")
-    return int(raw)
 
 
 def parse_tokens(raw: str) -> list[int]:
@@ -432,6 +430,19 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
              responses=_errors(422, *_TARGET_ERRORS))
     def changes(since: Annotated[int, Query(ge=0, le=MAX_ID)]) -> JSONResponse:
         return _json(_call(adapter.changes, since))
+
+    @app.get("/v1/read", response_model=ReadOut,
+             summary="Several reads in one request (how a dashboard polls)",
+             description="``reads``: a JSON list of reads, each ``op`` plus that read's own route's "
+                         "parameters, such as ``[{\"op\": \"stats\"}, {\"op\": \"children\", "
+                         "\"node_id\": \"root\"}]``. Ops: " + ", ".join(READ_PARAMS) + ". Answers each "
+                         "read's result (``ok``) or error (``error``, ``status``) in order; an adapter "
+                         "that owns its cache's thread reads them all in one step of it.",
+             responses=_errors(422, *_TARGET_ERRORS))
+    def read(reads: str = Query(description=f"A JSON list of 1 to {MAX_READS} reads.",
+                                max_length=MAX_URL)) -> JSONResponse:
+        parsed = parse_reads(reads)
+        return _json(encode_results(parsed, _call(adapter.read_many, parsed)))
 
     @app.get("/v1/export", summary="The whole tree as NDJSON: a header line, then one line per node",
              response_class=StreamingResponse, responses={**_errors(422, *_TARGET_ERRORS), 200: {
