@@ -201,7 +201,7 @@ def check_reads(reads: Sequence[Read]) -> list[Read]:
             args = tuple(args)
         except (TypeError, ValueError):
             raise BadRequest(f"read {i}: expected (method, arguments), got {read!r:.80}") from None
-        if op not in READ_PARAMS:
+        if not isinstance(op, str) or op not in READ_PARAMS:
             raise BadRequest(f"read {i}: unknown read {op!r:.40}; one of {', '.join(READ_PARAMS)}")
         if len(args) > len(READ_PARAMS[op]):
             raise BadRequest(f"read {i}: {op} takes at most {len(READ_PARAMS[op])} arguments, got {len(args)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -12,6 +13,7 @@ import httpx
 import orjson
 
 from adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_reads
+from adapters.http_reads import parse_read
 from adapters.model import (
     AdapterError,
     AuditEntry,
@@ -55,6 +57,15 @@ from adapters.wire import (
 )
 
 V = TypeVar("V")
+
+
+def _plain(value: Any) -> Any:
+    """An argument as JSON carries it: integer-likes (numpy's too) as ints, token lists as lists."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if not isinstance(value, (bool, str)) and hasattr(value, "__index__"):
+        return operator.index(value)
+    return value
 MAX_MATCH_QUERY_CHARS = 65_000
 """httpx refuses a URL component over 64 KiB, so a match over HTTP takes ~10k-30k token ids."""
 
@@ -156,13 +167,18 @@ class HttpAdapter(CacheAdapter):
         return self._get(session_detail_from_dict, self._session_path(session_id))
 
     def match(self, tokens: list[int]) -> MatchView:
+        return self._get(match_from_dict, "/v1/match", tokens=self._match_query(tokens))
+
+    @staticmethod
+    def _match_query(tokens: list[int]) -> str:
+        """The token ids as one URL can carry them, or BadRequest."""
         if len(tokens) > MAX_MATCH_TOKENS:
             raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
         query = ",".join(str(int(t)) for t in tokens)
         if len(query) > MAX_MATCH_QUERY_CHARS:
             raise BadRequest(f"{len(tokens)} token ids take {len(query)} characters, over the "
                              f"{MAX_MATCH_QUERY_CHARS} one HTTP match can carry: match a shorter prefix")
-        return self._get(match_from_dict, "/v1/match", tokens=query)
+        return query
 
     def changes(self, since: int) -> Changes:
         return self._get(changes_from_dict, "/v1/changes", since=since)
@@ -174,25 +190,46 @@ class HttpAdapter(CacheAdapter):
     }
 
     def read_many(self, reads: Sequence[Read]) -> list[Any]:
-        """One ``GET /v1/read`` (one step of the target's owner thread). A server from before
-        that route answers it 404 unknown-route: then reads one by one, and remembers."""
+        """One ``GET /v1/read`` (one step of the target's owner thread). Each read is checked
+        here as the server checks it, so a bad argument is that read's error, not the batch's.
+        A server from before the route answers it 404 unknown-route: then one by one, and it
+        remembers."""
         checked = check_reads(reads)
         if not self._batch_reads:
             return super().read_many(checked)
-        items = [{"op": op, **dict(zip(READ_PARAMS[op], args))} for op, args in checked]
+        results: list[Any] = [None] * len(checked)
+        items: list[dict[str, Any]] = []
+        sent: list[int] = []
+        for i, (op, args) in enumerate(checked):
+            try:
+                items.append(self._read_item(i, op, args))
+                sent.append(i)
+            except BadRequest as exc:
+                results[i] = exc
+        if not items:
+            return results
         with self._transport():
             response = self._client.get("/v1/read", params={"reads": orjson.dumps(items).decode()})
         if response.status_code == 404 and b'"not_found"' in response.content[:200]:  # no such route
             self._batch_reads = False
             return super().read_many(checked)
-        body = self._reply(response)
-        results = self._view(lambda b: b["results"], body)
-        if not isinstance(results, list) or len(results) != len(checked):
-            raise WireError(f"unexpected reply from {self.url}: {len(checked)} reads answered with "
-                            f"{len(results) if isinstance(results, list) else type(results).__name__}")
-        return [self._view(self._READ_VIEWS[op], r["ok"]) if isinstance(r, dict) and "ok" in r
-                else error_from_body(r.get("status", 500) if isinstance(r, dict) else 500, r)
-                for (op, _), r in zip(checked, results)]
+        answers = self._view(lambda b: b["results"], self._reply(response))
+        if not isinstance(answers, list) or len(answers) != len(items):
+            raise WireError(f"unexpected reply from {self.url}: {len(items)} reads answered with "
+                            f"{len(answers) if isinstance(answers, list) else type(answers).__name__}")
+        for i, answer in zip(sent, answers):
+            op = checked[i][0]
+            results[i] = (self._view(self._READ_VIEWS[op], answer["ok"]) if isinstance(answer, dict) and "ok" in answer
+                          else error_from_body(answer.get("status", 500) if isinstance(answer, dict) else 500, answer))
+        return results
+
+    def _read_item(self, i: int, op: str, args: tuple[Any, ...]) -> dict[str, Any]:
+        """Read ``i`` as /v1/read takes it, or the BadRequest the server would answer."""
+        if op == "match" and args:
+            self._match_query(args[0])
+        item = {"op": op, **{name: _plain(value) for name, value in zip(READ_PARAMS[op], args)}}
+        parse_read(i, item)  # the server's own check
+        return item
 
     def export(self) -> Iterator[dict[str, Any]]:
         """The server's NDJSON export, one dict per line as it arrives (a header, then nodes)."""

@@ -9,12 +9,13 @@ the same bounds and defaults, as that read's own route::
 
 The answer lists, in order, ``{"ok": <what the route answers>}`` or ``{"error": {...},
 "status": <what the route would have answered>}``: one unknown node does not fail the others.
-A malformed list fails as a whole (400), as does the target itself (503, 504).
+A malformed list fails as a whole (422), as does the target itself (503, 504).
 """
 
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import Any
 
 import orjson
@@ -106,8 +107,13 @@ _SPECS: dict[str, dict[str, tuple[Any, Any]]] = {
 assert {op: tuple(spec) for op, spec in _SPECS.items()} == READ_PARAMS
 
 
+_SHOW = reprlib.Repr()  # (Python 3.11's takes no arguments)
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 2, 30, 30, 4, 4
+
+
 def _show(value: Any) -> str:
-    return repr(value)[:40]
+    """A short repr of what was sent, however deep or long it is."""
+    return _SHOW.repr(value)[:60]
 
 
 def parse_reads(raw: str) -> list[Read]:
@@ -118,10 +124,11 @@ def parse_reads(raw: str) -> list[Read]:
         raise BadRequest('reads must be a JSON list, such as [{"op": "stats"}]') from None
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_READS:
         raise BadRequest(f'reads must be a JSON list of 1 to {MAX_READS} reads, such as [{{"op": "stats"}}]')
-    return [_parse_read(i, item) for i, item in enumerate(items)]
+    return [parse_read(i, item) for i, item in enumerate(items)]
 
 
-def _parse_read(i: int, item: Any) -> Read:
+def parse_read(i: int, item: Any) -> Read:
+    """Item ``i`` of the list: a read and its arguments in READ_PARAMS's order, or BadRequest."""
     if not isinstance(item, dict):
         raise BadRequest(f'read {i} must be an object such as {{"op": "stats"}}, got {_show(item)}')
     op = item.get("op")

@@ -1053,6 +1053,7 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
     built.engine, built.holds = engine, holds
     windows: list[dict[str, Any]] = []
     url, server, thread = serve_in_thread(engine)
+    api_tid = thread.native_id  # the admin API's event loop (its worker threads come and go)
     total_s = 3 + cfg.tp_warmup_s + 2 * cfg.alt_pairs * cfg.alt_window_s + 30
     child = subprocess.Popen([sys.executable, str(HERE / "_dashboard_child.py"), url, "bench", str(total_s),
                               str(cfg.interval)], stdout=subprocess.PIPE, text=True)
@@ -1065,12 +1066,13 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
             if with_dashboard == stopped:
                 child.send_signal(signal.SIGCONT if stopped else signal.SIGSTOP)
                 stopped = not stopped
-            t0, f0, h0 = pc(), engine.requests_finished, holds.mark()
+            t0, f0, h0, g0, a0 = pc(), engine.requests_finished, holds.mark(), GC.mark(), thread_cpu_s(api_tid)
             time.sleep(cfg.alt_window_s)
             secs = pc() - t0
             windows.append({"with": with_dashboard, "s": secs, "finished": engine.requests_finished - f0,
                             "requests_per_s": (engine.requests_finished - f0) / secs,
-                            "hold_ms": holds.since(h0) * 1e3})
+                            "hold_ms": holds.since(h0) * 1e3, "gc_ms": GC.since(g0)["total_ms"],
+                            "api_cpu_ms": (thread_cpu_s(api_tid) - a0) * 1e3})
         gc_stats = GC.since(gc_mark)
         if stopped:
             child.send_signal(signal.SIGCONT)
@@ -1091,10 +1093,13 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
     with_w = [w for w in windows if w["with"]]
     without_w = [w for w in windows if not w["with"]]
     rate = lambda ws: sum(w["finished"] for w in ws) / sum(w["s"] for w in ws)  # noqa: E731
+    per_s = lambda ws, key: sum(w[key] for w in ws) / sum(w["s"] for w in ws)  # noqa: E731
     return {"windows": windows, "pair_ratios": ratios, "ratio_median": median(ratios),
             "ratio_total": rate(with_w) / rate(without_w), "with_requests_per_s": rate(with_w),
             "without_requests_per_s": rate(without_w), "polls": out["polls"], "dashboard_down": out["down"],
             "hold_ms_per_s_with": sum(w["hold_ms"] for w in with_w) / sum(w["s"] for w in with_w),
+            "gc_ms_per_s": {"with": per_s(with_w, "gc_ms"), "without": per_s(without_w, "gc_ms")},
+            "api_cpu_ms_per_s": {"with": per_s(with_w, "api_cpu_ms"), "without": per_s(without_w, "api_cpu_ms")},
             "tree_nodes_after": nodes_after, "gc": gc_stats}
 
 
@@ -1287,6 +1292,10 @@ def alternating_table(cfg: BenchConfig, alt: dict[str, Any]) -> str:
         f"| with / without (all windows: requests / seconds) | {alt['ratio_total']:.1%} | - | - |",
         f"| requests/s without / with | {alt['without_requests_per_s']:,.0f} / {alt['with_requests_per_s']:,.0f} | - | - |",
         f"| engine hold by the dashboard's reads (ms per s, windows with it) | {alt['hold_ms_per_s_with']:.1f} | - | - |",
+        f"| admin API event-loop thread CPU (ms per s) without / with | "
+        f"{alt['api_cpu_ms_per_s']['without']:.1f} / {alt['api_cpu_ms_per_s']['with']:.1f} | - | - |",
+        f"| GC pauses in the engine's process (ms per s) without / with | "
+        f"{alt['gc_ms_per_s']['without']:.0f} / {alt['gc_ms_per_s']['with']:.0f} | - | - |",
         f"| dashboard polls (all windows with it) | {alt['polls']} | - | - |",
         "",
         f"Per pair: {pct}.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.table import Table
 from rich.text import Text
@@ -16,13 +16,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from adapters.base import CacheAdapter
+from adapters.base import MAX_READS, CacheAdapter
 from adapters.model import (
     ROOT_ID,
     AdapterError,
     Capabilities,
+    Changes,
     NodeDetail,
-    SessionView,
     Stats,
     TargetTimeout,
     TargetUnreachable,
@@ -35,6 +35,8 @@ from inspector.sessions_view import SessionsTable
 from inspector.tree_state import TreeState
 from inspector.tree_view import CacheTree
 
+T = TypeVar("T")
+
 SESSIONS_LOADED = 1000
 SESSIONS_EVERY = 5.0
 """Seconds between reloads of the sessions table: attributing memory to every session walks all
@@ -43,6 +45,13 @@ their paths on the owner thread, so a live dashboard does it at this pace, not e
 MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
 LARGE_SHARE = 0.10
 """An eviction of more than this share of capacity asks for the count to be typed."""
+
+
+def _ok(result: T | AdapterError) -> T:
+    """A read_many result, or its error raised."""
+    if isinstance(result, AdapterError):
+        raise result
+    return result
 
 
 def parse_token_ids(text: str) -> list[int] | None:
@@ -84,7 +93,8 @@ class RadixtopApp(App[None]):
         self.paused = False
         self.capabilities = Capabilities()
         self._caps_stale = True
-        self.tree_state = TreeState(adapter.children, fetch_chain=adapter.chain)
+        self.tree_state = TreeState(adapter.children, fetch_chain=adapter.chain, fetch_pages=lambda wanted:
+                                    adapter.read_many([("children", args) for args in wanted]))
         self.tree_lock = threading.Lock()
         self.since: int | None = None
         self.stats: Stats | None = None
@@ -99,6 +109,7 @@ class RadixtopApp(App[None]):
         self._poll_enabled = poll
         self._keymap = keymap or {}
         self._sessions_at = float("-inf")
+        self._tree_moving = False  # the last poll found the tree changed: read its pages with the stats
         self.polls = 0
         """Completed polls (tests wait on it)."""
 
@@ -164,34 +175,60 @@ class RadixtopApp(App[None]):
                 self._set_capabilities(self.capabilities)
             else:
                 self.call_from_thread(self._set_capabilities, self.capabilities)
-        snap: dict[str, Any] = {"stats": self.adapter.stats(), "time": time.monotonic()}
-        if self.paused:
-            return snap
-        caps = self.capabilities  # a target without a tree or sessions says so once, not each poll
-        if caps.tree:
+        # One read_many: one request, and where the adapter owns the cache's thread one step of
+        # it (each read apart waited for a step boundary, and over HTTP cost the target's
+        # interpreter a request). The tree's pages follow in a second only when it changed.
+        caps, live, now = self.capabilities, not self.paused, time.monotonic()
+        reads: list[tuple[str, tuple]] = [("stats", ())]
+        if live and caps.tree and caps.changes and self.since is not None:
+            reads.append(("changes", (self.since,)))
+        want_sessions = live and caps.sessions and now - self._sessions_at >= max(SESSIONS_EVERY, self.interval)
+        if want_sessions:
+            reads.append(("sessions", ("exclusive_bytes", 0, SESSIONS_LOADED)))
+        selected = self.selected_node if live else None
+        if selected is not None:
+            reads.append(("node", (selected, self.detail_offset, self.DETAIL_TOKENS)))
+        # While the tree keeps changing (a live server: every poll), its pages come in the same
+        # read, so a poll is one request; they are dropped if it turns out nothing shown changed.
+        pages = []
+        if live and caps.tree and self._tree_moving:
             with self.tree_lock:
-                if self._tree_changed(snap["stats"].version):
-                    self.tree_state.refresh()
+                pages = self.tree_state.wanted()
+        if len(reads) + len(pages) > MAX_READS:
+            pages = []
+        results = self.adapter.read_many(reads + [("children", args) for args in pages])
+        got = dict(zip((op for op, _ in reads), results, strict=False))
+        snap: dict[str, Any] = {"stats": _ok(got["stats"]), "time": time.monotonic()}
+        if not live:
+            return snap
+        if caps.tree:  # a target without a tree or sessions says so once, not each poll
+            with self.tree_lock:
+                self._tree_moving = self._tree_changed(snap["stats"].version, got.get("changes"))
+                if self._tree_moving:
+                    # pages read with the stats are good unless the tree state moved meanwhile
+                    # (an expand or collapse in between): then it reads its own
+                    fresh = pages and pages == self.tree_state.wanted()
+                    self.tree_state.refresh(prefetched=(pages, results[len(reads):]) if fresh else None)
                 snap["rows"] = list(self.tree_state.rows)
                 snap["order"] = self.tree_state.order
                 snap["generation"] = self.tree_state.generation
-        if caps.sessions and snap["time"] - self._sessions_at >= max(SESSIONS_EVERY, self.interval):
-            snap["sessions"] = list(self.adapter.sessions("exclusive_bytes", 0, SESSIONS_LOADED).sessions)
-            self._sessions_at = snap["time"]
-        if self.selected_node is not None:
-            snap["detail"] = self._read_detail(self.selected_node)
+        if want_sessions:
+            snap["sessions"] = list(_ok(got["sessions"]).sessions)
+            self._sessions_at = now
+        if selected is not None:
+            detail = got["node"]
+            snap["detail"] = None if isinstance(detail, AdapterError) else detail
         return snap
 
-    def _tree_changed(self, version: int) -> bool:
-        """Did anything the tree shows change since the last poll? (changes(since) where the
-        target has it; a full reload of the loaded pages otherwise)."""
-        if self.since is None or not self.capabilities.changes:
+    def _tree_changed(self, version: int, delta: Changes | AdapterError | None) -> bool:
+        """Did anything the tree shows change since the last poll? (``delta``: changes(since),
+        read with the stats, where the target has it; a full reload of the loaded pages otherwise)."""
+        if self.since is None or delta is None:
             self.since = version
             return True
-        try:
-            delta = self.adapter.changes(self.since)
-        except Unsupported:
+        if isinstance(delta, Unsupported):
             return True
+        delta = _ok(delta)
         self.since = delta.version
         if delta.resync:
             return True

@@ -16,6 +16,9 @@ CHAIN_HOPS = 10_000
 
 FetchChildren = Callable[[int, int, int, str], ChildrenPage]
 FetchChain = Callable[[int, int], ChainView]
+FetchPages = Callable[[list[tuple[int, int, int, str]]], list["ChildrenPage | Exception"]]
+"""Several children pages in one read (``CacheAdapter.read_many``): a page or the error, in order."""
+PAGES_PER_READ = 32  # adapters.base.MAX_READS
 
 
 @dataclass
@@ -49,9 +52,10 @@ class TreeState:
     """Expanded nodes and the children loaded for each; flattens them into rows."""
 
     def __init__(self, fetch_children: FetchChildren, order: str = "bytes", page: int = PAGE,
-                 fetch_chain: FetchChain | None = None):
+                 fetch_chain: FetchChain | None = None, fetch_pages: FetchPages | None = None):
         self.fetch_children = fetch_children
         self.fetch_chain = fetch_chain
+        self.fetch_pages = fetch_pages
         self.order = order
         self.page = page
         self.expanded: set[int] = {ROOT_ID}
@@ -66,8 +70,10 @@ class TreeState:
 
     def load(self, node_id: int, count: int | None = None, follow_splits: bool = True) -> None:
         """(Re)load the first ``count`` children of ``node_id`` (at least one page)."""
-        want = max(count or 0, self.page)
-        page = self.fetch_children(node_id, 0, want, self.order)
+        self._store(node_id, self.fetch_children(node_id, 0, max(count or 0, self.page), self.order),
+                    follow_splits)
+
+    def _store(self, node_id: int, page: ChildrenPage, follow_splits: bool) -> None:
         old = self.loaded.get(node_id)
         self.loaded[node_id] = _Loaded(list(page.children), page.total)
         if old is not None and follow_splits:
@@ -98,16 +104,40 @@ class TreeState:
                 self.expanded.add(child.id)
                 self.load(child.id)
 
-    def refresh(self, follow_splits: bool = True) -> None:
+    def wanted(self) -> list[tuple[int, int, int, str]]:
+        """The children pages a refresh reads: (node id, offset, limit, order) per expanded node."""
+        return [(node_id, 0, max(len(self.loaded.get(node_id, _Loaded()).children), self.page), self.order)
+                for node_id in self.expanded if node_id in self.loaded or node_id == ROOT_ID]
+
+    def refresh(self, follow_splits: bool = True,
+                prefetched: tuple[list[tuple[int, int, int, str]], list[ChildrenPage | Exception]] | None = None
+                ) -> None:
         """Reload every expanded node's pages (as many children as were loaded). A reload after
-        a change of sort order compares different pages, so it looks for no splits."""
-        for node_id in list(self.expanded):
-            if node_id in self.loaded or node_id == ROOT_ID:
-                try:
-                    self.load(node_id, len(self.loaded.get(node_id, _Loaded()).children), follow_splits)
-                except (LookupError, UnknownNode):  # evicted, freed, or the target restarted
-                    self.forget(node_id)
+        a change of sort order compares different pages, so it looks for no splits.
+        ``prefetched``: ``wanted()`` and its pages, read earlier by the caller (with other reads)."""
+        wanted, pages = prefetched if prefetched is not None else (w := self.wanted(), self._fetch_pages(w))
+        for (node_id, *_), page in zip(wanted, pages, strict=True):
+            if isinstance(page, (LookupError, UnknownNode)):  # evicted, freed, or the target restarted
+                self.forget(node_id)
+            elif isinstance(page, Exception):
+                raise page
+            else:
+                self._store(node_id, page, follow_splits)
         self.flatten()
+
+    def _fetch_pages(self, wanted: list[tuple[int, int, int, str]]) -> list[ChildrenPage | Exception]:
+        """Every page in ``wanted``: in one read per PAGES_PER_READ where the target can, else
+        one by one; a node that is gone gives its error in its place."""
+        if self.fetch_pages is not None:
+            return [page for start in range(0, len(wanted), PAGES_PER_READ)
+                    for page in self.fetch_pages(wanted[start:start + PAGES_PER_READ])]
+        pages: list[ChildrenPage | Exception] = []
+        for args in wanted:
+            try:
+                pages.append(self.fetch_children(*args))
+            except (LookupError, UnknownNode) as exc:
+                pages.append(exc)
+        return pages
 
     def forget(self, node_id: int) -> None:
         self.expanded.discard(node_id)

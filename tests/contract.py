@@ -10,7 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from adapters.model import ROOT_ID, BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
+from adapters.base import MAX_READS, READ_PARAMS
+from adapters.model import (ROOT_ID, AdapterError, BadRequest, ReadOnly, Stats, UnknownNode, UnknownSession,
+                            Unsupported)
 from gpu_backend.engine import Engine
 from gpu_backend.kv_geometry import get_geometry
 from gpu_backend.scheduler import Scheduler
@@ -203,6 +205,108 @@ def test_export_has_every_node_parents_first(adapter):
         assert row["parent"] in seen
         seen.add(row["id"])
     assert sum(r["tokens"] for r in nodes) == adapter.stats().total_tokens
+
+
+# ----- read_many: several reads as one -----
+
+
+def known_reads(adapter) -> list[tuple[str, tuple]]:
+    """Every read of READ_PARAMS, with all its arguments and with only the required ones."""
+    prompt = all_children(adapter, ROOT_ID)[0].id
+    run = next(c.id for c in all_children(adapter, ROOT_ID) if c.first_tokens[:1] == (50,))
+    reads = [
+        ("capabilities", ()), ("stats", ()), ("children", (ROOT_ID,)), ("children", (ROOT_ID, 1, 2, "tokens")),
+        ("children", (prompt, 0, 5, "recency")),
+        ("chain", (run,)), ("chain", (run, 1)), ("node", (ROOT_ID,)), ("node", (prompt, 1, 2)),
+        ("sessions", ()), ("sessions", ("id", 1, 2)), ("sessions", ("last_activity",)),
+        ("session", ("a",)), ("session", ("gone",)), ("match", ([1, 2, 3, 4, 5, 99],)), ("match", ([],)),
+        ("changes", (max(adapter.stats().version - 3, 0),)),
+    ]
+    assert {op for op, _ in reads} == set(READ_PARAMS)
+    return reads
+
+
+def ageless(data):
+    if isinstance(data, dict):  # ages are measured when a view is taken: two reads differ there only
+        return {k: 0.0 if k.endswith("_age_s") and v is not None else ageless(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [ageless(v) for v in data]
+    return data
+
+
+def comparable(result):
+    """A read's result (a view, or the typed error it raised) as data to compare."""
+    if isinstance(result, AdapterError):
+        return type(result), result.message
+    return type(result), ageless(result.to_dict())
+
+
+def read_one(adapter, op, args):
+    try:
+        return getattr(adapter, op)(*args)
+    except AdapterError as exc:
+        return exc
+
+
+def test_read_many_answers_what_each_read_answers(adapter):
+    reads = known_reads(adapter)
+    got = adapter.read_many(reads)
+    assert [comparable(r) for r in got] == [comparable(read_one(adapter, op, args)) for op, args in reads]
+    assert adapter.read_many([("stats", ())]) == [adapter.stats()]
+
+
+def test_read_many_answers_a_failed_read_in_its_place(adapter):
+    reads = [("stats", ()), ("node", (987654,)), ("session", ("nobody",)), ("children", (987654, 0, 10)),
+             ("chain", (987654,)), ("session", ("a",))]
+    got = adapter.read_many(reads)
+    assert isinstance(got[0], Stats) and got[-1].session.id == "a"
+    assert [type(r) for r in got[1:5]] == [UnknownNode, UnknownSession, UnknownNode, UnknownNode]
+    for (op, args), result in zip(reads[1:5], got[1:5]):
+        with pytest.raises(type(result)) as single:
+            getattr(adapter, op)(*args)
+        assert result.message == single.value.message
+
+
+@pytest.mark.parametrize("reads", [
+    [], [("stats", ())] * (MAX_READS + 1), [("stats", ()), ("evict", (1,))], [("close_session", ("b",))],
+    [("flush", ())], [("export", ())], [("stats", (1,))], [("session", ("a", "b"))],
+    [("children", (ROOT_ID, 0, 10, "bytes", 5))], ["stats"], [("stats",)], [("stats", None)], [("stats", (), 1)],
+], ids=lambda reads: f"{len(reads)}:{reads[:1]!r:.40}")
+def test_read_many_refuses_bad_input_as_a_whole(adapter, reads):
+    before = adapter.stats()
+    with pytest.raises(BadRequest):
+        adapter.read_many(reads)
+    after = adapter.stats()
+    assert (after.version, after.free_tokens, after.closes) == (before.version, before.free_tokens, before.closes)
+    assert adapter.read_many([("stats", ())] * MAX_READS)[-1].version == before.version  # the most it takes
+
+
+def test_read_many_changes_nothing(adapter):
+    before, rows = adapter.stats(), list(adapter.export())
+    for _ in range(2):
+        adapter.read_many(known_reads(adapter) + [("match", ([1, 2, 3, 4, 9, 9, 77],)), ("node", (10**9,))])
+    assert adapter.stats() == before and list(adapter.export()) == rows
+
+
+def test_read_many_refuses_an_op_that_is_not_a_name(adapter):
+    with pytest.raises(BadRequest):
+        adapter.read_many([(["stats"], ())])
+
+
+def test_read_many_answers_a_bad_argument_in_its_place(adapter):
+    """A read its single call refuses fails in its place, as an unknown node does, not the batch."""
+    bad = [("children", (ROOT_ID, 0, 10, "size")), ("children", (ROOT_ID, 0, 0)), ("chain", (ROOT_ID, 0)),
+           ("node", (ROOT_ID, 0, 0)), ("sessions", ("size",)), ("changes", (-1,))]
+    got = adapter.read_many([("stats", ()), *bad])
+    assert isinstance(got[0], Stats)
+    assert [type(r) for r in got[1:]] == [type(read_one(adapter, op, args)) for op, args in bad]
+
+
+def test_read_many_answers_an_out_of_range_id_as_its_single_call_does(adapter):
+    reads = [("node", (2**64,)), ("children", (2**63,))]
+    got = adapter.read_many([*reads, ("stats", ())])
+    assert isinstance(got[-1], Stats) and all(isinstance(r, AdapterError) for r in got[:-1])
+    assert [type(r) for r in got[:-1]] == [type(read_one(adapter, op, args)) for op, args in reads]
 
 
 # ----- actions -----

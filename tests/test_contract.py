@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.base import CacheAdapter
 from adapters.bundled import BundledAdapter
+from adapters.model import TargetUnreachable, UnknownNode
+from gpu_backend.engine import Engine
+from gpu_backend.workload import WorkloadConfig
+from tests.conftest import make_scheduler
 from tests.contract import *  # noqa: F401,F403  (the shared contract tests)
-from tests.contract import build_engine
+from tests.contract import build_engine, known_reads
+
+BUSY = WorkloadConfig(sessions=4, system_prompts=2, system_prompt_len=16, turn_input_len=(2, 6),
+                      turn_output_len=(2, 6), turns=(1, 3), max_running=2, seed=3)
 
 
 @pytest.fixture
@@ -32,3 +40,35 @@ def test_fast_ndjson_export_equals_the_generic_encoding(adapter):
     generic = "".join(CacheAdapter.export_ndjson(adapter, chunk_rows=3))
     assert [json.loads(x) for x in fast.splitlines()] == [json.loads(x) for x in generic.splitlines()]
     assert len(fast.splitlines()) == adapter.stats().node_count + 1
+
+
+def test_read_many_is_one_step_of_the_owner_thread(adapter, monkeypatch):
+    engine, reads, steps = adapter.engine, known_reads(adapter), []
+    call = engine.call
+    monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0: (steps.append(fn), call(fn, timeout))[1])
+    got = adapter.read_many([*reads, ("node", (987654,))])
+    assert len(steps) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
+    adapter.stats()  # after the batch (one that failed a read, too) a read is its own step again
+    adapter.node(0)
+    assert len(steps) == 3
+
+
+def test_a_batch_is_one_view_of_a_busy_cache():
+    """Under a running workload the tree changes between steps: every read of one batch sees the
+    same version; read one after another (the contract's default), they do not."""
+    engine = Engine(make_scheduler(), BUSY).start()
+    try:
+        adapter = BundledAdapter(engine)
+        batch = [("stats", ())] * 8
+        for _ in range(20):
+            assert len({st.version for st in adapter.read_many(batch)}) == 1
+        assert any(len({st.version for st in CacheAdapter.read_many(adapter, batch)}) > 1 for _ in range(20))
+        assert engine.steps > 0
+    finally:
+        engine.stop()
+
+
+def test_read_many_on_a_stopped_engine_raises(adapter):
+    adapter.engine.stop()
+    with pytest.raises(TargetUnreachable):
+        adapter.read_many([("stats", ()), ("node", (0,))])

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.model import TargetTimeout
+from adapters.model import TargetTimeout, UnknownNode
 from tests.contract import *  # noqa: F401,F403  (the shared contract tests)
+from tests.contract import known_reads
 from tests.sglang_ref.known16 import known_adapter
 
 
@@ -66,3 +67,18 @@ def test_a_stuck_scheduler_times_out_cleanly_and_runs_nothing_late():
         scheduler.running.set()
         assert a.stats().closes == 1  # only "gone" (closed when built): the timed-out close never ran
         assert "b" in replayer.cache._session_leaves
+
+
+def test_read_many_is_one_step_of_the_scheduler():
+    with known_adapter() as (a, _, scheduler):
+        reads, steps = known_reads(a), []
+        run = a._run
+        a._run = lambda fn, timeout: (steps.append(fn), run(fn, timeout))[1]
+        got = a.read_many([*reads, ("node", (987654,))])
+        assert len(steps) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
+        a.stats()  # after the batch a read is its own step again
+        assert len(steps) == 2
+        a.timeout = 0.3
+        scheduler.running.clear()  # a stuck scheduler: the batch times out as a whole
+        with pytest.raises(TargetTimeout):
+            a.read_many([("stats", ()), ("node", (987654,))])

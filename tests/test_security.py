@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -72,7 +73,8 @@ ACTION_REQUESTS = {
 }
 CHANGING = [(path, body) for requests in ACTION_REQUESTS.values() for path, body in requests if "dry_run" not in path]
 PATH_PARAMS = {"node_id": "root", "session_id": "a"}
-REQUIRED_QUERY = {"/v1/changes": "?since=0"}
+REQUIRED_QUERY = {"/v1/changes": "?since=0",
+                  "/v1/read": "?reads=" + quote('[{"op":"stats"},{"op":"children","node_id":"root"}]')}
 
 
 def make_client(adapter, audit: AuditLog | None = None) -> TestClient:
