@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.model import SessionView
+from adapters.owner_queue import gc_paused
 
 ATTRIBUTION_BUDGET = 200  # reuse an attribution for at least 200x what it cost (<= 0.5% of the owner)
 
@@ -66,6 +67,7 @@ class Attribution:
         return sum(1 for row in self.sessions.values() if row[2])
 
 
+@gc_paused()  # paths, dicts and rows by the hundred thousand: a collection midway only stalls the owner
 def attribute(
     root: Any,
     session_leaves: Mapping[str, Collection[Any]],

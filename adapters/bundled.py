@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import heapq
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from adapters.owner_queue import gc_paused
 from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
@@ -320,9 +320,7 @@ class BundledAdapter(CacheAdapter):
         from array import array
 
         def snapshot(s: Scheduler):
-            enabled = gc.isenabled()
-            gc.disable()
-            try:
+            with gc_paused():
                 ids, parents, tokens, locks, hits = (array("q") for _ in range(5))
                 add_id, add_parent, add_tokens = ids.append, parents.append, tokens.append
                 add_lock, add_hit = locks.append, hits.append
@@ -342,9 +340,6 @@ class BundledAdapter(CacheAdapter):
                     if node.children:
                         push(node.children.values())
                 return s.cache.version, s.geometry.bytes_per_token, ids, parents, tokens, locks, hits, holders
-            finally:
-                if enabled:
-                    gc.enable()
 
         version, bpt, ids, parents, tokens, locks, hits, holders = self._call(snapshot)
         holders = {k: tuple(sorted(v)) for k, v in holders.items()}

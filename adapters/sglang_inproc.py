@@ -14,13 +14,13 @@ the dashboard reloads what it shows.
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from adapters.owner_queue import gc_paused
 from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
@@ -212,9 +212,7 @@ class SGLangAdapter(CacheAdapter):
         nodes: dict[int, Any] = {}
         subtree: dict[int, int] = {}
         order: list[Any] = []
-        enabled = gc.isenabled()
-        gc.disable()  # a million small dict entries; a collection mid-walk only costs time
-        try:
+        with gc_paused():  # a million small dict entries
             stack = [root]
             while stack:
                 node = stack.pop()
@@ -226,9 +224,6 @@ class SGLangAdapter(CacheAdapter):
                     total += subtree[child.id]
                 subtree[node.id] = total
                 nodes[node.id] = node
-        finally:
-            if enabled:
-                gc.enable()
         subtree[ROOT_ID] = subtree[root.id]
         nodes[ROOT_ID] = root
         self._walk = _Walk(time.monotonic(), time.perf_counter() - started, nodes, subtree, len(order) - 1)

@@ -95,7 +95,7 @@ def exclusive_tokens(root: Node, session_leaves: Mapping[str, Collection[Node]],
         node, children_done = stack.pop()
         if not children_done:
             stack.append((node, True))
-            stack.extend((c, False) for c in node.children.values() if c in on_paths)
+            stack.extend([(c, False) for c in node.children.values() if c in on_paths])
             continue
         held = holders_of(node)
         if node.lock_ref != 0 or (held and len(held) > 1):

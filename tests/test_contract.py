@@ -72,3 +72,30 @@ def test_read_many_on_a_stopped_engine_raises(adapter):
     adapter.engine.stop()
     with pytest.raises(TargetUnreachable):
         adapter.read_many([("stats", ()), ("node", (0,))])
+
+
+
+def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
+    """It makes paths and rows by the hundred thousand on the owner thread: a collection midway
+    only stalls the owner longer. The GC is left as it was found."""
+    import gc
+
+    from adapters.attribution import attribute
+
+    seen: list[bool] = []
+
+    def exclusive(on_paths):
+        seen.append(gc.isenabled())
+        return {}
+
+    def run(s):
+        return attribute(s.cache.root_node, s.cache._session_leaves, s.cache._closed_session_ids,
+                         s.session_activity, s.session_activity, 1, exclusive)
+
+    try:
+        for enabled_before in (True, False):
+            (gc.enable if enabled_before else gc.disable)()
+            assert adapter.engine.call(run).sessions
+            assert seen.pop() is False and gc.isenabled() is enabled_before
+    finally:
+        gc.enable()
