@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -190,6 +191,31 @@ class CacheAdapter(ABC):
 
     def close(self) -> None:
         """Release connections or threads the adapter holds."""
+
+
+class OneStepReads:
+    """``read_many`` in one step of the cache's owner thread, for an adapter whose ``_call(fn)``
+    runs ``fn`` there (with the owner's arguments, if any). While the step runs, the reads'
+    own ``_call``s find ``_in_step()`` set and run ``fn`` inline. The adapter makes
+    ``self._step = threading.local()`` in its ``__init__``."""
+
+    _step: threading.local
+
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        checked = check_reads(reads)
+
+        def step(*owner: Any) -> list[Any]:
+            self._step.owner = owner
+            try:
+                return [self._read_one(op, args) for op, args in checked]  # type: ignore[attr-defined]
+            finally:
+                self._step.owner = None
+
+        return self._call(step)  # type: ignore[attr-defined]
+
+    def _in_step(self) -> tuple[Any, ...] | None:
+        """The owner's arguments while read_many's step runs on this thread; else None."""
+        return getattr(self._step, "owner", None)
 
 
 def check_reads(reads: Sequence[Read]) -> list[Read]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from adapters.owner_queue import gc_paused
@@ -13,11 +13,10 @@ from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, ses
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
-    Read,
+    OneStepReads,
     check_child_order,
     check_chain_limit,
     check_page,
-    check_reads,
     check_session_order,
     check_tokens,
 )
@@ -72,7 +71,7 @@ def _page(items: list[T], key: Callable[[T], Any], offset: int, limit: int) -> l
     return sorted(items, key=key)[offset : offset + limit]
 
 
-class BundledAdapter(CacheAdapter):
+class BundledAdapter(OneStepReads, CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
@@ -86,31 +85,18 @@ class BundledAdapter(CacheAdapter):
         self._attribution: Attribution | None = None
         self.attribution_max_age = attribution_max_age
         self.attribution_budget = attribution_budget
-        self._step = threading.local()  # .scheduler: set while read_many runs on the owner thread
+        self._step = threading.local()  # see OneStepReads
 
     def _call(self, fn: Callable[[Scheduler], T]) -> T:
-        scheduler = getattr(self._step, "scheduler", None)
-        if scheduler is not None:  # inside read_many's step: already on the owner thread
-            return fn(scheduler)
+        owner = self._in_step()
+        if owner is not None:  # inside read_many's step: already on the owner thread
+            return fn(*owner)
         try:
             return self.engine.call(fn, self.timeout)
         except EngineTimeout as exc:
             raise TargetTimeout(f"{self.name}: {exc}") from None
         except EngineStopped as exc:
             raise TargetUnreachable(f"{self.name}: {exc}") from None
-
-    def read_many(self, reads: Sequence[Read]) -> list[Any]:
-        """All of ``reads`` in one step of the owner thread (see CacheAdapter.read_many)."""
-        checked = check_reads(reads)
-
-        def step(s: Scheduler) -> list[Any]:
-            self._step.scheduler = s
-            try:
-                return [self._read_one(op, args) for op, args in checked]
-            finally:
-                self._step.scheduler = None
-
-        return self._call(step)
 
     def _refuse_if_read_only(self, action: str) -> None:
         if self.read_only:

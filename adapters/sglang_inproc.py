@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,11 +25,10 @@ from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, ses
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
-    Read,
+    OneStepReads,
     check_chain_limit,
     check_child_order,
     check_page,
-    check_reads,
     check_session_order,
     check_tokens,
 )
@@ -98,7 +97,7 @@ class _Walk:
         return time.monotonic() - self.taken_at < max(max_age, self.cost_s * SIZES_BUDGET)
 
 
-class SGLangAdapter(CacheAdapter):
+class SGLangAdapter(OneStepReads, CacheAdapter):
     """The contract over one SGLang tree cache (see ``adapters.sglang_trees`` for which)."""
 
     def __init__(
@@ -133,7 +132,7 @@ class SGLangAdapter(CacheAdapter):
         self.attribution_max_age = attribution_max_age
         self._walk: _Walk | None = None
         self._attribution: Attribution | None = None
-        self._step = threading.local()  # .inline: set while read_many runs on the owner thread
+        self._step = threading.local()  # see OneStepReads
         self._lock = threading.Lock()  # the counters below, updated on the owner thread
         self.version = 0
         self.closes = 0
@@ -145,26 +144,13 @@ class SGLangAdapter(CacheAdapter):
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
-            if self._run is None or getattr(self._step, "inline", False):  # in read_many's step
+            if self._run is None or self._in_step() is not None:  # in read_many's step
                 return fn()
             return self._run(fn, self.timeout)
         except AdapterError:
             raise
         except (LookupError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
             raise AdapterError(f"reading SGLang's {self.tree.kind} failed: {type(exc).__name__}: {exc}") from exc
-
-    def read_many(self, reads: Sequence[Read]) -> list[Any]:
-        """All of ``reads`` in one step of the owner thread (see CacheAdapter.read_many)."""
-        checked = check_reads(reads)
-
-        def step() -> list[Any]:
-            self._step.inline = True
-            try:
-                return [self._read_one(op, args) for op, args in checked]
-            finally:
-                self._step.inline = False
-
-        return self._call(step)
 
     def _need_tree(self) -> None:
         if not self.tree.has_nodes:

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from adapters.audit import AuditLog
 from gpu_backend.kv_geometry import get_geometry
 from gpu_backend.scheduler import Scheduler
 
@@ -37,6 +38,14 @@ def make_scheduler(capacity: int = 256, page_size: int = 1, eviction_policy: str
         get_geometry("tiny", page_size), capacity, device=device,
         eviction_policy=eviction_policy, close_policy=close_policy, clock=CounterClock(),
     )
+
+
+@pytest.fixture
+def audit(tmp_path):
+    """An audit journal in a file of the test's own."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    yield log
+    log.close()
 
 
 @pytest.fixture

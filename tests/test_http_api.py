@@ -67,13 +67,6 @@ def engine():
     engine.stop()
 
 
-@pytest.fixture
-def audit(tmp_path):
-    log = AuditLog(tmp_path / "audit.jsonl")
-    yield log
-    log.close()
-
-
 def make_client(adapter, audit: AuditLog | None = None) -> TestClient:
     return TestClient(create_app(adapter, TOKEN, audit or AuditLog(None)), raise_server_exceptions=False)
 

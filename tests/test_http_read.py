@@ -37,13 +37,6 @@ def engine():
 
 
 @pytest.fixture
-def audit(tmp_path):
-    log = AuditLog(tmp_path / "audit.jsonl")
-    yield log
-    log.close()
-
-
-@pytest.fixture
 def client(engine, audit):
     return TestClient(create_app(BundledAdapter(engine), TOKEN, audit), raise_server_exceptions=False)
 
