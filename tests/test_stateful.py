@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from adapters.attribution import attribute
 from gpu_backend.scheduler import OutOfSlotsError
 from tests.conftest import check_invariants, make_scheduler
 
@@ -114,6 +117,21 @@ class CacheMachine(RuleBasedStateMachine):
             assert exclusive.get(sid, 0) == cache.plan_close(sid).freed_tokens, sid
 
     @invariant()
+    def attribution_equals_its_definition(self):
+        """The one-pass attribution gives what each session's own union of paths gives, walked
+        one session at a time (the definition), for every session and every node."""
+        s, cache = self.s, self.s.cache
+        got = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, s.session_activity,
+                        s.session_activity, 1, lambda on_paths: cache.exclusive_tokens_by_session(on_paths))
+        want_rows, want_beneath = attribution_by_definition(s)
+        assert got.beneath == want_beneath
+        assert set(got.sessions) >= set(want_rows)
+        for sid, row in got.sessions.items():
+            exclusive, shared, fair, locked = want_rows.get(sid, (0, 0, 0.0, 0))
+            assert row[3:5] == (exclusive, shared) and row[6] == locked, sid
+            assert abs(row[5] - fair) <= 0.5 + 1e-9, sid  # the same sum, added in another order
+
+    @invariant()
     def changes_let_a_reader_follow_the_tree(self):
         """A reader that applies only changes(since) holds exactly what a full re-read gives."""
         cache = self.s.cache
@@ -130,6 +148,30 @@ class CacheMachine(RuleBasedStateMachine):
                     self.mirror[node_id] = _row(cache.nodes[node_id])
         self.since = delta.version
         assert self.mirror == {n.id: _row(n) for n in cache.iter_nodes()}
+
+
+def attribution_by_definition(s) -> tuple[dict[str, tuple[int, int, float, int]], dict[int, int]]:
+    """Each session's (exclusive, shared, fair share, locked) tokens from its own union of root
+    paths, and each node's count of sessions whose union holds it."""
+    cache = s.cache
+    unions: dict[str, set] = {}
+    for sid, leaves in cache._session_leaves.items():
+        union: set = set()
+        for leaf in leaves:
+            node = leaf
+            while node is not cache.root_node:
+                union.add(node)
+                node = node.parent
+        if union:
+            unions[sid] = union
+    beneath = Counter(node for union in unions.values() for node in union)
+    exclusive = cache.exclusive_tokens_by_session()
+    rows = {}
+    for sid, union in unions.items():
+        path = sum(len(n.key) for n in union)
+        rows[sid] = (exclusive.get(sid, 0), path - exclusive.get(sid, 0),
+                     sum(len(n.key) / beneath[n] for n in union), sum(len(n.key) for n in union if n.lock_ref > 0))
+    return rows, {node.id: count for node, count in beneath.items()}
 
 
 def _row(node):
