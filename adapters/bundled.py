@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapters.owner_queue import gc_paused
 from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
@@ -47,6 +46,7 @@ from adapters.model import (
     UnknownNode,
     UnknownSession,
 )
+from adapters.owner_queue import gc_paused
 from gpu_backend.engine import Engine, EngineStopped, EngineTimeout
 from gpu_backend.radix_cache import ChangeSet
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from adapters.owner_queue import gc_paused
 from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
@@ -58,6 +57,7 @@ from adapters.model import (
     UnknownSession,
     Unsupported,
 )
+from adapters.owner_queue import gc_paused
 from adapters.sglang_trees import SGLangTree, tree_for
 from gpu_backend.session_rules import exclusive_tokens, plan_release
 

@@ -74,7 +74,6 @@ def test_read_many_on_a_stopped_engine_raises(adapter):
         adapter.read_many([("stats", ()), ("node", (0,))])
 
 
-
 def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
     """It makes paths and rows by the hundred thousand on the owner thread: a collection midway
     only stalls the owner longer. The GC is left as it was found."""

@@ -118,8 +118,8 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def attribution_equals_its_definition(self):
-        """The one-pass attribution gives what each session's own union of paths gives, walked
-        one session at a time (the definition), for every session and every node."""
+        """``attribute()`` gives what each session's own union of root paths gives, taken as
+        sets one session at a time (the definition), for every session and every node."""
         s, cache = self.s, self.s.cache
         got = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, s.session_activity,
                         s.session_activity, 1, lambda on_paths: cache.exclusive_tokens_by_session(on_paths))
