@@ -1,22 +1,26 @@
 """Memory attribution to sessions, shared by the in-process adapters (bundled and SGLang).
 
-Computed on the cache's owner thread in one pass over the sessions' paths; kept as plain tuples
-(a frozen view per session costs more to build than that session's whole attribution), turned
-into ``SessionView``s only for the page asked for.
+Computed on the cache's owner thread in one pass over the sessions' paths (for a large cache,
+in slices between the owner's steps: ``AttributionCache``); kept as plain tuples (a frozen view
+per session costs more to build than that session's whole attribution), turned into
+``SessionView``s only for the page asked for.
 """
 
 from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.model import SessionView
 from adapters.owner_queue import gc_paused
+from gpu_backend.session_rules import exclusive_tokens_steps, run_steps
+from gpu_backend.slices import Slices
 
 ATTRIBUTION_BUDGET = 200  # reuse an attribution for at least 200x what it cost (<= 0.5% of the owner)
+INLINE_S = 0.02  # an attribution that cost less is made again on the spot: slicing it gains nothing
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)
@@ -46,13 +50,25 @@ class Attribution:
     cost_s: float
     sessions: dict[str, SessionRow]
     beneath: dict[int, int]
+    holding: int = 0
+    """Sessions that held KV when it was made: its cost grows with them."""
 
-    def fresh(self, key: Any, max_age: float, budget: float) -> bool:
+    def fresh(self, key: Any, max_age: float, budget: float, holding: int | None = None) -> bool:
         """Still good: nothing changed (same key), or younger than ``max_age`` seconds or than
-        ``budget`` times what it cost, whichever is longer (a live cache moves every step)."""
-        return key == self.key or time.monotonic() - self.taken_at < max(max_age, self.cost_s * budget)
+        ``budget`` times what the next one would cost, whichever is longer (a live cache moves
+        every step). The next one's cost is this one's, scaled by the growth in sessions holding
+        KV (``holding``: their number now, where the caller knows it cheaply), so that a growing
+        cache's attribution keeps to its share of the owner's time."""
+        if key == self.key:
+            return True
+        growth = holding / self.holding if holding and self.holding else 1.0
+        return time.monotonic() - self.taken_at < max(max_age, self.cost_s * budget * max(1.0, growth))
 
     _ordered: dict[str, list[SessionRow]] = field(default_factory=dict, repr=False, compare=False)
+
+    def age_s(self, now: float) -> float:
+        """Seconds since it was made (``now`` from ``time.monotonic()``)."""
+        return max(0.0, now - self.taken_at)
 
     def page(self, order: str, offset: int, limit: int) -> list[SessionRow]:
         """Rows ``offset:offset+limit`` in ``order`` (one of SESSION_KEYS); each order is sorted
@@ -67,59 +83,95 @@ class Attribution:
         return sum(1 for row in self.sessions.values() if row[2])
 
 
-@gc_paused()  # paths, dicts and rows by the hundred thousand: a collection midway only stalls the owner
-def attribute(
+def attribute(*args: Any, **kwargs: Any) -> Attribution:
+    """``attribution_steps(*args, **kwargs)`` run to its end in one go: exact, as of now, with
+    ``cost_s`` the time it took and the cyclic GC paused meanwhile (paths, dicts and rows by the
+    hundred thousand: a collection midway only stalls the owner longer)."""
+    started = time.perf_counter()
+    with gc_paused():
+        result = run_steps(attribution_steps(*args, **kwargs))
+    result.cost_s = time.perf_counter() - started
+    return result
+
+
+def attribution_steps(
     root: Any,
     session_leaves: Mapping[str, Collection[Any]],
     closed: Collection[str],
     known: Iterable[str],
     activity: Mapping[str, float],
     bytes_per_token: int,
-    exclusive_tokens: Callable[[Collection[Any]], Mapping[str, int]],
+    frees: bool = True,
     key: Any = None,
     lock_ref: Callable[[Any], int] = operator.attrgetter("lock_ref"),
-) -> Attribution:
-    """Attribute the tree's memory to every session in ``session_leaves`` and ``known``.
+    chunk: int = 1024,
+) -> Generator[None, None, Attribution]:
+    """Attribute the tree's memory to every session in ``session_leaves`` and ``known``, as a
+    generator that yields after about ``chunk`` nodes or sessions, so that a large cache is
+    attributed in slices between the owner's steps instead of in one long stall (``attribute``
+    runs it in one go).
 
-    ``exclusive_tokens(on_paths)``: what each session's close would free now (the cache's own
-    rule, given the nodes on the sessions' paths). Nodes need ``parent``, ``key`` and ``id``;
-    ``lock_ref(node)`` reads a node's lock count; ``activity`` maps session ids to a ``time.monotonic()`` of their last activity.
+    ``frees``: a close frees the session's exclusive nodes now (the seed's rule); False for a
+    close that only drops references (exclusive is then 0). Nodes need ``parent``, ``key``,
+    ``children`` and ``id``; ``lock_ref(node)`` reads a node's lock count; ``activity`` maps
+    session ids to a ``time.monotonic()`` of their last activity.
+
+    Each session is walked within one slice, so its own figures are of one instant. Where the
+    tree changes between slices, sessions walked at different instants disagree slightly: a
+    node split or freed meanwhile may count for fewer sessions than it serves, or for no one's
+    exclusive bytes, until the next pass. It never fails on such changes: a node freed since has
+    no parent and ends its walk. The caller sets ``cost_s`` (the work, not the slices' span).
     """
-    started = time.perf_counter()
     bpt = bytes_per_token
     # Each session's union of root paths (a plain walk for the common single tag), then how
     # many sessions each node on those paths serves.
     unions: dict[str, list[Any]] = {}
     beneath: dict[Any, int] = {}
-    for sid, leaves in session_leaves.items():
+    budget = chunk
+    for sid in list(session_leaves):
+        leaves = session_leaves.get(sid)
         if not leaves:
             continue
         path: list[Any] = []
+        freed = False
         if len(leaves) == 1:
             node = next(iter(leaves))
-            while node is not root:
+            while node is not root and node is not None:
                 path.append(node)
                 node = node.parent
+            freed = node is None
         else:
             seen: set[Any] = set()
             for leaf in leaves:
                 node = leaf
-                while node is not root and node not in seen:
+                while node is not root and node is not None and node not in seen:
                     seen.add(node)
                     path.append(node)
                     node = node.parent
+                freed = freed or node is None
+        if freed:  # a leaf from a snapshot of the index, freed since: a freed node has no parent
+            path = [n for n in path if n.parent is not None]
         unions[sid] = path
         for node in path:
             beneath[node] = beneath.get(node, 0) + 1
-    exclusive_by_session = exclusive_tokens(beneath.keys())
+        budget -= len(path) + 1
+        if budget <= 0:
+            yield
+            budget = chunk
+    if frees:
+        exclusive_by_session = yield from exclusive_tokens_steps(root, session_leaves, beneath.keys(), chunk)
+    else:
+        exclusive_by_session = {}
     everyone = dict.fromkeys(known)
     everyone.update(dict.fromkeys(closed))
     everyone.update(dict.fromkeys(unions))
     rows: dict[str, SessionRow] = {}
+    budget = chunk
     for sid in everyone:
         path_tokens = locked = 0
         fair = 0.0
-        for node in unions.get(sid, ()):
+        path = unions.get(sid, ())
+        for node in path:
             n = len(node.key)
             path_tokens += n
             fair += n / beneath[node]
@@ -127,6 +179,93 @@ def attribute(
                 locked += n
         exclusive = exclusive_by_session.get(sid, 0)
         rows[sid] = (sid, sid in closed, len(session_leaves.get(sid, ())), exclusive * bpt,
-                     (path_tokens - exclusive) * bpt, round(fair * bpt), locked, activity.get(sid))
-    by_id = {node.id: count for node, count in beneath.items()}
-    return Attribution(key, time.monotonic(), time.perf_counter() - started, rows, by_id)
+                     max(0, path_tokens - exclusive) * bpt, round(fair * bpt), locked, activity.get(sid))
+        budget -= len(path) + 1
+        if budget <= 0:
+            yield
+            budget = chunk
+    by_id: dict[int, int] = {}
+    for node, count in beneath.items():  # its own dict: nothing changes it between slices
+        by_id[node.id] = count
+        budget -= 1
+        if budget <= 0:
+            yield
+            budget = chunk
+    return Attribution(key, time.monotonic(), 0.0, rows, by_id, len(unions))
+
+
+class AttributionCache:
+    """The last attribution and its refresh (owner thread only).
+
+    A read gets the last attribution while it is fresh (``Attribution.fresh``). When it is not:
+    if it cost at most ``inline_s`` (or there is none yet, or no ``slices`` to run passes in),
+    a new one is made on the spot; otherwise the last one is served and a new one runs in slices
+    between the owner's steps (``gpu_backend.slices``), replacing it when done. So a cache large
+    enough to take seconds to attribute never stalls its engine for that long, except for the
+    very first attribution and the first after an action (``invalidate``), which are exact.
+    """
+
+    def __init__(self, max_age: float = 5.0, budget: float = ATTRIBUTION_BUDGET,
+                 slices: Slices | None = None, inline_s: float = INLINE_S):
+        self.max_age = max_age
+        self.budget = budget
+        self.slices = slices
+        self.inline_s = inline_s
+        self.current: Attribution | None = None
+        self._refresh: object | None = None  # the pass in flight, if any
+        self.made = 0
+        self.made_in_slices = 0
+        self.work_s = 0.0
+        """Attributions made, how many of them in slices, and the seconds they took."""
+
+    @property
+    def refreshing(self) -> bool:
+        return self._refresh is not None
+
+    def invalidate(self) -> None:
+        """After an action: the next read attributes on the spot; a pass in flight is dropped."""
+        self.current = None
+        self._refresh = None
+
+    def get(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
+            holding: int | None = None) -> Attribution:
+        """The attribution to serve now; ``steps()`` starts a new pass (``attribution_steps``);
+        ``holding``: the sessions that hold KV now, if known cheaply (see ``Attribution.fresh``)."""
+        current = self.current
+        if current is not None and current.fresh(key, self.max_age, self.budget, holding):
+            return current
+        if current is None or self.slices is None or current.cost_s <= self.inline_s:
+            self._refresh = None
+            started = time.perf_counter()
+            with gc_paused():
+                result = run_steps(steps())
+            self._done(result, time.perf_counter() - started)
+            return result
+        if self._refresh is None:
+            self._refresh = token = object()
+            self.slices.add(self._sliced(steps(), token))
+        return current
+
+    def _done(self, result: Attribution, work_s: float) -> None:
+        result.cost_s = work_s
+        self.current = result
+        self.made += 1
+        self.work_s += work_s
+
+    def _sliced(self, steps: Generator[None, None, Attribution], token: object) -> Generator[None, None, None]:
+        work = 0.0
+        try:
+            while self._refresh is token:  # dropped (an action, or an attribution on the spot) otherwise
+                started = time.perf_counter()
+                try:
+                    with gc_paused():
+                        next(steps)
+                except StopIteration as finished:
+                    self._done(finished.value, work + time.perf_counter() - started)
+                    self.made_in_slices += 1
+                    return
+                work += time.perf_counter() - started
+                yield
+        finally:
+            if self._refresh is token:
+                self._refresh = None

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
+from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, AttributionCache, attribution_steps, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
@@ -82,9 +82,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         self.read_only = read_only
         self.tokenizer = tokenizer
         self.timeout = timeout
-        self._attribution: Attribution | None = None
-        self.attribution_max_age = attribution_max_age
-        self.attribution_budget = attribution_budget
+        self.attributions = AttributionCache(attribution_max_age, attribution_budget, engine.slices)
         self._step = threading.local()  # see OneStepReads
 
     def _call(self, fn: Callable[[Scheduler], T]) -> T:
@@ -234,17 +232,15 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         changed, and on a live engine (where the version moves every step) while it is younger
         than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the last
         one cost, whichever is longer: a large cache is re-attributed less often rather than
-        taking more than ~0.5% of the engine. Close plans never use it: ``plan_close`` is exact."""
+        taking more than ~0.5% of the engine, and in slices between the engine's steps while the
+        last one is served (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
-        key = (cache.version, len(s.session_activity))
-        cached = self._attribution
-        if cached is not None and cached.fresh(key, self.attribution_max_age, self.attribution_budget):
-            return cached
-        self._attribution = attribute(
-            cache.root_node, cache._session_leaves, cache._closed_session_ids, s.session_activity,
-            s.session_activity, s.geometry.bytes_per_token,
-            lambda on_paths: cache.exclusive_tokens_by_session(on_paths=on_paths), key)
-        return self._attribution
+        return self.attributions.get(
+            (cache.version, len(s.session_activity)),
+            lambda: attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+                                      s.session_activity, s.session_activity, s.geometry.bytes_per_token,
+                                      cache.close_policy != "deref", (cache.version, len(s.session_activity))),
+            len(cache._session_leaves))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
         check_page(offset, limit)
@@ -255,7 +251,8 @@ class BundledAdapter(OneStepReads, CacheAdapter):
             page = attribution.page(order, offset, limit)
             now = time.monotonic()
             return SessionsPage(offset, limit, len(attribution.sessions), order,
-                                tuple(session_view(r, now) for r in page))
+                                tuple(session_view(r, now) for r in page), attribution.age_s(now),
+                                self.attributions.refreshing)
 
         return self._call(read)
 
@@ -384,7 +381,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         if not known:
             raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
         r = s.close_session(session_id)
-        self._attribution = None  # after an action the next read recomputes
+        self.attributions.invalidate()  # after an action the next read recomputes
         self.engine.record("close", session=session_id)
         return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
                                r.freed_tokens, r.freed_bytes, r.released_holds)
@@ -408,7 +405,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
 
         def act(s: Scheduler) -> EvictResultView:
             r = s.evict(num_tokens)
-            self._attribution = None  # after an action the next read recomputes
+            self.attributions.invalidate()  # after an action the next read recomputes
             self.engine.record("evict", tokens=num_tokens)
             bpt = s.geometry.bytes_per_token
             return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
@@ -422,7 +419,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         def act(s: Scheduler) -> FlushResultView:
             requested = s.cache.evictable_size()
             r = s.flush()
-            self._attribution = None  # after an action the next read recomputes
+            self.attributions.invalidate()  # after an action the next read recomputes
             self.engine.record("evict", tokens=requested)
             locked = s.cache.protected_size()
             message = f"{locked} tokens locked by running requests stay" if locked else ""

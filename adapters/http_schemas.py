@@ -137,6 +137,8 @@ class SessionsPageOut(Schema):
     total: int
     order: str
     sessions: list[SessionOut]
+    figures_age_s: float = 0.0
+    refreshing: bool = False
 
 
 class SessionDetailOut(Schema):

@@ -261,6 +261,11 @@ class SessionsPage(_View):
     total: int
     order: str
     sessions: tuple[SessionView, ...]
+    figures_age_s: float = 0.0
+    """How old the memory figures are: a large cache's attribution is reused a while, then made
+    again in slices between the engine's steps while the last one is served."""
+    refreshing: bool = False
+    """A new attribution is being made now."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from adapters.model import TargetTimeout
+from gpu_backend.slices import Slices
 
 T = TypeVar("T")
 
@@ -47,6 +48,8 @@ class OwnerQueue:
         self._owner: int | None = None
         self.last_drain: float | None = None
         self.drained = 0
+        self.slices = Slices()
+        """Long passes (an attribution of a large tree), a slice of each ``drain``."""
 
     def call(self, fn: Callable[[], T], timeout: float) -> T:
         """``fn()`` on the owner thread; its result or its exception. Called from the owner
@@ -72,7 +75,8 @@ class OwnerQueue:
         return f"{self.name} did not take the request within {timeout:g}s ({seen})"
 
     def drain(self, max_items: int = 64) -> int:
-        """Run up to ``max_items`` queued callables now (owner thread only); how many ran."""
+        """Run up to ``max_items`` queued callables now, then a slice of the passes pending
+        (owner thread only); how many callables ran."""
         self._owner = threading.get_ident()
         self.last_drain = time.monotonic()
         ran = 0
@@ -89,6 +93,7 @@ class OwnerQueue:
                 future.set_exception(exc)
             ran += 1
         self.drained += ran
+        self.slices.run()
         return ran
 
     def pending(self) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, attribute, session_view
+from adapters.attribution import Attribution, AttributionCache, attribution_steps, session_view
 from adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
@@ -59,7 +59,8 @@ from adapters.model import (
 )
 from adapters.owner_queue import gc_paused
 from adapters.sglang_trees import SGLangTree, tree_for
-from gpu_backend.session_rules import exclusive_tokens, plan_release
+from gpu_backend.session_rules import plan_release
+from gpu_backend.slices import Slices
 
 T = TypeVar("T")
 FIRST_TOKENS = 16
@@ -114,6 +115,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         close: Callable[[str], None] | None = None,
         sizes_max_age: float = 2.0,
         attribution_max_age: float = 5.0,
+        slices: Slices | None = None,
     ):
         self.tree: SGLangTree = tree_for(tree_cache)
         self.cache = tree_cache
@@ -129,9 +131,10 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         self._open_sessions = open_sessions or (lambda: ())
         self._close = close or self.tree.release
         self.sizes_max_age = sizes_max_age
-        self.attribution_max_age = attribution_max_age
+        self.attributions = AttributionCache(attribution_max_age, slices=slices)
+        """``slices``: where long passes run between the scheduler's steps (the plugin's
+        ``OwnerQueue.slices``); without it a large cache is attributed on the spot."""
         self._walk: _Walk | None = None
-        self._attribution: Attribution | None = None
         self._step = threading.local()  # see OneStepReads
         self._lock = threading.Lock()  # the counters below, updated on the owner thread
         self.version = 0
@@ -163,7 +166,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
     def _changed(self) -> None:
         """After an action: the next read walks and attributes again."""
         self._walk = None
-        self._attribution = None
+        self.attributions.invalidate()
         self.version += 1
 
     def capabilities(self) -> Capabilities:
@@ -382,28 +385,20 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         return self._call(read)
 
     def _attribute(self) -> Attribution:
+        return self.attributions.get(None, self._attribution_steps)
+
+    def _attribution_steps(self):
         tree = self.tree
-        cached = self._attribution
-        if cached is not None and cached.fresh(None, self.attribution_max_age, ATTRIBUTION_BUDGET):
-            return cached
         leaves = tree.session_leaves()
-        root = tree.root
-        if tree.policy == "free":
-            def exclusive(on_paths):
-                return exclusive_tokens(root, leaves, on_paths)
-        else:
-            def exclusive(on_paths):
-                return {}
         activity: dict[str, float] = {}
         if tree.clock_is_time:  # a session's last activity: its newest tagged node's access
             for sid, nodes in leaves.items():
                 if nodes:
                     activity[sid] = max(n.last_access_time for n in nodes)
         known = list(dict.fromkeys([*self._open_sessions(), *tree.open_ids()]))
-        self._attribution = attribute(root, leaves, tree.closed(), known, activity, self.bpt, exclusive,
-                                      key=("version", self.version, time.monotonic()),
-                                      lock_ref=tree.lock_ref)
-        return self._attribution
+        return attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
+                                 tree.policy == "free", key=("version", self.version, time.monotonic()),
+                                 lock_ref=tree.lock_ref)
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
         check_page(offset, limit)
@@ -414,7 +409,8 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             attribution = self._attribute()
             now = time.monotonic()
             page = tuple(session_view(r, now) for r in attribution.page(order, offset, limit))
-            return SessionsPage(offset, limit, len(attribution.sessions), order, page)
+            return SessionsPage(offset, limit, len(attribution.sessions), order, page, attribution.age_s(now),
+                                self.attributions.refreshing)
 
         return self._call(read)
 

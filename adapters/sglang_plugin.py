@@ -116,6 +116,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
         open_sessions=lambda: _open_sessions(scheduler), close=lambda sid: _close(scheduler, sid),
+        slices=owner.slices,
     )
     app = create_app(adapter, _token(port), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
     import uvicorn

@@ -392,7 +392,7 @@ def timed_adapter_class():
             self.attribute_log: list[tuple[bool, float]] = []
 
         def _attribute(self, s):
-            before = self._attribution
+            before = self.attributions.current
             t0 = pc()
             result = super()._attribute(s)
             self.attribute_log.append((result is not before, pc() - t0))
@@ -916,6 +916,7 @@ def main(argv: list[str] | None = None) -> int:
     holds = EngineHolds(engine)
     # Measure the cost of attribution itself: every read after a tree change recomputes it.
     adapter = timed_adapter_class()(engine, attribution_max_age=0.0, attribution_budget=0.0)
+    adapter.attributions.inline_s = float("inf")  # on the spot, never in slices: its cost is what is timed
     token = "bench-token"
     app = create_app(adapter, token, AuditLog(None))
     try:

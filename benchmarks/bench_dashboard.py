@@ -458,7 +458,7 @@ def timed_adapter(engine, **kwargs):
             self.attribute_log: list[tuple[bool, float]] = []
 
         def _attribute(self, s):
-            before = self._attribution
+            before = self.attributions.current
             t0 = pc()
             result = super()._attribute(s)
             self.attribute_log.append((result is not before, pc() - t0))
@@ -826,7 +826,8 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
 
     app, adapter = new_app(built, poll=False)
     # The worst case: every changed poll recomputes attribution (no reuse within max age).
-    adapter.attribution_max_age = adapter.attribution_budget = 0.0
+    adapter.attributions.max_age = adapter.attributions.budget = 0.0
+    adapter.attributions.inline_s = float("inf")  # on the spot, in the frame's own poll
     out: dict[str, Any] = {}
     async with app.run_test(size=SIZE) as pilot:
         hook_screen(app)
@@ -915,9 +916,9 @@ def compact_evict_heap(s) -> int:
     return held
 
 
-def serve_in_thread(engine) -> tuple[str, Any, Any]:
+def serve_in_thread(engine) -> tuple[str, Any, Any, Any]:
     """The admin API over ``engine`` in a thread of this process (as `radixtop serve` and the
-    SGLang plugin run it): (url, server, thread)."""
+    SGLang plugin run it): (url, server, thread, adapter)."""
     import socket
     import threading
 
@@ -930,13 +931,14 @@ def serve_in_thread(engine) -> tuple[str, Any, Any]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(BundledAdapter(engine), "bench", AuditLog(None)),
+    adapter = BundledAdapter(engine)
+    server = uvicorn.Server(uvicorn.Config(create_app(adapter, "bench", AuditLog(None)),
                                            log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    return f"http://127.0.0.1:{port}", server, thread
+    return f"http://127.0.0.1:{port}", server, thread, adapter
 
 
 def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
@@ -980,7 +982,7 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
 
     try:
         if mode == "process":
-            url, server, thread = serve_in_thread(engine)
+            url, server, thread, _ = serve_in_thread(engine)
             child = subprocess.Popen(
                 [sys.executable, str(HERE / "_dashboard_child.py"), url, "bench",
                  str(cfg.tp_warmup_s + 3 + cfg.tp_window_s), str(cfg.interval)],
@@ -1084,7 +1086,7 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
     built.engine, built.holds = engine, holds
     nodes_before = engine.call(lambda s: s.cache.node_count(), 30.0)
     windows: list[dict[str, Any]] = []
-    url, server, thread = serve_in_thread(engine)
+    url, server, thread, adapter = serve_in_thread(engine)
     engine_tid = engine._thread.native_id
     api_tid = thread.native_id  # the admin API's event loop (its worker threads come and go)
     # The child runs until SIGUSR1; this is only its limit (the passes between blocks take time too).
@@ -1113,8 +1115,20 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
                 engine.call(compact_evict_heap, 120.0)
                 compact_ms = (pc() - t_compact) * 1e3
             t0, f0, h0, g0, a0 = pc(), engine.requests_finished, holds.mark(), GC.mark(), thread_cpu_s(api_tid)
-            e0, c0 = thread_cpu_s(engine_tid), process_cpu_s(child.pid)
+            e0, c0, w0 = thread_cpu_s(engine_tid), process_cpu_s(child.pid), engine.slices.work_s
+            p0 = built.scheduler.prompt_tokens
             time.sleep(cfg.alt_window_s)
+            pass_wait_s = 0.0
+            if with_dashboard and (k % 4 == 2 or k == 2 * cfg.alt_pairs - 1):
+                # The next window is without: stop the dashboard now, and end this window only
+                # when the attribution it asked for is done (it runs in slices between the
+                # engine's steps), so that all its work is counted here, none in the next.
+                child.send_signal(signal.SIGSTOP)
+                stopped = True
+                t_wait = pc()
+                while adapter.attributions.refreshing:
+                    time.sleep(0.005)
+                pass_wait_s = pc() - t_wait
             secs = pc() - t0
             in_window = GC.since(g0)
             windows.append({"with": with_dashboard, "s": secs, "finished": engine.requests_finished - f0,
@@ -1123,6 +1137,8 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
                             "collections": in_window["collections"],
                             "gen2": in_window["gen2"],
                             "hold_ms": holds.since(h0) * 1e3, "gc_ms": in_window["total_ms"],
+                            "slices_ms": (engine.slices.work_s - w0) * 1e3, "pass_wait_ms": pass_wait_s * 1e3,
+                            "prompt_tokens": built.scheduler.prompt_tokens - p0,
                             "api_cpu_ms": (thread_cpu_s(api_tid) - a0) * 1e3,
                             "engine_cpu_ms": (thread_cpu_s(engine_tid) - e0) * 1e3,
                             "dashboard_cpu_ms": (process_cpu_s(child.pid) - c0) * 1e3})
@@ -1160,6 +1176,12 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
     collect_ms_per_s = sum(w["collect_before_ms"] for w in windows) / sum(w["s"] for w in windows)
     left_out = max(0.0, extra_collections) * collect_ms_per_s / 1e3
     ratio_mean = statistics.fmean(blocks)
+    # The engine thread's time left for requests: its CPU less what it spent on the dashboard's
+    # reads and on attribution slices. The API thread's time shows as less engine CPU (it holds
+    # the GIL meanwhile). What this leaves out: the engine's own work made slower by the other
+    # core's (caches, memory bandwidth), and noise, which the throughput ratios carry.
+    for_requests = lambda ws: (sum(w["engine_cpu_ms"] - w["hold_ms"] - w["slices_ms"] for w in ws)  # noqa: E731
+                               / sum(w["s"] for w in ws))
     return {"windows": windows, "tree_nodes_before": nodes_before,
             "collections_per_s": {"with": per_s(with_w, "collections"), "without": per_s(without_w, "collections")},
             "collect_between_ms_per_s": collect_ms_per_s, "gen2_left_out_share": left_out,
@@ -1170,8 +1192,15 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
             "pair_ratios": ratios, "ratio_median": median(ratios),
             "ratio_median_ci90": bootstrap_ci(ratios, median),
             "ratio_total": rate(with_w) / rate(without_w), "with_requests_per_s": rate(with_w),
+            "engine_ms_for_requests_per_s": {"with": for_requests(with_w), "without": for_requests(without_w)},
+            "ratio_engine_time_for_requests": for_requests(with_w) / for_requests(without_w),
+            "ratio_tokens": per_s(with_w, "prompt_tokens") / max(per_s(without_w, "prompt_tokens"), 1e-9),
             "without_requests_per_s": rate(without_w), "polls": out["polls"], "dashboard_down": out["down"],
             "hold_ms_per_s_with": sum(w["hold_ms"] for w in with_w) / sum(w["s"] for w in with_w),
+            "slices_ms_per_s": {"with": per_s(with_w, "slices_ms"), "without": per_s(without_w, "slices_ms")},
+            "slices_ms_most_in_a_window": max(w["slices_ms"] for w in windows),
+            "attributions": {"made": adapter.attributions.made, "in_slices": adapter.attributions.made_in_slices,
+                             "work_s": adapter.attributions.work_s},
             "gc_ms_per_s": {"with": per_s(with_w, "gc_ms"), "without": per_s(without_w, "gc_ms")},
             "api_cpu_ms_per_s": {"with": per_s(with_w, "api_cpu_ms"), "without": per_s(without_w, "api_cpu_ms")},
             "engine_cpu_ms_per_s": {"with": per_s(with_w, "engine_cpu_ms"),
@@ -1390,8 +1419,17 @@ def alternating_table(cfg: BenchConfig, alt: dict[str, Any]) -> str:
         f"{alt['ratio_median']:.1%} | - | - |",
         f"| with / without (all windows: requests / seconds) | {alt['ratio_total']:.1%} | - | - |",
         f"| requests/s without / with | {alt['without_requests_per_s']:,.0f} / {alt['with_requests_per_s']:,.0f} | - | - |",
+        f"| prompt tokens/s, with / without (all windows) | {alt['ratio_tokens']:.1%} | - | - |",
+        f"| engine thread time left for requests, with / without (its CPU less the dashboard's reads "
+        f"and attribution slices: {alt['engine_ms_for_requests_per_s']['without']:.0f} / "
+        f"{alt['engine_ms_for_requests_per_s']['with']:.0f} ms per s) | "
+        f"{alt['ratio_engine_time_for_requests']:.1%} | - | - |",
         f"| engine hold by the dashboard's reads (ms per s, windows with it; most in one window) | "
         f"{alt['hold_ms_per_s_with']:.1f}; {max(w['hold_ms'] for w in ws):,.0f} ms | - | - |",
+        f"| attribution in slices between the engine's steps (ms per s) without / with; most in one "
+        f"window; attributions made (in slices) | {alt['slices_ms_per_s']['without']:.1f} / "
+        f"{alt['slices_ms_per_s']['with']:.1f}; {alt['slices_ms_most_in_a_window']:,.0f} ms; "
+        f"{alt['attributions']['made']} ({alt['attributions']['in_slices']}) | - | - |",
         f"| admin API event-loop thread CPU (ms per s) without / with | "
         f"{alt['api_cpu_ms_per_s']['without']:.1f} / {alt['api_cpu_ms_per_s']['with']:.1f} | - | - |",
         f"| engine thread CPU (ms per s) without / with | "

@@ -250,6 +250,8 @@ def sessions(
     if as_json:
         return emit_json(page.to_dict())
     title = f"sessions {offset + 1}-{offset + len(page.sessions)} of {page.total} by {sort}"
+    if page.figures_age_s >= 15:  # a large cache's attribution is reused a while (see the API reference)
+        title += f", figures {age(page.figures_age_s)} old" + (" (refreshing)" if page.refreshing else "")
     _console().print(_sessions_table(list(page.sessions), title))
 
 

@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import IO, Any, TypeVar
 
 from gpu_backend.scheduler import OutOfSlotsError, Scheduler
+from gpu_backend.slices import Slices
 from gpu_backend.trace import op_to_json
 from gpu_backend.workload import ChatWorkload, WorkloadConfig
 
@@ -61,6 +62,8 @@ class Engine:
         self.error: BaseException | None = None
         self._arrival_credit = 0.0
         self._last_step = time.monotonic()
+        self.slices = Slices()
+        """Long passes (an attribution of a large cache) run here a slice per loop iteration."""
 
     # ----- lifecycle -----
 
@@ -126,21 +129,30 @@ class Engine:
         try:
             while not self._stop.is_set():
                 self._drain_commands()
+                self.slices.run()
                 if self.workload is not None and not self._paused.is_set():
                     self._step()
                     self.steps += 1
                     if self.step_interval > 0:
-                        self._wake.wait(self.step_interval)
-                        self._wake.clear()
+                        self._wait(self.step_interval)
                 else:
-                    self._wake.wait(0.05)
-                    self._wake.clear()
+                    self._wait(0.05)
         except BaseException as exc:  # the owner thread must say why it died, not vanish
             self.error = exc
             logger.exception("engine thread died")
         finally:
             self._finished.set()
             self._fail_pending(EngineStopped(self._dead_reason()))
+
+    def _wait(self, seconds: float) -> None:
+        """Idle until woken or ``seconds`` pass; with passes pending, run them meanwhile (a slice
+        at a time, taking commands between slices) instead of sleeping."""
+        deadline = time.monotonic() + seconds
+        while self.slices.pending and not self._stop.is_set() and time.monotonic() < deadline:
+            self._drain_commands()
+            self.slices.run(idle=True)
+        self._wake.wait(max(0.0, deadline - time.monotonic()))
+        self._wake.clear()
 
     def _drain_commands(self) -> None:
         while not self._stop.is_set():  # once stopped, what is still queued is failed, never run

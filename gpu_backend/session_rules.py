@@ -8,8 +8,8 @@ same code.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from collections.abc import Collection, Generator, Iterable, Mapping
+from typing import Any, TypeVar
 
 # Why an upward walk stopped, in the seed's order of checks.
 STOP_ROOT = "root"
@@ -18,6 +18,7 @@ STOP_CHILDREN = "has_children"
 STOP_SHARED = "shared"
 
 Node = Any  # a tree node of either implementation
+T = TypeVar("T")
 
 
 def holders_of(node: Node) -> set[str] | None:
@@ -81,17 +82,41 @@ def exclusive_tokens(root: Node, session_leaves: Mapping[str, Collection[Node]],
     ``on_paths``: the nodes on the sessions' paths, when the caller has them already (a set or
     a dict's keys view); found here otherwise.
     """
+    return run_steps(exclusive_tokens_steps(root, session_leaves, on_paths))
+
+
+def run_steps(steps: Generator[None, None, T]) -> T:
+    """Run a stepwise pass (a generator that yields between slices of work) to its end."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return done.value
+
+
+def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[Node]],
+                           on_paths: Collection[Node] | None = None,
+                           chunk: int = 1024) -> Generator[None, None, dict[str, int]]:
+    """``exclusive_tokens`` as a generator that yields after every ``chunk`` nodes, so the owner
+    thread can run it between its steps. Run straight through, it is exact; with the tree
+    changing between slices it never fails, and a node that changed meanwhile counts for no one
+    (a node deleted since has no holders; one added since is not on the paths)."""
     if on_paths is None:
         on_paths = set()
         for leaves in session_leaves.values():
             for leaf in leaves:
                 node = leaf
-                while node is not root and node not in on_paths:
+                while node is not root and node is not None and node not in on_paths:
                     on_paths.add(node)
                     node = node.parent
     owner: dict[Node, str | None] = {}
     stack: list[tuple[Node, bool]] = [(n, False) for n in root.children.values() if n in on_paths]
+    budget = chunk
     while stack:
+        budget -= 1
+        if not budget:
+            yield
+            budget = chunk
         node, children_done = stack.pop()
         if not children_done:
             stack.append((node, True))
@@ -115,6 +140,10 @@ def exclusive_tokens(root: Node, session_leaves: Mapping[str, Collection[Node]],
         owner[node] = below if held_by is None or held_by == below else None
     exclusive = {sid: 0 for sid, leaves in session_leaves.items() if leaves}
     for node, sid in owner.items():
+        budget -= 1
+        if not budget:
+            yield
+            budget = chunk
         if sid is not None:
             exclusive[sid] = exclusive.get(sid, 0) + len(node.key)
     return exclusive

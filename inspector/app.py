@@ -42,6 +42,9 @@ SESSIONS_EVERY = 5.0
 """Seconds between reloads of the sessions table: attributing memory to every session walks all
 their paths on the owner thread, so a live dashboard does it at this pace, not every poll
 (an action reloads it at once; close plans are always exact)."""
+FIGURES_NOTED_S = 15.0
+"""Sessions figures older than this say their age in the table's title (a large cache's
+attribution is reused a while, then made again in slices between the engine's steps)."""
 MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
 LARGE_SHARE = 0.10
 """An eviction of more than this share of capacity asks for the count to be typed."""
@@ -109,6 +112,7 @@ class RadixtopApp(App[None]):
         self._poll_enabled = poll
         self._keymap = keymap or {}
         self._sessions_at = float("-inf")
+        self._figures: tuple[float, bool] = (0.0, False)  # the sessions figures' age and refresh, as read
         self._tree_moving = False  # the last poll found the tree changed: read its pages with the stats
         self.polls = 0
         """Completed polls (tests wait on it)."""
@@ -213,7 +217,9 @@ class RadixtopApp(App[None]):
                 snap["order"] = self.tree_state.order
                 snap["generation"] = self.tree_state.generation
         if want_sessions:
-            snap["sessions"] = list(_ok(got["sessions"]).sessions)
+            page = _ok(got["sessions"])
+            snap["sessions"] = list(page.sessions)
+            snap["figures"] = (page.figures_age_s, page.refreshing)
             self._sessions_at = now
         if selected is not None:
             detail = got["node"]
@@ -259,6 +265,7 @@ class RadixtopApp(App[None]):
             self._show_rows(snap["rows"], snap["stats"].total_bytes, snap["order"], snap.get("generation"))
         if "sessions" in snap:
             self.query_one(SessionsTable).set_sessions(snap["sessions"])
+            self._figures = snap.get("figures", (0.0, False))
             self._title_sessions()
         if snap.get("detail") is not None:
             self._show_detail(snap["detail"])
@@ -394,7 +401,10 @@ class RadixtopApp(App[None]):
         table = self.query_one(SessionsTable)
         marked = f" · {len(table.marked)} marked" if table.marked else ""
         shown = f" · filter {table.filter_text!r}" if table.filter_text else ""
-        title = f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}"
+        figures_age, refreshing = self._figures
+        old = f" · figures {age(figures_age)} old" if figures_age >= FIGURES_NOTED_S else ""
+        old += ", refreshing" if old and refreshing else ""
+        title = f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}{old}"
         line = self.query_one("#sessions-title", Static)
         if line.content != title:
             line.update(title, layout=False)  # one line, fixed height

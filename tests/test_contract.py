@@ -83,18 +83,19 @@ def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
 
     seen: list[bool] = []
 
-    def exclusive(on_paths):
+    def lock_ref(node):  # read for every node on a session's path, in the middle of the pass
         seen.append(gc.isenabled())
-        return {}
+        return node.lock_ref
 
     def run(s):
+        seen.clear()
         return attribute(s.cache.root_node, s.cache._session_leaves, s.cache._closed_session_ids,
-                         s.session_activity, s.session_activity, 1, exclusive)
+                         s.session_activity, s.session_activity, 1, lock_ref=lock_ref)
 
     try:
         for enabled_before in (True, False):
             (gc.enable if enabled_before else gc.disable)()
             assert adapter.engine.call(run).sessions
-            assert seen.pop() is False and gc.isenabled() is enabled_before
+            assert seen and not any(seen) and gc.isenabled() is enabled_before
     finally:
         gc.enable()

@@ -150,3 +150,24 @@ async def test_sessions_cursor_stays_on_top_until_moved_then_follows_its_session
         assert table.current.id == "s3"
         table.set_sessions([replace(s, exclusive_bytes=0) if s.id == "s3" else s for s in shrunk])
         assert table.current.id == "s3" and table.cursor > 1
+
+
+async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
+    """A large cache's attribution is reused a while and made again in slices: figures old
+    enough to matter say so, and whether a new one is on its way; fresh ones say nothing."""
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        def show(figures):
+            app.apply_snapshot({"stats": stats(1), "time": 1.0, "sessions": SESSIONS, "figures": figures})
+
+        show((2.0, False))
+        await pilot.pause()
+        title = next(line for line in screen_lines(app) if "sessions 29 of 29" in line)
+        assert "figures" not in title
+        show((130.0, True))
+        await pilot.pause()
+        assert any("sessions 29 of 29 · figures 2m old, refreshing" in line for line in screen_lines(app))
+        show((40.0, False))
+        await pilot.pause()
+        title = next(line for line in screen_lines(app) if "sessions 29 of 29" in line)
+        assert "figures 40s old" in title and "refreshing" not in title

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from adapters.attribution import attribute
+from adapters.attribution import attribute, attribution_steps
 from gpu_backend.scheduler import OutOfSlotsError
 from tests.conftest import check_invariants, make_scheduler
 
@@ -116,14 +116,50 @@ class CacheMachine(RuleBasedStateMachine):
         for sid in cache._session_leaves:
             assert exclusive.get(sid, 0) == cache.plan_close(sid).freed_tokens, sid
 
+    @rule()
+    def start_a_sliced_attribution(self):
+        """A pass in slices of one node or session, as the engine runs a large one between its
+        steps: the other rules change the tree between its slices."""
+        s, cache = self.s, self.s.cache
+        steps = attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+                                  s.session_activity, s.session_activity, 1, cache.close_policy != "deref",
+                                  chunk=1)
+        self.sliced = (steps, cache.version)
+
+    @precondition(lambda self: getattr(self, "sliced", None))
+    @rule(slices=st.integers(1, 3))
+    def advance_the_sliced_attribution(self, slices):
+        """It never fails, whatever changed between its slices; its figures are never negative;
+        where nothing changed since it started, they are the definition's."""
+        steps, version = self.sliced
+        for _ in range(slices):
+            try:
+                next(steps)
+            except StopIteration as finished:
+                got = finished.value
+                break
+        else:
+            return
+        self.sliced = None
+        assert all(count >= 1 for count in got.beneath.values())
+        for row in got.sessions.values():
+            assert min(row[2:7]) >= 0, row
+        if self.s.cache.version == version:
+            event("sliced attribution: nothing changed meanwhile")
+            self._check_attribution(got)
+        else:
+            event("sliced attribution: the tree changed between slices")
+
     @invariant()
     def attribution_equals_its_definition(self):
         """``attribute()`` gives what each session's own union of root paths gives, taken as
         sets one session at a time (the definition), for every session and every node."""
         s, cache = self.s, self.s.cache
-        got = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, s.session_activity,
-                        s.session_activity, 1, lambda on_paths: cache.exclusive_tokens_by_session(on_paths))
-        want_rows, want_beneath = attribution_by_definition(s)
+        self._check_attribution(attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+                                          s.session_activity, s.session_activity, 1, cache.close_policy != "deref"))
+
+    def _check_attribution(self, got):
+        want_rows, want_beneath = attribution_by_definition(self.s)
         assert got.beneath == want_beneath
         assert set(got.sessions) >= set(want_rows)
         for sid, row in got.sessions.items():

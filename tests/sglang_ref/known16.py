@@ -72,7 +72,7 @@ def known_adapter(read_only: bool = False) -> Iterator[tuple[SGLangAdapter, SGLa
     owner = OwnerQueue("the test scheduler")
     scheduler = SchedulerThread(owner).start()
     adapter = SGLangAdapter(replayer.cache, owner.call, name="sglang", model="tiny",
-                            open_sessions=lambda: OPENED, timeout=10.0)
+                            open_sessions=lambda: OPENED, timeout=10.0, slices=owner.slices)
     adapter.close_session("gone")
     adapter.read_only = read_only
     try:

@@ -86,7 +86,8 @@ def known_adapter(kind: str = "unified", read_only: bool = False, close_gone: bo
     scheduler = SchedulerThread(owner).start()
     sessions = kind == "unified"
     adapter = SGLangAdapter(known.cache, owner.call, name="sglang", model="tiny",
-                            open_sessions=(lambda: OPENED) if sessions else None, timeout=10.0)
+                            open_sessions=(lambda: OPENED) if sessions else None, timeout=10.0,
+                            slices=owner.slices)
     try:
         if sessions and close_gone:
             adapter.close_session("gone")

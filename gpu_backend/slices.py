@@ -1,0 +1,69 @@
+"""Long passes on a cache's owner thread, run in short slices between its steps.
+
+A pass over a large tree (attributing memory to 100k sessions: seconds at a million nodes) would
+stall every running request if run in one go. Written as a generator that yields every so often,
+it runs here instead: the owner calls ``run()`` once per loop iteration, and it resumes the
+passes for about ``slice_s`` seconds, and on a busy owner no more than a ``duty`` share of its
+time (a pass of W seconds then spans at least W / duty). The total work is the same; no step
+waits longer than a slice, and the steps around a pass slow down by at most that share. An idle
+owner runs them flat out (``run(idle=True)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Generator
+
+log = logging.getLogger("radixtop.slices")
+
+SLICE_S = 0.005
+DUTY = 0.25
+
+
+class Slices:
+    """Passes waiting for owner time. ``add`` and ``run`` are called on the owner thread only."""
+
+    def __init__(self, slice_s: float = SLICE_S, duty: float = DUTY):
+        self.slice_s = slice_s
+        self.duty = duty
+        self._passes: deque[Generator[None, None, object]] = deque()
+        self._next_at = 0.0  # perf_counter before which a busy owner runs no slice
+        self.work_s = 0.0
+        """Seconds spent in passes so far (all of them, for metrics and benchmarks)."""
+
+    def add(self, steps: Generator[None, None, object]) -> None:
+        self._passes.append(steps)
+
+    @property
+    def pending(self) -> int:
+        return len(self._passes)
+
+    def run(self, idle: bool = False) -> float:
+        """Resume the passes, oldest first, until ``slice_s`` seconds are spent or none is left;
+        the seconds spent. Unless ``idle``, nothing runs until the owner has had its share since
+        the last slice. A pass that raises is logged and dropped, never raised to the owner."""
+        if not self._passes:
+            return 0.0
+        started = time.perf_counter()
+        if not idle and started < self._next_at:
+            return 0.0
+        deadline = started + self.slice_s
+        passes = self._passes
+        while passes:
+            try:
+                next(passes[0])
+            except StopIteration:
+                passes.popleft()
+            except Exception:
+                log.exception("radixtop: a pass on the owner thread failed; it is dropped")
+                passes.popleft()
+            if time.perf_counter() >= deadline:
+                break
+        ended = time.perf_counter()
+        spent = ended - started
+        self.work_s += spent
+        if self.duty < 1.0:
+            self._next_at = ended + spent * (1.0 - self.duty) / self.duty
+        return spent
