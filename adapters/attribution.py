@@ -19,7 +19,7 @@ from adapters.owner_queue import gc_paused
 from gpu_backend.session_rules import exclusive_tokens_steps, run_steps
 from gpu_backend.slices import Slices
 
-ATTRIBUTION_BUDGET = 200  # reuse an attribution for at least 200x what it cost (<= 0.5% of the owner)
+ATTRIBUTION_BUDGET = 200  # reuse an attribution for 200x what the next would cost (<= 0.5% of the owner)
 INLINE_S = 0.02  # an attribution that cost less is made again on the spot: slicing it gains nothing
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
