@@ -84,12 +84,17 @@ class Attribution:
 
 
 def attribute(*args: Any, **kwargs: Any) -> Attribution:
-    """``attribution_steps(*args, **kwargs)`` run to its end in one go: exact, as of now, with
-    ``cost_s`` the time it took and the cyclic GC paused meanwhile (paths, dicts and rows by the
-    hundred thousand: a collection midway only stalls the owner longer)."""
+    """``attribution_steps(*args, **kwargs)`` run to its end in one go (``in_one_go``)."""
+    return in_one_go(attribution_steps(*args, **kwargs))
+
+
+def in_one_go(steps: Generator[None, None, Attribution]) -> Attribution:
+    """A pass run to its end at once: exact, as of now, with ``cost_s`` the time it took and the
+    cyclic GC paused meanwhile (paths, dicts and rows by the hundred thousand: a collection
+    midway only stalls the owner longer)."""
     started = time.perf_counter()
     with gc_paused():
-        result = run_steps(attribution_steps(*args, **kwargs))
+        result = run_steps(steps)
     result.cost_s = time.perf_counter() - started
     return result
 
@@ -236,10 +241,8 @@ class AttributionCache:
             return current
         if current is None or self.slices is None or current.cost_s <= self.inline_s:
             self._refresh = None
-            started = time.perf_counter()
-            with gc_paused():
-                result = run_steps(steps())
-            self._done(result, time.perf_counter() - started)
+            result = in_one_go(steps())
+            self._done(result, result.cost_s)
             return result
         if self._refresh is None:
             self._refresh = token = object()

@@ -230,16 +230,17 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         """Attribution of memory to sessions (owner thread). It costs O(sessions' paths) and a
         dashboard reads it several times per poll, so it is reused while the tree has not
         changed, and on a live engine (where the version moves every step) while it is younger
-        than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the last
-        one cost, whichever is longer: a large cache is re-attributed less often rather than
+        than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the next
+        one would cost, whichever is longer: a large cache is re-attributed less often rather than
         taking more than ~0.5% of the engine, and in slices between the engine's steps while the
         last one is served (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
+        key = (cache.version, len(s.session_activity))
         return self.attributions.get(
-            (cache.version, len(s.session_activity)),
+            key,
             lambda: attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
                                       s.session_activity, s.session_activity, s.geometry.bytes_per_token,
-                                      cache.close_policy != "deref", (cache.version, len(s.session_activity))),
+                                      cache.close_policy != "deref", key),
             len(cache._session_leaves))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:

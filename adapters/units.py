@@ -24,6 +24,19 @@ def age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+FIGURES_NOTED_S = 15.0
+"""Session figures older than this say how old they are (a large cache's attribution is reused a
+while, then made again in slices between the engine's steps while the last one is served)."""
+
+
+def figures_note(age_s: float, refreshing: bool) -> str:
+    """'figures 3m old, refreshing' for a sessions page whose figures are old enough to matter;
+    '' otherwise."""
+    if age_s < FIGURES_NOTED_S:
+        return ""
+    return f"figures {age(age_s)} old" + (", refreshing" if refreshing else "")
+
+
 def decode_preview(tokenizer, tokens: tuple[int, ...]) -> str | None:
     """A node's token preview as text, or None (no tokenizer, nothing to decode, or ids it
     cannot decode: the faces then show the ids)."""

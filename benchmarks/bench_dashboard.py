@@ -1180,8 +1180,7 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
     # reads and on attribution slices. The API thread's time shows as less engine CPU (it holds
     # the GIL meanwhile). What this leaves out: the engine's own work made slower by the other
     # core's (caches, memory bandwidth), and noise, which the throughput ratios carry.
-    for_requests = lambda ws: (sum(w["engine_cpu_ms"] - w["hold_ms"] - w["slices_ms"] for w in ws)  # noqa: E731
-                               / sum(w["s"] for w in ws))
+    for_requests = lambda ws: per_s(ws, "engine_cpu_ms") - per_s(ws, "hold_ms") - per_s(ws, "slices_ms")  # noqa: E731
     return {"windows": windows, "tree_nodes_before": nodes_before,
             "collections_per_s": {"with": per_s(with_w, "collections"), "without": per_s(without_w, "collections")},
             "collect_between_ms_per_s": collect_ms_per_s, "gen2_left_out_share": left_out,

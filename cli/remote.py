@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
-from adapters.units import age, human_bytes
+from adapters.units import age, figures_note, human_bytes
 
 app = typer.Typer()
 
@@ -250,8 +250,8 @@ def sessions(
     if as_json:
         return emit_json(page.to_dict())
     title = f"sessions {offset + 1}-{offset + len(page.sessions)} of {page.total} by {sort}"
-    if page.figures_age_s >= 15:  # a large cache's attribution is reused a while (see the API reference)
-        title += f", figures {age(page.figures_age_s)} old" + (" (refreshing)" if page.refreshing else "")
+    if note := figures_note(page.figures_age_s, page.refreshing):
+        title += f", {note}"
     _console().print(_sessions_table(list(page.sessions), title))
 
 

@@ -28,7 +28,7 @@ from adapters.model import (
     TargetUnreachable,
     Unsupported,
 )
-from inspector.format import age, human_bytes
+from inspector.format import age, figures_note, human_bytes
 from inspector.header import HeaderBar
 from inspector.modals import AskScreen, ConfirmScreen, HelpScreen
 from inspector.sessions_view import SessionsTable
@@ -42,9 +42,6 @@ SESSIONS_EVERY = 5.0
 """Seconds between reloads of the sessions table: attributing memory to every session walks all
 their paths on the owner thread, so a live dashboard does it at this pace, not every poll
 (an action reloads it at once; close plans are always exact)."""
-FIGURES_NOTED_S = 15.0
-"""Sessions figures older than this say their age in the table's title (a large cache's
-attribution is reused a while, then made again in slices between the engine's steps)."""
 MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
 LARGE_SHARE = 0.10
 """An eviction of more than this share of capacity asks for the count to be typed."""
@@ -401,9 +398,8 @@ class RadixtopApp(App[None]):
         table = self.query_one(SessionsTable)
         marked = f" · {len(table.marked)} marked" if table.marked else ""
         shown = f" · filter {table.filter_text!r}" if table.filter_text else ""
-        figures_age, refreshing = self._figures
-        old = f" · figures {age(figures_age)} old" if figures_age >= FIGURES_NOTED_S else ""
-        old += ", refreshing" if old and refreshing else ""
+        note = figures_note(*self._figures)
+        old = f" · {note}" if note else ""
         title = f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}{old}"
         line = self.query_one("#sessions-title", Static)
         if line.content != title:

@@ -176,3 +176,11 @@ def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost(
     assert made.fresh(2, 5.0, 50, holding=300)  # three times the sessions: the next costs ~3x, 15 s
     assert not made.fresh(2, 5.0, 50, holding=50)  # fewer: never less than its own cost's budget
     assert made.fresh(2, 11.0, 0)  # max_age
+
+
+def test_the_faces_note_old_figures_only():
+    from adapters.units import figures_note
+
+    assert figures_note(14.9, True) == ""
+    assert figures_note(40.0, False) == "figures 40s old"
+    assert figures_note(130.0, True) == "figures 2m old, refreshing"
