@@ -14,10 +14,10 @@ from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.model import SessionView
-from adapters.owner_queue import gc_paused
-from gpu_backend.session_rules import exclusive_tokens_steps, run_steps
-from gpu_backend.slices import Slices
+from radixtop.adapters.model import SessionView
+from radixtop.gpu_backend.owner_queue import gc_paused
+from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
+from radixtop.gpu_backend.slices import Slices
 
 ATTRIBUTION_BUDGET = 200  # reuse an attribution for 200x what the next would cost (<= 0.5% of the owner)
 INLINE_S = 0.02  # an attribution that cost less is made again on the spot: slicing it gains nothing

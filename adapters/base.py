@@ -8,29 +8,25 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from adapters.model import (
+from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unsupported
+from radixtop.adapters.model import (
     CHILD_ORDERS,
-    AdapterError,
-    ChainView,
     EXPORT_COLUMNS,
-    ExportColumns,
     SESSION_ORDERS,
-    BadRequest,
     Capabilities,
+    ChainView,
     Changes,
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
     EvictResultView,
+    ExportColumns,
     FlushResultView,
     MatchView,
     NodeDetail,
     SessionDetail,
     SessionsPage,
     Stats,
-    TargetTimeout,
-    TargetUnreachable,
-    Unsupported,
 )
 
 MAX_PAGE = 10_000

@@ -8,21 +8,26 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapters.attribution import ATTRIBUTION_BUDGET, Attribution, AttributionCache, attribution_steps, session_view
-from adapters.base import (
+from radixtop.adapters.attribution import (
+    ATTRIBUTION_BUDGET,
+    Attribution,
+    AttributionCache,
+    attribution_steps,
+    session_view,
+)
+from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
     OneStepReads,
-    check_child_order,
     check_chain_limit,
+    check_child_order,
     check_page,
     check_session_order,
     check_tokens,
 )
-from adapters.units import decode_preview
-from adapters.model import (
+from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, TargetUnreachable, UnknownNode, UnknownSession
+from radixtop.adapters.model import (
     ROOT_ID,
-    BadRequest,
     Capabilities,
     ChainView,
     Changes,
@@ -37,22 +42,18 @@ from adapters.model import (
     MatchView,
     NodeDetail,
     NodeView,
-    ReadOnly,
     SessionDetail,
     SessionsPage,
     Stats,
-    TargetTimeout,
-    TargetUnreachable,
-    UnknownNode,
-    UnknownSession,
 )
-from adapters.owner_queue import gc_paused
-from gpu_backend.engine import Engine, EngineStopped, EngineTimeout
-from gpu_backend.radix_cache import ChangeSet
+from radixtop.adapters.units import decode_preview
+from radixtop.gpu_backend.engine import Engine
+from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
+from radixtop.gpu_backend.radix_cache import ChangeSet
 
 if TYPE_CHECKING:
-    from gpu_backend.radix_cache import TreeNode
-    from gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.radix_cache import TreeNode
+    from radixtop.gpu_backend.scheduler import Scheduler
 
 T = TypeVar("T")
 FIRST_TOKENS = 16
@@ -91,9 +92,9 @@ class BundledAdapter(OneStepReads, CacheAdapter):
             return fn(*owner)
         try:
             return self.engine.call(fn, self.timeout)
-        except EngineTimeout as exc:
+        except OwnerTimeout as exc:
             raise TargetTimeout(f"{self.name}: {exc}") from None
-        except EngineStopped as exc:
+        except OwnerStopped as exc:
             raise TargetUnreachable(f"{self.name}: {exc}") from None
 
     def _refuse_if_read_only(self, action: str) -> None:

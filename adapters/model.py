@@ -1,4 +1,4 @@
-"""The adapter contract's plain data: frozen view types and typed errors (no torch, no textual).
+"""The adapter contract's plain data: frozen view types (no torch, no textual); errors are in ``errors``.
 
 Every face (dashboard, commands, HTTP API) sees a cache only through these types. They hold ints,
 floats, strings, tuples and None; never tensors, never live tree nodes. Byte figures are plain
@@ -15,69 +15,6 @@ SessionOrder = Literal["exclusive_bytes", "shared_bytes", "last_activity", "id"]
 CHILD_ORDERS: tuple[str, ...] = ("bytes", "recency", "tokens")
 SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "last_activity", "id")
 ROOT_ID = 0
-
-
-# ----- errors -----
-
-
-class AdapterError(Exception):
-    """Base of every error a face may show; ``code`` is stable and machine-readable."""
-
-    code = "error"
-    http_status = 500
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class BadRequest(AdapterError):
-    code = "bad_request"
-    http_status = 422
-
-
-class UnknownNode(AdapterError):
-    code = "unknown_node"
-    http_status = 404
-
-
-class UnknownSession(AdapterError):
-    code = "unknown_session"
-    http_status = 404
-
-
-class ReadOnly(AdapterError):
-    code = "read_only"
-    http_status = 403
-
-
-class Unsupported(AdapterError):
-    """The target cannot do this at all (see its capability flags)."""
-
-    code = "unsupported"
-    http_status = 501
-
-
-class Unauthorized(AdapterError):
-    code = "unauthorized"
-    http_status = 401
-
-
-class TargetUnreachable(AdapterError):
-    code = "target_unreachable"
-    http_status = 503
-
-
-class TargetTimeout(AdapterError):
-    code = "target_timeout"
-    http_status = 504
-
-
-ERRORS_BY_CODE: dict[str, type[AdapterError]] = {
-    cls.code: cls
-    for cls in (AdapterError, BadRequest, UnknownNode, UnknownSession, ReadOnly, Unsupported,
-                Unauthorized, TargetUnreachable, TargetTimeout)
-}
 
 
 # ----- views -----

@@ -1,5 +1,5 @@
 """A dashboard in a process of its own (what `radixtop` runs): RadixtopApp headless at 160x48 over
-an HttpAdapter for a number of seconds (or until SIGUSR1); prints its poll count as JSON. Used by
+an RadixtopClient for a number of seconds (or until SIGUSR1); prints its poll count as JSON. Used by
 bench_dashboard."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 async def main(url: str, token: str, seconds: float, interval: float) -> None:
-    from adapters.http_client import HttpAdapter
-    from inspector.app import RadixtopApp
+    from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.inspector.app import RadixtopApp
 
-    adapter = HttpAdapter(url, token=token, timeout=10)
+    adapter = RadixtopClient(url, token=token, timeout=10)
     app = RadixtopApp(adapter, target=url, interval=interval)
     done = asyncio.Event()  # SIGUSR1: stop now (before ``seconds``) and report
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, done.set)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import types
 
-from tests.sglang_ref import torchvision_stub
+from tests.on_sglang.ref import torchvision_stub
 
 
 def import_sglang() -> types.SimpleNamespace:

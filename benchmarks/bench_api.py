@@ -11,7 +11,7 @@ See ``benchmarks/README.md`` for what each figure means.
 The cache is built once: a ``Scheduler`` on a ``meta`` KV pool with the llama-3-8b geometry (shapes,
 no memory), wrapped in ``Engine(scheduler, None).start()`` (the owner thread, no workload) and a
 ``BundledAdapter``, served by ``create_app`` on a real uvicorn server on loopback (a thread of this
-process). Clients are ``httpx`` (raw bytes) and ``HttpAdapter`` (bytes decoded back into views), in
+process). Clients are ``httpx`` (raw bytes) and ``RadixtopClient`` (bytes decoded back into views), in
 the main thread. Client, server and engine share one interpreter (one GIL) on this machine's cores,
 so a served time is what a client pays for the whole round trip, server and client work included.
 
@@ -52,8 +52,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 HERE = Path(__file__).resolve().parent
 
-from _common import EngineHolds, log  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import EngineHolds, log  # noqa: E402
 
 pc = time.perf_counter
 
@@ -91,7 +91,7 @@ class BenchConfig:
     read_repeats: int  # warm reads per endpoint
     cold_repeats: int  # tree changes, each followed by cold reads
     export_repeats: int  # paired (bare walk, export) repeats
-    client_export_repeats: int  # HttpAdapter.export() (decodes every line), context only
+    client_export_repeats: int  # RadixtopClient.export() (decodes every line), context only
     page: int = 1000
 
 
@@ -219,8 +219,8 @@ def build_tree(cfg: TreeConfig) -> Built:
       the tree has ``target_nodes`` nodes, inserted with slots from the pool's allocator, exactly
       as ``cache_finished_req`` would insert them (duplicate prefixes never allocated).
     """
-    from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
 
     rng = np.random.default_rng(cfg.seed)
     prng = random.Random(cfg.seed)
@@ -382,7 +382,7 @@ def _insert_group(cache, allocator, prng: random.Random, tokens: TokenPool, firs
 
 
 def timed_adapter_class():
-    from adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled import BundledAdapter
 
     class TimedBundledAdapter(BundledAdapter):
         """Records every ``_attribute`` call: seconds, and whether it recomputed (cold)."""
@@ -413,7 +413,7 @@ def change_tree(engine, cached_prompt: tuple[int, ...], counter=itertools.count(
 
 
 def read_endpoints(built: Built, page: int) -> list[dict[str, Any]]:
-    """(label, URL path and params, in-process call, HttpAdapter call) of each warm read."""
+    """(label, URL path and params, in-process call, RadixtopClient call) of each warm read."""
     fan = built.fanout_node_id
     fan_n = built.facts["fanout_children"]
     node_id = built.system_node_ids[0]
@@ -442,7 +442,7 @@ def read_endpoints(built: Built, page: int) -> list[dict[str, Any]]:
 
 
 def measure_reads(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, client, remote) -> dict[str, Any]:
-    """Every endpoint in turn, ``read_repeats`` rounds: in-process, httpx, HttpAdapter."""
+    """Every endpoint in turn, ``read_repeats`` rounds: in-process, httpx, RadixtopClient."""
     eps = read_endpoints(built, cfg.page)
     returned = {}
     for ep in eps:  # warm-up (also fills the attribution cache at this version)
@@ -749,7 +749,7 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
         "",
         f"### Reads served over HTTP (median of {cfg.read_repeats}; milliseconds per request)",
         "",
-        "| request | rows | response | in-process adapter | engine hold | served median | served p95 | HttpAdapter "
+        "| request | rows | response | in-process adapter | engine hold | served median | served p95 | RadixtopClient "
         "| goal | met |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
@@ -807,7 +807,7 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
     ]
     if e["http_adapter_export_ms"]:
         c = e["http_adapter_export_ms"]
-        lines.append(f"| context: `HttpAdapter.export()` (every line decoded to a dict) | {fmt_ms(c['median'])} | "
+        lines.append(f"| context: `RadixtopClient.export()` (every line decoded to a dict) | {fmt_ms(c['median'])} | "
                      f"{fmt_ms(c['min'])}..{fmt_ms(c['max'])} | - | - |")
     share = m["peak_share_of_dicts"]
     cur = m["export_current_during_rows_bytes"] or [m["export_after_snapshot_bytes"]]
@@ -895,12 +895,12 @@ def main(argv: list[str] | None = None) -> int:
     t_all = pc()
     import httpx
 
-    from adapters.audit import AuditLog
-    from adapters.bundled import BundledAdapter
-    from adapters.http_client import HttpAdapter
-    from adapters.http_server import create_app
-    from gpu_backend.engine import Engine
-    from tests.live_server import running_server
+    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.http.audit import AuditLog
+    from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.adapters.http.server import create_app
+    from radixtop.gpu_backend.engine import Engine
+    from tests.support.live_server import running_server
 
     results: dict[str, Any] = {"mode": cfg.mode, "config": asdict(cfg), "environment": environment(),
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -921,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(adapter, token, AuditLog(None))
     try:
         with running_server(app) as url, httpx.Client(base_url=url, timeout=300.0) as client:
-            remote = HttpAdapter(url, token, timeout=300.0)
+            remote = RadixtopClient(url, token, timeout=300.0)
             try:
                 log(f"reads: {cfg.read_repeats} rounds over {url}")
                 results["reads"] = measure_reads(cfg, built, adapter, holds, client, remote)

@@ -58,11 +58,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _common import fmt_nodes, log, median  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import fmt_nodes, log, median  # noqa: E402
 
-from gpu_backend.allocator import TokenToKVPoolAllocator as RtAllocator  # noqa: E402
-from gpu_backend.radix_cache import RadixCache as RtCache  # noqa: E402
+from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator as RtAllocator  # noqa: E402
+from radixtop.gpu_backend.radix_cache import RadixCache as RtCache  # noqa: E402
 
 pc = time.perf_counter
 
@@ -872,7 +872,6 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
     tp = res["throughput"]["summary"]
     run0 = res["throughput"]["runs"][0]
     lines = []
-    tc = cfg.trace
     lines.append(
         f"### Throughput: {run0['requests']:,} requests, {run0['sessions']:,} sessions, "
         f"{run0['input_tokens'] / run0['requests']:.0f} input tokens/request on average, "
@@ -912,7 +911,7 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
         f"and one evict({sc['evict_tokens']}) (8 nodes), on a small and a large tree (median microseconds)"
     )
     lines.append("")
-    lines.append(f"| operation | cache | tree (small / large nodes) | small tree (us) | large tree (us) | large/small | goal | met |")
+    lines.append("| operation | cache | tree (small / large nodes) | small tree (us) | large tree (us) | large/small | goal | met |")
     lines.append("|---|---|---|---:|---:|---:|---|---|")
     for op, key in (("close", "close"), ("evict", "evict")):
         r = rt[f"{key}_ratio"]

@@ -59,8 +59,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 HERE = Path(__file__).resolve().parent
 
-from _common import EngineHolds, fmt_nodes, log, median  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import EngineHolds, fmt_nodes, log, median  # noqa: E402
 
 pc = time.perf_counter
 SIZE = (160, 48)  # the terminal the app runs in (columns, lines)
@@ -258,8 +258,8 @@ def build_tree(cfg: TreeConfig, with_facts: bool = True) -> Built:
     """Sessions first (identical in every tree built from the same seed: same node ids), then the
     few-shot fan-outs, the chains, and a sessionless forest up to ``target_nodes``; finally a few
     running requests. GC is off while building; the tree is then collected and frozen."""
-    from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
 
     mean = lambda r: (r[0] + r[1]) / 2  # noqa: E731
     est = (cfg.system_prompts * cfg.system_prompt_len[1]
@@ -449,7 +449,7 @@ READS = ("stats", "changes", "children", "sessions", "node", "session")
 
 def timed_adapter(engine, **kwargs):
     """A BundledAdapter that logs (method, seconds) of each read and each ``_attribute`` call."""
-    from adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled import BundledAdapter
 
     class TimedAdapter(BundledAdapter):
         def __init__(self, *args, **kw):
@@ -538,7 +538,7 @@ def hook_screen(app) -> None:
 
 
 def start_engine(built: Built) -> None:
-    from gpu_backend.engine import Engine
+    from radixtop.gpu_backend.engine import Engine
 
     built.engine = Engine(built.scheduler, None).start()
     built.holds = EngineHolds(built.engine)
@@ -583,8 +583,8 @@ async def press_direct(pilot, app, key: str, done: Callable[[], bool], timeout: 
     from textual import events
     from textual.worker import WorkerError
 
-    from inspector.sessions_view import SessionsTable
-    from inspector.tree_view import CacheTree
+    from radixtop.inspector.sessions_view import SessionsTable
+    from radixtop.inspector.tree_view import CacheTree
 
     pumps = (app, app.screen, app.query_one(CacheTree), app.query_one(SessionsTable))
     t0 = pc()
@@ -621,8 +621,8 @@ async def prime(pilot, app) -> None:
 async def set_view(pilot, app, expand: list[tuple[int, int]], cursor: tuple[str, int] | None) -> None:
     """A known state: the root and ``expand`` [(node id, children loaded)] open, no chains folded,
     order bytes, the cursor on ``cursor``. Set on the app's own TreeState, under its lock."""
-    from adapters.model import ROOT_ID
-    from inspector.tree_view import CacheTree
+    from radixtop.adapters.model import ROOT_ID
+    from radixtop.inspector.tree_view import CacheTree
 
     with app.tree_lock:
         st = app.tree_state
@@ -657,7 +657,7 @@ def run_app(session):
 
 
 def new_app(built: Built, poll: bool, interval: float = 1.0):
-    from inspector.app import RadixtopApp
+    from radixtop.inspector.app import RadixtopApp
 
     adapter = timed_adapter(built.engine, name=f"bench {built.label}")
     app = RadixtopApp(adapter, target=f"bench {built.label}", interval=interval, poll=poll)
@@ -671,7 +671,7 @@ def new_app(built: Built, poll: bool, interval: float = 1.0):
 
 
 async def one_first_paint(built: Built, interval: float) -> dict[str, float]:
-    from inspector.tree_view import CacheTree
+    from radixtop.inspector.tree_view import CacheTree
 
     t0 = pc()
     app, adapter = new_app(built, poll=True, interval=interval)  # a fresh adapter: nothing cached
@@ -726,7 +726,7 @@ def views(built: Built) -> dict[str, list[tuple[int, int]]]:
 
 async def key_session(cfg: BenchConfig, built: Built, method: str) -> dict[str, Any]:
     """Every key press in turn, timed with ``method``: "pilot" (``press_pilot``) or "direct"."""
-    from inspector.tree_view import CacheTree
+    from radixtop.inspector.tree_view import CacheTree
 
     press = press_pilot if method == "pilot" else press_direct
     app, adapter = new_app(built, poll=False)
@@ -821,8 +821,8 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
     """The poll timer is off; each poll is ``collect()`` (normally a worker thread) then
     ``apply_snapshot()`` (the UI thread), called here on the app's own thread, one after the
     other, then ``render_line`` for every visible line of the tree and the sessions table."""
-    from inspector.sessions_view import SessionsTable
-    from inspector.tree_view import CacheTree
+    from radixtop.inspector.sessions_view import SessionsTable
+    from radixtop.inspector.tree_view import CacheTree
 
     app, adapter = new_app(built, poll=False)
     # The worst case: every changed poll recomputes attribution (no reuse within max age).
@@ -924,9 +924,9 @@ def serve_in_thread(engine) -> tuple[str, Any, Any, Any]:
 
     import uvicorn
 
-    from adapters.audit import AuditLog
-    from adapters.bundled import BundledAdapter
-    from adapters.http_server import create_app
+    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.http.audit import AuditLog
+    from radixtop.adapters.http.server import create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -950,9 +950,9 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
     import subprocess
 
     with_dashboard = mode != "without"
-    from gpu_backend.engine import Engine
-    from gpu_backend.workload import WorkloadConfig
-    from inspector.tree_view import CacheTree
+    from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.workload import WorkloadConfig
+    from radixtop.inspector.tree_view import CacheTree
 
     built = build_tree(cfg.throughput_tree, with_facts=False)
     wl = WorkloadConfig(arrival_rate=0.0)
@@ -1077,8 +1077,8 @@ def alternating_run(cfg: BenchConfig) -> dict[str, Any]:
     import signal
     import subprocess
 
-    from gpu_backend.engine import Engine
-    from gpu_backend.workload import WorkloadConfig
+    from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.workload import WorkloadConfig
 
     built = build_tree(cfg.throughput_tree, with_facts=False)
     engine = Engine(built.scheduler, WorkloadConfig(arrival_rate=0.0), step_interval=0.0).start()

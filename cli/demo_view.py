@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from adapters.units import human_bytes
+from radixtop.adapters.units import human_bytes
 
 
 def _snapshot(scheduler: Any) -> dict[str, Any]:
@@ -89,8 +89,8 @@ def pick_device(device: str, pool_bytes: int) -> str:
 
 def run_demo(geometry, capacity: int, workload, device: str, refresh: float, duration: float,
              record_to=None) -> None:
-    from gpu_backend.engine import Engine
-    from gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.scheduler import Scheduler
 
     device = pick_device(device, capacity * geometry.bytes_per_token)
     scheduler = Scheduler(geometry, capacity, device=device)

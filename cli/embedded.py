@@ -63,7 +63,7 @@ def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, 
     """(url, token) of a `radixtop serve` child running the demo workload, until the block ends."""
     token = secrets.token_urlsafe(24)
     port = _free_port()
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--name", name, "--model", model, "--capacity", str(capacity), "--sessions", str(sessions),
            "--seed", str(seed), "--arrival-rate", str(arrival_rate)]
     if read_only:

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
-from cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
+from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
+from radixtop.cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
 
 app = typer.Typer(
     name="radixtop",
@@ -67,7 +67,7 @@ def tui(
     server (--sglang-url)."""
     keys = _keymap(keymap)
     if kv_events or sglang_url:
-        from inspector.app import run_dashboard
+        from radixtop.inspector.app import run_dashboard
 
         try:
             adapter, label, close = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
@@ -77,20 +77,20 @@ def tui(
         run_dashboard(adapter, label, interval, keys, on_exit=close)
         return
     if url is not None:
-        from adapters.http_client import HttpAdapter
-        from adapters.model import BadRequest
-        from inspector.app import run_dashboard
+        from radixtop.adapters.errors import BadRequest
+        from radixtop.adapters.http.client import RadixtopClient
+        from radixtop.inspector.app import run_dashboard
 
         try:
-            adapter = HttpAdapter(url, token=token, timeout=timeout)
+            adapter = RadixtopClient(url, token=token, timeout=timeout)
         except BadRequest as exc:  # a URL or token that cannot be sent
             raise fail(exc.message, 2) from None
         run_dashboard(adapter, url, interval, keys, on_exit=adapter.close)
         return
-    from adapters.http_client import HttpAdapter
-    from cli.embedded import demo_server
-    from gpu_backend.kv_geometry import get_geometry
-    from inspector.app import run_dashboard
+    from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.cli.embedded import demo_server
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.inspector.app import run_dashboard
 
     try:
         geometry = get_geometry(model or "llama-3-8b")
@@ -102,7 +102,7 @@ def tui(
     try:
         with demo_server(name, geometry.name, capacity or 65536, sessions, seed, arrival_rate,
                          read_only) as (demo_url, demo_token):
-            adapter = HttpAdapter(demo_url, token=demo_token, timeout=timeout)
+            adapter = RadixtopClient(demo_url, token=demo_token, timeout=timeout)
             run_dashboard(adapter, name, interval, keys, on_exit=adapter.close)
     except RuntimeError as exc:
         raise fail(str(exc), 1) from None
@@ -127,9 +127,9 @@ def demo(
     record: Annotated[Path | None, typer.Option(help="Write what the engine does as a trace (JSON lines).")] = None,
 ) -> None:
     """The embedded demo engine's live text view (the dashboard replaces it)."""
-    from cli.demo_view import run_demo
-    from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.workload import WorkloadConfig
+    from radixtop.cli.demo_view import run_demo
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.workload import WorkloadConfig
 
     try:
         geometry = get_geometry(model)
@@ -162,9 +162,9 @@ def replay(
     as_json: Json = False,
 ) -> None:
     """Apply a trace to a fresh bundled cache and print what happened."""
-    from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.trace import TraceError, read_lines
-    from gpu_backend.trace import replay as run_replay
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.trace import TraceError, read_lines
+    from radixtop.gpu_backend.trace import replay as run_replay
 
     if capacity % page_size:
         raise fail(f"--capacity {capacity} is not a multiple of --page-size {page_size}", 2)
@@ -186,12 +186,12 @@ def replay(
     if as_json:
         typer.echo(json.dumps(doc, separators=(",", ":")))
         return
-    from cli.render import print_replay_summary
+    from radixtop.cli.render import print_replay_summary
 
     print_replay_summary(doc, geometry.bytes_per_token)
 
 
-from cli import remote, serve  # noqa: E402  (commands defined in their own modules)
+from radixtop.cli import remote, serve  # noqa: E402  (commands defined in their own modules)
 
 app.add_typer(serve.app)
 app.add_typer(remote.app)

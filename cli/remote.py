@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
-from adapters.units import age, figures_note, human_bytes
+from radixtop.adapters.units import age, figures_note, human_bytes
+from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
 
@@ -26,12 +26,12 @@ def _exit(message: str, code: int) -> typer.Exit:
 
 @contextlib.contextmanager
 def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
-    """An HttpAdapter for ``url``; turns every adapter error into one line and an exit code."""
-    from adapters.http_client import HttpAdapter
-    from adapters.model import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+    """An RadixtopClient for ``url``; turns every adapter error into one line and an exit code."""
+    from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+    from radixtop.adapters.http.client import RadixtopClient
 
     try:
-        adapter = HttpAdapter(url, token=token, timeout=timeout)
+        adapter = RadixtopClient(url, token=token, timeout=timeout)
     except BadRequest as exc:  # a URL or token that cannot be sent
         raise _exit(exc.message, EXIT_USAGE) from None
     try:
@@ -322,7 +322,7 @@ def export(
     try:
         with target(url, token, timeout) as t:
             if fmt == "columns":
-                from adapters.wire import encode_export_columns
+                from radixtop.adapters.http.wire import encode_export_columns
 
                 for chunk in encode_export_columns(t.export_columns()):
                     sink.write(chunk)
@@ -395,7 +395,7 @@ def close(
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """Close sessions: shows the exact plan first, then asks (the ids you see are the ids closed)."""
-    from adapters.model import UnknownSession, Unsupported
+    from radixtop.adapters.errors import UnknownSession, Unsupported
 
     ids = list(dict.fromkeys(session_ids))
     with target(url, token, timeout) as t:

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize
-from cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
+from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize
+from radixtop.cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
 
 app = typer.Typer()
 
@@ -44,14 +44,14 @@ def serve(
     """Serve a cache over the HTTP admin API: the bundled engine (demo workload or a replayed
     trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
     (--sglang-url), so every command and the dashboard can use them through --url."""
-    from adapters.bundled import BundledAdapter
-    from adapters.http_server import serve as serve_http
-    from cli.demo_view import pick_device
-    from gpu_backend.engine import Engine
-    from gpu_backend.kv_geometry import get_geometry
-    from gpu_backend.scheduler import Scheduler
-    from gpu_backend.trace import Replayer, TraceError, read_lines, read_trace
-    from gpu_backend.workload import WorkloadConfig
+    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.http.server import serve as serve_http
+    from radixtop.cli.demo_view import pick_device
+    from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.trace import Replayer, TraceError, read_lines, read_trace
+    from radixtop.gpu_backend.workload import WorkloadConfig
 
     def usage(message: str) -> typer.Exit:
         typer.echo(f"radixtop: {message}", err=True)

@@ -37,8 +37,8 @@ def model_geometry(model: str | None) -> Any:
     """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
     if not model:
         return None
-    from adapters.model import Geometry
-    from gpu_backend.kv_geometry import get_geometry
+    from radixtop.adapters.model import Geometry
+    from radixtop.gpu_backend.kv_geometry import get_geometry
 
     g = get_geometry(model)
     return Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.page_size, g.bytes_per_token)
@@ -53,8 +53,8 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
         raise ValueError("give --kv-events or --sglang-url, not both")
     geometry = model_geometry(model)
     if kv_events:
-        from adapters.kv_events import KvEventsAdapter
-        from adapters.model import AdapterError
+        from radixtop.adapters.errors import AdapterError
+        from radixtop.adapters.sglang.kv_events import KvEventsAdapter
 
         try:
             adapter = KvEventsAdapter(kv_events, kv_replay, dp_rank=dp_rank, geometry=geometry,
@@ -63,9 +63,9 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
             raise ValueError(exc.message) from None
         return adapter, adapter.name, adapter.close
     if sglang_url:
-        from adapters.sglang_http import SGLangHttpAdapter
+        from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
 
-        adapter = SGLangHttpAdapter(sglang_url, api_key=sglang_api_key, geometry=geometry,
+        adapter = SGLangRoutesAdapter(sglang_url, api_key=sglang_api_key, geometry=geometry,
                                     dp_rank=dp_rank if dp_rank else None, timeout=timeout)
         return adapter, sglang_url, adapter.close
     return None

@@ -3,40 +3,26 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import IO, Any, TypeVar
 
-from gpu_backend.scheduler import OutOfSlotsError, Scheduler
-from gpu_backend.slices import Slices
-from gpu_backend.trace import op_to_json
-from gpu_backend.workload import ChatWorkload, WorkloadConfig
+from radixtop.gpu_backend.owner_queue import OwnerError, OwnerQueue, OwnerStopped
+from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler
+from radixtop.gpu_backend.trace import op_to_json
+from radixtop.gpu_backend.workload import ChatWorkload, WorkloadConfig
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class EngineError(RuntimeError):
-    """The engine cannot run a command (stopped, dead, or too slow to answer)."""
-
-
-class EngineTimeout(EngineError):
-    pass
-
-
-class EngineStopped(EngineError):
-    pass
-
-
 class Engine:
     """Owns a Scheduler on one thread. Nothing else touches the tree: reads that need a
-    consistent view and every mutation go through :meth:`call`, which queues a function and runs
-    it on the owner thread between steps, as SGLang runs control messages between batches.
+    consistent view and every mutation go through :meth:`call`, which queues a function on the
+    owner thread's ``OwnerQueue`` and runs it between steps, as SGLang runs control messages
+    between batches.
     """
 
     def __init__(
@@ -50,39 +36,38 @@ class Engine:
         self.workload = ChatWorkload(workload) if workload is not None else None
         self.step_interval = step_interval
         self.record_to = record_to
-        self._commands: queue.SimpleQueue[tuple[Callable[[Scheduler], Any], Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self.owner = OwnerQueue("the engine thread", wake=self._wake.set)
         self._thread: threading.Thread | None = None
         self._paused = threading.Event()
-        self._finished = threading.Event()  # set when the loop has ended, before it fails what is queued
         self.steps = 0
         self.requests_finished = 0
         self.requests_aborted = 0
         self.error: BaseException | None = None
         self._arrival_credit = 0.0
         self._last_step = time.monotonic()
-        self.slices = Slices()
+        self.slices = self.owner.slices
         """Long passes (an attribution of a large cache) run here a slice per loop iteration."""
 
     # ----- lifecycle -----
 
     def start(self) -> Engine:
         if self._thread is not None:
-            raise EngineError("engine already started")
+            raise OwnerError("engine already started")
         self._thread = threading.Thread(target=self._run, name="radixtop-engine", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """From now on every call raises EngineStopped at once, and queued commands that have not
-        started never run (their callers get EngineStopped). A command already running finishes:
+        """From now on every call raises OwnerStopped at once, and queued commands that have not
+        started never run (their callers get OwnerStopped). A command already running finishes:
         ``timeout`` bounds the wait for it, not the refusal of new ones."""
         self._stop.set()
+        self.owner.close("engine stopped")
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._fail_pending(EngineStopped("engine stopped"))
 
     @property
     def alive(self) -> bool:
@@ -101,22 +86,12 @@ class Engine:
     def call(self, fn: Callable[[Scheduler], T], timeout: float = 10.0) -> T:
         """Run ``fn(scheduler)`` on the owner thread between steps and return its result.
 
-        Raises EngineTimeout if it has not run within ``timeout`` seconds (the command is then
-        cancelled if it has not started), and EngineStopped if the engine is not running.
+        Raises OwnerTimeout if it has not run within ``timeout`` seconds (the command is then
+        cancelled if it has not started), and OwnerStopped if the engine is not running.
         """
-        if self._stop.is_set() or not self.alive:  # stopped: refused even while a command still runs
-            raise EngineStopped(self._dead_reason())
-        future: Future = Future()
-        self._commands.put((fn, future))
-        self._wake.set()
-        if self._finished.is_set():  # the loop ended after the check above: nobody else will answer
-            self._fail_pending(EngineStopped(self._dead_reason()))
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            if future.cancel():
-                raise EngineTimeout(f"engine did not run the command within {timeout:g} s") from None
-            return future.result()  # it started just now: wait for it to finish
+        if not self.alive and not self.owner.closed:  # never started
+            raise OwnerStopped(self._dead_reason())
+        return self.owner.call(lambda: fn(self.scheduler), timeout)
 
     def _dead_reason(self) -> str:
         if self.error is not None:
@@ -128,8 +103,7 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._drain_commands()
-                self.slices.run()
+                self.owner.step()
                 if self.workload is not None and not self._paused.is_set():
                     self._step()
                     self.steps += 1
@@ -141,43 +115,16 @@ class Engine:
             self.error = exc
             logger.exception("engine thread died")
         finally:
-            self._finished.set()
-            self._fail_pending(EngineStopped(self._dead_reason()))
+            self.owner.close(self._dead_reason())
 
     def _wait(self, seconds: float) -> None:
         """Idle until woken or ``seconds`` pass; with passes pending, run them meanwhile (a slice
         at a time, taking commands between slices) instead of sleeping."""
         deadline = time.monotonic() + seconds
         while self.slices.pending and not self._stop.is_set() and time.monotonic() < deadline:
-            self._drain_commands()
-            self.slices.run(idle=True)
+            self.owner.step(idle=True)
         self._wake.wait(max(0.0, deadline - time.monotonic()))
         self._wake.clear()
-
-    def _drain_commands(self) -> None:
-        while not self._stop.is_set():  # once stopped, what is still queued is failed, never run
-            try:
-                fn, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue  # its caller timed out before it started: it never runs
-            try:
-                future.set_result(fn(self.scheduler))
-            except Exception as exc:
-                future.set_exception(exc)
-            except BaseException as exc:  # it ends the loop; its caller must hear why, not wait forever
-                future.set_exception(EngineStopped(f"engine thread died: {type(exc).__name__}: {exc}"))
-                raise
-
-    def _fail_pending(self, exc: Exception) -> None:
-        while True:
-            try:
-                _, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if future.set_running_or_notify_cancel():
-                future.set_exception(exc)
 
     def _arrival_budget(self) -> int | None:
         rate = self.workload.config.arrival_rate

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_backend.radix_cache import TreeNode
+    from radixtop.gpu_backend.radix_cache import TreeNode
 
 
 class EvictionStrategy:

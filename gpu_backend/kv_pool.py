@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu_backend.allocator import TokenToKVPoolAllocator
-from gpu_backend.kv_geometry import KVGeometry
+from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
+from radixtop.gpu_backend.kv_geometry import KVGeometry
 
 _TORCH_DTYPES = {
     "float32": torch.float32,

@@ -6,15 +6,15 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from gpu_backend.allocator import TokenToKVPoolAllocator
-from gpu_backend.eviction import get_eviction_strategy
-from gpu_backend.sessions import SessionRadixCacheMixin
+from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
+from radixtop.gpu_backend.eviction import get_eviction_strategy
+from radixtop.gpu_backend.sessions import SessionRadixCacheMixin
 
 _EMPTY_VALUE = np.empty(0, dtype=np.int64)
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpu_backend.kv_geometry import KVGeometry
-from gpu_backend.kv_pool import KVPool
-from gpu_backend.radix_cache import EvictResult, RadixCache, Req
-from gpu_backend.sessions import CloseResult
+from radixtop.gpu_backend.kv_geometry import KVGeometry
+from radixtop.gpu_backend.kv_pool import KVPool
+from radixtop.gpu_backend.radix_cache import EvictResult, RadixCache, Req
+from radixtop.gpu_backend.sessions import CloseResult
 
 
 class OutOfSlotsError(RuntimeError):

@@ -14,10 +14,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpu_backend.session_rules import exclusive_tokens, plan_release
+from radixtop.gpu_backend.session_rules import exclusive_tokens, plan_release
 
 if TYPE_CHECKING:
-    from gpu_backend.radix_cache import TreeNode
+    from radixtop.gpu_backend.radix_cache import TreeNode
 
 # A request that finishes after its session was closed must not tag again; the guard is bounded,
 # so after 8192 later closes a very late finish can tag once more (as in the seed).

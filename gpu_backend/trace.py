@@ -8,8 +8,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from gpu_backend.kv_geometry import KVGeometry, get_geometry
-from gpu_backend.scheduler import OutOfSlotsError, Scheduler, UnknownRequestError
+from radixtop.gpu_backend.kv_geometry import KVGeometry, get_geometry
+from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler, UnknownRequestError
 
 OPS = ("begin", "finish", "abort", "request", "close", "register", "evict")
 MAX_TOKEN_ID = 2**63 - 1  # token ids and counts are int64 everywhere past the trace (pool, API, export)

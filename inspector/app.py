@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -16,24 +17,15 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from adapters.base import MAX_READS, CacheAdapter
-from adapters.model import (
-    ROOT_ID,
-    AdapterError,
-    Capabilities,
-    Changes,
-    NodeDetail,
-    Stats,
-    TargetTimeout,
-    TargetUnreachable,
-    Unsupported,
-)
-from inspector.format import age, figures_note, human_bytes
-from inspector.header import HeaderBar
-from inspector.modals import AskScreen, ConfirmScreen, HelpScreen
-from inspector.sessions_view import SessionsTable
-from inspector.tree_state import TreeState
-from inspector.tree_view import CacheTree
+from radixtop.adapters.base import MAX_READS, CacheAdapter
+from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unsupported
+from radixtop.adapters.model import ROOT_ID, Capabilities, Changes, NodeDetail, Stats
+from radixtop.inspector.format import age, figures_note, human_bytes
+from radixtop.inspector.header import HeaderBar
+from radixtop.inspector.modals import AskScreen, ConfirmScreen, HelpScreen
+from radixtop.inspector.sessions_view import SessionsTable
+from radixtop.inspector.tree_state import TreeState
+from radixtop.inspector.tree_view import CacheTree
 
 T = TypeVar("T")
 
@@ -65,7 +57,7 @@ class RadixtopApp(App[None]):
     """Live view of one cache. Polls never overlap (the next is armed when one ends); reads and
     actions run in thread workers; actions are bound to what the user saw when the modal opened."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "radixtop"
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),

@@ -10,8 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from adapters.model import Stats
-from inspector.format import human_bytes
+from radixtop.adapters.model import Stats
+from radixtop.inspector.format import human_bytes
 
 HISTORY = 120
 """Samples kept for the sparklines (two minutes at the default one-second poll)."""

@@ -13,8 +13,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from adapters.model import SessionView
-from inspector.format import age, human_bytes
+from radixtop.adapters.model import SessionView
+from radixtop.inspector.format import age, human_bytes
 
 
 @dataclass(frozen=True)

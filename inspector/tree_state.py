@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from adapters.model import ROOT_ID, ChainView, ChildrenPage, NodeView, UnknownNode
+from radixtop.adapters.errors import UnknownNode
+from radixtop.adapters.model import ROOT_ID, ChainView, ChildrenPage, NodeView
 
 PAGE = 100
 CHAIN_HOPS = 10_000

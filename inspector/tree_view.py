@@ -11,9 +11,9 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from adapters.model import NodeView
-from inspector.format import age, human_bytes, share_style
-from inspector.tree_state import Row
+from radixtop.adapters.model import NodeView
+from radixtop.inspector.format import age, human_bytes, share_style
+from radixtop.inspector.tree_state import Row
 
 _CURSOR = Style(reverse=True)
 _DIM = Style(dim=True)

@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from adapters.audit import AuditLog
-from gpu_backend.kv_geometry import get_geometry
-from gpu_backend.scheduler import Scheduler
+from radixtop.adapters.http.audit import AuditLog
+from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.scheduler import Scheduler
 
 try:  # from the installed metadata: importing sglang itself takes seconds
     SGLANG_VERSION: str | None = importlib.metadata.version("sglang")
@@ -19,7 +19,7 @@ except importlib.metadata.PackageNotFoundError:
 
 # The SGLang 0.5.23 tests belong to .venv-sglang23 (.ci/test runs them there by name); beside any
 # other sglang they are not collected at all rather than skipped.
-collect_ignore = [] if SGLANG_VERSION == "0.5.23" else ["test_sglang23_drive.py", "test_sglang23_adapter.py"]
+collect_ignore = [] if SGLANG_VERSION == "0.5.23" else ["on_sglang/test_drive23.py", "on_sglang/test_adapter23.py"]
 
 
 class CounterClock:

@@ -1,0 +1,289 @@
+"""RadixtopClient: the adapter contract over a remote radixtop admin API (httpx, synchronous)."""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_reads
+from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+from radixtop.adapters.http.reads import parse_read
+from radixtop.adapters.http.wire import (
+    WireError,
+    audit_entry_from_dict,
+    capabilities_from_dict,
+    chain_from_dict,
+    changes_from_dict,
+    children_page_from_dict,
+    close_plan_from_dict,
+    close_result_from_dict,
+    decode_export_columns,
+    error_from_body,
+    evict_result_from_dict,
+    export_row_from_dict,
+    flush_result_from_dict,
+    match_from_dict,
+    node_detail_from_dict,
+    session_detail_from_dict,
+    sessions_page_from_dict,
+    stats_from_dict,
+)
+from radixtop.adapters.model import (
+    AuditEntry,
+    Capabilities,
+    ChainView,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    ExportColumns,
+    FlushResultView,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+
+V = TypeVar("V")
+
+
+def _plain(value: Any) -> Any:
+    """An argument as JSON carries it: integer-likes (numpy's too) as ints, token lists as lists."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if not isinstance(value, (bool, str)) and hasattr(value, "__index__"):
+        return operator.index(value)
+    return value
+MAX_MATCH_QUERY_CHARS = 65_000
+"""httpx refuses a URL component over 64 KiB, so a match over HTTP takes ~10k-30k token ids."""
+
+
+class RadixtopClient(CacheAdapter):
+    """Talks to ``radixtop serve``'s API and returns the same views and typed errors as the
+    adapter behind it. The token goes only into POST requests' Authorization header: the actions,
+    and ``plan_close`` (a dry-run close), which therefore needs the token too."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
+        if not url.startswith(("http://", "https://")):
+            raise BadRequest(f"{url!r} is not an http:// or https:// URL")
+        if token and not (token.isascii() and token.isprintable()):
+            raise BadRequest("the token must be printable ASCII (it is sent in an HTTP header)")
+        self.url = url.rstrip("/")
+        self.name = self.url
+        self.timeout = timeout
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, timeout=timeout)
+        self._batch_reads = True
+
+    def __repr__(self) -> str:
+        return f"RadixtopClient({self.url!r})"
+
+    # ----- transport -----
+
+    @contextmanager
+    def _transport(self) -> Iterator[None]:
+        """httpx's failures as the contract's: unreachable or timed out, naming the URL."""
+        try:
+            yield
+        except httpx.TimeoutException:
+            raise TargetTimeout(f"{self.url} did not answer within {self.timeout:g} s") from None
+        except httpx.InvalidURL as exc:
+            raise BadRequest(f"{self.url}: {exc}") from None
+        except httpx.TransportError as exc:
+            cause = str(exc) or type(exc).__name__
+            raise TargetUnreachable(f"cannot reach {self.url}: {cause}") from None
+
+    def _reply(self, response: httpx.Response) -> Any:
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            text = response.text[:200]
+            if response.is_success:
+                raise WireError(f"{self.url} answered {response.request.url.path} with something "
+                                f"that is not JSON: {text!r}") from None
+            raise AdapterError(f"{self.url}: HTTP {response.status_code} "
+                               f"{response.reason_phrase}: {text}") from None
+        if not response.is_success:
+            raise error_from_body(response.status_code, body)
+        return body
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if method == "POST":
+            kwargs["headers"] = self._auth
+        with self._transport():
+            response = self._client.request(method, path, **kwargs)
+        return self._reply(response)
+
+    def _view(self, build: Callable[[Any], V], body: Any) -> V:
+        try:
+            return build(body)
+        except WireError as exc:
+            raise WireError(f"unexpected reply from {self.url}: {exc.message}") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise WireError(f"unexpected reply from {self.url}: {type(exc).__name__}: {exc}") from None
+
+    def _get(self, build: Callable[[Any], V], path: str, **params: Any) -> V:
+        return self._view(build, self._request("GET", path, params=params))
+
+    @staticmethod
+    def _session_path(session_id: str) -> str:
+        return f"/v1/sessions/{quote(session_id, safe='')}"
+
+    # ----- reads -----
+
+    def capabilities(self) -> Capabilities:
+        return self._get(capabilities_from_dict, "/v1/capabilities")
+
+    def stats(self) -> Stats:
+        return self._get(stats_from_dict, "/v1/stats")
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        return self._get(children_page_from_dict, f"/v1/nodes/{int(node_id)}/children",
+                         offset=offset, limit=limit, order=order)
+
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        return self._get(chain_from_dict, f"/v1/nodes/{int(node_id)}/chain", limit=limit)
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        return self._get(node_detail_from_dict, f"/v1/nodes/{int(node_id)}",
+                         token_offset=token_offset, token_limit=token_limit)
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        return self._get(sessions_page_from_dict, "/v1/sessions", order=order, offset=offset, limit=limit)
+
+    def session(self, session_id: str) -> SessionDetail:
+        return self._get(session_detail_from_dict, self._session_path(session_id))
+
+    def match(self, tokens: list[int]) -> MatchView:
+        return self._get(match_from_dict, "/v1/match", tokens=self._match_query(tokens))
+
+    @staticmethod
+    def _match_query(tokens: list[int]) -> str:
+        """The token ids as one URL can carry them, or BadRequest."""
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        query = ",".join(str(int(t)) for t in tokens)
+        if len(query) > MAX_MATCH_QUERY_CHARS:
+            raise BadRequest(f"{len(tokens)} token ids take {len(query)} characters, over the "
+                             f"{MAX_MATCH_QUERY_CHARS} one HTTP match can carry: match a shorter prefix")
+        return query
+
+    def changes(self, since: int) -> Changes:
+        return self._get(changes_from_dict, "/v1/changes", since=since)
+
+    _READ_VIEWS: dict[str, Callable[[Any], Any]] = {
+        "capabilities": capabilities_from_dict, "stats": stats_from_dict, "children": children_page_from_dict,
+        "chain": chain_from_dict, "node": node_detail_from_dict, "sessions": sessions_page_from_dict,
+        "session": session_detail_from_dict, "match": match_from_dict, "changes": changes_from_dict,
+    }
+
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        """One ``GET /v1/read`` (one step of the target's owner thread). Each read is checked
+        here as the server checks it, so a bad argument is that read's error, not the batch's.
+        A server from before the route answers it 404 unknown-route: then one by one, and it
+        remembers."""
+        checked = check_reads(reads)
+        if not self._batch_reads:
+            return super().read_many(checked)
+        results: list[Any] = [None] * len(checked)
+        items: list[dict[str, Any]] = []
+        sent: list[int] = []
+        for i, (op, args) in enumerate(checked):
+            try:
+                items.append(self._read_item(i, op, args))
+                sent.append(i)
+            except BadRequest as exc:
+                results[i] = exc
+        if not items:
+            return results
+        with self._transport():
+            response = self._client.get("/v1/read", params={"reads": orjson.dumps(items).decode()})
+        if response.status_code == 404 and b'"not_found"' in response.content[:200]:  # no such route
+            self._batch_reads = False
+            return super().read_many(checked)
+        answers = self._view(lambda b: b["results"], self._reply(response))
+        if not isinstance(answers, list) or len(answers) != len(items):
+            raise WireError(f"unexpected reply from {self.url}: {len(items)} reads answered with "
+                            f"{len(answers) if isinstance(answers, list) else type(answers).__name__}")
+        for i, answer in zip(sent, answers):
+            op = checked[i][0]
+            results[i] = (self._view(self._READ_VIEWS[op], answer["ok"]) if isinstance(answer, dict) and "ok" in answer
+                          else error_from_body(answer.get("status", 500) if isinstance(answer, dict) else 500, answer))
+        return results
+
+    def _read_item(self, i: int, op: str, args: tuple[Any, ...]) -> dict[str, Any]:
+        """Read ``i`` as /v1/read takes it, or the BadRequest the server would answer."""
+        if op == "match" and args:
+            self._match_query(args[0])
+        item = {"op": op, **{name: _plain(value) for name, value in zip(READ_PARAMS[op], args)}}
+        parse_read(i, item)  # the server's own check
+        return item
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        """The server's NDJSON export, one dict per line as it arrives (a header, then nodes)."""
+        with self._transport(), self._client.stream("GET", "/v1/export") as response:
+            if not response.is_success:
+                response.read()
+                self._reply(response)
+            lines = (line for line in response.iter_lines() if line.strip())
+            header = self._view(json.loads, next(lines, "null"))
+            if not isinstance(header, dict) or not isinstance(header.get("node_count"), int):
+                raise WireError(f"{self.url}: the export does not start with a header line")
+            yield header
+            rows = 0
+            for line in lines:
+                yield export_row_from_dict(self._view(json.loads, line))
+                rows += 1
+            if rows != header["node_count"]:
+                raise AdapterError(f"the export from {self.url} ended after {rows} of "
+                                   f"{header['node_count']} nodes")
+
+    def export_columns(self) -> ExportColumns:
+        """The server's columnar export (one response, int64 columns: no object per node)."""
+        with self._transport():
+            response = self._client.get("/v1/export", params={"format": "columns"})
+        if not response.is_success:
+            self._reply(response)
+        return self._view(decode_export_columns, response.content)
+
+    def audit(self, limit: int = 100, offset: int = 0) -> list[AuditEntry]:
+        """The server's audit log, newest first (not part of the adapter contract)."""
+        body = self._request("GET", "/v1/audit", params={"limit": limit, "offset": offset})
+        return self._view(lambda b: [audit_entry_from_dict(e) for e in b["entries"]], body)
+
+    # ----- actions -----
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        body = self._request("POST", self._session_path(session_id) + "/close", params={"dry_run": "true"})
+        return self._view(close_plan_from_dict, body)
+
+    def _act(self, path: str, **kwargs: Any) -> Any:
+        """POST an action. Unanswered is not undone: a server that was only slow (or stopped,
+        then continued) still carries out what it received, so a timeout says so."""
+        try:
+            return self._request("POST", path, **kwargs)
+        except TargetTimeout as exc:
+            raise TargetTimeout(f"{exc.message}; the action may still be done (the audit log "
+                                "lists what ran)") from None
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        body = self._act(self._session_path(session_id) + "/close")
+        return self._view(lambda b: close_result_from_dict(b["result"]), body)
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        return self._view(evict_result_from_dict, self._act("/v1/evict", json={"tokens": num_tokens}))
+
+    def flush(self) -> FlushResultView:
+        return self._view(flush_result_from_dict, self._act("/v1/flush"))
+
+    def close(self) -> None:
+        self._client.close()

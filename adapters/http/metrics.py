@@ -1,0 +1,65 @@
+"""Prometheus metrics of a target, read from ``adapter.stats()`` at scrape time.
+
+Labels take a fixed handful of values (a state name), never a session or node id, so the
+number of series does not grow with the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radixtop.adapters.base import CacheAdapter
+
+TOKEN_STATES = ("free", "evictable", "protected", "capacity", "total")
+COUNTERS = (
+    ("radixtop_prompt_tokens", "prompt_tokens", "Prompt tokens of every request begun."),
+    ("radixtop_cached_tokens", "cached_tokens", "Prompt tokens served from the cache."),
+    ("radixtop_evicted_tokens", "evicted_tokens", "Tokens evicted."),
+    ("radixtop_closes", "closes", "Sessions closed."),
+    ("radixtop_freed_by_close_tokens", "freed_by_close_tokens", "Tokens freed by closing sessions."),
+)
+
+
+class StatsCollector(Collector):
+    """One ``stats()`` per scrape; its errors propagate (the scrape fails, ``up`` goes to 0)."""
+
+    def __init__(self, adapter: CacheAdapter):
+        self.adapter = adapter
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not call the target
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.adapter.stats()
+        tokens = GaugeMetricFamily("radixtop_tokens", "KV cache tokens by state; free + evictable + "
+                                   "protected = capacity; total is what the tree holds.", labels=["state"])
+        size = GaugeMetricFamily("radixtop_bytes", "KV cache bytes by state (tokens x bytes per token).",
+                                 labels=["state"])
+        for state in TOKEN_STATES:
+            tokens.add_metric([state], getattr(st, f"{state}_tokens"))
+            size.add_metric([state], getattr(st, f"{state}_bytes"))
+        yield tokens
+        yield size
+        sessions = GaugeMetricFamily("radixtop_sessions", "Sessions by state (closed: still "
+                                     "remembered).", labels=["state"])
+        sessions.add_metric(["open"], st.open_sessions)
+        sessions.add_metric(["closed"], st.closed_sessions)
+        yield sessions
+        yield GaugeMetricFamily("radixtop_nodes", "Nodes in the radix tree.", value=st.node_count)
+        for name, attribute, documentation in COUNTERS:
+            yield CounterMetricFamily(name, documentation, value=getattr(st, attribute))
+
+
+def metrics_registry(adapter: CacheAdapter) -> CollectorRegistry:
+    """A registry of its own per app (two apps in one process do not collide)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(adapter))
+    return registry
+
+
+def render_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,251 @@
+"""The admin API's wire schema: view types to JSON-able dicts and back, and the error body.
+
+Shared by the HTTP server and client so that a client rebuilds objects equal to the server's.
+Plain Python only (no fastapi, no pydantic): the client must stay light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Iterator
+from functools import cache
+from typing import Any, TypeVar, Union
+
+from radixtop.adapters.errors import ERRORS_BY_CODE, AdapterError, BadRequest, Unauthorized
+from radixtop.adapters.model import (
+    AuditEntry,
+    Capabilities,
+    ChainView,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+
+V = TypeVar("V")
+
+# Codes the HTTP edge uses for conditions that are not adapter errors (routing, sizes).
+NOT_FOUND = "not_found"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+PAYLOAD_TOO_LARGE = "payload_too_large"
+
+
+class WireError(AdapterError):
+    """A reply that does not follow the wire schema."""
+
+
+def to_wire(view: Any) -> dict[str, Any]:
+    """A view (or a plain dict) as a JSON-able dict; tuples become lists when serialised."""
+    return view if isinstance(view, dict) else view.to_dict()
+
+
+@cache
+def _field_types(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (f.name, hints[f.name],
+         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls) if f.init
+    )
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(tp):
+        return from_wire(tp, value)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise WireError(f"expected a list, got {type(value).__name__}")
+        return tuple(_convert(args[0], v) for v in value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def from_wire(cls: type[V], data: Any) -> V:
+    """Rebuild a view of type ``cls`` (nested views and tuples included) from its dict.
+
+    Keys the type does not know are ignored (``Stats`` sends derived ``*_bytes`` figures);
+    a missing required key or a non-object is a ``WireError``.
+    """
+    if not isinstance(data, dict):
+        raise WireError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for name, tp, required in _field_types(cls):
+        if name in data:
+            kwargs[name] = _convert(tp, data[name])
+        elif required:
+            raise WireError(f"{cls.__name__} reply lacks {name!r}")
+    return cls(**kwargs)
+
+
+def capabilities_from_dict(d: dict[str, Any]) -> Capabilities:
+    return from_wire(Capabilities, d)
+
+
+def stats_from_dict(d: dict[str, Any]) -> Stats:
+    return from_wire(Stats, d)
+
+
+def children_page_from_dict(d: dict[str, Any]) -> ChildrenPage:
+    return from_wire(ChildrenPage, d)
+
+
+def chain_from_dict(d: dict[str, Any]) -> ChainView:
+    return from_wire(ChainView, d)
+
+
+def node_detail_from_dict(d: dict[str, Any]) -> NodeDetail:
+    return from_wire(NodeDetail, d)
+
+
+def sessions_page_from_dict(d: dict[str, Any]) -> SessionsPage:
+    return from_wire(SessionsPage, d)
+
+
+def session_detail_from_dict(d: dict[str, Any]) -> SessionDetail:
+    return from_wire(SessionDetail, d)
+
+
+def match_from_dict(d: dict[str, Any]) -> MatchView:
+    return from_wire(MatchView, d)
+
+
+def changes_from_dict(d: dict[str, Any]) -> Changes:
+    return from_wire(Changes, d)
+
+
+def close_plan_from_dict(d: dict[str, Any]) -> ClosePlanView:
+    return from_wire(ClosePlanView, d)
+
+
+def close_result_from_dict(d: dict[str, Any]) -> CloseResultView:
+    return from_wire(CloseResultView, d)
+
+
+def evict_result_from_dict(d: dict[str, Any]) -> EvictResultView:
+    return from_wire(EvictResultView, d)
+
+
+def flush_result_from_dict(d: dict[str, Any]) -> FlushResultView:
+    return from_wire(FlushResultView, d)
+
+
+def audit_entry_from_dict(d: dict[str, Any]) -> AuditEntry:
+    return from_wire(AuditEntry, d)
+
+
+def export_row_from_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """An export line as the in-process adapter yields it (``holders`` back to a tuple)."""
+    if "holders" in d and isinstance(d["holders"], list):
+        d["holders"] = tuple(d["holders"])
+    return d
+
+
+# ----- errors -----
+
+
+MAX_MESSAGE = 1000
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    """The error body; a message over MAX_MESSAGE characters (one naming a 10 kB session id) keeps
+    its start and its end, which says what went wrong."""
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:700]} ... {message[-(MAX_MESSAGE - 705):]}"
+    return {"error": {"code": code, "message": message}}
+
+
+def error_to_body(exc: AdapterError) -> dict[str, Any]:
+    return error_body(exc.code, exc.message)
+
+
+def error_from_body(status: int, body: Any) -> AdapterError:
+    """The typed error an error reply stands for (by its code; by its status if the code is
+    not an adapter error's)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return WireError(f"HTTP {status} without an error body")
+    code, message = error.get("code"), error["message"]
+    cls = ERRORS_BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is not None:
+        return cls(message)
+    if status == 401:
+        return Unauthorized(message)
+    if status in (400, 413, 422):
+        return BadRequest(message)
+    return AdapterError(f"HTTP {status}: {message}")
+
+
+# ----- the columnar export: a JSON header line, then raw little-endian int64 columns, then the
+# holders as JSON; encoding costs a memory copy per column, not a line per node -----
+
+
+def encode_export_columns(export: Any) -> Iterator[bytes]:
+    import sys
+    from array import array
+
+    from radixtop.adapters.model import EXPORT_COLUMNS, ROOT_ID
+
+    holders = json.dumps({str(k): list(v) for k, v in export.holders.items()}, separators=(",", ":")).encode()
+    header = {"version": export.version, "bytes_per_token": export.bytes_per_token,
+              "node_count": export.node_count, "root_id": ROOT_ID, "columns": list(EXPORT_COLUMNS),
+              "dtype": "<i8", "holders_bytes": len(holders)}
+    yield json.dumps(header, separators=(",", ":")).encode() + b"\n"
+    for name in EXPORT_COLUMNS:
+        column = export.columns[name]
+        if not isinstance(column, array) or column.typecode != "q":
+            column = array("q", column)
+        if sys.byteorder != "little":
+            column = array("q", column)
+            column.byteswap()
+        yield column.tobytes()
+    yield holders
+
+
+def decode_export_columns(body: bytes) -> Any:
+    """Rebuild ExportColumns from ``encode_export_columns``'s bytes; raises WireError."""
+    import sys
+    from array import array
+
+    from radixtop.adapters.model import EXPORT_COLUMNS, ExportColumns
+
+    end = body.find(b"\n")
+    if end < 0:
+        raise WireError("the columnar export has no header line")
+    header = json.loads(body[:end])
+    n = header["node_count"]
+    if header.get("dtype") != "<i8" or header.get("columns") != list(EXPORT_COLUMNS):
+        raise WireError(f"unknown columnar export layout: {header.get('columns')} {header.get('dtype')}")
+    offset = end + 1
+    columns = {}
+    for name in EXPORT_COLUMNS:
+        column = array("q")
+        column.frombytes(body[offset : offset + 8 * n])
+        if len(column) != n:
+            raise WireError(f"the columnar export ended inside column {name!r}")
+        if sys.byteorder != "little":
+            column.byteswap()
+        columns[name] = column
+        offset += 8 * n
+    raw = body[offset : offset + header["holders_bytes"]]
+    if len(raw) != header["holders_bytes"]:
+        raise WireError("the columnar export ended inside the holders")
+    holders = {int(k): tuple(v) for k, v in json.loads(raw).items()}
+    return ExportColumns(header["version"], header["bytes_per_token"], columns, holders)

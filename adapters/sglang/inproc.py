@@ -1,0 +1,579 @@
+"""The in-process SGLang adapter: the whole contract over a live SGLang tree cache object.
+
+It reads SGLang's own fields (never ``match_prefix``, which splits nodes and refreshes access
+times), computes bytes from the server's real KV pool, and closes sessions the way SGLang does
+(``release_radix_session``, or the scheduler's own ``close_session`` when given). Every read and
+action runs on the cache's owner thread through ``run`` (an ``OwnerQueue.call`` drained between
+batches by the plugin's hook); without ``run`` the caller must be the owner thread.
+
+SGLang keeps no subtree sizes and no node registry (0.5.16 ``RadixCache``), so one walk of the
+tree gives both; it is reused for ``sizes_max_age`` seconds or 50x what it cost, whichever is
+longer, and redone after an action. There is no change journal: ``changes`` is unsupported and
+the dashboard reloads what it shows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from radixtop.adapters.attribution import Attribution, AttributionCache, attribution_steps, session_view
+from radixtop.adapters.base import (
+    MAX_MATCH_TOKENS,
+    CacheAdapter,
+    OneStepReads,
+    check_chain_limit,
+    check_child_order,
+    check_page,
+    check_session_order,
+    check_tokens,
+)
+from radixtop.adapters.errors import (
+    AdapterError,
+    BadRequest,
+    ReadOnly,
+    TargetTimeout,
+    TargetUnreachable,
+    UnknownNode,
+    UnknownSession,
+    Unsupported,
+)
+from radixtop.adapters.model import (
+    ROOT_ID,
+    Capabilities,
+    ChainView,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    Geometry,
+    KeptNodeView,
+    MatchView,
+    NodeDetail,
+    NodeView,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+from radixtop.adapters.sglang.trees import SGLangTree, tree_for
+from radixtop.adapters.units import decode_preview
+from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
+from radixtop.gpu_backend.session_rules import plan_release
+from radixtop.gpu_backend.slices import Slices
+
+T = TypeVar("T")
+FIRST_TOKENS = 16
+SIZES_BUDGET = 50  # reuse a walk for at least 50x what it cost (<= 2% of the scheduler)
+
+
+def kv_geometry(kv_pool: Any, page_size: int, model: str) -> Geometry:
+    """Geometry and bytes per token from a real SGLang KV pool (MHA: K and V per layer)."""
+    layers = int(getattr(kv_pool, "layer_num", 0) or 0)
+    heads = int(getattr(kv_pool, "head_num", 0) or 0)
+    head_dim = int(getattr(kv_pool, "head_dim", 0) or 0)
+    v_head_dim = int(getattr(kv_pool, "v_head_dim", head_dim) or head_dim)
+    dtype = getattr(kv_pool, "store_dtype", None) or getattr(kv_pool, "dtype", None)
+    itemsize = int(getattr(dtype, "itemsize", 0) or 0)
+    bpt = layers * heads * (head_dim + v_head_dim) * itemsize
+    if bpt == 0 and hasattr(kv_pool, "get_kv_size_bytes"):  # MLA and other pools: measured
+        rows = int(getattr(kv_pool, "size", 0)) + page_size
+        bpt = int(sum(int(x) for x in kv_pool.get_kv_size_bytes())) // max(rows, 1)
+    name = str(getattr(kv_pool, "dtype", dtype)).replace("torch.", "")
+    return Geometry(model or type(kv_pool).__name__, layers, heads, head_dim, name, page_size, bpt)
+
+
+@dataclass
+class _Walk:
+    """One walk of the tree: every node by id and each subtree's tokens."""
+
+    taken_at: float
+    cost_s: float
+    nodes: dict[int, Any]
+    subtree: dict[int, int]
+    count: int
+    """Nodes in the tree, the root excluded."""
+
+    def fresh(self, max_age: float) -> bool:
+        return time.monotonic() - self.taken_at < max(max_age, self.cost_s * SIZES_BUDGET)
+
+
+class SGLangAdapter(OneStepReads, CacheAdapter):
+    """The contract over one SGLang tree cache (see ``adapters.sglang_trees`` for which)."""
+
+    def __init__(
+        self,
+        tree_cache: Any,
+        run: Callable[[Callable[[], Any], float], Any] | None = None,
+        *,
+        name: str = "sglang",
+        model: str = "",
+        read_only: bool = False,
+        timeout: float = 10.0,
+        tokenizer: Any = None,
+        open_sessions: Callable[[], Iterable[str]] | None = None,
+        close: Callable[[str], None] | None = None,
+        sizes_max_age: float = 2.0,
+        attribution_max_age: float = 5.0,
+        slices: Slices | None = None,
+    ):
+        self.tree: SGLangTree = tree_for(tree_cache)
+        self.cache = tree_cache
+        self.allocator = tree_cache.token_to_kv_pool_allocator
+        kv_pool = self.allocator.get_kvcache() if hasattr(self.allocator, "get_kvcache") else None
+        self.geometry = kv_geometry(kv_pool, self.tree.page_size, model)
+        self.bpt = self.geometry.bytes_per_token
+        self._run = run
+        self.name = name
+        self.read_only = read_only
+        self.timeout = timeout
+        self.tokenizer = tokenizer
+        self._open_sessions = open_sessions or (lambda: ())
+        self._close = close or self.tree.release
+        self.sizes_max_age = sizes_max_age
+        self.attributions = AttributionCache(attribution_max_age, slices=slices)
+        """``slices``: where long passes run between the scheduler's steps (the plugin's
+        ``OwnerQueue.slices``); without it a large cache is attributed on the spot."""
+        self._walk: _Walk | None = None
+        self._step = threading.local()  # see OneStepReads
+        self._lock = threading.Lock()  # the counters below, updated on the owner thread
+        self.version = 0
+        self.closes = 0
+        self.freed_by_close_tokens = 0
+        self.evicted_tokens = 0
+        """Counter of tokens evicted by SGLang (the plugin's hook on ``evict``) or by us."""
+
+    # ----- plumbing -----
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            if self._run is None or self._in_step() is not None:  # in read_many's step
+                return fn()
+            return self._run(fn, self.timeout)
+        except AdapterError:
+            raise
+        except OwnerTimeout as exc:
+            raise TargetTimeout(str(exc)) from None
+        except OwnerStopped as exc:
+            raise TargetUnreachable(str(exc)) from None
+        except (LookupError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            raise AdapterError(f"reading SGLang's {self.tree.kind} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _need_tree(self) -> None:
+        if not self.tree.has_nodes:
+            raise Unsupported(self.tree.reason)
+
+    def _need_sessions(self) -> None:
+        if self.tree.policy is None:
+            raise Unsupported(f"{self.tree.kind}: {self.tree.sessions_reason}")
+
+    def _changed(self) -> None:
+        """After an action: the next read walks and attributes again."""
+        self._walk = None
+        self.attributions.invalidate()
+        self.version += 1
+
+    def capabilities(self) -> Capabilities:
+        reasons = [self.tree.reason] if self.tree.reason else []
+        if self.tree.policy is None:
+            reasons.append(self.tree.sessions_reason)
+        if self.tree.policy == "deref":
+            reasons.append("close only drops the session's references (UnifiedRadixCache): eviction frees "
+                           "the memory later, so a close frees 0 tokens now")
+        if self.tree.has_nodes and not self.tree.clock_is_time:
+            reasons.append(f"{self.tree.kind} stamps accesses with a counter, not a clock: ages read 0 "
+                           "(recency order is still exact)")
+        reasons.append("SGLang keeps no change journal: views reload what they show")
+        if self.read_only:
+            reasons.insert(0, "read-only: actions are refused")
+        sessions = self.tree.policy is not None
+        return Capabilities(tree=self.tree.has_nodes, sessions=sessions, close=sessions, evict=True,
+                            flush=True, changes=False, read_only=self.read_only, reason="; ".join(reasons))
+
+    # ----- the tree -----
+
+    def _id(self, node: Any) -> int:
+        return ROOT_ID if node is self.tree.root else node.id
+
+    def _walk_tree(self) -> _Walk:
+        """Every node by id and every subtree's tokens, in one iterative walk (owner thread)."""
+        cached = self._walk
+        if cached is not None and cached.fresh(self.sizes_max_age):
+            return cached
+        started = time.perf_counter()
+        root = self.tree.root
+        nodes: dict[int, Any] = {}
+        subtree: dict[int, int] = {}
+        order: list[Any] = []
+        with gc_paused():  # a million small dict entries
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                order.append(node)
+                stack.extend(node.children.values())
+            for node in reversed(order):  # children before parents
+                total = len(node.key) if node is not root else 0
+                for child in node.children.values():
+                    total += subtree[child.id]
+                subtree[node.id] = total
+                nodes[node.id] = node
+        subtree[ROOT_ID] = subtree[root.id]
+        nodes[ROOT_ID] = root
+        self._walk = _Walk(time.monotonic(), time.perf_counter() - started, nodes, subtree, len(order) - 1)
+        return self._walk
+
+    def _attached(self, node: Any) -> bool:
+        """Still in the tree (an evicted node keeps its parent pointer, not its place)."""
+        root, page = self.tree.root, self.tree.page_size
+        while node is not root:
+            parent = node.parent
+            if parent is None or parent.children.get(node.key.child_key(page)) is not node:
+                return False
+            node = parent
+        return True
+
+    def _lookup(self, node_id: int) -> Any:
+        if node_id == ROOT_ID:
+            return self.tree.root
+        node = self.tree.node_by_id(node_id) if self.tree.has_registry else None
+        if node is None:
+            walk = self._walk_tree()
+            node = walk.nodes.get(node_id)
+            if node is None and walk.taken_at < time.monotonic():  # newer than the walk?
+                self._walk = None
+                node = self._walk_tree().nodes.get(node_id)
+        if node is None or not self._attached(node):
+            raise UnknownNode(f"node {node_id} is not in the tree (evicted, freed, or never existed)")
+        return node
+
+    def _subtree_tokens(self, node: Any, walk: _Walk) -> int:
+        known = walk.subtree.get(ROOT_ID if node is self.tree.root else node.id)
+        if known is not None:
+            return known
+        total, stack = 0, [node]  # a node newer than the walk: its own (small) subtree
+        while stack:
+            n = stack.pop()
+            total += len(n.key)
+            stack.extend(n.children.values())
+        return total
+
+    def _depth(self, node: Any) -> int:
+        depth, root = 0, self.tree.root
+        while node is not root:
+            depth += 1
+            node = node.parent
+        return depth
+
+    def _view(self, node: Any, depth: int, now: float, walk: _Walk) -> NodeView:
+        tree, bpt = self.tree, self.bpt
+        is_root = node is tree.root
+        tokens = 0 if is_root else len(node.key)
+        # bounded by len(key): a key may carry a limit or a bigram's extra boundary token
+        first = tuple(node.key.token_ids[: min(FIRST_TOKENS, tokens)]) if tokens else ()
+        sub = self._subtree_tokens(node, walk)
+        if tree.clock_is_time:
+            access = max(0.0, now - node.last_access_time)
+            created = max(0.0, now - getattr(node, "creation_time", node.last_access_time))
+        else:
+            access = created = 0.0
+        return NodeView(
+            id=self._id(node),
+            parent_id=None if is_root else self._id(node.parent),
+            depth=depth,
+            tokens=tokens,
+            first_tokens=first,
+            text=decode_preview(self.tokenizer, first),
+            lock_ref=0 if is_root else tree.lock_ref(node),
+            hit_count=int(getattr(node, "hit_count", 0) or 0),
+            access_age_s=access,
+            created_age_s=created,
+            bytes=tokens * bpt,
+            subtree_tokens=sub,
+            subtree_bytes=sub * bpt,
+            num_children=len(node.children),
+            holders=tuple(sorted(tree.holders(node) or ())),
+        )
+
+    def _child_key(self, order: str, walk: _Walk) -> Callable[[Any], Any]:
+        if order == "bytes":
+            return lambda n: (-self._subtree_tokens(n, walk), n.id)
+        if order == "recency":
+            return lambda n: (-n.last_access_time, n.id)
+        return lambda n: (-len(n.key), n.id)
+
+    # ----- reads -----
+
+    def stats(self) -> Stats:
+        def read() -> Stats:
+            tree, bpt = self.tree, self.bpt
+            capacity = int(self.allocator.size)
+            free = int(self.allocator.available_size())
+            evictable, protected = tree.evictable_size(), tree.protected_size()
+            running = max(0, capacity - free - evictable - protected)
+            nodes = tree.node_count() if tree.has_nodes else 0
+            if nodes is None:
+                nodes = self._walk_tree().count
+            closed = tree.closed()
+            open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
+            return Stats(
+                target=self.name, capacity_tokens=capacity, free_tokens=free,
+                evictable_tokens=evictable, protected_tokens=protected + running,
+                running_tokens=running, total_tokens=evictable + protected, bytes_per_token=bpt,
+                node_count=nodes, open_sessions=len(open_ids - set(closed)),
+                closed_sessions=len(closed), prompt_tokens=0, cached_tokens=0,
+                evicted_tokens=self.evicted_tokens, closes=self.closes,
+                freed_by_close_tokens=self.freed_by_close_tokens, version=self.version,
+                geometry=self.geometry,
+            )
+
+        return self._call(read)
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        check_page(offset, limit)
+        check_child_order(order)
+        self._need_tree()
+
+        def read() -> ChildrenPage:
+            node = self._lookup(node_id)
+            walk = self._walk_tree()
+            kids = sorted(node.children.values(), key=self._child_key(order, walk))
+            depth = self._depth(node) + 1
+            now = time.monotonic()
+            views = tuple(self._view(k, depth, now, walk) for k in kids[offset : offset + limit])
+            return ChildrenPage(node_id, offset, limit, len(kids), order, views)
+
+        return self._call(read)
+
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        check_chain_limit(limit)
+        self._need_tree()
+
+        def read() -> ChainView:
+            node = self._lookup(node_id)
+            walk = self._walk_tree()
+            depth, now, nodes = self._depth(node), time.monotonic(), []
+            while len(node.children) == 1 and len(nodes) < limit:
+                node = next(iter(node.children.values()))
+                depth += 1
+                nodes.append(self._view(node, depth, now, walk))
+            return ChainView(node_id, tuple(nodes), len(node.children) == 1)
+
+        return self._call(read)
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        check_page(token_offset, token_limit)
+        self._need_tree()
+
+        def read() -> NodeDetail:
+            node = self._lookup(node_id)
+            walk = self._walk_tree()
+            path_tokens, up, root = 0, node, self.tree.root
+            while up is not root:
+                path_tokens += len(up.key)
+                up = up.parent
+            attribution = self._attribute()
+            if node is root:
+                beneath = attribution.sessions_holding
+            else:
+                beneath = attribution.beneath.get(node.id, 0)
+            ids = node.key.token_ids if node is not root else ()
+            end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
+            return NodeDetail(
+                node=self._view(node, self._depth(node), time.monotonic(), walk),
+                token_ids=tuple(int(t) for t in ids[token_offset:end]),
+                token_offset=token_offset,
+                path_tokens=path_tokens,
+                sessions_beneath=beneath,
+            )
+
+        return self._call(read)
+
+    def _attribute(self) -> Attribution:
+        return self.attributions.get(None, self._attribution_steps)
+
+    def _attribution_steps(self):
+        tree = self.tree
+        leaves = tree.session_leaves()
+        activity: dict[str, float] = {}
+        if tree.clock_is_time:  # a session's last activity: its newest tagged node's access
+            for sid, nodes in leaves.items():
+                if nodes:
+                    activity[sid] = max(n.last_access_time for n in nodes)
+        known = list(dict.fromkeys([*self._open_sessions(), *tree.open_ids()]))
+        return attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
+                                 tree.policy == "free", key=("version", self.version, time.monotonic()),
+                                 lock_ref=tree.lock_ref)
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        check_page(offset, limit)
+        check_session_order(order)
+        self._need_sessions()
+
+        def read() -> SessionsPage:
+            attribution = self._attribute()
+            now = time.monotonic()
+            page = tuple(session_view(r, now) for r in attribution.page(order, offset, limit))
+            return SessionsPage(offset, limit, len(attribution.sessions), order, page, attribution.age_s(now),
+                                self.attributions.refreshing)
+
+        return self._call(read)
+
+    def session(self, session_id: str) -> SessionDetail:
+        self._need_sessions()
+
+        def read() -> SessionDetail:
+            row = self._attribute().sessions.get(session_id)
+            if row is None:
+                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            nodes = self.tree.session_leaves().get(session_id, ())
+            return SessionDetail(session_view(row, time.monotonic()), tuple(sorted(self._id(n) for n in nodes)))
+
+        return self._call(read)
+
+    def match(self, tokens: list[int]) -> MatchView:
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        self._need_tree()
+
+        def read() -> MatchView:
+            page = self.tree.page_size
+            node, pos, partial, partial_len = self.tree.root, 0, None, 0
+            while pos + page <= len(tokens):
+                first = tokens[pos] if page == 1 else tuple(tokens[pos : pos + page])
+                child = node.children.get(first)  # a plain dict read: no node is minted or touched
+                if child is None or self.tree.device_evicted(child):  # SGLang's match stops there
+                    break
+                key = child.key.token_ids
+                n = len(child.key)
+                same = 0
+                while same < n and pos + same < len(tokens) and key[same] == tokens[pos + same]:
+                    same += 1
+                same -= same % page
+                if same == n:
+                    node, pos = child, pos + n
+                    continue
+                if same:
+                    partial, partial_len = child, same
+                break
+            return MatchView(len(tokens), pos + partial_len, self._id(node),
+                             None if partial is None else self._id(partial), partial_len,
+                             (pos + partial_len) * self.bpt)
+
+        return self._call(read)
+
+    def changes(self, since: int) -> Changes:
+        raise Unsupported("SGLang keeps no change journal; read the pages again")
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        self._need_tree()
+
+        def snapshot():
+            tree, root = self.tree, self.tree.root
+            rows: list[tuple[int, int, int, int, int, tuple[str, ...]]] = []
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                held = tree.holders(node)
+                rows.append((node.id, self._id(node.parent), len(node.key), tree.lock_ref(node),
+                             int(getattr(node, "hit_count", 0) or 0), tuple(sorted(held)) if held else ()))
+                stack.extend(node.children.values())
+            return self.version, rows
+
+        version, rows = self._call(snapshot)
+        yield {"version": version, "bytes_per_token": self.bpt, "node_count": len(rows), "root_id": ROOT_ID}
+        for node_id, parent, tokens, lock_ref, hits, holders in rows:
+            yield {"id": node_id, "parent": parent, "tokens": tokens, "lock_ref": lock_ref,
+                   "hit_count": hits, "holders": holders}
+
+    # ----- actions -----
+
+    def _known_open(self) -> set[str]:
+        """Open sessions the server's session controller and the tree itself know of (0.5.23's
+        UnifiedRadixCache opens a generation for every request that carries a session id, even
+        one never opened through /open_session)."""
+        return set(self._open_sessions()) | set(self.tree.open_ids())
+
+    def _state(self, session_id: str) -> str:
+        if session_id in self.tree.closed():
+            return "closed"
+        if session_id in self.tree.session_leaves() or session_id in self._known_open():
+            return "open"
+        raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+
+    def _plan(self, session_id: str) -> ClosePlanView:
+        tree = self.tree
+        state = self._state(session_id)
+        tagged = tree.session_leaves().get(session_id, ())
+        if tree.policy == "deref":
+            held = [n for n in tagged if session_id in (tree.holders(n) or ())]
+            kept = tuple(KeptNodeView(n.id, len(n.key), "deref") for n in held)
+            return ClosePlanView(session_id, "deref", state, (), 0, 0, len(held), kept)
+        freed, kept, holds = plan_release(tree.root, tagged, session_id)
+        tokens = sum(len(n.key) for n in freed)
+        return ClosePlanView(session_id, "free", state, tuple(n.id for n in freed), tokens, tokens * self.bpt,
+                             holds, tuple(KeptNodeView(n.id, len(n.key), why) for n, why in kept.items()))
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        self._need_sessions()
+        return self._call(lambda: self._plan(session_id))
+
+    def _refuse_if_read_only(self, action: str) -> None:
+        if self.read_only:
+            raise ReadOnly(f"{action} refused: {self.name} is attached read-only")
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        return self.close_session_planned(session_id)[1]
+
+    def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
+        """Plan and close in one step of the scheduler thread (the result is the plan)."""
+        self._need_sessions()
+        self._refuse_if_read_only(f"close of session {session_id!r}")
+
+        def act() -> tuple[ClosePlanView, CloseResultView]:
+            plan = self._plan(session_id)
+            already = plan.state == "closed"
+            before = int(self.allocator.available_size())
+            self._close(session_id)
+            freed_tokens = int(self.allocator.available_size()) - before
+            self._changed()
+            self.closes += 1
+            self.freed_by_close_tokens += freed_tokens
+            # The plan ran on this thread, in the same step: it is what the close freed.
+            freed_ids = plan.freed_node_ids if freed_tokens == plan.freed_tokens else ()
+            return plan, CloseResultView(session_id, plan.policy, already, freed_ids, freed_tokens,
+                                         freed_tokens * self.bpt, plan.released_holds)
+
+        return self._call(act)
+
+    def _evict(self, num_tokens: int) -> tuple[int, int]:
+        """(tokens, nodes) SGLang's own ``evict`` freed (owner thread)."""
+        tokens, nodes = self.tree.evict_counted(num_tokens)
+        self.evicted_tokens += tokens
+        self._changed()
+        return tokens, nodes
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        check_tokens(num_tokens)
+        self._refuse_if_read_only(f"evict of {num_tokens} tokens")
+
+        def act() -> EvictResultView:
+            tokens, nodes = self._evict(num_tokens)
+            return EvictResultView(num_tokens, tokens, nodes, tokens * self.bpt)
+
+        return self._call(act)
+
+    def flush(self) -> FlushResultView:
+        self._refuse_if_read_only("flush")
+
+        def act() -> FlushResultView:
+            tokens, nodes = self._evict(self.tree.evictable_size())
+            locked = self.tree.protected_size()
+            message = (f"freed {tokens:,} tokens; {locked:,} stay locked by running requests"
+                       if locked else f"freed {tokens:,} tokens")
+            return FlushResultView(tokens, nodes, tokens * self.bpt, True, message)
+
+        return self._call(act)

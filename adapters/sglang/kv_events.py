@@ -1,0 +1,474 @@
+"""The KV-events adapter: a read-only tree rebuilt from a server's KV-event stream over ZMQ.
+
+A server started with ``--kv-events-config`` (SGLang; vLLM's stream has the same event kinds)
+publishes every change of its prefix cache as ``BlockStored`` (blocks with a parent-hash chain),
+``BlockRemoved`` and ``AllBlocksCleared``. This adapter subscribes, replays missed batches from the
+publisher's replay socket after a sequence jump, and keeps the tree of stored blocks as a radix
+tree: a node is a run of blocks with no branch inside, so SGLang's one-token pages (its default
+``page_size`` of 1) still read as whole prompts. One adapter follows one DP rank (each rank
+publishes on its own port: the base port plus the rank); :meth:`KvEventsAdapter.for_ranks` opens
+one per rank. Nothing in the events says who holds a node or what is locked: sessions, actions,
+lock counts, hit counts and capacity are unavailable, and the capabilities say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import zmq
+
+from radixtop.adapters.base import MAX_MATCH_TOKENS, CacheAdapter, check_child_order, check_page
+from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, Unsupported
+from radixtop.adapters.model import (
+    ROOT_ID,
+    Capabilities,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    Geometry,
+    MatchView,
+    NodeDetail,
+    NodeView,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+from radixtop.adapters.sglang.kv_events_decode import BlockTree, Cleared, DecodeError, Stored, TreeNode, decode_batch
+from radixtop.adapters.units import decode_preview
+
+log = logging.getLogger(__name__)
+FIRST_TOKENS = 16
+END_SEQ = -1
+"""The replay socket's end-of-replay marker (sequence -1, signed)."""
+SUB_HWM = 100_000
+"""Batches the subscriber queues before ZMQ drops (a drop is a gap, filled from the replay)."""
+
+_CHILD_KEYS = {
+    "bytes": lambda n: (-n.subtree_tokens, n.id),
+    "recency": lambda n: (-n.accessed, n.id),
+    "tokens": lambda n: (-n.tokens, n.id),
+}
+
+
+def rank_endpoint(endpoint: str, dp_rank: int = 0, local: bool = True) -> str:
+    """``dp_rank``'s address for a server configured with ``endpoint``: SGLang's and vLLM's
+    publishers offset the port by the rank (``tcp://h:5557`` is rank 0, ``:5558`` rank 1;
+    ``inproc://x`` becomes ``inproc://x_dp1``). ``local``: a wildcard host (``*``, ``0.0.0.0``,
+    where a server binds) is reached as ``127.0.0.1``."""
+    if dp_rank < 0:
+        raise BadRequest(f"dp_rank must be >= 0, got {dp_rank}")
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BadRequest(f"a tcp endpoint is tcp://host:port, got {endpoint!r}")
+        host = "127.0.0.1" if local and host in ("*", "0.0.0.0") else host
+        return f"tcp://{host}:{int(port) + dp_rank}"
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{dp_rank}" if dp_rank else endpoint
+    if endpoint.startswith("ipc://") and dp_rank == 0:
+        return endpoint
+    raise BadRequest(f"unsupported KV-events endpoint {endpoint!r} for DP rank {dp_rank} "
+                     "(use tcp://host:port; ipc:// only for rank 0)")
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """Where the subscription stands. ``batch_rank``: the DP rank the batches carry; ``last_seq``:
+    the last batch applied (-1 before any); ``complete``: no batch missing since the stream's
+    start or its last AllBlocksCleared; ``missed_batches``: neither received nor replayed;
+    ``restarts``: new publishers seen (the tree restarted); ``skipped_medium_events``: events of
+    another storage tier (HiCache host/disk copies); ``detached_*``: stored blocks whose parent
+    block is unknown (never seen, or removed first), kept aside and not shown."""
+
+    dp_rank: int
+    endpoint: str
+    replay_endpoint: str | None
+    batch_rank: int | None
+    last_seq: int
+    batches: int
+    events: int
+    complete: bool
+    missed_batches: int
+    replays: int
+    replayed_batches: int
+    restarts: int
+    unknown_events: dict[str, int]
+    malformed_events: int
+    bad_batches: int
+    skipped_medium_events: int
+    unknown_removes: int
+    detached_blocks: int
+    detached_tokens: int
+    block_size: int
+    last_batch_age_s: float | None
+    last_error: str | None
+
+
+class KvEventsAdapter(CacheAdapter):
+    """A read-only CacheAdapter over one DP rank's KV-event stream.
+
+    A subscriber thread applies batches to a :class:`BlockTree` under a lock; every read takes
+    the lock, so a view is a consistent snapshot between two batches.
+    """
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
+                 dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
+                 capacity_tokens: int = 0, medium: str = "GPU", bind: bool = False,
+                 name: str | None = None, tokenizer: Any = None, replay_timeout: float = 2.0):
+        """``endpoint``/``replay_endpoint``: the server's ``--kv-events-config`` ``endpoint`` and
+        ``replay_endpoint`` (rank 0's; the rank's port offset is applied here). ``bind``: bind
+        instead of connect, for a server whose publisher connects (a non-wildcard endpoint).
+        ``bytes_per_token`` (or ``geometry``) and ``capacity_tokens`` are not in the events:
+        give them, or bytes and free space read 0. ``medium``: the storage tier shown (events of
+        other tiers are counted and skipped; events without a medium count as this one)."""
+        self.dp_rank = dp_rank
+        self.endpoint = rank_endpoint(endpoint, dp_rank, local=not bind)
+        self.replay_endpoint = rank_endpoint(replay_endpoint, dp_rank) if replay_endpoint else None
+        self.name = name or f"kv-events rank {dp_rank} @ {self.endpoint}"
+        self.geometry = geometry
+        self.bytes_per_token = geometry.bytes_per_token if geometry else bytes_per_token
+        self.capacity_tokens = capacity_tokens
+        self.medium = medium
+        self.tokenizer = tokenizer
+        self.replay_timeout = replay_timeout
+        self._lock = threading.Condition()
+        self._tree = BlockTree()
+        self._counts: Counter[str] = Counter()
+        self._unknown: Counter[str] = Counter()
+        self._last_seq = -1
+        self._last_ts: float | None = None
+        self._complete = True
+        self._batch_rank: int | None = None
+        self._block_size = 0
+        self._removed_tokens = 0
+        self._last_batch_at: float | None = None
+        self._last_error: str | None = None
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, SUB_HWM)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        try:
+            (self._sub.bind if bind else self._sub.connect)(self.endpoint)
+        except zmq.ZMQError as exc:
+            self._sub.close()
+            self._ctx.term()
+            raise BadRequest(f"cannot {'bind' if bind else 'connect'} {self.endpoint}: {exc}") from None
+        self._thread = threading.Thread(target=self._run, name=f"kv-events-rank{dp_rank}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_ranks(cls, endpoint: str, dp_size: int, replay_endpoint: str | None = None,
+                  **kwargs: Any) -> list[KvEventsAdapter]:
+        """One adapter (one tree) per DP rank ``0 .. dp_size-1``."""
+        return [cls(endpoint, replay_endpoint, dp_rank=rank, **kwargs) for rank in range(dp_size)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if not self._ctx.closed:
+            self._ctx.term()
+
+    def __enter__(self) -> KvEventsAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- the subscriber thread -----
+
+    def _run(self) -> None:
+        sub = self._sub
+        try:
+            while not self._stop.is_set():
+                if not sub.poll(100):
+                    continue
+                while not self._stop.is_set():
+                    try:
+                        frames = sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if len(frames) != 3:
+                        self._count("bad_batches")
+                        continue
+                    self._receive(int.from_bytes(frames[1], "big", signed=True), frames[2])
+        finally:
+            sub.close(linger=0)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def _receive(self, seq: int, payload: bytes) -> None:
+        try:
+            if seq <= self._last_seq:  # sequences count from 0 again: a new publisher
+                self._restart()
+            if seq > self._last_seq + 1:
+                self._fill_gap(seq)
+            self._apply(seq, payload)
+        except Exception as exc:  # a bug here must not stop the stream; the tree is suspect
+            log.exception("kv-events: applying batch %d failed", seq)
+            with self._lock:
+                self._last_seq, self._complete = seq, False
+                self._last_error = f"batch {seq}: {type(exc).__name__}: {exc}"
+
+    def _restart(self) -> None:
+        with self._lock:
+            self._tree.clear(time.time())
+            self._counts["restarts"] += 1
+            self._last_seq, self._last_ts, self._complete = -1, None, True
+
+    def _fill_gap(self, end: int) -> None:
+        """Apply the missed batches up to ``end`` from the replay socket; what it lacks is missed.
+
+        The replay starts one batch early: if the publisher's batch at our last sequence is not
+        the one we applied (another ``ts``), a new publisher took the port and counted past our
+        sequence, so the tree restarts from its first batch."""
+        start = self._last_seq + 1
+        got = self._replay(max(start - 1, 0), end)
+        if start > 0 and got and got[0][0] == start - 1:
+            _, payload = got.pop(0)
+            try:
+                same = decode_batch(payload).ts == self._last_ts
+            except DecodeError:
+                same = True  # cannot tell: assume the same publisher
+            if not same:
+                self._restart()
+                start, got = 0, self._replay(0, end)
+        expected = start
+        for seq, payload in got:
+            if seq < expected:
+                continue
+            if seq > expected:
+                self._missed(seq - expected)
+            self._apply(seq, payload)
+            self._count("replayed_batches")
+            expected = seq + 1
+        if expected < end:
+            self._missed(end - expected)
+
+    def _missed(self, n: int) -> None:
+        with self._lock:
+            self._counts["missed_batches"] += n
+            self._complete = False
+
+    def _replay(self, start: int, end: int) -> list[tuple[int, bytes]]:
+        """The buffered batches ``start .. end-1`` (SGLang's and vLLM's ROUTER protocol: send the
+        start sequence as 8 big-endian bytes; get ``seq, payload`` frames, then seq -1)."""
+        if self.replay_endpoint is None:
+            return []
+        self._count("replays")
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        got: list[tuple[int, bytes]] = []
+        try:
+            dealer.connect(self.replay_endpoint)
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.replay_timeout
+            while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+                if not dealer.poll(int(left * 1000) + 1):
+                    break
+                frames = dealer.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                if seq == END_SEQ:
+                    return got
+                if start <= seq < end:
+                    got.append((seq, frames[2]))
+            with self._lock:
+                self._last_error = f"replay from {self.replay_endpoint} timed out"
+            return got
+        finally:
+            dealer.close(linger=0)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload)
+        except DecodeError as exc:
+            with self._lock:
+                self._counts["bad_batches"] += 1
+                self._last_seq, self._complete = seq, False
+                self._last_error = f"batch {seq}: {exc}"
+                self._lock.notify_all()
+            return
+        with self._lock:
+            for event in batch.events:
+                if not isinstance(event, Cleared) and event.medium not in (None, self.medium):
+                    self._counts["skipped_medium_events"] += 1
+                    continue
+                self._removed_tokens += self._tree.apply(event, batch.ts)
+                if isinstance(event, Cleared):
+                    self._complete = True
+                elif isinstance(event, Stored):
+                    self._block_size = event.block_size
+            self._unknown.update(batch.unknown)
+            self._counts["malformed_events"] += batch.malformed
+            self._counts["events"] += len(batch.events)
+            self._counts["batches"] += 1
+            if batch.rank is not None:
+                self._batch_rank = batch.rank
+            self._last_seq, self._last_ts = seq, batch.ts
+            self._last_batch_at = time.monotonic()
+            self._lock.notify_all()
+
+    def wait_for_seq(self, seq: int, timeout: float = 5.0) -> bool:
+        """Block until batch ``seq`` has been applied (or missed); False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._last_seq >= seq, timeout)
+
+    # ----- reads -----
+
+    def status(self) -> StreamStatus:
+        with self._lock:
+            c, tree = self._counts, self._tree
+            age = None if self._last_batch_at is None else time.monotonic() - self._last_batch_at
+            return StreamStatus(
+                self.dp_rank, self.endpoint, self.replay_endpoint, self._batch_rank, self._last_seq,
+                c["batches"], c["events"], self._complete, c["missed_batches"], c["replays"],
+                c["replayed_batches"], c["restarts"], dict(self._unknown), c["malformed_events"],
+                c["bad_batches"], c["skipped_medium_events"], tree.unknown_removes,
+                tree.detached_blocks(), tree.detached_tokens, self._block_size, age, self._last_error)
+
+    def capabilities(self) -> Capabilities:
+        st = self.status()
+        notes = ["read-only: rebuilt from KV events, which carry no sessions, locks, hit counts "
+                 "or capacity, and allow no action"]
+        if not self.bytes_per_token:
+            notes.append("bytes per token unknown (give a geometry)")
+        if st.last_seq < 0:
+            notes.append(f"no event batch received yet from {self.endpoint}")
+        if not st.complete:
+            notes.append(f"the tree may be incomplete ({st.missed_batches} batches missed; "
+                         "replay unavailable or its buffer had dropped them)")
+        if st.detached_blocks:
+            notes.append(f"{st.detached_blocks} blocks whose parent is unknown are not shown")
+        return Capabilities(tree=True, sessions=False, close=False, evict=False, flush=False,
+                            changes=True, read_only=True, reason="; ".join(notes) + ".")
+
+    def stats(self) -> Stats:
+        bpt, cap = self.bytes_per_token, self.capacity_tokens
+        with self._lock:
+            tree = self._tree
+            total, nodes, version = tree.root.subtree_tokens, len(tree.nodes) - 1, tree.version
+            removed, block_size = self._removed_tokens, self._block_size
+        g = self.geometry
+        if g is None:
+            geometry = Geometry("unknown", 0, 0, 0, "unknown", block_size, bpt)
+        else:
+            geometry = dataclasses.replace(g, page_size=block_size or g.page_size)
+        # Locks are not in the events: every cached token counts as evictable.
+        return Stats(target=self.name, capacity_tokens=cap, free_tokens=max(cap - total, 0) if cap else 0,
+                     evictable_tokens=total, protected_tokens=0, running_tokens=0, total_tokens=total,
+                     bytes_per_token=bpt, node_count=nodes, open_sessions=0, closed_sessions=0,
+                     prompt_tokens=0, cached_tokens=0, evicted_tokens=removed, closes=0,
+                     freed_by_close_tokens=0, version=version, geometry=geometry)
+
+    def _lookup(self, node_id: int) -> TreeNode:
+        node = self._tree.nodes.get(node_id)
+        if node is None:
+            raise UnknownNode(f"node {node_id} is not in the tree (removed, or never existed)")
+        return node
+
+    def _view(self, node: TreeNode, depth: int, now: float) -> NodeView:
+        bpt = self.bytes_per_token
+        first = node.token_slice(0, FIRST_TOKENS)
+        return NodeView(
+            id=node.id, parent_id=node.parent.id if node.parent is not None else None, depth=depth,
+            tokens=node.tokens, first_tokens=first, text=decode_preview(self.tokenizer, first), lock_ref=0, hit_count=0,
+            access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
+            bytes=node.tokens * bpt, subtree_tokens=node.subtree_tokens,
+            subtree_bytes=node.subtree_tokens * bpt, num_children=len(node.children), holders=())
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        check_page(offset, limit)
+        check_child_order(order)
+        now = time.time()
+        with self._lock:
+            node = self._lookup(node_id)
+            kids = list(node.children.values())
+            key = _CHILD_KEYS[order]
+            if offset + limit < len(kids) // 4:
+                page = heapq.nsmallest(offset + limit, kids, key=key)[offset:]
+            else:
+                page = sorted(kids, key=key)[offset : offset + limit]
+            depth = node.depth() + 1
+            views = tuple(self._view(k, depth, now) for k in page)
+            return ChildrenPage(node_id, offset, limit, len(kids), order, views)
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        check_page(token_offset, token_limit)
+        with self._lock:
+            node = self._lookup(node_id)
+            path_tokens, up = 0, node
+            while up is not None:
+                path_tokens += up.tokens
+                up = up.parent
+            return NodeDetail(node=self._view(node, node.depth(), time.time()),
+                              token_ids=node.token_slice(token_offset, token_limit),
+                              token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=0)
+
+    def match(self, tokens: list[int]) -> MatchView:
+        """The longest prefix of ``tokens`` made of whole cached blocks (a prefix cache reuses
+        whole pages only); a pure walk, nothing changes."""
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        with self._lock:
+            found = self._tree.match(tuple(tokens))
+        return MatchView(len(tokens), found.matched, found.node.id,
+                         found.partial.id if found.partial is not None else None,
+                         found.partial_tokens, found.matched * self.bytes_per_token)
+
+    def changes(self, since: int) -> Changes:
+        if since < 0:
+            raise BadRequest(f"since must be >= 0, got {since}")
+        with self._lock:
+            return self._tree.changes(since)
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        with self._lock:  # copy first: rows are yielded after the lock is released
+            version = self._tree.version
+            rows = [(n.id, n.parent.id, n.tokens) for n in self._tree.iter_nodes()]
+        yield {"version": version, "bytes_per_token": self.bytes_per_token, "node_count": len(rows),
+               "root_id": ROOT_ID}
+        for node_id, parent, tokens in rows:
+            yield {"id": node_id, "parent": parent, "tokens": tokens, "lock_ref": 0, "hit_count": 0,
+                   "holders": ()}
+
+    # ----- what the events cannot tell, and actions -----
+
+    def _no_sessions(self) -> NoReturn:
+        raise Unsupported(f"{self.name}: KV events carry no sessions")
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        self._no_sessions()
+
+    def session(self, session_id: str) -> SessionDetail:
+        self._no_sessions()
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        self._no_sessions()
+
+    def _refuse(self, action: str) -> NoReturn:
+        raise ReadOnly(f"{self.name} is read-only (it only listens to KV events): {action} refused")
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        self._refuse(f"close of session {session_id!r}")
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        self._refuse(f"evict of {num_tokens} tokens")
+
+    def flush(self) -> FlushResultView:
+        self._refuse("flush")

@@ -1,0 +1,456 @@
+"""The KV-event stream's model, without ZMQ or threads: tolerant decoding of SGLang's and vLLM's
+event batches (msgpack), and the block tree the events build (``BlockTree``).
+
+What is on the wire (each ZMQ message is ``topic, seq (8 bytes, big-endian), payload``), by version:
+
+* SGLang 0.5.x: ``array_like`` tagged structs. A batch is ``[ts, events, attn_dp_rank]``; an event is
+  ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
+  ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. Hashes are signed int64
+  (the first 8 bytes of the page's SHA-256); ``medium`` is ``"GPU"`` (device), ``"CPU_PINNED"``,
+  ``"DISK"`` or ``"EXTERNAL"`` (HiCache tiers). Bigram (EAGLE) pages carry ``[t, t_next]`` pairs.
+* older vLLM (0.9-era): the same arrays without ``medium`` and without the batch's rank.
+* vLLM now: maps, not arrays: ``{"ts", "events", "data_parallel_rank"}`` and events tagged by
+  ``"type"``, with more trailing fields (``lora_name``, ``extra_keys``, ``group_idx``,
+  ``kv_cache_spec_kind``, ...); hashes may be ``bytes`` as well as ints.
+
+So: arrays and maps both decode; missing trailing fields read as None, extra ones are ignored;
+an unknown tag is counted and skipped; an event whose fields have the wrong types is counted and
+skipped. Only a payload that is not a batch at all raises :class:`DecodeError`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Union
+
+import msgspec
+
+from radixtop.adapters.model import Changes
+
+BlockHash = Union[int, bytes]
+"""A block's hash as published: an int (SGLang, older vLLM) or bytes (newer vLLM)."""
+
+STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                 "lora_name", "extra_keys", "group_idx")
+REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+BATCH_FIELDS = ("ts", "events", "rank")
+RANK_KEYS = ("attn_dp_rank", "data_parallel_rank")
+
+
+class DecodeError(ValueError):
+    """The payload is not an event batch (not msgpack, or neither an array nor a map)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """``BlockStored``: a chain of blocks; ``token_ids`` is every block's tokens, in order."""
+
+    block_hashes: tuple[BlockHash, ...]
+    parent_block_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str | None = None
+    group_idx: int | None = None
+
+    def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
+        """(hash, tokens) of each block, root-ward first."""
+        size = self.block_size
+        return [(h, self.token_ids[i * size : (i + 1) * size]) for i, h in enumerate(self.block_hashes)]
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    block_hashes: tuple[BlockHash, ...]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    """``AllBlocksCleared``: the whole cache was reset."""
+
+
+Event = Union[Stored, Removed, Cleared]
+
+
+@dataclass(slots=True)
+class Batch:
+    ts: float
+    rank: int | None
+    events: list[Event]
+    unknown: Counter[str] = field(default_factory=Counter)
+    """Events skipped, by tag (``"?"`` when an event had no readable tag)."""
+    malformed: int = 0
+    """Events with a known tag whose fields could not be read."""
+
+
+_decoder = msgspec.msgpack.Decoder()
+
+
+def _fields(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """Positional (array) or named (map) fields as a dict; absent ones are left out."""
+    if isinstance(raw, dict):
+        return raw
+    return dict(zip(names, raw))
+
+
+def _hash(value: Any) -> BlockHash:
+    if isinstance(value, bool) or not isinstance(value, (int, bytes)):
+        raise TypeError(f"a block hash must be an int or bytes, got {type(value).__name__}")
+    return value
+
+
+def _token(value: Any) -> int:
+    if isinstance(value, (list, tuple)):  # an SGLang bigram page: (token, next token)
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a token id must be an int, got {type(value).__name__}")
+    return value
+
+
+def _optional_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _medium(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _event(tag: str, body: Any) -> Event:
+    if tag == "BlockStored":
+        f = _fields(body, STORED_FIELDS)
+        hashes = tuple(_hash(h) for h in f["block_hashes"])
+        parent = f.get("parent_block_hash")
+        tokens = tuple(_token(t) for t in f["token_ids"])
+        size = f.get("block_size")
+        if not isinstance(size, int) or size < 1:
+            size = len(tokens) // len(hashes) if hashes else 0
+        if not hashes or -(-len(tokens) // size) != len(hashes):  # the last block may be partial
+            raise ValueError(f"{len(hashes)} blocks of {size} tokens do not hold {len(tokens)} tokens")
+        return Stored(hashes, None if parent is None else _hash(parent), tokens, size,
+                      _medium(f.get("medium")), _optional_int(f.get("group_idx")))
+    if tag == "BlockRemoved":
+        f = _fields(body, REMOVED_FIELDS)
+        return Removed(tuple(_hash(h) for h in f["block_hashes"]), _medium(f.get("medium")),
+                       _optional_int(f.get("group_idx")))
+    return Cleared()
+
+
+KNOWN_TAGS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+
+def decode_batch(payload: bytes) -> Batch:
+    """One published payload as a :class:`Batch` (see the module docstring for the tolerance)."""
+    try:
+        raw = _decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not msgpack: {exc}") from None
+    if isinstance(raw, dict):
+        rank = next((raw[k] for k in RANK_KEYS if k in raw), None)
+        raw = {"ts": raw.get("ts"), "events": raw.get("events"), "rank": rank}
+    elif not isinstance(raw, list):
+        raise DecodeError(f"a batch is an array or a map, got {type(raw).__name__}")
+    f = _fields(raw, BATCH_FIELDS)
+    ts, events = f.get("ts"), f.get("events")
+    if not isinstance(events, list):
+        raise DecodeError("the batch has no list of events")
+    batch = Batch(float(ts) if isinstance(ts, (int, float)) else 0.0, _optional_int(f.get("rank")), [])
+    for item in events:
+        if isinstance(item, list) and item and isinstance(item[0], str):
+            tag, body = item[0], item[1:]
+        elif isinstance(item, dict) and isinstance(item.get("type"), str):
+            tag, body = item["type"], item
+        else:
+            batch.unknown["?"] += 1
+            continue
+        if tag not in KNOWN_TAGS:
+            batch.unknown[tag] += 1
+            continue
+        try:
+            batch.events.append(_event(tag, body))
+        except (KeyError, TypeError, ValueError, IndexError):
+            batch.malformed += 1
+    return batch
+
+
+# ----- the tree the events build -----
+
+JOURNAL_LIMIT = 200_000
+BlockKey = Union[BlockHash, tuple[int, BlockHash]]
+"""A block's hash, or (group_idx, hash) for vLLM's hybrid models (one block tree per KV group)."""
+
+
+class _Block:
+    __slots__ = ("key", "parent_key", "tokens", "node", "refs")
+
+    def __init__(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...]):
+        self.key, self.parent_key, self.tokens = key, parent_key, tokens
+        self.node: TreeNode | None = None  # None while detached (its parent block is unknown)
+        self.refs = 1
+
+
+class TreeNode:
+    """A run of blocks, each the only child of the one before (no branch inside a node)."""
+
+    __slots__ = ("id", "parent", "blocks", "children", "tokens", "subtree_tokens", "created",
+                 "accessed", "created_version")
+
+    def __init__(self, node_id: int, parent: TreeNode | None, ts: float):
+        self.id, self.parent = node_id, parent
+        self.blocks: list[_Block] = []
+        self.children: dict[BlockKey, TreeNode] = {}  # by the child's first block
+        self.tokens = self.subtree_tokens = 0
+        self.created = self.accessed = ts
+        self.created_version = 0
+
+    def depth(self) -> int:
+        depth, node = 0, self.parent
+        while node is not None:
+            depth, node = depth + 1, node.parent
+        return depth
+
+    def token_slice(self, offset: int, limit: int) -> tuple[int, ...]:
+        out: list[int] = []
+        for block in self.blocks:
+            if len(out) >= limit:
+                break
+            n = len(block.tokens)
+            if offset >= n:
+                offset -= n
+                continue
+            out.extend(block.tokens[offset : offset + limit - len(out)])
+            offset = 0
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeMatch:
+    matched: int
+    node: TreeNode
+    partial: TreeNode | None
+    partial_tokens: int
+
+
+class BlockTree:
+    """Stored blocks by hash, and the radix tree over them (root id 0, ids never reused).
+
+    A block stored under the last block of a childless node extends that node; under a block
+    inside a node, the node splits there (the head keeps its id). A block whose parent is
+    unknown waits, detached and not shown, until its parent is stored; removing a block that
+    still has descendants (vLLM may evict a parent first) detaches them. A hash stored twice
+    (duplicate events) needs as many removals. ``version`` counts changes; the journal of
+    touched ids answers ``changes(since)`` like the bundled cache's.
+    """
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._next_id = 1
+        self._journal: deque[int] = deque(maxlen=JOURNAL_LIMIT)
+        self._journal_floor = 0
+        self.unknown_removes = 0
+        self.clear(0.0)
+
+    def clear(self, ts: float) -> None:
+        self.root = TreeNode(0, None, ts)
+        self.nodes: dict[int, TreeNode] = {0: self.root}
+        self.blocks: dict[BlockKey, _Block] = {}
+        self.waiting: dict[BlockKey, list[_Block]] = {}
+        self.detached_tokens = 0
+        self.version += 1
+        self._journal.clear()
+        self._journal_floor = self.version
+
+    def detached_blocks(self) -> int:
+        return sum(len(w) for w in self.waiting.values())
+
+    def _touch(self, node: TreeNode) -> None:
+        self.version += 1
+        self._journal.append(node.id)
+
+    @staticmethod
+    def _resize(node: TreeNode, n: int, ts: float | None = None, own: bool = True) -> None:
+        """``n`` more tokens in ``node`` (``own``) or below it, counted up to the root."""
+        if own:
+            node.tokens += n
+        up: TreeNode | None = node
+        while up is not None:
+            up.subtree_tokens += n
+            if ts is not None:
+                up.accessed = ts
+            up = up.parent
+
+    def apply(self, event: Event, ts: float) -> int:
+        """Apply one event; the tokens it removed. vLLM's KV groups (``group_idx``) key their
+        blocks apart; a removal goes leaf-first (SGLang lists a node's pages root-ward first)."""
+        if isinstance(event, Cleared):
+            self.clear(ts)
+            return 0
+        group = event.group_idx
+        if isinstance(event, Removed):
+            return sum(self.remove(h if group is None else (group, h)) for h in reversed(event.block_hashes))
+        parent = event.parent_block_hash
+        if parent is not None and group is not None:
+            parent = (group, parent)
+        for h, tokens in event.blocks():
+            key = h if group is None else (group, h)
+            self.store(key, parent, tokens, ts)
+            parent = key
+        return 0
+
+    def store(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...], ts: float) -> None:
+        block = self.blocks.get(key)
+        if block is not None:
+            block.refs += 1
+            return
+        block = self.blocks[key] = _Block(key, parent_key, tokens)
+        pending = [block]
+        while pending:
+            block = pending.pop()
+            self._attach(block, ts)
+            if block.node is not None:
+                waiters = self.waiting.pop(block.key, ())
+                self.detached_tokens -= sum(len(w.tokens) for w in waiters)
+                pending.extend(waiters)
+
+    def _attach(self, block: _Block, ts: float) -> None:
+        if block.parent_key is None:
+            parent = self.root
+        else:
+            above = self.blocks.get(block.parent_key)
+            if above is None or above.node is None:
+                self.waiting.setdefault(block.parent_key, []).append(block)
+                self.detached_tokens += len(block.tokens)
+                return
+            parent = above.node
+            if parent.blocks[-1] is not above:
+                self._split(parent, parent.blocks.index(above) + 1)
+            elif not parent.children:
+                parent.blocks.append(block)
+                block.node = parent
+                self._resize(parent, len(block.tokens), ts)
+                self._touch(parent)
+                return
+        node = TreeNode(self._next_id, parent, ts)
+        self._next_id += 1
+        node.blocks.append(block)
+        block.node = node
+        parent.children[block.key] = node
+        self.nodes[node.id] = node
+        self._resize(node, len(block.tokens), ts)
+        self._touch(parent)
+        self._touch(node)
+        node.created_version = self.version
+
+    def _split(self, node: TreeNode, at: int) -> None:
+        """Blocks ``at..`` of ``node`` (and its children) move to a new child node."""
+        tail = TreeNode(self._next_id, node, node.created)
+        self._next_id += 1
+        tail.accessed = node.accessed
+        tail.blocks = node.blocks[at:]
+        del node.blocks[at:]
+        tail.children, node.children = node.children, {tail.blocks[0].key: tail}
+        for child in tail.children.values():
+            child.parent = tail
+        for block in tail.blocks:
+            block.node = tail
+        tail.tokens = sum(len(b.tokens) for b in tail.blocks)
+        node.tokens -= tail.tokens
+        tail.subtree_tokens = node.subtree_tokens - node.tokens
+        self.nodes[tail.id] = tail
+        self._touch(node)
+        self._touch(tail)
+        tail.created_version = self.version
+
+    def remove(self, key: BlockKey) -> int:
+        """Drop one reference to a block; the tokens it freed (0 while others remain)."""
+        block = self.blocks.get(key)
+        if block is None:
+            self.unknown_removes += 1
+            return 0
+        block.refs -= 1
+        if block.refs:
+            return 0
+        del self.blocks[key]
+        n, node = len(block.tokens), block.node
+        if node is None:
+            waiters = self.waiting[block.parent_key]
+            waiters.remove(block)
+            if not waiters:
+                del self.waiting[block.parent_key]
+            self.detached_tokens -= n
+            return n
+        if node.blocks[-1] is not block:
+            self._split(node, node.blocks.index(block) + 1)
+        for child in list(node.children.values()):
+            self._detach(child)
+        node.blocks.pop()
+        block.node = None
+        self._resize(node, -n)
+        self._touch(node)
+        if not node.blocks:
+            del self.nodes[node.id]
+            del node.parent.children[key]
+            self._touch(node.parent)
+        return n
+
+    def _detach(self, top: TreeNode) -> None:
+        """Take ``top``'s subtree out of the tree; its blocks wait for their parents."""
+        parent = top.parent
+        del parent.children[top.blocks[0].key]
+        self._resize(parent, -top.subtree_tokens, own=False)
+        self._touch(parent)
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            del self.nodes[node.id]
+            self._touch(node)
+            for block in node.blocks:
+                block.node = None
+                self.waiting.setdefault(block.parent_key, []).append(block)
+                self.detached_tokens += len(block.tokens)
+            stack.extend(node.children.values())
+
+    def match(self, tokens: tuple[int, ...]) -> TreeMatch:
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = next((c for c in node.children.values()
+                          if tokens[pos : pos + len(c.blocks[0].tokens)] == c.blocks[0].tokens), None)
+            if child is None:
+                break
+            matched = 0
+            for block in child.blocks:
+                if tokens[pos + matched : pos + matched + len(block.tokens)] != block.tokens:
+                    break
+                matched += len(block.tokens)
+            if matched < child.tokens:
+                return TreeMatch(pos + matched, node, child, matched)
+            node, pos = child, pos + matched
+        return TreeMatch(pos, node, None, 0)
+
+    def changes(self, since: int) -> Changes:
+        oldest = self.version - len(self._journal) + 1
+        floor = max(self._journal_floor, oldest - 1)
+        if since < floor or since > self.version:
+            return Changes(since, self.version, True)
+        touched = dict.fromkeys(islice(reversed(self._journal), self.version - since))
+        added, changed, removed = [], [], []
+        for node_id in touched:
+            node = self.nodes.get(node_id)
+            if node is None:
+                removed.append(node_id)
+            elif node.created_version > since:
+                added.append(node_id)
+            else:
+                changed.append(node_id)
+        return Changes(since, self.version, False, tuple(added), tuple(changed), tuple(removed))
+
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every node but the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

@@ -1,0 +1,147 @@
+"""radixtop as an SGLang plugin: the admin API inside each scheduler process.
+
+Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
+``sglang.srt.plugins`` group, see pyproject.toml). In every scheduler process SGLang calls
+``register()``, which adds two hooks through SGLang's ``HookRegistry``:
+
+* after ``Scheduler.__init__``: ``attach(scheduler)`` serves radixtop's HTTP admin API (the same
+  routes and auth as ``radixtop serve``) on ``RADIXTOP_HOST`` (127.0.0.1) at ``RADIXTOP_PORT``
+  (30100) plus the DP rank, from the first TP rank only (the others hold the same tree);
+* after ``Scheduler.process_input_requests`` (once per scheduler loop iteration, between batches,
+  where SGLang applies its own control messages): drain the queue of reads and actions, so each
+  runs on the scheduler thread. A request the scheduler does not take within
+  ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late.
+
+Environment: ``RADIXTOP_TOKEN`` (the bearer token for actions; without it one is made up and
+written, mode 0600, to ``RADIXTOP_TOKEN_FILE`` or ``$TMPDIR/radixtop-sglang-<port>.token``; a
+non-loopback host needs an explicit token), ``RADIXTOP_READ_ONLY=1``, ``RADIXTOP_AUDIT`` (a JSON
+lines file). Nothing here runs unless the plugin is enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from radixtop.adapters.sglang.inproc import SGLangAdapter
+from radixtop.gpu_backend.owner_queue import OwnerQueue
+
+log = logging.getLogger("radixtop.sglang")
+
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+DEFAULT_PORT = 30100
+
+
+@dataclass
+class Attached:
+    """radixtop inside one scheduler process."""
+
+    adapter: SGLangAdapter
+    owner: OwnerQueue
+    url: str
+    server: Any  # uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+_ATTACHED: dict[int, Attached] = {}  # by id(scheduler)
+
+
+def register() -> None:
+    """The entry point SGLang's plugin loader calls (no arguments) in each of its processes."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(f"{SCHEDULER}.__init__", _after_init, HookType.AFTER)
+    HookRegistry.register(f"{SCHEDULER}.process_input_requests", _after_inputs, HookType.AFTER)
+
+
+def _after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        attach(scheduler)
+    except Exception:  # radixtop must never take a scheduler down
+        log.exception("radixtop: could not attach to this scheduler; SGLang goes on without it")
+
+
+def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    attached = _ATTACHED.get(id(scheduler))
+    if attached is not None:
+        attached.owner.step(max_items=64)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _token(port: int) -> str:
+    token = os.environ.get("RADIXTOP_TOKEN", "").strip()
+    if token:
+        return token
+    token = secrets.token_urlsafe(24)
+    path = Path(os.environ.get("RADIXTOP_TOKEN_FILE")
+                or Path(tempfile.gettempdir()) / f"radixtop-sglang-{port}.token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    log.warning("radixtop: no RADIXTOP_TOKEN set; the token for actions is in %s", path)
+    return token
+
+
+def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> Attached | None:
+    """Serve the admin API over ``scheduler.tree_cache`` (what the ``__init__`` hook does).
+    Returns None on a TP rank other than the first."""
+    from radixtop.adapters.http.audit import AuditLog
+    from radixtop.adapters.http.server import _bind, create_app, http_protocol, is_loopback
+
+    if int(getattr(scheduler, "tp_rank", 0) or 0) != 0:
+        return None
+    dp_rank = int(getattr(scheduler, "dp_rank", None) or 0)
+    host = host or os.environ.get("RADIXTOP_HOST", "127.0.0.1")
+    port = (port if port is not None else int(os.environ.get("RADIXTOP_PORT", DEFAULT_PORT))) + dp_rank
+    if not os.environ.get("RADIXTOP_TOKEN") and not is_loopback(host):
+        raise ValueError(f"refusing to serve radixtop on {host!r} without RADIXTOP_TOKEN")
+    server_args = getattr(scheduler, "server_args", None)
+    model = os.path.basename(str(getattr(server_args, "model_path", "") or "").rstrip("/"))
+    owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})")
+    adapter = SGLangAdapter(
+        scheduler.tree_cache, owner.call, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
+        model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
+        timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
+        open_sessions=lambda: _open_sessions(scheduler), close=lambda sid: _close(scheduler, sid),
+        slices=owner.slices,
+    )
+    app = create_app(adapter, _token(port), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
+    import uvicorn
+
+    sock = _bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name=f"radixtop-api-dp{dp_rank}", daemon=True)
+    thread.start()
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+    attached = Attached(adapter, owner, url, server, thread)
+    _ATTACHED[id(scheduler)] = attached
+    log.info("radixtop admin API for %s on %s", adapter.name, url)
+    return attached
+
+
+def _open_sessions(scheduler: Any) -> list[str]:
+    controller = getattr(scheduler, "session_controller", None)
+    return list(getattr(controller, "sessions", {}) or ())
+
+
+def _close(scheduler: Any, session_id: str) -> None:
+    """Close as SGLang's own /close_session does (its scheduler handler: the tree's release,
+    then the session controller), so both stay consistent."""
+    from sglang.srt.managers.io_struct import CloseSessionReqInput
+
+    scheduler.close_session(CloseSessionReqInput(session_id=session_id))

@@ -1,0 +1,433 @@
+"""SGLangRoutesAdapter: cache totals, close and flush of a plain SGLang server, over its own routes.
+
+For a server with neither the radixtop plugin nor KV events. Totals come from ``/v1/loads``
+(``/get_load`` before it), ``/metrics`` (only with ``--enable-metrics``) and ``/server_info``
+(``/get_server_info`` before it); close goes through ``/close_session`` and flush through
+``/flush_cache``. There is no tree and no session list: SGLang exposes neither over HTTP.
+
+How SGLang counts a DP rank's pool (``pool_stats_observer._get_token_info``):
+``num_used = max_total_num_tokens - (available + evictable)``, i.e. every slot that cannot be
+taken now: tree nodes locked by running requests plus the requests' own slots. So:
+capacity = ``max_total_num_tokens`` (/v1/loads), protected = ``num_used_tokens`` (/v1/loads,
+republished on every idle loop), free = ``sglang:kv_available_tokens`` (/metrics), evictable =
+the rest (what ``sglang:kv_evictable_tokens`` says when both are read at once; the metrics are
+refreshed per batch and only every 30 s when idle, so the fresher /v1/loads figure wins).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import httpx
+
+from radixtop.adapters.base import CacheAdapter
+from radixtop.adapters.errors import (
+    AdapterError,
+    BadRequest,
+    TargetTimeout,
+    TargetUnreachable,
+    Unauthorized,
+    Unsupported,
+)
+from radixtop.adapters.model import (
+    Capabilities,
+    ChainView,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    Geometry,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+
+CLOSE_POLICY = "blind"
+"""SGLang answers /close_session with an empty 200 and frees later (0.5.16 frees the session's
+chains; 0.5.23 only dereferences them): freed tokens are what a re-read of the totals shows."""
+PLUGIN_HINT = ("start SGLang with the radixtop plugin (SGLANG_PLUGINS=radixtop) and point radixtop "
+               "at the plugin's admin API")
+TREE_HINT = (PLUGIN_HINT + ", or give radixtop the server's KV events (--kv-events-config) "
+             "for a read-only tree")
+GAUGES = ("sglang:kv_available_tokens", "sglang:kv_evictable_tokens", "sglang:kv_used_tokens",
+          "sglang:num_used_tokens", "sglang:max_total_num_tokens")
+COUNTERS = ("sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:evicted_tokens_total")
+RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Samples = list[tuple[dict[str, str], float]]
+
+
+def parse_metrics(text: str, names: tuple[str, ...] = GAUGES + COUNTERS) -> dict[str, Samples]:
+    """The samples of ``names`` in Prometheus text: ``{name: [(labels, value)]}``. Only those
+    lines are parsed (a server's /metrics runs to thousands of histogram lines)."""
+    out: dict[str, Samples] = {name: [] for name in names}
+    for line in text.splitlines():
+        if not line.startswith(names):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None or m.group(1) not in out:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if not math.isnan(value):
+            out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+def _rank_key(labels: dict[str, str]) -> tuple[int, ...]:
+    return tuple(int(v) if (v := labels.get(name, "0")).isdigit() else 0 for name in RANK_LABELS)
+
+
+def rank_sum(samples: Samples, dp_rank: int | None) -> int | None:
+    """A metric summed over DP ranks (or only ``dp_rank``), one scheduler per DP rank: every
+    TP/PP rank of one DP rank reports the same pool, so only the lowest one counts. Series with
+    no ``dp_rank`` label are the one rank of a server without DP. None when nothing matches."""
+    groups: dict[str | None, Samples] = {}
+    for labels, value in samples:
+        groups.setdefault(labels.get("dp_rank"), []).append((labels, value))
+    if dp_rank is not None:
+        groups = {k: g for k, g in groups.items() if k == str(dp_rank) or (k is None and dp_rank == 0)}
+    if not groups:
+        return None
+    total = 0.0
+    for group in groups.values():
+        lowest = min(_rank_key(labels) for labels, _ in group)
+        total += sum(value for labels, value in group if _rank_key(labels) == lowest)
+    return int(round(total))
+
+
+@dataclass(frozen=True)
+class Totals:
+    """One read of the server: token counts (summed over the DP ranks asked for) and what it
+    could see."""
+
+    capacity: int
+    protected: int
+    free: int
+    evictable: int
+    prompt: int
+    cached: int
+    evicted: int
+    metrics: bool
+    """/metrics answered (the server runs with --enable-metrics)."""
+    split: bool
+    """Free and evictable told apart (needs sglang:kv_available_tokens)."""
+
+
+class SGLangRoutesAdapter(CacheAdapter):
+    """A plain SGLang server as a target: totals, blind close, flush; nothing per node or session.
+
+    ``dp_rank``: one DP rank's pool (None: the sum of all). The tokenizer's prompt and cached
+    counters are server-wide either way. ``geometry`` or ``bytes_per_token`` give bytes (HTTP
+    does not tell them). ``api_key``: the server's ``--api-key``, sent as a Bearer token.
+    ``settle_s``: how long a close waits before re-reading the totals it reports as freed.
+    """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, dp_rank: int | None = None,
+                 geometry: Geometry | None = None, bytes_per_token: int = 0, timeout: float = 5.0,
+                 name: str | None = None, settle_s: float = 0.2):
+        url = base_url.strip().rstrip("/")
+        if "://" not in url:
+            url = "http://" + url
+        if not url.startswith(("http://", "https://")):
+            raise BadRequest(f"{base_url!r} is not an http:// or https:// URL")
+        if dp_rank is not None and dp_rank < 0:
+            raise BadRequest(f"dp_rank must be >= 0, got {dp_rank}")
+        self.url, self.dp_rank, self.geometry, self.timeout = url, dp_rank, geometry, timeout
+        self.bytes_per_token = bytes_per_token or (geometry.bytes_per_token if geometry else 0)
+        self._rank_note = "" if dp_rank is None else f" (DP rank {dp_rank})"
+        self._named = name is not None
+        self.name = name or f"SGLang at {url}{self._rank_note}"
+        self.settle_s = settle_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=url, timeout=timeout, headers=headers)
+        self._lock = threading.Lock()
+        self._info: dict[str, Any] | None = None
+        self._loads_route = "/v1/loads"
+        self._closes = self._freed_by_close = 0
+
+    def __repr__(self) -> str:
+        return f"SGLangRoutesAdapter({self.url!r})"
+
+    # ----- transport -----
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; transport failures and refused credentials as the contract's errors."""
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            self._info = None  # the server may come back as another one
+            raise TargetTimeout(f"{self.url} did not answer {path} within {self.timeout:g} s") from None
+        except httpx.TransportError as exc:
+            self._info = None
+            raise TargetUnreachable(f"cannot reach {self.url}: {str(exc) or type(exc).__name__}") from None
+        if response.status_code in (401, 403):
+            raise Unauthorized(f"{self.url}{path}: SGLang refused the request (HTTP {response.status_code}); "
+                               "pass the server's --api-key (its --admin-api-key for /flush_cache)")
+        return response
+
+    def _fail(self, response: httpx.Response) -> NoReturn:
+        path, text = response.request.url.path, response.text.strip()
+        try:  # SGLang's error bodies: {"error": {"message": ...}} or FastAPI's {"detail": ...}
+            body = response.json()
+            error = body.get("error")
+            error = error.get("message") if isinstance(error, dict) else error
+            text = str(error or body.get("detail") or text)
+        except (ValueError, AttributeError):
+            pass
+        raise AdapterError(f"{self.url}{path}: HTTP {response.status_code} {response.reason_phrase}: "
+                           f"{text[:300]}")
+
+    def _get_json(self, path: str, params: dict[str, Any] | None = None) -> Any | None:
+        """The JSON body of a GET; None when the route does not exist (404)."""
+        response = self._send("GET", path, params=params)
+        if response.status_code == 404:
+            return None
+        if not response.is_success:
+            self._fail(response)
+        try:
+            return response.json()
+        except ValueError:
+            raise AdapterError(f"{self.url}{path} answered something that is not JSON: "
+                               f"{response.text[:200]!r}") from None
+
+    # ----- reads -----
+
+    def _server_info(self) -> dict[str, Any]:
+        """/server_info (or /get_server_info), kept: what it is read for does not change."""
+        if self._info is None:
+            info = self._get_json("/server_info")
+            if info is None:
+                info = self._get_json("/get_server_info")
+            self._info = info if isinstance(info, dict) else {}
+        return self._info
+
+    def _loads(self) -> list[dict[str, Any]] | None:
+        """Per DP rank ``{capacity, protected}`` (capacity None when the route omits it);
+        None when the server has neither /v1/loads nor /get_load."""
+        params = {} if self.dp_rank is None else {"dp_rank": self.dp_rank}
+        if self._loads_route == "/v1/loads":
+            body = self._get_json("/v1/loads", params)
+            if body is not None:
+                try:
+                    return [{"capacity": load.get("max_total_num_tokens")
+                             or (load.get("memory") or {}).get("token_capacity"),
+                             "protected": int(load["num_used_tokens"])} for load in body["loads"]]
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise AdapterError(f"unexpected /v1/loads body from {self.url}: {exc!r}") from None
+            self._loads_route = "/get_load"  # before /v1/loads (removed again in 0.5.23)
+        body = self._get_json("/get_load")
+        if body is None:
+            return None
+        try:  # num_pending_tokens = num_total_tokens - num_used_tokens, num_tokens = num_total_tokens
+            return [{"capacity": None,
+                     "protected": int(row["num_tokens"]) - int(row.get("num_pending_tokens", 0))}
+                    for row in body if self.dp_rank is None or row.get("dp_rank", 0) == self.dp_rank]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise AdapterError(f"unexpected /get_load body from {self.url}: {exc!r}") from None
+
+    def _metrics(self) -> dict[str, Samples] | None:
+        response = self._send("GET", "/metrics")
+        if response.status_code == 404:
+            return None
+        if not response.is_success:
+            self._fail(response)
+        return parse_metrics(response.text)
+
+    def _capacity_from_info(self, info: dict[str, Any]) -> int | None:
+        states = info.get("internal_states")
+        if isinstance(states, list) and states:
+            if self.dp_rank is not None:
+                states = states[self.dp_rank : self.dp_rank + 1]
+            caps = [(s.get("memory_usage") or {}).get("token_capacity")
+                    for s in states if isinstance(s, dict)]
+            if caps and all(isinstance(c, int) for c in caps):
+                return sum(caps)
+        top = info.get("max_total_num_tokens")
+        return top if isinstance(top, int) else None
+
+    def _evicted(self, samples: Samples, info: dict[str, Any]) -> int:
+        """Before 0.5.23 the radix cache's counter has no rank labels, and SGLang's multiprocess
+        registry sums it over every scheduler process: divide by the processes per DP rank."""
+        if any("tp_rank" in labels for labels, _ in samples):
+            return rank_sum(samples, self.dp_rank) or 0
+        tp, dp, pp = (int(info.get(k) or 1) for k in ("tp_size", "dp_size", "pp_size"))
+        per_rank = (tp // dp if info.get("enable_dp_attention") else tp) * pp
+        return int(sum(v for _, v in samples)) // max(per_rank, 1)
+
+    def read(self) -> Totals:
+        """One consistent-as-SGLang-allows read of the totals (two or three requests)."""
+        info = self._server_info()
+        loads = self._loads()
+        metrics = self._metrics()
+        if not info and loads is None:
+            raise AdapterError(f"{self.url} does not look like an SGLang server: /server_info, "
+                               "/get_server_info, /v1/loads and /get_load all answer 404")
+        if self.dp_rank is not None and loads == []:
+            raise BadRequest(f"{self.url} has no DP rank {self.dp_rank}")
+        m = metrics or {}
+
+        def gauge(name: str) -> int | None:
+            return rank_sum(m.get(name, []), self.dp_rank)
+
+        if loads and all(isinstance(r["capacity"], int) for r in loads):
+            capacity = sum(r["capacity"] for r in loads)
+        else:
+            capacity = self._capacity_from_info(info) or gauge("sglang:max_total_num_tokens") or 0
+        protected = sum(r["protected"] for r in loads) if loads else \
+            gauge("sglang:kv_used_tokens") or gauge("sglang:num_used_tokens") or 0
+        protected = min(max(protected, 0), capacity)
+        room = capacity - protected
+        available, evictable = gauge("sglang:kv_available_tokens"), gauge("sglang:kv_evictable_tokens")
+        if available is not None:
+            free = min(max(available, 0), room)
+        elif evictable is not None:
+            free = room - min(max(evictable, 0), room)
+        else:
+            free = room
+        return Totals(capacity, protected, free, room - free,
+                      rank_sum(m.get("sglang:prompt_tokens_total", []), None) or 0,
+                      rank_sum(m.get("sglang:cached_tokens_total", []), None) or 0,
+                      self._evicted(m.get("sglang:evicted_tokens_total", []), info),
+                      metrics is not None, available is not None or evictable is not None)
+
+    def capabilities(self) -> Capabilities:
+        totals = self.read()
+        notes = ["plain SGLang HTTP (no radixtop plugin, no KV events): cache totals only; no tree "
+                 f"and no session list (SGLang serves neither): for them {TREE_HINT}",
+                 "close is blind: SGLang answers an empty 200 and frees later (0.5.23 only "
+                 "dereferences), so the tokens a close reports freed are the change in free tokens "
+                 "seen on a re-read (SGLang refreshes its KV metrics per batch, every 30 s when idle)",
+                 "no evict (SGLang has no route for it; flush drops the whole cache, only when idle)"]
+        if not totals.metrics:
+            notes.append("no /metrics (start SGLang with --enable-metrics): free and evictable "
+                         "are not told apart, and the prompt, cached and evicted counters read 0")
+        elif not totals.split:
+            notes.append("/metrics has no KV pool gauges yet (SGLang sets them after its first "
+                         "batch, or within 30 s when idle): free and evictable are not told apart")
+        if not self.bytes_per_token:
+            notes.append("bytes unknown over HTTP (give a model geometry)")
+        if self.dp_rank is not None:
+            notes.append(f"DP rank {self.dp_rank} only; the prompt and cached counters (and before "
+                         "SGLang 0.5.23 the evicted one) are server-wide")
+        return Capabilities(tree=False, sessions=False, close=True, evict=False, flush=True,
+                            changes=False, read_only=False, reason="; ".join(notes) + ".")
+
+    def stats(self) -> Stats:
+        t = self.read()
+        info, bpt = self._info or {}, self.bytes_per_token
+        page_size = int(info.get("page_size") or 1)
+        geometry = self.geometry or Geometry("unknown", 0, 0, 0, "unknown", page_size, bpt)
+        version = info.get("version")
+        target = self.name
+        if version and not self._named:
+            target = f"SGLang {version} at {self.url}{self._rank_note}"
+        with self._lock:
+            closes, freed_by_close = self._closes, self._freed_by_close
+        # SGLang counts locked tree nodes and running requests' own slots as one number, and
+        # says nothing of nodes: all of protected is reported as running_tokens, the tree's
+        # known tokens as the evictable ones.
+        return Stats(target=target, capacity_tokens=t.capacity, free_tokens=t.free,
+                     evictable_tokens=t.evictable, protected_tokens=t.protected,
+                     running_tokens=t.protected, total_tokens=t.evictable, bytes_per_token=bpt,
+                     node_count=0, open_sessions=0, closed_sessions=0, prompt_tokens=t.prompt,
+                     cached_tokens=t.cached, evicted_tokens=t.evicted, closes=closes,
+                     freed_by_close_tokens=freed_by_close, version=0, geometry=geometry)
+
+    # ----- what plain HTTP cannot serve -----
+
+    def _no_tree(self, what: str) -> NoReturn:
+        raise Unsupported(f"{self.name} serves no {what} over plain HTTP: {TREE_HINT}")
+
+    def _no_sessions(self, what: str) -> NoReturn:
+        raise Unsupported(f"{self.name} lists no sessions over plain HTTP, so it cannot {what}: "
+                          f"{PLUGIN_HINT} (KV events carry no sessions either)")
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        self._no_tree("tree")
+
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        self._no_tree("tree")
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        self._no_tree("tree nodes")
+
+    def match(self, tokens: list[int]) -> MatchView:
+        self._no_tree("prefix match")
+
+    def changes(self, since: int) -> Changes:
+        self._no_tree("change journal")
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        self._no_tree("export")
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+        self._no_sessions("list sessions")
+
+    def session(self, session_id: str) -> SessionDetail:
+        self._no_sessions(f"show session {session_id!r}")
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        self._no_sessions(f"plan the close of {session_id!r} (close itself works, blind)")
+
+    # ----- actions -----
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        """POST /close_session, then re-read: SGLang says nothing of what it freed (an empty
+        200, for unknown ids too), so ``freed_tokens`` is the rise in free tokens seen
+        ``settle_s`` later (0 where SGLang only dereferences, or its metrics lag)."""
+        if not session_id:
+            raise BadRequest("a session id is required")
+        before = self.read()
+        response = self._send("POST", "/close_session", json={"session_id": session_id})
+        if not response.is_success:
+            self._fail(response)
+        if self.settle_s > 0:
+            time.sleep(self.settle_s)
+        freed = max(self.read().free - before.free, 0)
+        with self._lock:
+            self._closes += 1
+            self._freed_by_close += freed
+        return CloseResultView(session_id, CLOSE_POLICY, already_closed=False, freed_node_ids=(),
+                               freed_tokens=freed, freed_bytes=freed * self.bytes_per_token,
+                               released_holds=0)
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        raise Unsupported(f"{self.name}: SGLang has no route to evict part of the cache (flush drops "
+                          f"all of it when idle); to evict, {PLUGIN_HINT}")
+
+    def flush(self) -> FlushResultView:
+        """POST /flush_cache. SGLang flushes only when nothing runs or waits and answers 400
+        otherwise: that is ``flushed=False`` with its reason. A flush frees every slot (tree
+        reset, allocator cleared): what was not free before is what it freed."""
+        before = self.read()
+        response = self._send("POST", "/flush_cache")
+        text = response.text.strip()
+        if response.status_code == 400:
+            return FlushResultView(0, 0, 0, False, f"SGLang refused: {text or 'Flush cache failed.'} "
+                                   "(it flushes only when no request is running or waiting)")
+        if not response.is_success:
+            self._fail(response)
+        if not before.split:
+            return FlushResultView(0, 0, 0, True, "flushed; freed tokens unknown (the server has no "
+                                   "KV pool metrics: start it with --enable-metrics)")
+        freed = before.capacity - before.free
+        return FlushResultView(freed, 0, freed * self.bytes_per_token, True,
+                               f"flushed: the whole cache ({freed:,} tokens) was dropped")
+
+    def close(self) -> None:
+        self._client.close()

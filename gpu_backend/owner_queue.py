@@ -1,0 +1,155 @@
+"""Run reads and actions on a cache's owner thread, between its steps: the one queue for it.
+
+A radix cache has one owner thread (radixtop's engine loop, SGLang's scheduler thread). Other
+threads hand it callables through an ``OwnerQueue`` and wait with a timeout; the owner calls
+``drain()`` between its steps (the engine once per loop iteration; SGLang from the plugin's hook
+on ``Scheduler.process_input_requests``, where SGLang applies its own control messages), and
+``slices.run()`` resumes long passes a slice at a time. A call that waits past its timeout is
+cancelled if it has not started, so a stuck owner never runs stale work later. Once the queue is
+closed (the owner stopped or died) every call fails at once and nothing queued runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from typing import TypeVar
+
+from radixtop.gpu_backend.slices import Slices
+
+T = TypeVar("T")
+
+
+class OwnerError(RuntimeError):
+    """The owner thread cannot run a call (stopped, dead, or too slow to take it)."""
+
+
+class OwnerTimeout(OwnerError):
+    """The owner did not take the call within its timeout; the call was cancelled (never runs)."""
+
+
+class OwnerStopped(OwnerError):
+    """The owner has stopped or died: nothing more runs there."""
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC inside: for a walk on the owner thread that makes a great many small,
+    acyclic objects (freed by reference counts when it ends), where a collection midway only
+    stalls the owner longer."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class OwnerQueue:
+    """Callables for the owner thread: ``call`` waits for one, ``drain`` (owner only) runs them."""
+
+    def __init__(self, name: str = "the owner thread", wake: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self._wake = wake
+        """Called after a call is queued: an owner that idles in a wait is woken by it."""
+        self._queue: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
+        self._owner: int | None = None
+        self._closed: str | None = None
+        self.last_drain: float | None = None
+        self.drained = 0
+        self.slices = Slices()
+        """Long passes (an attribution of a large tree), a slice between steps."""
+
+    # ----- callers -----
+
+    def call(self, fn: Callable[[], T], timeout: float) -> T:
+        """``fn()`` on the owner thread: its result, or its exception. From the owner thread
+        itself (a hook that reads) it runs at once. Raises OwnerTimeout if the owner has not taken
+        it within ``timeout`` seconds, OwnerStopped if the queue is closed."""
+        if self._closed is not None:  # first: a dead owner's thread id may be another thread's now
+            raise OwnerStopped(self._closed)
+        if threading.get_ident() == self._owner:
+            return fn()
+        future: Future = Future()
+        self._queue.put((fn, future))
+        if self._closed is not None:  # closed after the check above: nobody else will answer
+            self._fail_pending()
+        if self._wake is not None:
+            self._wake()
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            if future.cancel():
+                raise OwnerTimeout(self._late(timeout)) from None
+            return future.result()  # it started just now: wait for it rather than lose it
+
+    def _late(self, timeout: float) -> str:
+        if self.last_drain is None:
+            seen = "it has not run a step since radixtop attached"
+        else:
+            seen = f"its last step was {time.monotonic() - self.last_drain:.1f}s ago"
+        return f"{self.name} did not take the request within {timeout:g}s ({seen})"
+
+    # ----- the owner -----
+
+    def drain(self, max_items: int | None = None) -> int:
+        """Run what is queued (up to ``max_items``) now, on the owner thread; how many ran.
+        An exception goes to its caller, never into the owner's loop; a BaseException (the
+        thread is dying) also fails its caller with OwnerStopped, then propagates."""
+        self._owner = threading.get_ident()
+        self.last_drain = time.monotonic()
+        ran = 0
+        while self._closed is None and (max_items is None or ran < max_items):
+            try:
+                fn, future = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller gave up before it started: it never runs
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+            except BaseException as exc:
+                future.set_exception(OwnerStopped(f"{self.name} died: {type(exc).__name__}: {exc}"))
+                raise
+            ran += 1
+        self.drained += ran
+        return ran
+
+    def step(self, idle: bool = False, max_items: int | None = None) -> int:
+        """What the owner runs between two of its steps: the queued calls, then a slice of the
+        long passes (flat out when ``idle``); how many calls ran."""
+        ran = self.drain(max_items)
+        if self._closed is None:
+            self.slices.run(idle=idle)
+        return ran
+
+    def close(self, reason: str) -> None:
+        """From now on every call fails with OwnerStopped(reason) at once, and what is queued and
+        not started never runs (its callers get the same). A call already running finishes."""
+        self._closed = reason
+        self._fail_pending()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _fail_pending(self) -> None:
+        while True:
+            try:
+                _, future = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(OwnerStopped(self._closed or f"{self.name} stopped"))
+
+    def pending(self) -> int:
+        return self._queue.qsize()

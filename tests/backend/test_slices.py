@@ -1,0 +1,186 @@
+"""Long passes in slices between the owner's steps, and the attribution served while a new one
+runs in them (stale while revalidate)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from radixtop.adapters.attribution import attribute
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.gpu_backend.owner_queue import OwnerQueue
+from radixtop.gpu_backend.slices import Slices
+from tests.contract.suite import build_engine
+
+
+def counting(n: int, seen: list[int], fail_at: int | None = None):
+    for k in range(n):
+        if k == fail_at:
+            raise ValueError("boom")
+        seen.append(k)
+        yield
+
+
+def test_a_slice_of_zero_seconds_resumes_a_pass_once():
+    slices, seen = Slices(slice_s=0.0, duty=1.0), []
+    slices.add(counting(3, seen))
+    for expected in ([0], [0, 1], [0, 1, 2]):
+        slices.run()
+        assert seen == expected and slices.pending == 1
+    slices.run()  # the pass returns
+    assert slices.pending == 0 and slices.run() == 0.0
+
+
+def test_passes_run_oldest_first_within_a_slice():
+    slices, first, second = Slices(slice_s=60.0, duty=1.0), [], []
+    slices.add(counting(2, first))
+    slices.add(counting(2, second))
+    slices.run()  # a long slice: both end in it, the first before the second starts
+    assert first == [0, 1] and second == [0, 1] and slices.pending == 0
+    assert slices.work_s > 0
+
+
+def test_a_pass_that_fails_is_dropped_and_logged_and_the_others_go_on(caplog):
+    slices, bad, good = Slices(slice_s=60.0, duty=1.0), [], []
+    slices.add(counting(5, bad, fail_at=1))
+    slices.add(counting(2, good))
+    with caplog.at_level(logging.ERROR, logger="radixtop.slices"):
+        slices.run()
+    assert bad == [0] and good == [0, 1] and slices.pending == 0
+    assert "failed; it is dropped" in caplog.text and "boom" in caplog.text
+
+
+def test_a_busy_owner_keeps_its_share_and_an_idle_one_runs_passes_flat_out():
+    def sleepy(seen):
+        for k in range(3):
+            time.sleep(0.05)
+            seen.append(k)
+            yield
+
+    slices, seen = Slices(slice_s=0.0, duty=0.01), []
+    slices.add(sleepy(seen))
+    assert slices.run() >= 0.05 and seen == [0]
+    assert slices.run() == 0.0 and seen == [0]  # 99% of the next ~5 s are the owner's
+    slices.run(idle=True)  # nothing else to do: no share to keep
+    assert seen == [0, 1]
+
+
+def test_an_owner_queue_step_runs_a_slice():
+    owner, seen = OwnerQueue("test"), []
+    owner.slices.slice_s = 0.0
+    owner.slices.add(counting(2, seen))
+    owner.step()
+    assert seen == [0]
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_an_idle_engine_runs_its_passes_and_still_takes_commands():
+    engine = build_engine()
+    try:
+        seen: list[int] = []
+        engine.call(lambda s: engine.slices.add(counting(50, seen)))
+        assert engine.call(lambda s: s.cache.node_count()) > 0  # commands between the slices
+        wait_until(lambda: len(seen) == 50 and engine.call(lambda s: engine.slices.pending) == 0)
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def sliced():
+    """The known cache with every stale attribution made again in slices (as for a large cache),
+    and reused only while nothing changed."""
+    engine = build_engine()
+    adapter = BundledAdapter(engine, attribution_max_age=0.0, attribution_budget=0.0)
+    adapter.attributions.inline_s = -1.0
+    yield adapter
+    engine.stop()
+
+
+def exact(adapter: BundledAdapter):
+    """An attribution of the cache as it is now, in one go."""
+    def run(s):
+        c = s.cache
+        return attribute(c.root_node, c._session_leaves, c._closed_session_ids, s.session_activity,
+                         s.session_activity, s.geometry.bytes_per_token)
+    return adapter.engine.call(run)
+
+
+def add_to_session(adapter: BundledAdapter, session: str) -> None:
+    adapter.engine.call(lambda s: s.request(f"more-{session}-{time.monotonic_ns()}", [60, 61, 62], [63], session))
+
+
+def read_on_the_owner(adapter: BundledAdapter, then=None):
+    """The attribution a read gets and whether a pass is in flight right after it, both on the
+    owner thread (between them the engine could otherwise run the whole pass); ``then(s)`` runs
+    next in the same step."""
+    def run(s):
+        got = adapter._attribute(s)
+        refreshing = adapter.attributions.refreshing
+        return got, refreshing, then(s) if then else None
+    return adapter.engine.call(run)
+
+
+def test_a_stale_attribution_is_served_while_a_new_one_runs_in_slices(sliced):
+    first, refreshing, _ = read_on_the_owner(sliced)  # the first attribution: on the spot
+    assert sliced.attributions.made == 1 and not refreshing
+    add_to_session(sliced, "b")  # b now holds more
+    stale, refreshing, _ = read_on_the_owner(sliced)
+    assert stale is first and refreshing  # served as it was, while a new one runs
+    wait_until(lambda: sliced.attributions.made_in_slices == 1)
+    assert not sliced.attributions.refreshing
+    fresh = sliced.session("b").session
+    assert fresh.exclusive_bytes > first.sessions["b"][3]
+    want = exact(sliced)
+    got = sliced.attributions.current
+    assert {sid: row[:7] for sid, row in got.sessions.items()} == {sid: row[:7] for sid, row in want.sessions.items()}
+    assert got.beneath == want.beneath and got.cost_s > 0
+
+
+def test_an_action_drops_the_pass_in_flight_and_the_next_read_is_exact(sliced):
+    sliced.sessions()
+    add_to_session(sliced, "b")
+    _, refreshing, closed = read_on_the_owner(sliced, lambda s: sliced._close(s, "c"))
+    assert refreshing and closed.session_id == "c"  # the close came before the pass's first slice
+    assert not sliced.attributions.refreshing
+    page = {s.id: s for s in sliced.sessions("id").sessions}
+    want = exact(sliced).sessions
+    assert page["c"].state == "closed"
+    assert page["b"].exclusive_bytes == want["b"][3] and page["c"].exclusive_bytes == want["c"][3] == 0
+    wait_until(lambda: sliced.engine.call(lambda s: sliced.engine.slices.pending) == 0)
+    assert sliced.attributions.made_in_slices == 0  # the dropped pass replaced nothing
+
+
+def test_a_cheap_attribution_is_made_again_on_the_spot(sliced):
+    sliced.attributions.inline_s = 60.0
+    sliced.sessions()
+    add_to_session(sliced, "b")
+    assert sliced.session("b").session.exclusive_bytes == exact(sliced).sessions["b"][3]
+    assert not sliced.attributions.refreshing and sliced.attributions.made == 2
+
+
+def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost():
+    from radixtop.adapters.attribution import Attribution
+
+    made = Attribution(key=1, taken_at=time.monotonic() - 10.0, cost_s=0.1, sessions={}, beneath={}, holding=100)
+    assert made.fresh(1, 0.0, 0.0)  # nothing changed
+    assert made.fresh(2, 5.0, 200)  # 10 s old, reused for 200 x 0.1 s
+    assert not made.fresh(2, 5.0, 50)  # 50 x 0.1 s = 5 s: stale
+    assert made.fresh(2, 5.0, 50, holding=300)  # three times the sessions: the next costs ~3x, 15 s
+    assert not made.fresh(2, 5.0, 50, holding=50)  # fewer: never less than its own cost's budget
+    assert made.fresh(2, 11.0, 0)  # max_age
+
+
+def test_the_faces_note_old_figures_only():
+    from radixtop.adapters.units import figures_note
+
+    assert figures_note(14.9, True) == ""
+    assert figures_note(40.0, False) == "figures 40s old"
+    assert figures_note(130.0, True) == "figures 2m old, refreshing"

@@ -1,0 +1,152 @@
+"""The commands against a real radixtop API server on loopback: output, --json, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.server import create_app
+from radixtop.cli.main import app
+from tests.contract.suite import build_engine
+from tests.support.live_server import free_port, running_server
+
+TOKEN = "cli-test-token"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One server for the read-only checks of this module (reads never change the cache)."""
+    engine = build_engine()
+    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
+        yield url
+    engine.stop()
+
+
+@pytest.fixture
+def fresh_server():
+    """A server of its own, for tests that act on the cache."""
+    engine = build_engine()
+    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
+        yield url
+    engine.stop()
+
+
+def run(url: str, *args: str, token: str | None = TOKEN, stdin: str | None = None):
+    env = {"RADIXTOP_URL": url}
+    if token is not None:
+        env["RADIXTOP_TOKEN"] = token
+    result = CliRunner().invoke(app, list(args), env=env, input=stdin)
+    assert "Traceback" not in result.output
+    return result
+
+
+def one_json(result) -> object:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_stats(server):
+    result = run(server, "stats")
+    assert result.exit_code == 0 and "evictable" in result.stdout and "KiB" in result.stdout
+    doc = one_json(run(server, "stats", "--json"))
+    assert doc["free_tokens"] + doc["evictable_tokens"] + doc["protected_tokens"] == doc["capacity_tokens"]
+    assert isinstance(doc["capacity_bytes"], int)
+
+
+def test_tree(server):
+    result = run(server, "tree")
+    assert result.exit_code == 0 and "root" in result.stdout and "#1" in result.stdout
+    doc = one_json(run(server, "tree", "--depth", "1", "--json"))
+    assert doc["node"]["id"] == 0 and all(c["children"] == [] for c in doc["children"])
+    assert all(c["more"] == c["node"]["num_children"] for c in doc["children"])
+    big = one_json(run(server, "tree", "--min-bytes", "10000000", "--json"))
+    assert big["children"] == [] and big["more"] == 3  # root children: the prompt, [40..43], the [50..] run
+    only_b = one_json(run(server, "tree", "--session", "b", "--json"))
+    assert len(only_b["children"]) == 1 and only_b["children"][0]["children"][0]["node"]["holders"] == ["b"]
+
+
+def test_node(server):
+    doc = one_json(run(server, "node", "root", "--json"))
+    assert doc["node"]["id"] == 0 and doc["sessions_beneath"] == 3
+    assert "lock_ref" in run(server, "node", "1").stdout
+    missing = run(server, "node", "424242")
+    assert missing.exit_code == 1 and "424242" in missing.stderr and missing.stdout == ""
+    assert run(server, "node", "x").exit_code == 2
+
+
+def test_sessions_and_session(server):
+    result = run(server, "sessions")
+    assert result.exit_code == 0 and "exclusive" in result.stdout
+    doc = one_json(run(server, "sessions", "--sort", "id", "--limit", "2", "--json"))
+    assert [s["id"] for s in doc["sessions"]] == ["a", "b"] and doc["total"] == 5
+    assert run(server, "sessions", "--sort", "size").exit_code == 2
+    assert one_json(run(server, "session", "a", "--json"))["session"]["id"] == "a"
+    unknown = run(server, "session", "nobody")
+    assert unknown.exit_code == 1 and "nobody" in unknown.stderr
+
+
+def test_match_export(server):
+    doc = one_json(run(server, "match", "1,2,3,4", "5", "--json"))
+    assert doc["matched_tokens"] == 5
+    assert "5 of 5 tokens cached" in run(server, "match", "1", "2", "3", "4", "5").stdout
+    assert run(server, "match", "1,x").exit_code == 2
+    rows = [json.loads(line) for line in run(server, "export").stdout.splitlines()]
+    assert rows[0]["node_count"] == len(rows) - 1
+
+
+def test_export_columns_to_a_file(server, tmp_path):
+    from radixtop.adapters.http.wire import decode_export_columns
+
+    path = tmp_path / "tree.cols"
+    assert run(server, "export", "--format", "columns", "-o", str(path)).exit_code == 0
+    columns = decode_export_columns(path.read_bytes())
+    rows = [json.loads(line) for line in run(server, "export").stdout.splitlines()][1:]
+    assert list(columns.columns["parent"]) == [r["parent"] for r in rows]
+    assert run(server, "export", "--format", "columns").exit_code == 2  # binary needs a file
+    assert run(server, "export", "--format", "xml").exit_code == 2
+
+
+def test_close_dry_run_then_confirmed(fresh_server):
+    before = one_json(run(fresh_server, "stats", "--json"))
+    dry = run(fresh_server, "close", "b", "--dry-run")
+    assert dry.exit_code == 0 and "close plan" in dry.stdout
+    assert one_json(run(fresh_server, "stats", "--json"))["version"] == before["version"]
+    refused = run(fresh_server, "close", "b")  # no terminal to ask on, no --yes
+    assert refused.exit_code == 1 and "--yes" in refused.stderr
+    declined = run(fresh_server, "close", "b", stdin="n\n")
+    assert declined.exit_code == 1
+    done = one_json(run(fresh_server, "close", "b", "--yes", "--json"))
+    assert done["results"][0]["freed_tokens"] == done["plans"][0]["freed_tokens"] == 3
+    again = run(fresh_server, "close", "b", "--yes")
+    assert again.exit_code == 0 and "already closed" in again.stdout
+    unknown = run(fresh_server, "close", "nobody", "--yes")
+    assert unknown.exit_code == 1 and "nobody" in unknown.stderr
+
+
+def test_evict_flush_audit(fresh_server):
+    doc = one_json(run(fresh_server, "evict", "1", "--yes", "--json"))
+    assert doc["evicted_tokens"] >= 1
+    assert "flushed" in run(fresh_server, "flush", "--yes").stdout
+    entries = one_json(run(fresh_server, "audit", "--json"))
+    assert [e["action"] for e in entries][:2] == ["flush", "evict"]
+    assert "flush" in run(fresh_server, "audit").stdout
+
+
+def test_wrong_token_and_read_only_are_refused(fresh_server):
+    bad = run(fresh_server, "evict", "5", "--yes", token="wrong")
+    assert bad.exit_code == 1 and bad.stderr.count("\n") == 1
+    engine = build_engine()
+    with running_server(create_app(BundledAdapter(engine, read_only=True), TOKEN, AuditLog(None))) as url:
+        refused = run(url, "flush", "--yes")
+        assert refused.exit_code == 1 and "read-only" in refused.stderr
+    engine.stop()
+
+
+def test_unreachable_target_exits_3_naming_the_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    result = run(url, "stats")
+    assert result.exit_code == 3 and url in result.stderr and result.stderr.count("\n") == 1

@@ -1,0 +1,101 @@
+"""The contract suite against the bundled adapter, in process."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtop.adapters.base import CacheAdapter
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.errors import TargetUnreachable, UnknownNode
+from radixtop.gpu_backend.engine import Engine
+from radixtop.gpu_backend.workload import WorkloadConfig
+from tests.conftest import make_scheduler
+from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
+from tests.contract.suite import build_engine, known_reads
+
+BUSY = WorkloadConfig(sessions=4, system_prompts=2, system_prompt_len=16, turn_input_len=(2, 6),
+                      turn_output_len=(2, 6), turns=(1, 3), max_running=2, seed=3)
+
+
+@pytest.fixture
+def adapter():
+    engine = build_engine()
+    yield BundledAdapter(engine)
+    engine.stop()
+
+
+@pytest.fixture
+def read_only_adapter():
+    engine = build_engine()
+    yield BundledAdapter(engine, read_only=True)
+    engine.stop()
+
+
+def test_fast_ndjson_export_equals_the_generic_encoding(adapter):
+    import json
+
+    from radixtop.adapters.base import CacheAdapter
+
+    fast = "".join(adapter.export_ndjson(chunk_rows=3))
+    generic = "".join(CacheAdapter.export_ndjson(adapter, chunk_rows=3))
+    assert [json.loads(x) for x in fast.splitlines()] == [json.loads(x) for x in generic.splitlines()]
+    assert len(fast.splitlines()) == adapter.stats().node_count + 1
+
+
+def test_read_many_is_one_step_of_the_owner_thread(adapter, monkeypatch):
+    engine, reads, steps = adapter.engine, known_reads(adapter), []
+    call = engine.call
+    monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0: (steps.append(fn), call(fn, timeout))[1])
+    got = adapter.read_many([*reads, ("node", (987654,))])
+    assert len(steps) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
+    adapter.stats()  # after the batch (one that failed a read, too) a read is its own step again
+    adapter.node(0)
+    assert len(steps) == 3
+
+
+def test_a_batch_is_one_view_of_a_busy_cache():
+    """Under a running workload the tree changes between steps: every read of one batch sees the
+    same version; read one after another (the contract's default), they do not."""
+    engine = Engine(make_scheduler(), BUSY).start()
+    try:
+        adapter = BundledAdapter(engine)
+        batch = [("stats", ())] * 8
+        for _ in range(20):
+            assert len({st.version for st in adapter.read_many(batch)}) == 1
+        assert any(len({st.version for st in CacheAdapter.read_many(adapter, batch)}) > 1 for _ in range(20))
+        assert engine.steps > 0
+    finally:
+        engine.stop()
+
+
+def test_read_many_on_a_stopped_engine_raises(adapter):
+    adapter.engine.stop()
+    with pytest.raises(TargetUnreachable):
+        adapter.read_many([("stats", ()), ("node", (0,))])
+
+
+def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
+    """It makes paths and rows by the hundred thousand on the owner thread: a collection midway
+    only stalls the owner longer. The GC is left as it was found."""
+    import gc
+
+    from radixtop.adapters.attribution import attribute
+
+    seen: list[bool] = []
+
+    def lock_ref(node):  # read for every node on a session's path, in the middle of the pass
+        seen.append(gc.isenabled())
+        return node.lock_ref
+
+    def run(s):
+        seen.clear()
+        return attribute(s.cache.root_node, s.cache._session_leaves, s.cache._closed_session_ids,
+                         s.session_activity, s.session_activity, 1, lock_ref=lock_ref)
+
+    try:
+        for enabled_before in (True, False):
+            (gc.enable if enabled_before else gc.disable)()
+            assert adapter.engine.call(run).sessions
+            assert seen and not any(seen) and gc.isenabled() is enabled_before
+    finally:
+        gc.enable()

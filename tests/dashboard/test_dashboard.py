@@ -1,0 +1,433 @@
+"""The dashboard driven by Textual's Pilot over real adapters: every key and action."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from textual.widgets import Button, Input
+
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.http.server import create_app
+from radixtop.inspector.app import RadixtopApp
+from radixtop.inspector.header import HeaderBar
+from radixtop.inspector.modals import AskScreen, ConfirmScreen, HelpScreen
+from radixtop.inspector.sessions_view import SessionsTable
+from radixtop.inspector.tree_view import CacheTree
+from tests.contract.suite import build_engine
+from tests.support.live_server import free_port, running_server
+
+
+@pytest.fixture
+def engine():
+    e = build_engine()
+    yield e
+    e.stop()
+
+
+async def settle(pilot, app, polls: int = 1, timeout: float = 10.0) -> None:
+    """Wait until ``polls`` more polls have landed and the workers are idle."""
+    target = app.polls + polls
+    deadline = asyncio.get_running_loop().time() + timeout
+    while app.polls < target:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the dashboard did not poll")
+        await pilot.pause(0.05)
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def idle(pilot, app) -> None:
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def tree_ids(app) -> list[tuple[str, int | None, int]]:
+    return [(r.kind, r.node.id if r.node else None, r.depth) for r in app.query_one(CacheTree).rows]
+
+
+def node_id_for(engine, path: list[int]) -> int:
+    return engine.call(lambda s: s.cache.lookup(path).last_node.id)
+
+
+def screen_text(app) -> str:
+    """Everything on screen as plain text (the way a user reads it)."""
+    return app.export_screenshot().replace("&#160;", " ")
+
+
+async def test_opens_live_with_header_tree_detail_and_sessions(engine):
+    app = RadixtopApp(BundledAdapter(engine, name="test cache"), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        header = app.query_one(HeaderBar)
+        assert header.stats.capacity_tokens == 256 and not header.paused
+        prompt = node_id_for(engine, [1, 2, 3, 4])
+        assert tree_ids(app)[0] == ("node", prompt, 0)  # largest subtree first
+        assert {s.id for s in app.query_one(SessionsTable).all} == {"a", "b", "c", "d", "gone"}
+        assert "test cache" in screen_text(app) and "LIVE" in screen_text(app)
+        assert f"#{prompt}  parent #0" in screen_text(app)  # the detail panel
+
+
+async def test_cursor_keys_expand_collapse_and_order(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(CacheTree)
+        prompt = node_id_for(engine, [1, 2, 3, 4])
+        await pilot.press("enter")
+        await idle(pilot, app)
+        assert [d for _, _, d in tree_ids(app)][:3] == [0, 1, 1]
+        await pilot.press("down", "right")  # expand [5,6] (one child: a chain marker)
+        await idle(pilot, app)
+        assert any(d == 2 for _, _, d in tree_ids(app))
+        await pilot.press("end")
+        assert tree.cursor == len(tree.rows) - 1
+        await pilot.press("home")
+        assert tree.cursor == 0
+        await pilot.press("pagedown", "pageup", "j", "k")
+        assert tree.cursor == 0
+        await pilot.press("left")  # collapse the prompt
+        await idle(pilot, app)
+        assert all(d == 0 for _, _, d in tree_ids(app))
+        assert tree.current.node.id == prompt
+        await pilot.press("o")
+        await idle(pilot, app)
+        assert app.tree_state.order == "recency"
+        await pilot.press("o")
+        await idle(pilot, app)
+        assert app.tree_state.order == "bytes"
+
+
+async def test_chain_of_single_children_folds_into_one_row(engine):
+    # [5,6] -> [7,8] -> [10,11] is a run of single children under the prompt.
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("enter")
+        await idle(pilot, app)
+        tree = app.query_one(CacheTree)
+        five_six = node_id_for(engine, [1, 2, 3, 4, 5, 6])
+        tree.move_to_key(("node", five_six))
+        await pilot.press("x")
+        await idle(pilot, app)
+        chain_rows = [r for r in tree.rows if r.kind == "chain"]
+        assert len(chain_rows) == 1 and [n.tokens for n in chain_rows[0].chain] == [2, 2, 2]
+        await pilot.press("x")  # unfold
+        await idle(pilot, app)
+        assert not [r for r in tree.rows if r.kind == "chain"]
+
+
+async def test_many_children_show_a_page_and_a_more_row(engine):
+    def many(s):
+        for i in range(250):
+            s.request(f"m{i}", [500, 1000 + i], [], None)
+
+    engine.call(many)  # (the pool holds 256 tokens: the oldest few are evicted on the way)
+    adapter = BundledAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    app.tree_state.page = 100
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(CacheTree)
+        parent = node_id_for(engine, [500])
+        tree.move_to_key(("node", parent))
+        await pilot.press("enter")
+        await idle(pilot, app)
+        total = adapter.children(parent, 0, 1).total
+        assert total > 200
+        more = [r for r in tree.rows if r.kind == "more"]
+        assert len(more) == 1 and more[0].more == total - 100
+        tree.move_to_key(("more", parent))
+        await pilot.press("enter")
+        await idle(pilot, app)
+        assert [r.more for r in tree.rows if r.kind == "more"] == [total - 200]
+
+
+async def test_pause_freezes_tree_and_sessions_while_header_moves(engine):
+    adapter = BundledAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("p")
+        assert app.query_one(HeaderBar).paused and "PAUSED" in screen_text(app)
+        before = tree_ids(app)
+        sessions_before = list(app.query_one(SessionsTable).all)
+        adapter.close_session("b")  # the cache changes underneath
+        await settle(pilot, app, polls=2)
+        assert tree_ids(app) == before and app.query_one(SessionsTable).all == sessions_before
+        assert app.query_one(HeaderBar).stats.closes == 2  # the header kept moving
+        await pilot.press("p")
+        await settle(pilot, app, polls=2)
+        assert {s.id: s.state for s in app.query_one(SessionsTable).all}["b"] == "closed"
+
+
+async def test_interval_keys(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=1.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("plus")
+        assert app.interval == 0.5
+        await pilot.press("minus", "minus")
+        assert app.interval == 2.0
+
+
+async def open_sessions(pilot, app, session_id: str) -> SessionsTable:
+    table = app.query_one(SessionsTable)
+    table.focus()
+    await pilot.pause()
+    table.cursor = next(i for i, s in enumerate(table.shown) if s.id == session_id)
+    await pilot.pause()
+    return table
+
+
+async def test_close_shows_the_plan_cancel_is_default_then_confirm(engine):
+    adapter = BundledAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await open_sessions(pilot, app, "b")
+        free_before = adapter.stats().free_tokens
+        await pilot.press("c")
+        await idle(pilot, app)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.focused.id == "cancel"
+        assert "frees 768 B now" in app.screen.title_text  # 3 tokens x 256 B (tiny model)
+        await pilot.press("enter")  # Cancel is the default
+        await idle(pilot, app)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert adapter.stats().free_tokens == free_before
+        await pilot.press("c")
+        await idle(pilot, app)
+        # The action is bound to the ids captured when the modal opened, whatever the cursor does.
+        app.query_one(SessionsTable).cursor = 0
+        await pilot.click("#confirm")
+        await idle(pilot, app)
+        assert adapter.stats().free_tokens == free_before + 3
+        assert adapter.plan_close("b").state == "closed"
+        assert adapter.plan_close("a").state == "open"
+
+
+async def test_bulk_close_asks_for_the_count(engine):
+    adapter = BundledAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        table = await open_sessions(pilot, app, "a")
+        await pilot.press("space")
+        table.cursor = next(i for i, s in enumerate(table.shown) if s.id == "c")
+        await pilot.press("space")
+        assert table.marked == {"a", "c"}
+        await pilot.press("c")
+        await idle(pilot, app)
+        screen = app.screen
+        assert isinstance(screen, ConfirmScreen) and screen.require_text == "2"
+        assert screen.query_one("#confirm", Button).disabled
+        screen.query_one(Input).focus()
+        await pilot.press("2")
+        assert not screen.query_one("#confirm", Button).disabled
+        await pilot.press("enter")
+        await idle(pilot, app)
+        assert adapter.plan_close("a").state == "closed" and adapter.plan_close("c").state == "closed"
+
+
+async def test_evict_and_flush_ask_then_act(engine):
+    adapter = BundledAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        evictable = adapter.stats().evictable_tokens
+        await pilot.press("E")
+        assert isinstance(app.screen, AskScreen)
+        await pilot.press("2", "enter")
+        await idle(pilot, app)
+        assert isinstance(app.screen, ConfirmScreen) and app.screen.require_text is None
+        await pilot.click("#confirm")
+        await idle(pilot, app)
+        assert adapter.stats().evicted_tokens >= 2
+        await pilot.press("E")
+        await pilot.press("9", "9", "enter")  # >= 10% of capacity: type the count again
+        await idle(pilot, app)
+        assert app.screen.require_text == "99"
+        await pilot.press("escape")
+        await idle(pilot, app)
+        await pilot.press("F")
+        await idle(pilot, app)
+        assert app.screen.require_text == "flush"
+        app.screen.query_one(Input).focus()
+        for ch in "flush":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        await idle(pilot, app)
+        assert adapter.stats().evictable_tokens == 0 < evictable
+
+
+async def test_read_only_target_disables_actions_and_says_why(engine):
+    adapter = BundledAdapter(engine, read_only=True)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        assert "READ-ONLY" in screen_text(app)
+        before = adapter.stats()
+        await open_sessions(pilot, app, "b")
+        for key in ("c", "E", "F"):
+            await pilot.press(key)
+            await idle(pilot, app)
+            assert not isinstance(app.screen, (ConfirmScreen, AskScreen))
+        assert any("read-only" in n.message for n in app._notifications)
+        assert adapter.stats().version == before.version
+
+
+async def test_search_jumps_to_the_longest_cached_prefix(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("slash")
+        assert isinstance(app.screen, AskScreen)
+        for ch in "1,2,3,4,20,21,99":
+            await pilot.press(ch if ch != "," else "comma")
+        await pilot.press("enter")
+        await idle(pilot, app)
+        tree = app.query_one(CacheTree)
+        assert tree.current.node.id == node_id_for(engine, [1, 2, 3, 4, 20, 21, 22])
+        assert any("6 of 7 tokens cached" in n.message for n in app._notifications)
+
+
+async def test_choosing_a_session_marks_its_chains(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await open_sessions(pilot, app, "a")
+        await pilot.press("enter")
+        await idle(pilot, app)
+        tree = app.query_one(CacheTree)
+        leaf = node_id_for(engine, [1, 2, 3, 4, 5, 6, 7, 8, 10, 11])
+        assert leaf in tree.marked_ids and node_id_for(engine, [1, 2, 3, 4]) in tree.marked_ids
+        assert leaf in {r.node.id for r in tree.rows if r.node}  # expanded down to it
+        await pilot.press("escape")
+        assert not tree.marked_ids
+
+
+async def test_filter_help_palette_and_keymap(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2, keymap={"app.pause": "P"})
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("f")
+        for ch in "gone":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        table = app.query_one(SessionsTable)
+        assert [s.id for s in table.shown] == ["gone"]
+        await pilot.press("s")  # next sort column
+        assert table.sort_column == 4
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen) and "app.pause" in app.screen.text
+        assert "P " in app.screen.text or " P" in app.screen.text
+        await pilot.press("escape")
+        await pilot.press("P")  # remapped
+        assert app.paused
+        commands = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Pause / resume", "Close sessions", "Evict tokens", "Flush", "Search a prefix"} <= set(commands)
+
+
+async def test_cursor_and_expansion_survive_refresh_and_a_split(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("enter")
+        await idle(pilot, app)
+        tree = app.query_one(CacheTree)
+        five_six = node_id_for(engine, [1, 2, 3, 4, 5, 6])
+        tree.move_to_key(("node", five_six))
+        await pilot.press("right")
+        await idle(pilot, app)
+        seven_eight = node_id_for(engine, [1, 2, 3, 4, 5, 6, 7, 8])
+        tree.move_to_key(("node", seven_eight))
+        # Split [5,6] at 5 (the tail keeps its id) and add rows above the cursor.
+        engine.call(lambda s: s.request("split", [1, 2, 3, 4, 5, 77], [], None))
+        engine.call(lambda s: s.request("top", [600] * 20, [], None))
+        await settle(pilot, app, polls=2)
+        assert tree.current.node.id == seven_eight  # cursor kept
+        ids = {r.node.id for r in tree.rows if r.node}
+        assert five_six in ids and seven_eight in ids  # still expanded down to it
+
+
+async def test_target_going_down_shows_a_banner_and_recovers():
+    engine = build_engine()
+    port = free_port()
+    adapter = RadixtopClient(f"http://127.0.0.1:{port}", token="t", timeout=1.0)
+    server_app = create_app(BundledAdapter(engine), "t", AuditLog(None))
+    app = RadixtopApp(adapter, interval=0.25)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            with running_server(server_app, port=port):
+                await settle(pilot, app)
+                assert not app.query_one("#banner").display
+            deadline = asyncio.get_running_loop().time() + 10
+            while app.down is None and asyncio.get_running_loop().time() < deadline:
+                await pilot.pause(0.1)
+            assert app.query_one("#banner").display and "cannot reach" in screen_text(app)
+            with running_server(server_app, port=port):
+                deadline = asyncio.get_running_loop().time() + 10
+                while app.down is not None and asyncio.get_running_loop().time() < deadline:
+                    await pilot.pause(0.1)
+                assert app.down is None and not app.query_one("#banner").display
+    finally:
+        adapter.close()
+        engine.stop()
+
+
+async def test_mouse_clicks_move_the_cursor(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(CacheTree)
+        await pilot.click(CacheTree, offset=(5, 2))  # inside the border: row 1
+        assert tree.cursor == 1
+        await pilot.click(CacheTree, offset=(5, 2), times=2)
+        await idle(pilot, app)
+        assert tree.rows[1].expanded or tree.rows[1].node.num_children == 0
+        await pilot.click(SessionsTable, offset=(5, 3))  # border, header, row 0, row 1
+        assert app.query_one(SessionsTable).cursor == 1
+
+
+async def test_detail_pages_token_ids():
+    engine = build_engine()
+    engine.call(lambda s: s.request("long", list(range(5000, 5200)), [], None))
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app)
+            tree = app.query_one(CacheTree)
+            tree.move_to_key(("node", node_id_for(engine, list(range(5000, 5200)))))
+            await idle(pilot, app)
+            assert "ids 0-64" in screen_text(app)
+            await pilot.press("right_square_bracket")
+            await idle(pilot, app)
+            assert app.detail_offset == 64 and "ids 64-128" in screen_text(app) and "5064" in screen_text(app)
+            await pilot.press("left_square_bracket", "left_square_bracket")
+            await idle(pilot, app)
+            assert app.detail_offset == 0
+    finally:
+        engine.stop()
+
+
+async def test_close_works_over_http_too():
+    engine = build_engine()
+    with running_server(create_app(BundledAdapter(engine), "tok", AuditLog(None))) as url:
+        adapter = RadixtopClient(url, token="tok", timeout=5.0)
+        app = RadixtopApp(adapter, interval=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app)
+            await open_sessions(pilot, app, "b")
+            await pilot.press("c")
+            await idle(pilot, app)
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.click("#confirm")
+            await idle(pilot, app)
+            assert adapter.plan_close("b").state == "closed"
+            assert any("freed 3 tok" in n.message for n in app._notifications)
+        adapter.close()
+    engine.stop()

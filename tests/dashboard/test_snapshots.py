@@ -1,0 +1,173 @@
+"""Snapshot tests of the main screens, fed prepared snapshots (no polling: deterministic)."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.model import ClosePlanView, Geometry, KeptNodeView, NodeDetail, NodeView, SessionView, Stats
+from radixtop.inspector.app import RadixtopApp
+from radixtop.inspector.tree_state import Row
+from tests.contract.suite import build_engine
+
+BPT = 131072  # llama-3-8b
+GEOMETRY = Geometry("llama-3-8b", 32, 8, 128, "bfloat16", 1, BPT)
+
+
+def stats(i: int) -> Stats:
+    return Stats(
+        target="snapshot", capacity_tokens=65536, free_tokens=30000 - 10 * i, evictable_tokens=30536,
+        protected_tokens=5000 + 10 * i, running_tokens=800, total_tokens=34736, bytes_per_token=BPT,
+        node_count=1_000_000, open_sessions=48, closed_sessions=120, prompt_tokens=10_000 * i,
+        cached_tokens=8_000 * i + 500 * (i % 4), evicted_tokens=400 * (i // 3) * 3,
+        closes=i, freed_by_close_tokens=300 * i, version=100 + i, geometry=GEOMETRY,
+    )
+
+
+def node(node_id: int, parent: int, depth: int, tokens: int, subtree: int, children: int, lock: int = 0,
+         holders: tuple[str, ...] = ()) -> NodeView:
+    first = tuple(range(1000 + node_id, 1000 + node_id + min(tokens, 16)))
+    return NodeView(node_id, parent, depth, tokens, first, None, lock, 3, 12.0, 300.0, tokens * BPT,
+                    subtree, subtree * BPT, children, holders)
+
+
+PROMPT = node(1001, 0, 1, 256, 20000, 3, lock=2)
+ROWS = [
+    Row("node", 0, PROMPT, 0, expanded=True),
+    Row("node", 1, node(1002, 1001, 2, 180, 9000, 1, holders=("s7",)), 1001),
+    Row("chain", 1, node(1005, 1004, 4, 40, 800, 0, holders=("s9", "s12")), 1001,
+        chain=(node(1003, 1001, 2, 20, 900, 1), node(1004, 1003, 3, 30, 880, 1),
+               node(1005, 1004, 4, 40, 800, 0, holders=("s9", "s12")))),
+    Row("more", 1, parent_id=1001, more=99_997),
+    Row("node", 0, node(1010, 0, 1, 256, 9000, 12), 0),
+    Row("node", 0, node(1011, 0, 1, 64, 700, 0, holders=("s3",)), 0),
+]
+SESSIONS = [
+    SessionView(f"s{i}", "open" if i % 5 else "closed", i % 4 + 1, (50 - i) * 2 * BPT * 10,
+                256 * BPT, (50 - i) * BPT * 25, 4 * (i % 3), float(i)) for i in range(1, 30)
+]
+DETAIL = NodeDetail(PROMPT, tuple(range(2001, 2065)), 0, 256, 17)
+
+
+def screen_lines(app) -> list[str]:
+    """The screen as lines of plain text, the way a user reads it."""
+    svg = app.export_screenshot()
+    lines: dict[str, list[str]] = {}
+    for line, text in re.findall(r'clip-path="url\(#[\w-]+-line-(\d+)\)">([^<]*)</text>', svg):
+        lines.setdefault(line, []).append(html.unescape(text).replace("\xa0", " "))
+    return ["".join(parts) for _, parts in sorted(lines.items(), key=lambda kv: int(kv[0]))]
+
+
+@pytest.fixture
+def prepared_app():
+    engine = build_engine()
+    app = RadixtopApp(BundledAdapter(engine, name="snapshot"), poll=False)
+    yield app
+    engine.stop()
+
+
+async def feed(pilot) -> None:
+    app = pilot.app
+    for i in range(1, 40):
+        app.apply_snapshot({"stats": stats(i), "time": float(i), "rows": ROWS, "order": "bytes",
+                            "sessions": SESSIONS})
+    app.selected_node = PROMPT.id
+    app._show_detail(DETAIL)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_main_screen(snap_compare, prepared_app, size):
+    assert snap_compare(prepared_app, terminal_size=size, run_before=feed)
+
+
+def test_close_plan_modal(snap_compare, prepared_app):
+    async def run_before(pilot):
+        await feed(pilot)
+        plan = ClosePlanView("s7", "free", "open", (1002,), 180, 180 * BPT, 1,
+                             (KeptNodeView(1001, 256, "locked"), KeptNodeView(1003, 20, "shared")))
+        pilot.app._confirm_closes([plan, ClosePlanView("s9", "free", "open", (), 0, 0, 1,
+                                                       (KeptNodeView(1005, 40, "shared"),))])
+        await pilot.pause()
+
+    assert snap_compare(prepared_app, terminal_size=(120, 36), run_before=run_before)
+
+
+async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_app):
+    """A live cache changes a few rows per poll: those lines are repainted (and show the new
+    figures), the others are left alone; rows that move repaint everything they moved over."""
+    from dataclasses import replace
+
+    from radixtop.inspector.tree_view import CacheTree
+
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        tree = app.query_one(CacheTree)
+        repainted: list[int] = []
+        real = tree.refresh_line
+        tree.refresh_line = lambda y: (repainted.append(y), real(y))
+
+        def show(rows):
+            app.apply_snapshot({"stats": stats(40), "time": 40.0, "rows": rows, "order": "bytes"})
+
+        show(list(ROWS))
+        await pilot.pause()
+        assert repainted == []  # nothing changed, nothing repainted
+
+        locked = replace(ROWS[5].node, lock_ref=7, tokens=65)
+        show([*ROWS[:5], replace(ROWS[5], node=locked)])
+        await pilot.pause()
+        assert repainted == [5]
+        line = next(line for line in screen_lines(app) if "#1011" in line)
+        assert "65t" in line and "8.0 MiB" in line  # the new figures are on screen
+
+        repainted.clear()
+        show([ROWS[4], *ROWS[:4], replace(ROWS[5], node=locked)])  # the largest root child moved up
+        await pilot.pause()
+        assert repainted == [0, 1, 2, 3, 4]
+
+
+async def test_sessions_cursor_stays_on_top_until_moved_then_follows_its_session(prepared_app):
+    from dataclasses import replace
+
+    from radixtop.inspector.sessions_view import SessionsTable
+
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        table = app.query_one(SessionsTable)
+        assert table.current.id == "s1" and table.cursor == 0
+        # s1 shrinks to nothing: an untouched table keeps showing the biggest session on top.
+        shrunk = [replace(s, exclusive_bytes=0) if s.id == "s1" else s for s in SESSIONS]
+        table.set_sessions(shrunk)
+        assert table.cursor == 0 and table.current.id == "s2"
+        table.focus()
+        await pilot.press("down")  # the user picks s3: from now on the cursor follows it
+        assert table.current.id == "s3"
+        table.set_sessions([replace(s, exclusive_bytes=0) if s.id == "s3" else s for s in shrunk])
+        assert table.current.id == "s3" and table.cursor > 1
+
+
+async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
+    """A large cache's attribution is reused a while and made again in slices: figures old
+    enough to matter say so, and whether a new one is on its way; fresh ones say nothing."""
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        def show(figures):
+            app.apply_snapshot({"stats": stats(1), "time": 1.0, "sessions": SESSIONS, "figures": figures})
+
+        show((2.0, False))
+        await pilot.pause()
+        title = next(line for line in screen_lines(app) if "sessions 29 of 29" in line)
+        assert "figures" not in title
+        show((130.0, True))
+        await pilot.pause()
+        assert any("sessions 29 of 29 · figures 2m old, refreshing" in line for line in screen_lines(app))
+        show((40.0, False))
+        await pilot.pause()
+        title = next(line for line in screen_lines(app) if "sessions 29 of 29" in line)
+        assert "figures 40s old" in title and "refreshing" not in title

@@ -1,0 +1,84 @@
+"""The contract suite against the in-process SGLang adapter over the REAL SGLang 0.5.16 RadixCache
+(its session mixin, allocator and KV pool), every read and action through the owner queue that a
+scheduler thread drains between steps. Never skipped: CI installs sglang (.ci/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtop.adapters.errors import TargetTimeout, UnknownNode
+from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
+from tests.contract.suite import known_reads
+from tests.on_sglang.ref.known16 import known_adapter
+
+
+@pytest.fixture
+def adapter():
+    with known_adapter() as (a, _, _):
+        yield a
+
+
+@pytest.fixture
+def read_only_adapter():
+    with known_adapter(read_only=True) as (a, _, _):
+        yield a
+
+
+def test_views_agree_with_sglangs_own_objects():
+    with known_adapter() as (a, replayer, _):
+        cache, allocator = replayer.cache, replayer.allocator
+        st = a.stats()
+        assert st.free_tokens == allocator.available_size() and st.capacity_tokens == allocator.size
+        assert st.evictable_tokens == cache.evictable_size() and st.total_tokens == cache.total_size()
+        kv = replayer.kv_pool
+        per_token = sum(t[0].numel() * t.element_size() for t in (*kv.k_buffer, *kv.v_buffer))
+        assert st.bytes_per_token == per_token == 256  # measured on SGLang's own K/V tensors
+        rows = {tuple(r["path"]): r for r in replayer.tree_rows()}
+        seen = 0
+        stack = [(0, ())]
+        while stack:
+            node_id, path = stack.pop()
+            for child in a.children(node_id, 0, 1000).children:
+                full = path + tuple(a.node(child.id, 0, 1000).token_ids)
+                row = rows[full]
+                assert (child.tokens, child.lock_ref, list(child.holders)) == (row["tokens"], row["lock_ref"], row["holders"])
+                seen += 1
+                stack.append((child.id, full))
+        assert seen == len(rows) == st.node_count
+        m = a.match([1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 99])
+        assert m.matched_tokens == 10 and m.partial_node_id is None
+
+
+def test_close_goes_through_sglang_and_matches_its_count():
+    with known_adapter() as (a, replayer, _):
+        plan = a.plan_close("b")
+        before = replayer.allocator.available_size()
+        result = a.close_session("b")
+        assert replayer.allocator.available_size() - before == plan.freed_tokens == result.freed_tokens == 3
+        assert "b" in replayer.cache._closed_session_ids and "b" not in replayer.cache._session_leaves
+
+
+def test_a_stuck_scheduler_times_out_cleanly_and_runs_nothing_late():
+    with known_adapter() as (a, replayer, scheduler):
+        a.timeout = 0.3
+        scheduler.running.clear()  # the scheduler stops draining between batches
+        with pytest.raises(TargetTimeout, match="did not take the request within 0.3s"):
+            a.close_session("b")
+        scheduler.running.set()
+        assert a.stats().closes == 1  # only "gone" (closed when built): the timed-out close never ran
+        assert "b" in replayer.cache._session_leaves
+
+
+def test_read_many_is_one_step_of_the_scheduler():
+    with known_adapter() as (a, _, scheduler):
+        reads, steps = known_reads(a), []
+        run = a._run
+        a._run = lambda fn, timeout: (steps.append(fn), run(fn, timeout))[1]
+        got = a.read_many([*reads, ("node", (987654,))])
+        assert len(steps) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
+        a.stats()  # after the batch a read is its own step again
+        assert len(steps) == 2
+        a.timeout = 0.3
+        scheduler.running.clear()  # a stuck scheduler: the batch times out as a whole
+        with pytest.raises(TargetTimeout):
+            a.read_many([("stats", ()), ("node", (987654,))])

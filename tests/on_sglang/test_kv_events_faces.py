@@ -1,0 +1,96 @@
+"""The faces over the KV-events adapter: the dashboard (Pilot) and the commands, through
+``radixtop serve --kv-events`` (a real subprocess) and its admin API, fed by SGLang's own publisher."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+from tests.on_sglang.test_kv_events import Server, catch_up, free_ports, sgl  # noqa: F401  (the sgl fixture)
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
+
+
+async def test_the_dashboard_on_a_kv_event_stream(sgl):  # noqa: F811
+    from radixtop.inspector.app import RadixtopApp
+    from radixtop.inspector.tree_view import CacheTree
+    from tests.dashboard.test_dashboard import idle, screen_text, settle
+
+    port = free_ports()
+    server = Server(sgl, port, None)
+    try:
+        with KvEventsAdapter(f"tcp://*:{port}", bytes_per_token=256, capacity_tokens=512) as adapter:
+            catch_up(adapter, server)
+            server.insert([1, 2, 3, 4, 5])
+            server.insert([1, 2, 3, 9])
+            server.publish()
+            assert adapter.wait_for_seq(server.seq)
+            app = RadixtopApp(adapter, target="kv events", interval=0.2)
+            async with app.run_test(size=(160, 48)) as pilot:
+                await settle(pilot, app, polls=2)
+                rows = app.query_one(CacheTree).rows
+                assert rows[0].node.first_tokens == (1, 2, 3) and rows[0].node.num_children == 2
+                text = screen_text(app)
+                assert "READ-ONLY" in text and "sessions: not available here" in text
+                await pilot.press("c")  # close: refused, and says why
+                await idle(pilot, app)
+                assert any("read-only" in n.message for n in app._notifications)
+                assert app.down is None  # no poll failed on the missing sessions
+    finally:
+        server.close()
+
+
+def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
+    from radixtop.cli.main import app
+
+    port, api = free_ports(2), None
+    api = port + 1
+    server = Server(sgl, port, None)
+    env = {**os.environ, "RADIXTOP_TOKEN": "t0k"}
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--kv-events", f"tcp://127.0.0.1:{port}",
+         "--model", "tiny", "--port", str(api)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    url = f"http://127.0.0.1:{api}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.monotonic() < deadline, "radixtop serve --kv-events did not come up"
+                time.sleep(0.2)
+        server.insert([7, 8, 9, 10])
+        runner = CliRunner()
+
+        def run(*args: str):
+            return runner.invoke(app, [args[0], "--url", url, *args[1:]], env={"RADIXTOP_TOKEN": "t0k"})
+
+        deadline = time.monotonic() + 20
+        while json.loads(run("stats", "--json").stdout)["node_count"] == 0:
+            assert time.monotonic() < deadline, "no events reached the server"
+            server.publish()
+            time.sleep(0.2)
+        stats = json.loads(run("stats", "--json").stdout)
+        assert stats["total_tokens"] == 4 and stats["bytes_per_token"] == 256  # --model tiny
+        tree = json.loads(run("tree", "--json").stdout)
+        assert tree["children"][0]["node"]["first_tokens"] == [7, 8, 9, 10]
+        assert json.loads(run("match", "7", "8", "9", "--json").stdout)["matched_tokens"] == 3
+        assert run("node", str(tree["children"][0]["node"]["id"])).exit_code == 0
+        refused = run("evict", "1", "--yes")
+        assert refused.exit_code == 1 and "read-only" in refused.output
+        assert run("sessions").exit_code == 1  # not available from events: one clear line
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        server.close()

@@ -1,0 +1,115 @@
+"""The SGLang plugin, loaded by SGLang's own plugin loader and hook registry: the contract suite,
+the commands and the dashboard over its HTTP API, against a CPU-built SGLang 0.5.16 cache whose
+scheduler loop drains the plugin's queue through the hooked ``process_input_requests``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from radixtop.adapters.errors import TargetTimeout
+from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
+from tests.on_sglang.ref.plugin16 import TOKEN, load_plugin, plugin_target
+
+
+@pytest.fixture
+def adapter():
+    with plugin_target() as (remote, _, _):
+        yield remote
+
+
+@pytest.fixture
+def read_only_adapter():
+    with plugin_target(read_only=True) as (remote, _, _):
+        yield remote
+
+
+def test_the_loader_installs_both_hooks_on_the_scheduler():
+    sgl = load_plugin()
+    from radixtop.adapters.sglang import plugin as sglang_plugin
+
+    hooked = {target: [h for _, h, _ in hooks] for target, hooks in sgl.HookRegistry._hooks.items()}
+    assert sglang_plugin._after_init in hooked["sglang.srt.managers.scheduler.Scheduler.__init__"]
+    assert sglang_plugin._after_inputs in hooked[
+        "sglang.srt.managers.scheduler.Scheduler.process_input_requests"]
+    assert "sglang.srt.managers.scheduler.Scheduler.process_input_requests" in sgl.HookRegistry._patched
+
+
+def test_close_goes_through_sglangs_scheduler_handler():
+    with plugin_target() as (remote, replayer, loop):
+        controller = loop.scheduler.session_controller
+        assert "b" in controller.sessions
+        result = remote.close_session("b")
+        assert result.freed_tokens == 3
+        assert "b" not in controller.sessions and "b" in replayer.cache._closed_session_ids
+
+
+def test_a_scheduler_that_stops_draining_times_out_cleanly():
+    with plugin_target() as (remote, replayer, loop):
+        from radixtop.adapters.sglang import plugin as sglang_plugin
+
+        attached = sglang_plugin._ATTACHED[id(loop.scheduler)]
+        attached.adapter.timeout = 0.3
+        loop.running.clear()
+        with pytest.raises(TargetTimeout, match="SGLang scheduler .DP rank 0. did not take the request"):
+            remote.close_session("b")
+        loop.running.set()
+        assert "b" in replayer.cache._session_leaves  # the timed-out close never ran late
+        assert remote.plan_close("b").state == "open"
+
+
+def test_every_command_works_over_the_plugin():
+    from radixtop.cli.main import app
+
+    runner = CliRunner()
+    with plugin_target() as (remote, _, _):
+        url = remote.base_url if hasattr(remote, "base_url") else remote.name
+        base = ["--url", url]
+
+        def run(*args: str):
+            return runner.invoke(app, [args[0], *base, *args[1:]], env={"RADIXTOP_TOKEN": TOKEN})
+
+        stats = json.loads(run("stats", "--json").stdout)
+        assert stats["capacity_tokens"] == 256 and stats["open_sessions"] == 4
+        assert run("tree").exit_code == 0
+        tree = json.loads(run("tree", "--json").stdout)
+        first = tree["children"][0]["node"]["id"]
+        assert run("node", str(first)).exit_code == 0
+        assert {s["id"] for s in json.loads(run("sessions", "--json").stdout)["sessions"]} >= {"a", "b", "c", "d"}
+        assert json.loads(run("session", "b", "--json").stdout)["session"]["exclusive_bytes"] == 768
+        assert json.loads(run("match", "1", "2", "3", "4", "5", "--json").stdout)["matched_tokens"] == 5
+        assert run("close", "b", "--dry-run").exit_code == 0
+        closed = run("close", "b", "--yes", "--json")
+        assert closed.exit_code == 0 and json.loads(closed.stdout)["results"][0]["freed_tokens"] == 3
+        assert run("close", "nobody", "--yes").exit_code == 1
+        assert run("evict", "1", "--yes").exit_code == 0
+        assert run("flush", "--yes").exit_code == 0
+        assert run("export").exit_code == 0
+        assert run("audit").exit_code == 0
+
+
+async def test_the_dashboard_over_the_plugin():
+    from radixtop.inspector.app import RadixtopApp
+    from radixtop.inspector.modals import ConfirmScreen
+    from radixtop.inspector.sessions_view import SessionsTable
+    from radixtop.inspector.tree_view import CacheTree
+    from tests.dashboard.test_dashboard import idle, open_sessions, screen_text, settle
+
+    with plugin_target() as (remote, replayer, _):
+        app = RadixtopApp(remote, interval=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app, polls=2)
+            rows = app.query_one(CacheTree).rows
+            assert rows and rows[0].node.first_tokens[:4] == (1, 2, 3, 4)  # the shared prompt first
+            assert {s.id for s in app.query_one(SessionsTable).all} == {"a", "b", "c", "d", "gone"}
+            assert "sglang dp0 tiny" in screen_text(app) and "LIVE" in screen_text(app)
+            await open_sessions(pilot, app, "b")
+            await pilot.press("c")
+            await idle(pilot, app)
+            assert isinstance(app.screen, ConfirmScreen) and "frees 768 B now" in app.screen.title_text
+            await pilot.click("#confirm")
+            await idle(pilot, app)
+            assert "b" in replayer.cache._closed_session_ids
+            assert any("freed 3 tok" in n.message for n in app._notifications)
