@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
-from radixtop.cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
+from radixtop.cli.targets import DpRank, KvEvents, KvReplay, MissingExtra, SGLangApiKey, SGLangUrl, open_external
 
 app = typer.Typer(
     name="radixtop",
@@ -74,6 +74,8 @@ def tui(
                                                   model, capacity, timeout)
         except ValueError as exc:
             raise fail(str(exc), 2) from None
+        except MissingExtra as exc:
+            raise fail(str(exc), 1) from None
         run_dashboard(adapter, label, interval, keys, on_exit=close)
         return
     if url is not None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize
-from radixtop.cli.targets import DpRank, KvEvents, KvReplay, SGLangApiKey, SGLangUrl, open_external
+from radixtop.cli.targets import DpRank, KvEvents, KvReplay, MissingExtra, SGLangApiKey, SGLangUrl, open_external
 
 app = typer.Typer()
 
@@ -75,6 +75,9 @@ def serve(
                                      model, None)
         except ValueError as exc:
             raise usage(str(exc)) from None
+        except MissingExtra as exc:
+            typer.echo(f"radixtop: {exc}", err=True)
+            raise typer.Exit(1) from None
         adapter, _, close = external
         if read_only:
             adapter.read_only = True  # the adapters enforce it; the KV-event stream always is

@@ -33,6 +33,14 @@ SGLangApiKey = Annotated[
 ]
 
 
+KV_EVENTS_EXTRA = ("zmq", "msgspec")
+"""What ``radixtop[kv-events]`` installs (pyzmq, msgspec), by module name."""
+
+
+class MissingExtra(RuntimeError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
 def model_geometry(model: str | None) -> Any:
     """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
     if not model:
@@ -54,7 +62,14 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
     geometry = model_geometry(model)
     if kv_events:
         from radixtop.adapters.errors import AdapterError
-        from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+
+        try:
+            from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+        except ModuleNotFoundError as exc:
+            if exc.name not in KV_EVENTS_EXTRA:
+                raise
+            raise MissingExtra(f"--kv-events needs {exc.name}, which is not installed: "
+                               "pip install 'radixtop[kv-events]'") from None
 
         try:
             adapter = KvEventsAdapter(kv_events, kv_replay, dp_rank=dp_rank, geometry=geometry,

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from radixtop.adapters.http import audit as audit_module
 from radixtop.adapters.errors import BadRequest
+from radixtop.adapters.http import audit as audit_module
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.model import AuditEntry
 

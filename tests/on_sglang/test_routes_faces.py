@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
-from tests.support.live_server import running_server
 from tests.on_sglang.test_routes import TINY, busy_day, sglang
+from tests.support.live_server import running_server
 
 
 def test_commands_over_radixtop_serve_of_a_plain_sglang_server():
