@@ -9,12 +9,11 @@ from rich.style import Style
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
-from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from radixtop.adapters.model import SessionView
 from radixtop.inspector.format import age, human_bytes
+from radixtop.inspector.rows_view import RowsView, cursor_bindings
 
 
 @dataclass(frozen=True)
@@ -41,14 +40,12 @@ _CURSOR = Style(reverse=True)
 _MARKED = Style(color="magenta", bold=True)
 
 
-class SessionsTable(ScrollView, can_focus=True):
+class SessionsTable(RowsView):
     """All loaded sessions, one line each; the first line is the column header."""
 
+    HEADER_LINES = 1
     BINDINGS = [
-        Binding("up,k", "cursor_up", "Up", show=False, id="sessions.up"),
-        Binding("down,j", "cursor_down", "Down", show=False, id="sessions.down"),
-        Binding("pageup", "page_up", show=False, id="sessions.page_up"),
-        Binding("pagedown", "page_down", show=False, id="sessions.page_down"),
+        *cursor_bindings("sessions"),
         Binding("s", "next_sort", "Sort col", id="sessions.sort"),
         Binding("r", "reverse_sort", "Reverse", show=False, id="sessions.reverse"),
         Binding("space,m", "mark", "Mark", id="sessions.mark"),
@@ -58,9 +55,6 @@ class SessionsTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     SessionsTable { height: 1fr; overflow-x: hidden; }
     """
-
-    cursor = reactive(0, always_update=True)
-    """Index of the highlighted session among the shown (filtered, sorted) ones."""
 
     class Chosen(Message):
         """Enter on a session: mark its chains in the tree."""
@@ -83,7 +77,6 @@ class SessionsTable(ScrollView, can_focus=True):
         self.filter_text = ""
         self.marked: set[str] = set()
         self._cursor_id: str | None = None
-        self._moved = False
 
     def set_sessions(self, sessions: list[SessionView]) -> None:
         self.all = sessions
@@ -105,7 +98,7 @@ class SessionsTable(ScrollView, can_focus=True):
         self.virtual_size = Size(self.size.width, len(rows) + 1)
         # The cursor stays on its session as the order changes, once the user has moved it;
         # until then it stays on the top row (the biggest session now, not the first one seen).
-        index = next((i for i, s in enumerate(rows) if s.id == self._cursor_id), None) if self._moved else None
+        index = next((i for i, s in enumerate(rows) if s.id == self._cursor_id), None) if self.moved else None
         self.cursor = index if index is not None else min(self.cursor, max(len(rows) - 1, 0))
         self.refresh()
 
@@ -113,15 +106,13 @@ class SessionsTable(ScrollView, can_focus=True):
     def current(self) -> SessionView | None:
         return self.shown[self.cursor] if 0 <= self.cursor < len(self.shown) else None
 
-    def watch_cursor(self, new: int) -> None:
+    @property
+    def row_count(self) -> int:
+        return len(self.shown)
+
+    def cursor_changed(self, index: int) -> None:
         session = self.current
         self._cursor_id = session.id if session else None
-        top, height = self.scroll_offset.y, max(self.size.height - 1, 1)
-        if new < top:
-            self.scroll_to(y=new, animate=False)
-        elif new >= top + height:
-            self.scroll_to(y=new - height + 1, animate=False)
-        self.refresh()
         self.post_message(self.Highlighted(session))
 
     def _visible_columns(self, width: int) -> list[int]:
@@ -161,31 +152,6 @@ class SessionsTable(ScrollView, can_focus=True):
         if index == self.cursor:
             strip = strip.apply_style(_CURSOR if self.has_focus else Style(underline=True))
         return strip.crop_extend(0, width, None)
-
-    def on_click(self, event) -> None:
-        offset = event.get_content_offset(self)
-        if offset is None:
-            return
-        index = self.scroll_offset.y + offset.y - 1  # the first line is the header
-        if 0 <= index < len(self.shown):
-            self._moved = True
-            self.cursor = index
-
-    def action_cursor_up(self) -> None:
-        self._moved = True
-        self.cursor = max(0, self.cursor - 1)
-
-    def action_cursor_down(self) -> None:
-        self._moved = True
-        self.cursor = min(max(len(self.shown) - 1, 0), self.cursor + 1)
-
-    def action_page_up(self) -> None:
-        self._moved = True
-        self.cursor = max(0, self.cursor - max(self.size.height - 2, 1))
-
-    def action_page_down(self) -> None:
-        self._moved = True
-        self.cursor = min(max(len(self.shown) - 1, 0), self.cursor + max(self.size.height - 2, 1))
 
     def action_next_sort(self) -> None:
         self.sort_column = (self.sort_column + 1) % len(COLUMNS)

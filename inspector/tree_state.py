@@ -22,7 +22,7 @@ FetchPages = Callable[[list[tuple[int, int, int, str]]], list["ChildrenPage | Ex
 PAGES_PER_READ = 32  # adapters.base.MAX_READS
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     """One line of the tree view."""
 
@@ -216,9 +216,9 @@ class TreeState:
             for child in loaded.children:
                 chain = self.chains.get(child.id)
                 end = chain[-1].id if chain else child.id
-                row = (Row("chain", depth, chain[-1], node_id, chain=chain) if chain
-                       else Row("node", depth, child, node_id))
-                row.expanded = end in self.expanded
+                expanded = end in self.expanded
+                row = (Row("chain", depth, chain[-1], node_id, chain=chain, expanded=expanded) if chain
+                       else Row("node", depth, child, node_id, expanded=expanded))
                 pending.append(("row", 0, 0, row))
                 if end in self.expanded:
                     pending.append(("children", end, depth + 1, None))

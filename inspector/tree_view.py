@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
-from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from radixtop.adapters.model import NodeView
 from radixtop.inspector.format import age, human_bytes, share_style
+from radixtop.inspector.rows_view import RowsView, cursor_bindings
 from radixtop.inspector.tree_state import Row
 
 _CURSOR = Style(reverse=True)
@@ -27,16 +28,11 @@ def _preview(node: NodeView) -> str:
     return tokens + (" …" if node.tokens > 8 else "")
 
 
-class CacheTree(ScrollView, can_focus=True):
+class CacheTree(RowsView):
     """Rows come from a TreeState (set by the app); the cursor follows a row's key."""
 
     BINDINGS = [
-        Binding("up,k", "cursor_up", "Up", show=False, id="tree.up"),
-        Binding("down,j", "cursor_down", "Down", show=False, id="tree.down"),
-        Binding("pageup", "page_up", "Page up", show=False, id="tree.page_up"),
-        Binding("pagedown", "page_down", "Page down", show=False, id="tree.page_down"),
-        Binding("home", "first", "First", show=False, id="tree.first"),
-        Binding("end", "last", "Last", show=False, id="tree.last"),
+        *cursor_bindings("tree"),
         Binding("enter,space", "toggle", "Expand", id="tree.toggle"),
         Binding("right,l", "expand", "Expand", show=False, id="tree.expand"),
         Binding("left,h", "collapse", "Collapse", show=False, id="tree.collapse"),
@@ -47,9 +43,6 @@ class CacheTree(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     CacheTree { height: 1fr; overflow-x: hidden; }
     """
-
-    cursor = reactive(0, always_update=True)
-    """Index of the highlighted row."""
 
     class Selected(Message):
         """The cursor moved to a row (or its node changed)."""
@@ -68,7 +61,7 @@ class CacheTree(ScrollView, can_focus=True):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.rows: list[Row] = []
+        self.rows: Sequence[Row] = ()
         self.total_bytes = 1
         self.marked_ids: frozenset[int] = frozenset()
         self.order = "bytes"
@@ -79,7 +72,11 @@ class CacheTree(ScrollView, can_focus=True):
 
     # ----- data in -----
 
-    def set_rows(self, rows: list[Row], total_bytes: int, order: str) -> None:
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
+
+    def set_rows(self, rows: Sequence[Row], total_bytes: int, order: str) -> None:
         """New rows; the cursor stays on the same row key (or the nearest place)."""
         self.rows = rows
         self.total_bytes = max(total_bytes, 1)
@@ -119,20 +116,10 @@ class CacheTree(ScrollView, can_focus=True):
         if index is not None:
             self.cursor = index
 
-    def watch_cursor(self, old: int, new: int) -> None:
+    def cursor_changed(self, index: int) -> None:
         row = self.current
         self._cursor_key = row.key if row else None
-        self.scroll_to_region_for(new)
-        self.refresh()
         self.post_message(self.Selected(row))
-
-    def scroll_to_region_for(self, index: int) -> None:
-        top = self.scroll_offset.y
-        height = max(self.size.height, 1)
-        if index < top:
-            self.scroll_to(y=index, animate=False)
-        elif index >= top + height:
-            self.scroll_to(y=index - height + 1, animate=False)
 
     # ----- rendering -----
 
@@ -186,38 +173,10 @@ class CacheTree(ScrollView, can_focus=True):
             parts.append(f"{age(node.access_age_s):>5}")
         return " " + " ".join(parts)
 
-    def on_click(self, event) -> None:
-        """A click moves the cursor to the row; a second click on it expands or collapses."""
-        offset = event.get_content_offset(self)
-        if offset is None:
-            return
-        index = self.scroll_offset.y + offset.y
-        if 0 <= index < len(self.rows):
-            if index == self.cursor and event.chain >= 2:
-                self.action_toggle()
-            self.cursor = index
+    def clicked_twice(self, index: int) -> None:
+        self.action_toggle()
 
     # ----- keys -----
-
-    def action_cursor_up(self) -> None:
-        if self.cursor > 0:
-            self.cursor -= 1
-
-    def action_cursor_down(self) -> None:
-        if self.cursor < len(self.rows) - 1:
-            self.cursor += 1
-
-    def action_page_up(self) -> None:
-        self.cursor = max(0, self.cursor - max(self.size.height - 1, 1))
-
-    def action_page_down(self) -> None:
-        self.cursor = min(max(len(self.rows) - 1, 0), self.cursor + max(self.size.height - 1, 1))
-
-    def action_first(self) -> None:
-        self.cursor = 0
-
-    def action_last(self) -> None:
-        self.cursor = max(len(self.rows) - 1, 0)
 
     def _request(self, op: str) -> None:
         row = self.current

@@ -96,10 +96,10 @@ async def test_cursor_keys_expand_collapse_and_order(engine):
         assert tree.current.node.id == prompt
         await pilot.press("o")
         await idle(pilot, app)
-        assert app.tree_state.order == "recency"
+        assert app.poller.tree.order == "recency"
         await pilot.press("o")
         await idle(pilot, app)
-        assert app.tree_state.order == "bytes"
+        assert app.poller.tree.order == "bytes"
 
 
 async def test_chain_of_single_children_folds_into_one_row(engine):
@@ -129,7 +129,7 @@ async def test_many_children_show_a_page_and_a_more_row(engine):
     engine.call(many)  # (the pool holds 256 tokens: the oldest few are evicted on the way)
     adapter = BundledAdapter(engine)
     app = RadixtopApp(adapter, interval=0.2)
-    app.tree_state.page = 100
+    app.poller.tree.page = 100
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         tree = app.query_one(CacheTree)

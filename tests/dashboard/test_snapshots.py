@@ -8,8 +8,18 @@ import re
 import pytest
 
 from radixtop.adapters.bundled import BundledAdapter
-from radixtop.adapters.model import ClosePlanView, Geometry, KeptNodeView, NodeDetail, NodeView, SessionView, Stats
+from radixtop.adapters.model import (
+    ClosePlanView,
+    Geometry,
+    KeptNodeView,
+    NodeDetail,
+    NodeView,
+    SessionsPage,
+    SessionView,
+    Stats,
+)
 from radixtop.inspector.app import RadixtopApp
+from radixtop.inspector.poller import Snapshot, TreeRows
 from radixtop.inspector.tree_state import Row
 from tests.contract.suite import build_engine
 
@@ -61,6 +71,14 @@ def screen_lines(app) -> list[str]:
     return ["".join(parts) for _, parts in sorted(lines.items(), key=lambda kv: int(kv[0]))]
 
 
+def snapshot(i: int, rows=None, sessions=None, figures=(0.0, False)) -> Snapshot:
+    """Poll ``i``'s snapshot: its stats, and the rows and sessions given."""
+    page = None if sessions is None else SessionsPage(0, 1000, len(sessions), "exclusive_bytes", tuple(sessions),
+                                                      *figures)
+    tree = None if rows is None else TreeRows(tuple(rows), "bytes", i)
+    return Snapshot(stats(i), float(i), tree=tree, sessions=page)
+
+
 @pytest.fixture
 def prepared_app():
     engine = build_engine()
@@ -72,8 +90,7 @@ def prepared_app():
 async def feed(pilot) -> None:
     app = pilot.app
     for i in range(1, 40):
-        app.apply_snapshot({"stats": stats(i), "time": float(i), "rows": ROWS, "order": "bytes",
-                            "sessions": SESSIONS})
+        app.apply_snapshot(snapshot(i, ROWS, SESSIONS))
     app.selected_node = PROMPT.id
     app._show_detail(DETAIL)
     await pilot.pause()
@@ -112,7 +129,7 @@ async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_
         tree.refresh_line = lambda y: (repainted.append(y), real(y))
 
         def show(rows):
-            app.apply_snapshot({"stats": stats(40), "time": 40.0, "rows": rows, "order": "bytes"})
+            app.apply_snapshot(snapshot(40, rows))
 
         show(list(ROWS))
         await pilot.pause()
@@ -158,7 +175,7 @@ async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
     app = prepared_app
     async with app.run_test(size=(160, 48)) as pilot:
         def show(figures):
-            app.apply_snapshot({"stats": stats(1), "time": 1.0, "sessions": SESSIONS, "figures": figures})
+            app.apply_snapshot(snapshot(1, sessions=SESSIONS, figures=figures))
 
         show((2.0, False))
         await pilot.pause()

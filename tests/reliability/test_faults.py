@@ -360,13 +360,13 @@ async def test_an_expanded_node_that_vanishes_is_forgotten_not_an_outage():
             run = next(r.node for r in tree.rows if r.node.first_tokens[:2] == (50, 51))
             tree.move_to_key(("node", run.id))
             await pilot.press("enter")
-            await until(pilot, lambda: run.id in app.tree_state.loaded, "the run expanded")
+            await until(pilot, lambda: run.id in app.poller.tree.loaded, "the run expanded")
             with fault("expanded_node_freed"):
                 app.adapter.flush()  # frees the unlocked run [50..55], the expanded node with it
                 polls = app.polls
                 await until(pilot, lambda: app.polls >= polls + 2, "two polls after the flush")
                 assert app.outages == [] and app.down is None and banner(app) == ""
-                assert run.id not in app.tree_state.expanded
+                assert run.id not in app.poller.tree.expanded
                 assert all(r.node.id != run.id for r in tree.rows if r.node)
                 assert_nothing_escaped(app)
     finally:

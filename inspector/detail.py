@@ -1,0 +1,62 @@
+"""DetailPanel: everything about the node under the tree's cursor, one labelled row per fact."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from radixtop.adapters.model import NodeDetail
+from radixtop.inspector.format import age, human_bytes
+from radixtop.inspector.poller import DETAIL_TOKENS
+
+
+def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
+    """(label, value) for each line of the panel."""
+    n = d.node
+    ids = " ".join(map(str, d.token_ids))
+    more = " …" if n.tokens > len(d.token_ids) + d.token_offset else ""
+    span = f"ids {d.token_offset}-{d.token_offset + len(d.token_ids)}" if n.tokens > DETAIL_TOKENS else "ids"
+    rows: list[tuple[str, str | Text]] = [
+        ("node", f"#{n.id}  parent {'-' if n.parent_id is None else '#' + str(n.parent_id)}  depth {n.depth}"),
+        ("tokens", f"{n.tokens:,} · {human_bytes(n.bytes)}  (path {d.path_tokens:,})"),
+        ("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children"),
+        ("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}"),
+        ("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago"),
+        ("holders", ", ".join(n.holders) or "-"),
+        ("beneath", f"{d.sessions_beneath} sessions hold something here or below"),
+        (span, Text(("… " if d.token_offset else "") + ids + more, style="dim")),
+    ]
+    if n.text:
+        rows.append(("text", n.text))
+    return rows
+
+
+class DetailPanel(Static):
+    """Shows a NodeDetail, or a one-line message where there is none (a target without a tree)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._rows: list[tuple[str, str | Text]] = []
+        self._shape: tuple = ()  # each row's label and length, as shown
+
+    def show(self, detail: NodeDetail) -> None:
+        rows = detail_rows(detail)
+        if rows == self._rows:
+            return  # nothing the panel shows changed
+        self._rows = rows
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="bold", no_wrap=True)  # labels keep their width; values wrap
+        table.add_column(ratio=1)
+        for label, value in rows:
+            table.add_row(label, value)
+        # The panel's height follows the number of rows and how each one wraps, which only a change
+        # of some cell's length can alter (a busy node's counts and ages change on every poll):
+        # a layout pass of the screen is needed only then.
+        shape = tuple((label, len(value)) for label, value in rows)
+        self.update(table, layout=shape != self._shape)
+        self._shape = shape
+
+    def show_message(self, text: Text) -> None:
+        self._rows, self._shape = [], ()
+        self.update(text)

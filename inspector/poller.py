@@ -1,0 +1,270 @@
+"""The dashboard's data side: what one poll reads from a target, as one frozen Snapshot.
+
+The App decides what the screen needs (a ``PollRequest``, on its own thread), a worker thread runs
+``Poller.collect`` (every read of the target happens here or in the tree operations below), and
+the App applies the ``Snapshot`` it gets back on its own thread. Nothing here touches a widget,
+so it is tested without a screen. Polls never overlap (the App arms the next when one ends); the
+tree's expanded state is shared with the tree operations the user starts, under ``tree_lock``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from radixtop.adapters.base import MAX_READS, CacheAdapter
+from radixtop.adapters.errors import AdapterError, Unsupported
+from radixtop.adapters.model import (
+    ROOT_ID,
+    Capabilities,
+    Changes,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+)
+from radixtop.inspector.tree_state import Row, TreeState
+
+T = TypeVar("T")
+
+SESSIONS_LOADED = 1000
+SESSIONS_EVERY = 5.0
+"""Seconds between reloads of the sessions table: attributing memory to every session walks all
+their paths on the owner thread, so a live dashboard does it at this pace, not every poll
+(an action reloads it at once; close plans are always exact)."""
+DETAIL_TOKENS = 64
+"""Token ids the detail panel shows at once (``[`` and ``]`` page through them)."""
+CHAIN_MARKS = 64
+"""Nodes of a session that Enter on it marks in the tree (each costs a walk up to the root)."""
+
+
+@dataclass(frozen=True)
+class PollRequest:
+    """What the screen needs from the next poll (decided on the UI thread)."""
+
+    live: bool = True
+    """False while paused: only the header's stats are read."""
+    selected_node: int | None = None
+    detail_offset: int = 0
+    interval: float = 1.0
+
+
+@dataclass(frozen=True)
+class TreeRows:
+    """The tree's rows as flattened at one moment (``generation`` orders them)."""
+
+    rows: tuple[Row, ...]
+    order: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One poll's figures: each part is None when this poll did not read it."""
+
+    stats: Stats
+    taken_at: float
+    """``time.monotonic()`` when the reads came back."""
+    capabilities: Capabilities | None = None
+    """Read again in this poll (the first, or the first after the target was lost)."""
+    tree: TreeRows | None = None
+    sessions: SessionsPage | None = None
+    detail: NodeDetail | None = None
+
+
+@dataclass(frozen=True)
+class TreeUpdate:
+    """The result of a tree operation: the rows to show, where the cursor goes, what to say."""
+
+    tree: TreeRows
+    move_to: tuple[str, int] | None = None
+    note: str = ""
+
+
+def _ok(result: T | AdapterError) -> T:
+    """A read_many result, or its error raised."""
+    if isinstance(result, AdapterError):
+        raise result
+    return result
+
+
+class Poller:
+    """Reads what the screen needs from one target; keeps what it must remember between polls
+    (the tree's expanded pages, the change journal's version, when sessions were last read)."""
+
+    def __init__(self, adapter: CacheAdapter, sessions_every: float = SESSIONS_EVERY) -> None:
+        self.adapter = adapter
+        self.sessions_every = sessions_every
+        self.tree = TreeState(adapter.children, fetch_chain=adapter.chain, fetch_pages=lambda wanted:
+                              adapter.read_many([("children", args) for args in wanted]))
+        self.tree_lock = threading.Lock()
+        """Held while the tree state is read or changed (a poll, or a tree operation)."""
+        self.capabilities = Capabilities()
+        self._caps_stale = True
+        self._since: int | None = None
+        self._sessions_at = float("-inf")
+        self._tree_moving = False  # the last poll found the tree changed: read its pages with the stats
+
+    # ----- between polls -----
+
+    def lost(self) -> None:
+        """The target failed a poll. What comes back may be a restarted target, whose versions
+        and ids start over: the next good poll reloads capabilities, the tree and the sessions."""
+        self._caps_stale = True
+        self._since = None
+        self._sessions_at = float("-inf")
+
+    def sessions_due(self) -> None:
+        """The next poll reads the sessions (an action changed them, or the user resumed)."""
+        self._sessions_at = float("-inf")
+
+    # ----- one poll (a worker thread) -----
+
+    def collect(self, request: PollRequest) -> Snapshot:
+        """Read what ``request`` needs now; raises the target's AdapterError."""
+        capabilities = None
+        if self._caps_stale:  # first poll, or the target is back (it may have restarted meanwhile)
+            capabilities = self.capabilities = self.adapter.capabilities()
+            self._caps_stale = False
+        # One read_many: one request, and where the adapter owns the cache's thread one step of
+        # it (each read apart waited for a step boundary, and over HTTP cost the target's
+        # interpreter a request).
+        caps, live, now = self.capabilities, request.live, time.monotonic()
+        reads: list[tuple[str, tuple]] = [("stats", ())]
+        if live and caps.tree and caps.changes and self._since is not None:
+            reads.append(("changes", (self._since,)))
+        want_sessions = live and caps.sessions and now - self._sessions_at >= max(self.sessions_every,
+                                                                                   request.interval)
+        if want_sessions:
+            reads.append(("sessions", ("exclusive_bytes", 0, SESSIONS_LOADED)))
+        selected = request.selected_node if live else None
+        if selected is not None:
+            reads.append(("node", (selected, request.detail_offset, DETAIL_TOKENS)))
+        # While the tree keeps changing (a live server: every poll), its pages come in the same
+        # read, so a poll is one request; they are dropped if nothing shown changed.
+        pages = []
+        if live and caps.tree and self._tree_moving:
+            with self.tree_lock:
+                pages = self.tree.wanted()
+        if len(reads) + len(pages) > MAX_READS:
+            pages = []
+        results = self.adapter.read_many(reads + [("children", args) for args in pages])
+        got = dict(zip((op for op, _ in reads), results, strict=False))
+        stats = _ok(got["stats"])
+        tree = sessions = detail = None
+        if live and caps.tree:  # a target without a tree or sessions says so once, not each poll
+            with self.tree_lock:
+                self._tree_moving = self._tree_changed(stats.version, got.get("changes"))
+                if self._tree_moving:
+                    # pages read with the stats are good unless the tree state moved meanwhile
+                    # (an expand or collapse in between): then it reads its own
+                    fresh = pages and pages == self.tree.wanted()
+                    self.tree.refresh(prefetched=(pages, results[len(reads):]) if fresh else None)
+                tree = self._rows()
+        if want_sessions:
+            sessions = _ok(got["sessions"])
+            self._sessions_at = now
+        if selected is not None and not isinstance(got["node"], AdapterError):
+            detail = got["node"]
+        return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail)
+
+    def _tree_changed(self, version: int, delta: Changes | AdapterError | None) -> bool:
+        """Did anything the tree shows change since the last poll? (``delta``: changes(since),
+        read with the stats, where the target has it; a full reload of the loaded pages otherwise)."""
+        if self._since is None or delta is None:
+            self._since = version
+            return True
+        if isinstance(delta, Unsupported):
+            return True
+        delta = _ok(delta)
+        self._since = delta.version
+        if delta.resync:
+            return True
+        touched = {*delta.added, *delta.changed, *delta.removed}
+        shown = set(self.tree.expanded)
+        for loaded in self.tree.loaded.values():
+            shown.update(c.id for c in loaded.children)
+        return bool(touched & shown)
+
+    def _rows(self) -> TreeRows:
+        """The tree's rows now (under ``tree_lock``)."""
+        return TreeRows(tuple(self.tree.rows), self.tree.order, self.tree.generation)
+
+    # ----- reads the user asks for (worker threads) -----
+
+    def detail(self, node_id: int, offset: int) -> NodeDetail | None:
+        """The detail panel's node, or None if it is gone."""
+        try:
+            return self.adapter.node(node_id, offset, DETAIL_TOKENS)
+        except AdapterError:
+            return None
+
+    def tree_op(self, op: str, row: Row) -> TreeUpdate:
+        """Expand, collapse, load more, fold a chain or change the order at ``row``."""
+        move_to, note = None, ""
+        with self.tree_lock:
+            state = self.tree
+            if op == "toggle" and row.node is not None:
+                state.toggle(row.node)
+            elif op == "expand" and row.node is not None and not row.expanded and row.node.num_children:
+                state.toggle(row.node)
+            elif op == "collapse":
+                if row.node is not None and row.expanded:
+                    state.collapse(row.node.id)
+                elif row.parent_id != ROOT_ID:
+                    state.collapse(row.parent_id)
+                    move_to = ("node", row.parent_id)
+            elif op == "more":
+                state.load_more(row.parent_id)
+                state.flatten()
+            elif op == "chain" and row.node is not None:
+                top = row.chain[0] if row.chain else row.node
+                if state.fold_chain(top) == 1:
+                    note = "no chain of single children below this node"
+            elif op == "order":
+                state.set_order("recency" if state.order == "bytes" else "bytes")
+                note = f"children sorted by {state.order}"
+            return TreeUpdate(self._rows(), move_to, note)
+
+    def _parents(self, node_id: int) -> list[int]:
+        """The ids above ``node_id``, nearest first, root excluded."""
+        path: list[int] = []
+        current: int | None = node_id
+        while current is not None and current != ROOT_ID:
+            current = self.adapter.node(current, 0, 1).node.parent_id
+            if current is not None and current != ROOT_ID:
+                path.append(current)
+        return path
+
+    def _open_down_to(self, node_ids: Sequence[int]) -> TreeRows:
+        """Expand every node in ``node_ids`` (ancestors of what is to be shown), then the rows."""
+        with self.tree_lock:
+            for node_id in node_ids:
+                self.tree.expand(node_id)
+            self.tree.refresh()
+            return self._rows()
+
+    def search(self, tokens: list[int]) -> tuple[MatchView, int, TreeRows]:
+        """The longest cached prefix of ``tokens``, the node it ends in (opened in the tree)."""
+        match = self.adapter.match(tokens)
+        target = match.partial_node_id if match.partial_node_id is not None else match.node_id
+        path = self._parents(target) if target != ROOT_ID else []
+        return match, target, self._open_down_to(list(reversed(path)))
+
+    def session_chains(self, session_id: str) -> tuple[SessionDetail, frozenset[int], TreeRows]:
+        """A session's tagged nodes and every node on their paths (to mark), opened in the tree."""
+        detail = self.adapter.session(session_id)
+        marked: set[int] = set()
+        ancestors: set[int] = set()
+        for node_id in detail.node_ids[:CHAIN_MARKS]:
+            current: int | None = node_id
+            while current is not None and current != ROOT_ID and current not in marked:  # up to a marked one
+                marked.add(current)
+                current = self.adapter.node(current, 0, 1).node.parent_id
+                if current is not None and current != ROOT_ID:
+                    ancestors.add(current)
+        return detail, frozenset(marked), self._open_down_to(sorted(ancestors))

@@ -1,0 +1,98 @@
+"""The dashboard's data side without a screen: what a Poller reads for a request, and what it
+remembers between polls (the memray-live seam: the App only applies the Snapshot it gets)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.errors import TargetUnreachable
+from radixtop.inspector.poller import Poller, PollRequest, Snapshot
+from tests.contract.suite import build_engine
+
+
+class Recording(BundledAdapter):
+    """Notes the ops of every read_many and whether capabilities were asked."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.batches: list[list[str]] = []
+        self.capability_reads = 0
+
+    def read_many(self, reads):
+        self.batches.append([op for op, _ in reads])
+        return super().read_many(reads)
+
+    def capabilities(self):
+        self.capability_reads += 1
+        return super().capabilities()
+
+
+@pytest.fixture
+def adapter():
+    engine = build_engine()
+    yield Recording(engine)
+    engine.stop()
+
+
+def test_a_first_poll_reads_everything_in_one_read_and_is_frozen(adapter):
+    poller = Poller(adapter)
+    snap = poller.collect(PollRequest())
+    assert isinstance(snap, Snapshot)
+    assert snap.capabilities is not None and snap.capabilities.tree
+    assert snap.stats.node_count > 0
+    assert snap.tree is not None and snap.tree.rows and isinstance(snap.tree.rows, tuple)
+    assert snap.sessions is not None and snap.sessions.sessions
+    assert snap.detail is None  # nothing selected
+    assert adapter.batches[0] == ["stats", "sessions"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.stats = None  # type: ignore[misc]
+
+
+def test_later_polls_do_not_reread_capabilities_or_sessions_until_due(adapter):
+    poller = Poller(adapter)
+    poller.collect(PollRequest())
+    snap = poller.collect(PollRequest())
+    assert adapter.capability_reads == 1 and snap.capabilities is None
+    assert snap.sessions is None and "sessions" not in adapter.batches[-1]
+    poller.sessions_due()
+    assert poller.collect(PollRequest()).sessions is not None
+
+
+def test_a_paused_request_reads_the_stats_only(adapter):
+    poller = Poller(adapter)
+    poller.collect(PollRequest())
+    row = poller.collect(PollRequest()).tree.rows[0]
+    snap = poller.collect(PollRequest(live=False, selected_node=row.node.id))
+    assert adapter.batches[-1] == ["stats"]
+    assert snap.tree is None and snap.sessions is None and snap.detail is None
+
+
+def test_the_selected_node_comes_with_the_poll(adapter):
+    poller = Poller(adapter)
+    row = poller.collect(PollRequest()).tree.rows[0]
+    snap = poller.collect(PollRequest(selected_node=row.node.id, detail_offset=0))
+    assert snap.detail is not None and snap.detail.node.id == row.node.id
+    assert "node" in adapter.batches[-1]
+
+
+def test_after_a_lost_target_the_next_poll_reloads_capabilities_and_sessions(adapter):
+    poller = Poller(adapter)
+    poller.collect(PollRequest())
+    adapter.engine.stop()
+    with pytest.raises(TargetUnreachable):
+        poller.collect(PollRequest())
+    poller.lost()
+    assert poller._caps_stale and poller._since is None
+
+
+def test_tree_operations_return_rows_of_a_later_generation(adapter):
+    poller = Poller(adapter)
+    first = poller.collect(PollRequest()).tree
+    expandable = next(r for r in first.rows if r.node is not None and r.node.num_children)
+    update = poller.tree_op("toggle", expandable)
+    assert update.tree.generation > first.generation
+    assert len(update.tree.rows) > len(first.rows)
+    assert any(r.parent_id == expandable.node.id for r in update.tree.rows)
