@@ -116,7 +116,7 @@ def attribution_steps(
     attributed in slices between the owner's steps instead of in one long stall (``attribute``
     runs it in one go).
 
-    ``frees``: a close frees the session's exclusive nodes now (the seed's rule); False for a
+    ``frees``: a close frees the session's exclusive nodes now (SessionRadixCacheMixin's rule); False for a
     close that only drops references (exclusive is then 0). Nodes need ``parent``, ``key``,
     ``children`` and ``id``; ``lock_ref(node)`` reads a node's lock count; ``activity`` maps
     session ids to a ``time.monotonic()`` of their last activity.

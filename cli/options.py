@@ -15,7 +15,8 @@ ClosePolicy = Annotated[
     str,
     typer.Option(
         "--close-policy",
-        help="free: close frees a session's unshared chains now (the seed's rule); "
+        help="free: close frees now every chain of the session that no other session holds and "
+        "nothing locks (SGLang 0.5.16's SessionRadixCacheMixin); "
         "deref: close only drops its holds and eviction frees later.",
     ),
 ]

@@ -1,4 +1,4 @@
-"""The seed's close rules as pure functions over any radix tree (no torch, nothing changed).
+"""SessionRadixCacheMixin's close rules (SGLang 0.5.15/0.5.16) as pure functions over any radix tree.
 
 They read only ``parent``, ``children``, ``lock_ref``, ``key`` (its length) and, where a node is
 tagged, ``session_ids`` (a set; absent or None when untagged). That is radixtop's ``TreeNode``
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
-# Why an upward walk stopped, in the seed's order of checks.
+# Why an upward walk stopped, in SessionRadixCacheMixin's order of checks.
 STOP_ROOT = "root"
 STOP_LOCKED = "locked"
 STOP_CHILDREN = "has_children"
@@ -26,12 +26,12 @@ def holders_of(node: Node) -> set[str] | None:
 
 
 def plan_release(root: Node, tagged: Iterable[Node], session_id: str) -> tuple[list[Node], dict[Node, str], int]:
-    """What the seed's close of ``session_id`` frees now, given the nodes it tagged (in the
+    """What SessionRadixCacheMixin's close of ``session_id`` frees now, given the nodes it tagged (in the
     order the close visits them): (freed nodes in order, {kept node: why}, holds released).
 
     Replays the upward walk over an overlay (holders dropped, children deleted) instead of the
     tree, so walks that meet on a shared parent see each other's effect. With lock_ref 0 and no
-    children left, a node is an evictable leaf, so the seed's evictable check needs no overlay.
+    children left, a node is an evictable leaf, so the mixin's evictable check needs no overlay.
     """
     holding = [n for n in tagged if session_id in (holders_of(n) or ())]
     dropped: set[Node] = set()
@@ -74,7 +74,7 @@ def exclusive_tokens(root: Node, session_leaves: Mapping[str, Collection[Node]],
     """Tokens each session's close would free right now (``plan_release`` for every session
     at once), in one pass over the sessions' paths, not one walk per session.
 
-    Under the seed's rule a close of ``s`` frees node ``n`` exactly when nothing in n's subtree
+    Under the mixin's rule a close of ``s`` frees node ``n`` exactly when nothing in n's subtree
     is locked, no other session holds anything there, and every leaf there is one ``s`` tagged
     (only walks from s's tags free, and they free leaves upward). So each node on some session's
     path gets an owner, bottom-up: the one session whose close frees it.

@@ -1,4 +1,4 @@
-"""Session tagging and close: the seed's rules (SGLang 0.5.16 SessionRadixCacheMixin), plus a plan.
+"""Session tagging and close: SGLang 0.5.16's SessionRadixCacheMixin rules exactly, plus a plan.
 
 A finishing request with a session id tags the node where its key ends; a node keeps the set of
 sessions that hold it. Closing a session tombstones its id, then walks up from each node it
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from radixtop.gpu_backend.radix_cache import TreeNode
 
 # A request that finishes after its session was closed must not tag again; the guard is bounded,
-# so after 8192 later closes a very late finish can tag once more (as in the seed).
+# so after 8192 later closes a very late finish can tag once more (as in SessionRadixCacheMixin).
 CLOSED_SESSION_TOMBSTONE_LIMIT = 8192
 
 
@@ -184,7 +184,7 @@ class SessionRadixCacheMixin:
 
     def plan_close(self, session_id: str) -> ClosePlan:
         """Exactly what :meth:`release_radix_session` would free now, with nothing changed
-        (``session_rules.plan_release``: the seed's walk over an overlay)."""
+        (``session_rules.plan_release``: the mixin's walk over an overlay)."""
         known = session_id in self._session_leaves
         already_closed = session_id in self._closed_session_ids
         indexed = self._session_leaves.get(session_id, {})

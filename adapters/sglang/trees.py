@@ -2,7 +2,7 @@
 
 * ``RadixCache`` of 0.5.15/0.5.16 with ``SessionRadixCacheMixin``: holders in
   ``node.session_ids`` (present only while non-empty), the index in ``cache._session_leaves``,
-  tombstones in ``cache._closed_session_ids``; close frees (the seed's rule).
+  tombstones in ``cache._closed_session_ids``; close frees (SessionRadixCacheMixin's rule).
 * ``RadixCache`` of 0.5.15/0.5.16 without the flag: the same, no sessions until it is set.
 * ``RadixCache`` of 0.5.17+: the same node fields, no session support at all.
 * ``UnifiedRadixCache`` of 0.5.17+ with its Python tree core: KV fields per component in
