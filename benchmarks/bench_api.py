@@ -33,17 +33,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
-import json
-import os
-import platform
-import random
 import statistics
 import sys
 import threading
 import time
 import tracemalloc
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +48,24 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 HERE = Path(__file__).resolve().parent
 
-import numpy as np  # noqa: E402
-from _common import EngineHolds, log  # noqa: E402
+from _common import (  # noqa: E402
+    Built,
+    EngineHolds,
+    TreeConfig,
+    build_tree,
+    change_tree,
+    environment,
+    finish,
+    fmt_nodes,
+    log,
+    ms_stats,
+    release,
+    rss_bytes,
+    start_engine,
+    timed_adapter,
+    verdict,
+)
+from _common import fmt_ms as _fmt_ms  # noqa: E402
 
 pc = time.perf_counter
 
@@ -62,26 +74,16 @@ pc = time.perf_counter
 # configuration
 # ----------------------------------------------------------------------------------------------
 
+# The forest's groups (branching, depth, weight): most are small agentic/tool-call trees, a few
+# fan out wide.
+API_GROUPS = ((2, 4, 20), (3, 3, 20), (4, 3, 15), (2, 6, 10), (3, 4, 10), (5, 3, 10),
+              (8, 2, 10), (16, 2, 4), (50, 2, 0.6), (1000, 1, 0.4))
 
-@dataclass(frozen=True)
-class TreeConfig:
-    target_nodes: int = 1_000_000  # the tree is grown until it has at least this many nodes
-    sessions: int = 10_000  # sessions that hold nodes at the end (closed ones come on top)
-    system_prompts: int = 4
-    system_prompt_len: tuple[int, int] = (256, 512)
-    turns: tuple[int, int] = (1, 8)
-    user_len: tuple[int, int] = (8, 64)
-    output_len: tuple[int, int] = (8, 64)
-    regenerate_share: float = 0.05
-    closed_sessions: int = 100  # closed after the trace (tombstoned; still listed as closed)
-    running_requests: int = 64  # begun, not finished: they lock their paths
-    fanout_children: int = 100_000  # children of one shared few-shot prompt (sessionless)
-    fanout_prompt_len: int = 1024
-    fanout_tail: tuple[int, int] = (4, 16)
-    segment_len: tuple[int, int] = (2, 16)  # tokens per node of the sessionless forest
-    group_prefix_len: tuple[int, int] = (16, 64)
-    vocab: int = 128_256  # llama-3
-    seed: int = 7
+# 10k sessions of 1-8 turns that hold nodes at the end, and 100 more closed; one few-shot prompt
+# with 100k children (sessionless); no chains; the forest up to 1M nodes.
+API_TREE = TreeConfig(label="1M", target_nodes=1_000_000, sessions=10_000 + 100, closed_sessions=100,
+                      turns=(1, 8), running_requests=64, fanouts=(100_000,), chains=(),
+                      group_shapes=API_GROUPS, segment_len=(2, 16), token_pool=1 << 21, seed=7)
 
 
 @dataclass(frozen=True)
@@ -96,15 +98,15 @@ class BenchConfig:
 
 
 def full_config() -> BenchConfig:
-    return BenchConfig(mode="full", tree=TreeConfig(), read_repeats=30, cold_repeats=7,
+    return BenchConfig(mode="full", tree=API_TREE, read_repeats=30, cold_repeats=7,
                        export_repeats=5, client_export_repeats=2)
 
 
 def quick_config() -> BenchConfig:
     return BenchConfig(
         mode="quick",
-        tree=TreeConfig(target_nodes=100_000, sessions=10_000, fanout_children=10_000,
-                        closed_sessions=50, running_requests=16),
+        tree=replace(API_TREE, label="100k", target_nodes=100_000, sessions=10_000 + 50, closed_sessions=50,
+                     running_requests=16, fanouts=(10_000,)),
         read_repeats=8, cold_repeats=3, export_repeats=3, client_export_repeats=1,
     )
 
@@ -121,23 +123,6 @@ GOAL_HOLD_MS = 100.0  # engine thread held by one attribution (10k sessions)
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def ms_stats(secs: list[float]) -> dict[str, Any] | None:
-    """Milliseconds: median, p95 (nearest rank), min, max, and every sample."""
-    if not secs:
-        return None
-    ms = sorted(x * 1e3 for x in secs)
-    p95 = ms[min(len(ms) - 1, max(0, -(-95 * len(ms) // 100) - 1))]
-    return {"median": statistics.median(ms), "p95": p95, "min": ms[0], "max": ms[-1], "n": len(ms),
-            "samples": [x * 1e3 for x in secs]}
 
 
 class RssSampler:
@@ -172,251 +157,15 @@ class RssSampler:
 
 
 # ----------------------------------------------------------------------------------------------
-# the tree
-# ----------------------------------------------------------------------------------------------
-
-# Shapes of the sessionless forest's groups: (branching, depth) of a full tree under one prefix
-# node, and how often each is drawn. Most are small agentic/tool-call trees; a few fan out wide.
-GROUP_SHAPES = ((2, 4, 20), (3, 3, 20), (4, 3, 15), (2, 6, 10), (3, 4, 10), (5, 3, 10),
-                (8, 2, 10), (16, 2, 4), (50, 2, 0.6), (1000, 1, 0.4))
-
-
-@dataclass
-class Built:
-    scheduler: Any
-    build_s: float
-    facts: dict[str, Any]
-    fanout_node_id: int
-    system_node_ids: list[int]
-    cached_prompt: tuple[int, ...]  # a fully cached path: a request on it changes the version only
-
-
-class TokenPool:
-    """Random token ids, handed out as tuples from a pre-drawn pool (fast and reproducible)."""
-
-    def __init__(self, rng: np.random.Generator, vocab: int, size: int = 1 << 21):
-        self.pool = rng.integers(0, vocab, size).tolist()
-        self.size = size
-        self.cursor = 0
-
-    def take(self, n: int) -> list[int]:
-        if self.cursor + n > self.size:
-            self.cursor = 0
-        out = self.pool[self.cursor : self.cursor + n]
-        self.cursor += n
-        return out
-
-
-def build_tree(cfg: TreeConfig) -> Built:
-    """A ~``target_nodes`` tree: sessions through the scheduler, the rest through ``cache.insert``.
-
-    * ``system_prompts`` shared prompts, and ``sessions`` multi-turn chats on them, each turn a
-      ``scheduler.request`` with its session id (so each turn tags its conversation's leaf), a few
-      regenerated answers (a split), ``closed_sessions`` closed afterwards, ``running_requests``
-      begun and left running (their paths locked).
-    * one few-shot prompt with ``fanout_children`` different continuations (sessionless).
-    * a sessionless forest of small full trees (GROUP_SHAPES) under distinct root children until
-      the tree has ``target_nodes`` nodes, inserted with slots from the pool's allocator, exactly
-      as ``cache_finished_req`` would insert them (duplicate prefixes never allocated).
-    """
-    from radixtop.gpu_backend.kv_geometry import get_geometry
-    from radixtop.gpu_backend.scheduler import Scheduler
-
-    rng = np.random.default_rng(cfg.seed)
-    prng = random.Random(cfg.seed)
-    tokens = TokenPool(rng, cfg.vocab)
-    geometry = get_geometry("llama-3-8b")
-    # Tokens: sessions ~ sessions x turns x (user + output); fan-out; forest ~ nodes x segment.
-    mean = lambda r: (r[0] + r[1]) / 2  # noqa: E731
-    est = (cfg.system_prompts * cfg.system_prompt_len[1]
-           + cfg.sessions * mean(cfg.turns) * 1.1 * (mean(cfg.user_len) + mean(cfg.output_len))
-           + cfg.running_requests * cfg.user_len[1]
-           + cfg.fanout_prompt_len + cfg.fanout_children * (1 + cfg.fanout_tail[1])
-           + cfg.target_nodes * (cfg.segment_len[1] + cfg.group_prefix_len[1] / 16))
-    capacity = int(est * 1.25) // 1024 * 1024 + 1024
-    s = Scheduler(geometry, capacity, device="meta")
-    cache, allocator = s.cache, s.pool.allocator
-    # Root children and fan-out children are keyed by their first token: draw them distinct.
-    first_tokens = iter(rng.permutation(cfg.vocab).tolist())
-    t0 = pc()
-    gc.collect()
-    gc.disable()
-    try:
-        # 1. system prompts and sessions, through the scheduler
-        systems = []
-        for i in range(cfg.system_prompts):
-            n = prng.randint(*cfg.system_prompt_len)
-            prompt = [next(first_tokens)] + tokens.take(n - 1)
-            s.request(f"sys{i}", prompt, [], None)
-            systems.append(prompt)
-        history: dict[str, list[int]] = {}
-        last_input: dict[str, list[int]] = {}
-        turns_left = {}
-        for k in range(cfg.sessions + cfg.closed_sessions):
-            sid = f"s{k:05d}"
-            history[sid] = systems[prng.randrange(cfg.system_prompts)]
-            turns_left[sid] = prng.randint(*cfg.turns)
-        rid = itertools.count()
-        requests = regenerated = 0
-        active = list(history)
-        while active:
-            still = []
-            for sid in active:
-                if sid in last_input and prng.random() < cfg.regenerate_share:
-                    inp = last_input[sid]
-                    regenerated += 1
-                else:
-                    inp = history[sid] + tokens.take(prng.randint(*cfg.user_len))
-                    turns_left[sid] -= 1
-                out = tokens.take(prng.randint(*cfg.output_len))
-                s.request(f"r{next(rid)}", inp, out, sid)
-                requests += 1
-                last_input[sid] = inp
-                history[sid] = inp + out
-                if turns_left[sid] > 0:
-                    still.append(sid)
-            active = still
-        sids = list(history)
-        for sid in prng.sample(sids, cfg.closed_sessions):
-            s.close_session(sid)
-        session_nodes = cache.node_count()
-
-        # 2. the few-shot prompt with fanout_children continuations
-        prompt = tuple([next(first_tokens)] + tokens.take(cfg.fanout_prompt_len - 1))
-        r = cache.insert(prompt, allocator.alloc(len(prompt)))
-        fanout_node = r.last_node
-        plen = len(prompt)
-        for j in range(cfg.fanout_children):
-            tail = [next(first_tokens)] + tokens.take(prng.randint(*cfg.fanout_tail))
-            key = prompt + tuple(tail)
-            value = np.zeros(len(key), dtype=np.int64)
-            value[plen:] = allocator.alloc(len(tail))
-            r = cache.insert(key, value)
-            assert r.prefix_len == plen
-
-        # 3. the sessionless forest, until the tree has target_nodes nodes
-        shapes = [(b, d) for b, d, _ in GROUP_SHAPES]
-        weights = [w for _, _, w in GROUP_SHAPES]
-        groups = 0
-        while cache.node_count() < cfg.target_nodes - cfg.running_requests:
-            b, d = prng.choices(shapes, weights)[0]
-            _insert_group(cache, allocator, prng, tokens, next(first_tokens), b, d, cfg)
-            groups += 1
-
-        # 4. running requests: the next turn of some open sessions, begun and not finished
-        open_sids = [x for x in sids if not cache.is_session_closed(x)]
-        for k, sid in enumerate(prng.sample(open_sids, cfg.running_requests)):
-            s.begin(f"run{k}", history[sid] + tokens.take(prng.randint(*cfg.user_len)), sid)
-    finally:
-        gc.enable()
-    build_s = pc() - t0
-    gc.collect()
-    gc.freeze()  # the tree is long-lived: keep later collections from walking it
-
-    max_children, max_depth = 0, 0
-    stack = [(cache.root_node, 0)]
-    while stack:
-        node, depth = stack.pop()
-        max_children = max(max_children, len(node.children))
-        max_depth = max(max_depth, depth)
-        stack.extend((c, depth + 1) for c in node.children.values())
-    st = s.stats()
-    facts = {
-        "nodes": cache.node_count(),
-        "tokens": st.total_size,
-        "capacity_tokens": st.capacity,
-        "bytes_per_token": geometry.bytes_per_token,
-        "session_nodes": session_nodes,
-        "sessions_tagging": len(cache._session_leaves),
-        "sessions_known": len(s.session_activity),
-        "closed_sessions": len(cache.closed_session_ids()),
-        "session_requests": requests,
-        "regenerated": regenerated,
-        "tagged_nodes": sum(len(v) for v in cache._session_leaves.values()),
-        "running_requests": len(s.running),
-        "root_children": len(cache.root_node.children),
-        "fanout_children": len(fanout_node.children),
-        "forest_groups": groups,
-        "max_children": max_children,
-        "max_depth": max_depth,
-        "version": cache.version,
-        "build_s": build_s,
-    }
-    system_ids = [cache.lookup(p).last_node.id for p in systems]
-    return Built(s, build_s, facts, fanout_node.id, system_ids, tuple(systems[0]))
-
-
-def _insert_group(cache, allocator, prng: random.Random, tokens: TokenPool, first: int,
-                  b: int, d: int, cfg: TreeConfig) -> None:
-    """A full tree of branching ``b`` and depth ``d`` under one prefix, leaf paths in DFS order.
-    Each insert allocates slots only for the tokens past the previous path's divergence."""
-    prefix = tuple([first] + tokens.take(prng.randint(*cfg.group_prefix_len) - 1))
-    segments: dict[tuple[int, ...], tuple[int, ...]] = {}
-    lo, hi = cfg.segment_len
-    upto = [prefix]  # upto[level] = key through that level
-    prev: tuple[int, ...] | None = None
-    for path in itertools.product(range(b), repeat=d):
-        div = 0 if prev is None else next(i for i in range(d) if path[i] != prev[i])
-        del upto[div + 1 :]
-        for level in range(div, d):
-            node_path = path[: level + 1]
-            seg = segments.get(node_path)
-            if seg is None:
-                # siblings differ in their first token (children are keyed by it)
-                seg = segments[node_path] = (path[level],) + tuple(tokens.take(prng.randint(lo, hi) - 1))
-            upto.append(upto[-1] + seg)
-        key = upto[-1]
-        off = 0 if prev is None else len(upto[div])
-        value = np.zeros(len(key), dtype=np.int64)
-        value[off:] = allocator.alloc(len(key) - off)
-        r = cache.insert(key, value)
-        assert r.prefix_len == off, (r.prefix_len, off)
-        prev = path
-
-
-# ----------------------------------------------------------------------------------------------
-# instrumentation (wraps, never edits, the code under test)
-# ----------------------------------------------------------------------------------------------
-
-
-
-
-def timed_adapter_class():
-    from radixtop.adapters.bundled import BundledAdapter
-
-    class TimedBundledAdapter(BundledAdapter):
-        """Records every ``_attribute`` call: seconds, and whether it recomputed (cold)."""
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.attribute_log: list[tuple[bool, float]] = []
-
-        def _attribute(self, s):
-            before = self.attributions.current
-            t0 = pc()
-            result = super()._attribute(s)
-            self.attribute_log.append((result is not before, pc() - t0))
-            return result
-
-    return TimedBundledAdapter
-
-
-def change_tree(engine, cached_prompt: tuple[int, ...], counter=itertools.count()) -> None:
-    """A sessionless request for a fully cached prompt: it locks and unlocks its path, so the
-    cache's version moves (attribution is stale) while the tree keeps its shape."""
-    engine.call(lambda s: s.request(f"touch{next(counter)}", list(cached_prompt), [], None), 30.0)
-
-
-# ----------------------------------------------------------------------------------------------
 # 1. warm reads
 # ----------------------------------------------------------------------------------------------
 
 
 def read_endpoints(built: Built, page: int) -> list[dict[str, Any]]:
     """(label, URL path and params, in-process call, RadixtopClient call) of each warm read."""
-    fan = built.fanout_node_id
-    fan_n = built.facts["fanout_children"]
-    node_id = built.system_node_ids[0]
+    fan_n = max(built.fanout_ids)  # the one few-shot prompt, its children
+    fan = built.fanout_ids[fan_n]
+    node_id = built.system_ids[0]
     return [
         {"key": "root_bytes", "label": f"root children, limit {page}, order bytes",
          "path": "/v1/nodes/root/children", "params": {"limit": page, "order": "bytes"},
@@ -489,7 +238,7 @@ def measure_reads(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, c
 def measure_cold(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, client) -> dict[str, Any]:
     """Each repeat: change the tree, then the first /v1/sessions (cold), then the same again
     (cached); change again, then the first /v1/nodes/{id} (cold)."""
-    node_id = built.system_node_ids[0]
+    node_id = built.system_ids[0]
     res: dict[str, dict[str, list[float]]] = {
         k: {"served": [], "hold": [], "attribute": []} for k in ("sessions_cold", "sessions_repeat", "node_cold")}
 
@@ -504,10 +253,10 @@ def measure_cold(cfg: BenchConfig, built: Built, adapter, holds: EngineHolds, cl
         res[key]["attribute"].append(sum(dt for _, dt in adapter.attribute_log[n_attr:]))
 
     for _ in range(cfg.cold_repeats):
-        change_tree(adapter.engine, built.cached_prompt)
+        change_tree(adapter.engine, built.system_prompts[0])
         get("sessions_cold", "/v1/sessions", {"limit": cfg.page})
         get("sessions_repeat", "/v1/sessions", {"limit": cfg.page})
-        change_tree(adapter.engine, built.cached_prompt)
+        change_tree(adapter.engine, built.system_prompts[0])
         get("node_cold", f"/v1/nodes/{node_id}", {})
     labels = {"sessions_cold": f"sessions, limit {cfg.page}, first call after a change",
               "sessions_repeat": f"sessions, limit {cfg.page}, repeat at the same version",
@@ -702,7 +451,7 @@ def measure_attribution(cfg: BenchConfig, built: Built, adapter, holds: EngineHo
     attr, hold, call = [], [], []
     sessions = 0
     for _ in range(cfg.cold_repeats):
-        change_tree(adapter.engine, built.cached_prompt)
+        change_tree(adapter.engine, built.system_prompts[0])
         n_attr = len(adapter.attribute_log)
         m = holds.mark()
         t0 = pc()
@@ -723,18 +472,11 @@ def measure_attribution(cfg: BenchConfig, built: Built, adapter, holds: EngineHo
 # ----------------------------------------------------------------------------------------------
 
 
-def verdict(ok: bool) -> str:
-    return "yes" if ok else "NO"
-
-
 def mib(x: float) -> str:
     return f"{x / 2**20:.1f} MiB"
 
 
-def fmt_ms(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+fmt_ms = partial(_fmt_ms, missing="n/a", sep="")  # this report's style: "n/a", no thousands separator
 
 
 def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
@@ -853,7 +595,7 @@ def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def environment() -> dict[str, Any]:
+def api_environment() -> dict[str, Any]:
     import fastapi
     import httpx
     import uvicorn
@@ -865,20 +607,16 @@ def environment() -> dict[str, Any]:
         except ImportError:
             return False
 
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "numpy": np.__version__,
-        "fastapi": fastapi.__version__,
-        "uvicorn": uvicorn.__version__,
-        "uvicorn_loop": "uvloop" if has("uvloop") else "asyncio",
-        "uvicorn_http": "httptools" if has("httptools") else "h11",
-        "httpx": httpx.__version__,
-        "gc": "tree built with GC disabled, then collected and frozen; GC enabled while measuring",
-        "timer": "time.perf_counter around each whole call (request sent to body read)",
-        "threads": "client (main), uvicorn server, engine owner thread: one process, one GIL",
-    }
+    return environment(
+        fastapi=fastapi.__version__,
+        uvicorn=uvicorn.__version__,
+        uvicorn_loop="uvloop" if has("uvloop") else "asyncio",
+        uvicorn_http="httptools" if has("httptools") else "h11",
+        httpx=httpx.__version__,
+        gc="tree built with GC disabled, then collected and frozen; GC enabled while measuring",
+        timer="time.perf_counter around each whole call (request sent to body read)",
+        threads="client (main), uvicorn server, engine owner thread: one process, one GIL",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -890,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = quick_config() if args.quick else full_config()
     if args.nodes is not None:
-        cfg = BenchConfig(**{**asdict(cfg), "tree": TreeConfig(**{**asdict(cfg.tree), "target_nodes": args.nodes})})
+        cfg = replace(cfg, tree=replace(cfg.tree, label=fmt_nodes(args.nodes), target_nodes=args.nodes))
 
     t_all = pc()
     import httpx
@@ -899,10 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     from radixtop.adapters.http.audit import AuditLog
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server import create_app
-    from radixtop.gpu_backend.engine import Engine
     from tests.support.live_server import running_server
 
-    results: dict[str, Any] = {"mode": cfg.mode, "config": asdict(cfg), "environment": environment(),
+    results: dict[str, Any] = {"mode": cfg.mode, "config": asdict(cfg), "environment": api_environment(),
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     results["goals"] = {"page_ms": GOAL_PAGE_MS, "small_ms": GOAL_SMALL_MS, "cold_ms": GOAL_COLD_MS,
                         "export_ratio": GOAL_EXPORT_RATIO, "export_memory_share": GOAL_EXPORT_MEMORY_SHARE,
@@ -912,10 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     results["tree"] = built.facts
     log(f"  {built.facts['nodes']:,} nodes in {built.build_s:.1f} s (RSS {rss_bytes() / 2**20:.0f} MiB)")
 
-    engine = Engine(built.scheduler, None).start()
-    holds = EngineHolds(engine)
+    engine = start_engine(built)
+    holds = built.holds
     # Measure the cost of attribution itself: every read after a tree change recomputes it.
-    adapter = timed_adapter_class()(engine, attribution_max_age=0.0, attribution_budget=0.0)
+    adapter = timed_adapter(engine, attribution_max_age=0.0, attribution_budget=0.0)
     adapter.attributions.inline_s = float("inf")  # on the spot, never in slices: its cost is what is timed
     token = "bench-token"
     app = create_app(adapter, token, AuditLog(None))
@@ -938,18 +675,11 @@ def main(argv: list[str] | None = None) -> int:
         results["export_memory"] = measure_export_memory(BundledAdapter(engine, timeout=300.0),
                                                          built.facts["nodes"])
     finally:
-        engine.stop()
+        release(built)
     results["wall_s"] = pc() - t_all
-    table = report(cfg, results)
-    results["table_markdown"] = table
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(results, fh, indent=1)
-        fh.write("\n")
-    print(table)
-    print()
-    print(f"_{cfg.mode} run, {results['wall_s']:.0f} s wall (tree build {built.build_s:.0f} s included); "
-          f"JSON: {args.out}_")
+    finish(args.out, results, report(cfg, results),
+           f"_{cfg.mode} run, {results['wall_s']:.0f} s wall (tree build {built.build_s:.0f} s included); "
+           f"JSON: {args.out}_")
     return 0
 
 

@@ -37,9 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -59,7 +56,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-from _common import fmt_nodes, log, median  # noqa: E402
+from _common import environment, finish, fmt_nodes, log, median, rss_mib, verdict  # noqa: E402
 
 from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator as RtAllocator  # noqa: E402
 from radixtop.gpu_backend.radix_cache import RadixCache as RtCache  # noqa: E402
@@ -147,21 +144,6 @@ def quick_config() -> BenchConfig:
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-
-
-
-def rss_mib() -> float | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 
 
 class GCPaused:
@@ -862,12 +844,6 @@ def fmt_ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("yes" if ok else "NO")
-
-
 def report(cfg: BenchConfig, res: dict[str, Any]) -> str:
     tp = res["throughput"]["summary"]
     run0 = res["throughput"]["runs"][0]
@@ -979,32 +955,21 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "mode": cfg.mode,
         "config": asdict(cfg),
-        "environment": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "numpy": np.__version__,
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "sglang": sgl.version,
-            "gc": "disabled (after collect + freeze) during every timed phase, both sides",
-            "timer": "time.perf_counter around each cache call",
-        },
+        "environment": environment(
+            torch=torch.__version__,
+            torch_threads=torch.get_num_threads(),
+            sglang=sgl.version,
+            gc="disabled (after collect + freeze) during every timed phase, both sides",
+            timer="time.perf_counter around each cache call",
+        ),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     results["throughput"] = throughput(cfg, sgl)
     results["scaling"] = scaling(cfg, sgl)
     results["allocator_free"] = allocator_free(cfg, sgl)
     results["wall_s"] = pc() - t_all
-    table = report(cfg, results)
-    results["table_markdown"] = table
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(results, fh, indent=1)
-        fh.write("\n")
-    print(table)
-    print()
-    print(f"_{cfg.mode} run, {results['wall_s']:.0f} s wall (sglang import included); JSON: {args.out}_")
+    finish(args.out, results, report(cfg, results),
+           f"_{cfg.mode} run, {results['wall_s']:.0f} s wall (sglang import included); JSON: {args.out}_")
     return 0
 
 
