@@ -80,9 +80,11 @@ class Stats(_View):
     total_tokens: int
     """Tokens held by the tree (evictable + locked nodes)."""
     bytes_per_token: int
-    node_count: int
-    open_sessions: int
-    closed_sessions: int
+    node_count: int | None
+    """None: this target cannot tell (a tree it cannot read); never 0 for unknown."""
+    open_sessions: int | None
+    """None: this target has no sessions, or cannot see them."""
+    closed_sessions: int | None
     prompt_tokens: int
     """Counter: prompt tokens of every request begun (a hit rate over a window is the ratio of
     the increments of cached_tokens and prompt_tokens)."""

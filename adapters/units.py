@@ -24,6 +24,11 @@ def age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def count(n: int | None, what: str) -> str:
+    """'1,234 nodes', or 'nodes unknown' where the target cannot tell (never a 0 for unknown)."""
+    return f"{what} unknown" if n is None else f"{n:,} {what}"
+
+
 FIGURES_NOTED_S = 15.0
 """Session figures older than this say how old they are (a large cache's attribution is reused a
 while, then made again in slices between the engine's steps while the last one is served)."""

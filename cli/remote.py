@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import age, figures_note, human_bytes
+from radixtop.adapters.units import age, count, figures_note, human_bytes
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
@@ -80,7 +80,8 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
     console.print(table)
     hit = f"{st.cached_tokens / st.prompt_tokens:.1%}" if st.prompt_tokens else "-"
     console.print(
-        f"{st.node_count:,} nodes · {st.open_sessions} sessions open · {st.closed_sessions} closed · "
+        f"{count(st.node_count, 'nodes')} · {count(st.open_sessions, 'sessions open')} · "
+        f"{count(st.closed_sessions, 'closed')} · "
         f"cache hit (since start) {hit} · {st.closes} closes freed {st.freed_by_close_tokens:,} tokens · "
         f"{st.evicted_tokens:,} tokens evicted · version {st.version}"
     )

@@ -11,7 +11,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
 from radixtop.adapters.model import Stats
-from radixtop.inspector.format import human_bytes
+from radixtop.inspector.format import count, human_bytes
 
 HISTORY = 120
 """Samples kept for the sparklines (two minutes at the default one-second poll)."""
@@ -46,8 +46,9 @@ def legend(st: Stats, width: int) -> Text:
         text.append("of ", style="dim")
         text.append(human_bytes(st.capacity_bytes))
         if form != "shortest":
-            text.append(f" · {st.node_count:,} nodes")
-        text.append(f" · {st.open_sessions} sessions" + (" open" if form != "shortest" else ""))
+            text.append(f" · {count(st.node_count, 'nodes')}")
+        if st.open_sessions is not None:
+            text.append(f" · {st.open_sessions:,} sessions" + (" open" if form != "shortest" else ""))
         if text.cell_len <= width:
             break
     return text

@@ -46,10 +46,13 @@ class StatsCollector(Collector):
         yield size
         sessions = GaugeMetricFamily("radixtop_sessions", "Sessions by state (closed: still "
                                      "remembered).", labels=["state"])
-        sessions.add_metric(["open"], st.open_sessions)
-        sessions.add_metric(["closed"], st.closed_sessions)
+        if st.open_sessions is not None:  # a figure the target cannot tell is left out, never 0
+            sessions.add_metric(["open"], st.open_sessions)
+        if st.closed_sessions is not None:
+            sessions.add_metric(["closed"], st.closed_sessions)
         yield sessions
-        yield GaugeMetricFamily("radixtop_nodes", "Nodes in the radix tree.", value=st.node_count)
+        if st.node_count is not None:
+            yield GaugeMetricFamily("radixtop_nodes", "Nodes in the radix tree.", value=st.node_count)
         for name, attribute, documentation in COUNTERS:
             yield CounterMetricFamily(name, documentation, value=getattr(st, attribute))
 

@@ -68,9 +68,9 @@ class StatsOut(Schema):
     running_tokens: int
     total_tokens: int
     bytes_per_token: int
-    node_count: int
-    open_sessions: int
-    closed_sessions: int
+    node_count: int | None = Field(description="null: the target cannot tell")
+    open_sessions: int | None = Field(description="null: the target has no sessions, or cannot see them")
+    closed_sessions: int | None
     prompt_tokens: int
     cached_tokens: int
     evicted_tokens: int

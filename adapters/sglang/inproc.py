@@ -6,14 +6,17 @@ times), computes bytes from the server's real KV pool, and closes sessions the w
 action runs on the cache's owner thread through ``run`` (an ``OwnerQueue.call`` drained between
 batches by the plugin's hook); without ``run`` the caller must be the owner thread.
 
-SGLang keeps no subtree sizes and no node registry (0.5.16 ``RadixCache``), so one walk of the
-tree gives both; it is reused for ``sizes_max_age`` seconds or 50x what it cost, whichever is
-longer, and redone after an action. There is no change journal: ``changes`` is unsupported and
-the dashboard reloads what it shows.
+SGLang keeps no subtree sizes and no node registry (0.5.16 ``RadixCache``): a ``TreeIndex``
+(``index.py``) keeps both exact from SGLang's own mutation calls, so no read walks the tree on the
+scheduler thread. Construct the adapter on the scheduler thread, or before it runs (the plugin
+does it in its hook after ``Scheduler.__init__``): it wraps a few of the cache's methods on the
+instance. There is no change journal: ``changes`` is unsupported and the dashboard reloads what
+it shows.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -60,6 +63,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
+from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.units import decode_preview
 from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
@@ -87,16 +91,79 @@ def kv_geometry(kv_pool: Any, page_size: int, model: str) -> Geometry:
     return Geometry(model or type(kv_pool).__name__, layers, heads, head_dim, name, page_size, bpt)
 
 
+OBSERVER = "_radixtop_observer"
+HEALTH_CHECK = "HEALTH_CHECK"
+"""``sglang.srt.constants.HEALTH_CHECK_RID_PREFIX``: /health's own requests, which SGLang's
+TokenizerManager leaves out of its counters (it drops their state before their output comes)."""
+"""The attribute of a tree cache that names the adapter counting what SGLang does to it."""
+
+
+def observe(cache: Any, adapter: SGLangAdapter) -> None:
+    """Count what SGLang itself does to ``cache``, not only what radixtop asks: its evictions (its
+    own ``update_eviction_metrics``, which feeds ``sglang:evicted_tokens_total``), the prompt and
+    cached tokens of every finished request (``on_release``, or 0.5.16's ``cache_finished_req``: the figures SGLang reports
+    per request and counts in ``sglang:prompt_tokens_total`` / ``cached_tokens_total``, /health's
+    requests left out as SGLang leaves them out), and every
+    session close (``release_radix_session``, whoever asked: SGLang's /close_session or radixtop).
+    The cache's own methods are wrapped on the instance, once; a later adapter over the same cache
+    takes the counting over. The wrappers run on the scheduler thread, inside SGLang's own calls."""
+    if getattr(cache, OBSERVER, None) is not None:
+        setattr(cache, OBSERVER, adapter)
+        return
+    setattr(cache, OBSERVER, adapter)
+
+    def wrap(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(cache, name, None)
+        if callable(original):
+            setattr(cache, name, functools.wraps(original)(make(original)))
+
+    def evictions(original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(num_evicted: int, *args: Any, **kwargs: Any) -> Any:
+            result = original(num_evicted, *args, **kwargs)
+            if num_evicted and num_evicted > 0:
+                getattr(cache, OBSERVER).evicted_tokens += int(num_evicted)
+            return result
+
+        return counted
+
+    def finished(original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(req: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(req, *args, **kwargs)
+            done = getattr(req, "finished", None)
+            if (not callable(done) or done()) and not str(getattr(req, "rid", "")).startswith(HEALTH_CHECK):
+                observer = getattr(cache, OBSERVER)
+                observer.prompt_tokens += len(getattr(req, "origin_input_ids", ()) or ())
+                observer.cached_tokens += int(getattr(req, "cached_tokens", 0) or 0)
+            return result
+
+        return counted
+
+    def closes(original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(session_id: str, *args: Any, **kwargs: Any) -> Any:
+            observer = getattr(cache, OBSERVER)
+            before = int(observer.allocator.available_size())
+            result = original(session_id, *args, **kwargs)
+            observer.closes += 1
+            observer.freed_by_close_tokens += max(0, int(observer.allocator.available_size()) - before)
+            observer._changed()  # the next read shows it: no session figures from before the close
+            return result
+
+        return counted
+
+    wrap("update_eviction_metrics", evictions)
+    # Once per request given back: 0.5.17+ calls the cache's ``on_release`` (0.5.16 has none, and
+    # calls ``cache_finished_req``); a retracted request, not finished, comes back later.
+    wrap("on_release" if callable(getattr(cache, "on_release", None)) else "cache_finished_req", finished)
+    wrap("release_radix_session", closes)
+
+
 @dataclass
 class _Walk:
-    """One walk of the tree: every node by id and each subtree's tokens."""
+    """One walk of a tree the index cannot follow: a snapshot of its nodes and sizes."""
 
     taken_at: float
     cost_s: float
-    nodes: dict[int, Any]
-    subtree: dict[int, int]
-    count: int
-    """Nodes in the tree, the root excluded."""
+    index: TreeIndex
 
     def fresh(self, max_age: float) -> bool:
         return time.monotonic() - self.taken_at < max(max_age, self.cost_s * SIZES_BUDGET)
@@ -138,14 +205,17 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         self.attributions = AttributionCache(attribution_max_age, slices=slices)
         """``slices``: where long passes run between the scheduler's steps (the plugin's
         ``OwnerQueue.slices``); without it a large cache is attributed on the spot."""
-        self._walk: _Walk | None = None
+        self._index = install(tree_cache) if self.tree.has_nodes else None
+        self._walk: _Walk | None = None  # only for a tree the index cannot follow
         self._step = threading.local()  # see OneStepReads
-        self._lock = threading.Lock()  # the counters below, updated on the owner thread
         self.version = 0
+        # Counters, updated on the scheduler thread by SGLang's own calls (see ``observe``).
         self.closes = 0
         self.freed_by_close_tokens = 0
         self.evicted_tokens = 0
-        """Counter of tokens evicted by SGLang (the plugin's hook on ``evict``) or by us."""
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        observe(tree_cache, self)
 
     # ----- plumbing -----
 
@@ -172,7 +242,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             raise Unsupported(f"{self.tree.kind}: {self.tree.sessions_reason}")
 
     def _changed(self) -> None:
-        """After an action: the next read walks and attributes again."""
+        """After an action: the next read attributes again."""
         self._walk = None
         self.attributions.invalidate()
         self.version += 1
@@ -199,32 +269,19 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
     def _id(self, node: Any) -> int:
         return ROOT_ID if node is self.tree.root else node.id
 
-    def _walk_tree(self) -> _Walk:
-        """Every node by id and every subtree's tokens, in one iterative walk (owner thread)."""
+    def _sizes(self) -> TreeIndex:
+        """Nodes by id and subtree tokens: the index SGLang's own mutations keep exact (no walk);
+        for a tree it cannot follow, a walk, reused for ``sizes_max_age`` or 50x what it cost."""
+        if self._index is not None:
+            return self._index
         cached = self._walk
         if cached is not None and cached.fresh(self.sizes_max_age):
-            return cached
+            return cached.index
         started = time.perf_counter()
-        root = self.tree.root
-        nodes: dict[int, Any] = {}
-        subtree: dict[int, int] = {}
-        order: list[Any] = []
         with gc_paused():  # a million small dict entries
-            stack = [root]
-            while stack:
-                node = stack.pop()
-                order.append(node)
-                stack.extend(node.children.values())
-            for node in reversed(order):  # children before parents
-                total = len(node.key) if node is not root else 0
-                for child in node.children.values():
-                    total += subtree[child.id]
-                subtree[node.id] = total
-                nodes[node.id] = node
-        subtree[ROOT_ID] = subtree[root.id]
-        nodes[ROOT_ID] = root
-        self._walk = _Walk(time.monotonic(), time.perf_counter() - started, nodes, subtree, len(order) - 1)
-        return self._walk
+            index = TreeIndex(lambda: self.tree.root)
+        self._walk = _Walk(time.monotonic(), time.perf_counter() - started, index)
+        return index
 
     def _attached(self, node: Any) -> bool:
         """Still in the tree (an evicted node keeps its parent pointer, not its place)."""
@@ -241,25 +298,13 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             return self.tree.root
         node = self.tree.node_by_id(node_id) if self.tree.has_registry else None
         if node is None:
-            walk = self._walk_tree()
-            node = walk.nodes.get(node_id)
-            if node is None and walk.taken_at < time.monotonic():  # newer than the walk?
-                self._walk = None
-                node = self._walk_tree().nodes.get(node_id)
+            node = self._sizes().get(node_id)
+            if node is None and self._walk is not None and self._walk.taken_at < time.monotonic():
+                self._walk = None  # a walk's snapshot: the node may be newer than it
+                node = self._sizes().get(node_id)
         if node is None or not self._attached(node):
             raise UnknownNode(f"node {node_id} is not in the tree (evicted, freed, or never existed)")
         return node
-
-    def _subtree_tokens(self, node: Any, walk: _Walk) -> int:
-        known = walk.subtree.get(ROOT_ID if node is self.tree.root else node.id)
-        if known is not None:
-            return known
-        total, stack = 0, [node]  # a node newer than the walk: its own (small) subtree
-        while stack:
-            n = stack.pop()
-            total += len(n.key)
-            stack.extend(n.children.values())
-        return total
 
     def _depth(self, node: Any) -> int:
         depth, root = 0, self.tree.root
@@ -268,13 +313,13 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             node = node.parent
         return depth
 
-    def _view(self, node: Any, depth: int, now: float, walk: _Walk) -> NodeView:
+    def _view(self, node: Any, depth: int, now: float, sizes: TreeIndex) -> NodeView:
         tree, bpt = self.tree, self.bpt
         is_root = node is tree.root
         tokens = 0 if is_root else len(node.key)
         # bounded by len(key): a key may carry a limit or a bigram's extra boundary token
         first = tuple(node.key.token_ids[: min(FIRST_TOKENS, tokens)]) if tokens else ()
-        sub = self._subtree_tokens(node, walk)
+        sub = sizes.tokens_below(node)
         if tree.clock_is_time:
             access = max(0.0, now - node.last_access_time)
             created = max(0.0, now - getattr(node, "creation_time", node.last_access_time))
@@ -298,9 +343,9 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             holders=tuple(sorted(tree.holders(node) or ())),
         )
 
-    def _child_key(self, order: str, walk: _Walk) -> Callable[[Any], Any]:
+    def _child_key(self, order: str, sizes: TreeIndex) -> Callable[[Any], Any]:
         if order == "bytes":
-            return lambda n: (-self._subtree_tokens(n, walk), n.id)
+            return lambda n: (-sizes.tokens_below(n), n.id)
         if order == "recency":
             return lambda n: (-n.last_access_time, n.id)
         return lambda n: (-len(n.key), n.id)
@@ -314,17 +359,20 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             free = int(self.allocator.available_size())
             evictable, protected = tree.evictable_size(), tree.protected_size()
             running = max(0, capacity - free - evictable - protected)
-            nodes = tree.node_count() if tree.has_nodes else 0
-            if nodes is None:
-                nodes = self._walk_tree().count
-            closed = tree.closed()
-            open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
+            nodes = tree.node_count() if tree.has_nodes else None  # the Rust core cannot tell
+            if nodes is None and tree.has_nodes:
+                nodes = self._sizes().count
+            opened = closed_count = None  # a tree without sessions: unknown, not 0
+            if tree.policy is not None:
+                closed = tree.closed()
+                open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
+                opened, closed_count = len(open_ids - set(closed)), len(closed)
             return Stats(
                 target=self.name, capacity_tokens=capacity, free_tokens=free,
                 evictable_tokens=evictable, protected_tokens=protected + running,
                 running_tokens=running, total_tokens=evictable + protected, bytes_per_token=bpt,
-                node_count=nodes, open_sessions=len(open_ids - set(closed)),
-                closed_sessions=len(closed), prompt_tokens=0, cached_tokens=0,
+                node_count=nodes, open_sessions=opened,
+                closed_sessions=closed_count, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                 evicted_tokens=self.evicted_tokens, closes=self.closes,
                 freed_by_close_tokens=self.freed_by_close_tokens, version=self.version,
                 geometry=self.geometry,
@@ -339,7 +387,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
 
         def read() -> ChildrenPage:
             node = self._lookup(node_id)
-            walk = self._walk_tree()
+            walk = self._sizes()
             kids = sorted(node.children.values(), key=self._child_key(order, walk))
             depth = self._depth(node) + 1
             now = time.monotonic()
@@ -354,7 +402,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
 
         def read() -> ChainView:
             node = self._lookup(node_id)
-            walk = self._walk_tree()
+            walk = self._sizes()
             depth, now, nodes = self._depth(node), time.monotonic(), []
             while len(node.children) == 1 and len(nodes) < limit:
                 node = next(iter(node.children.values()))
@@ -370,7 +418,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
 
         def read() -> NodeDetail:
             node = self._lookup(node_id)
-            walk = self._walk_tree()
+            walk = self._sizes()
             path_tokens, up, root = 0, node, self.tree.root
             while up is not root:
                 path_tokens += len(up.key)
@@ -537,11 +585,9 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             plan = self._plan(session_id)
             already = plan.state == "closed"
             before = int(self.allocator.available_size())
-            self._close(session_id)
+            self._close(session_id)  # counted by ``observe``'s wrapper of release_radix_session
             freed_tokens = int(self.allocator.available_size()) - before
             self._changed()
-            self.closes += 1
-            self.freed_by_close_tokens += freed_tokens
             # The plan ran on this thread, in the same step: it is what the close freed.
             freed_ids = plan.freed_node_ids if freed_tokens == plan.freed_tokens else ()
             return plan, CloseResultView(session_id, plan.policy, already, freed_ids, freed_tokens,
@@ -551,8 +597,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
 
     def _evict(self, num_tokens: int) -> tuple[int, int]:
         """(tokens, nodes) SGLang's own ``evict`` freed (owner thread)."""
-        tokens, nodes = self.tree.evict_counted(num_tokens)
-        self.evicted_tokens += tokens
+        tokens, nodes = self.tree.evict_counted(num_tokens)  # evicted_tokens: counted by ``observe``
         self._changed()
         return tokens, nodes
 

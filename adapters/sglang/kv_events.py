@@ -372,7 +372,7 @@ class KvEventsAdapter(CacheAdapter):
         # Locks are not in the events: every cached token counts as evictable.
         return Stats(target=self.name, capacity_tokens=cap, free_tokens=max(cap - total, 0) if cap else 0,
                      evictable_tokens=total, protected_tokens=0, running_tokens=0, total_tokens=total,
-                     bytes_per_token=bpt, node_count=nodes, open_sessions=0, closed_sessions=0,
+                     bytes_per_token=bpt, node_count=nodes, open_sessions=None, closed_sessions=None,
                      prompt_tokens=0, cached_tokens=0, evicted_tokens=removed, closes=0,
                      freed_by_close_tokens=0, version=version, geometry=geometry)
 

@@ -10,7 +10,8 @@ Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
 * after ``Scheduler.process_input_requests`` (once per scheduler loop iteration, between batches,
   where SGLang applies its own control messages): drain the queue of reads and actions, so each
   runs on the scheduler thread. A request the scheduler does not take within
-  ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late.
+  ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late. With
+  ``--sleep-on-idle`` a queued request wakes the scheduler (``IdleWaker``).
 
 Environment: ``RADIXTOP_TOKEN`` (the bearer token for actions; without it one is made up and
 written, mode 0600, to ``RADIXTOP_TOKEN_FILE`` or ``$TMPDIR/radixtop-sglang-<port>.token``; a
@@ -47,6 +48,7 @@ class Attached:
     url: str
     server: Any  # uvicorn.Server
     thread: threading.Thread
+    waker: IdleWaker | None = None
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -54,6 +56,35 @@ class Attached:
 
 
 _ATTACHED: dict[int, Attached] = {}  # by id(scheduler)
+
+
+class IdleWaker:
+    """Wakes a scheduler that sleeps on idle (``--sleep-on-idle``) when radixtop queues a read.
+
+    SGLang's ``IdleSleeper`` waits up to a second in a ``zmq.Poller`` on its input sockets, so a
+    request queued meanwhile would wait for it. The read end of a pipe joins that poller; queueing
+    writes a byte to it, and the hook after ``process_input_requests`` empties it."""
+
+    def __init__(self, poller: Any) -> None:
+        import zmq
+
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        poller.register(self._read, zmq.POLLIN)
+
+    def wake(self) -> None:
+        try:
+            os.write(self._write, b"\0")
+        except BlockingIOError:  # the pipe is full: the scheduler is awake already
+            pass
+
+    def drained(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
 
 def register() -> None:
@@ -74,6 +105,8 @@ def _after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
 def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     attached = _ATTACHED.get(id(scheduler))
     if attached is not None:
+        if attached.waker is not None:
+            attached.waker.drained()
         attached.owner.step(max_items=64)
 
 
@@ -110,7 +143,9 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         raise ValueError(f"refusing to serve radixtop on {host!r} without RADIXTOP_TOKEN")
     server_args = getattr(scheduler, "server_args", None)
     model = os.path.basename(str(getattr(server_args, "model_path", "") or "").rstrip("/"))
-    owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})")
+    sleeper = getattr(scheduler, "idle_sleeper", None)
+    waker = IdleWaker(sleeper.poller) if sleeper is not None and hasattr(sleeper, "poller") else None
+    owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})", wake=waker.wake if waker else None)
     adapter = SGLangAdapter(
         scheduler.tree_cache, owner.call, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
@@ -128,7 +163,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     thread.start()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
-    attached = Attached(adapter, owner, url, server, thread)
+    attached = Attached(adapter, owner, url, server, thread, waker)
     _ATTACHED[id(scheduler)] = attached
     log.info("radixtop admin API for %s on %s", adapter.name, url)
     return attached

@@ -344,7 +344,7 @@ class SGLangRoutesAdapter(CacheAdapter):
         return Stats(target=target, capacity_tokens=t.capacity, free_tokens=t.free,
                      evictable_tokens=t.evictable, protected_tokens=t.protected,
                      running_tokens=t.protected, total_tokens=t.evictable, bytes_per_token=bpt,
-                     node_count=0, open_sessions=0, closed_sessions=0, prompt_tokens=t.prompt,
+                     node_count=None, open_sessions=None, closed_sessions=None, prompt_tokens=t.prompt,
                      cached_tokens=t.cached, evicted_tokens=t.evicted, closes=closes,
                      freed_by_close_tokens=freed_by_close, version=0, geometry=geometry)
 

@@ -484,7 +484,7 @@ def test_plain_radix_cache_tree_stats_match_evict():
         assert "0.5.17+ RadixCache has none" in caps.reason
         on_owner(scheduler, lambda: assert_views_agree(a, k.cache, k.pools))
         st = a.stats()
-        assert (st.open_sessions, st.closed_sessions, st.running_tokens) == (0, 0, 2)
+        assert (st.open_sessions, st.closed_sessions, st.running_tokens) == (None, None, 2)  # no sessions: unknown
         assert all(not c.holders for c in all_children(a, ROOT_ID))
         for call in (lambda: a.sessions(), lambda: a.session("a"), lambda: a.plan_close("a"),
                      lambda: a.close_session("a")):
@@ -533,7 +533,7 @@ def test_rust_core_has_stats_but_no_tree():
         assert st.running_tokens == 2 and st.protected_tokens == k.cache.protected_size() + 2
         assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
         assert st.total_tokens == k.cache.total_size()[0] and st.bytes_per_token == BPT
-        assert st.node_count == 0 and st.open_sessions == 0
+        assert st.node_count is None and st.open_sessions is None  # it cannot tell: unknown, never 0
         for read in (lambda: a.children(ROOT_ID), lambda: a.node(ROOT_ID), lambda: a.chain(ROOT_ID),
                      lambda: a.match([1, 2, 3]), lambda: list(a.export())):
             with pytest.raises(Unsupported, match="Rust tree core"):

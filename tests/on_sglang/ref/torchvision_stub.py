@@ -58,12 +58,18 @@ class _StubModule(types.ModuleType):
 
 
 class TorchvisionStubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``torchvision`` and every submodule as a stand-in package."""
+    """Finds ``torchvision`` and every submodule as a stand-in package. ``hidden``: only for an
+    import statement, never for ``importlib.util.find_spec`` (what availability checks call)."""
+
+    def __init__(self, hidden: bool = False):
+        self.hidden = hidden
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname == "torchvision" or fullname.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
+        if fullname != "torchvision" and not fullname.startswith("torchvision."):
+            return None
+        if self.hidden and _asked_by_find_spec():
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec):
         module = _StubModule(spec.name)
@@ -75,14 +81,28 @@ class TorchvisionStubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def install() -> None:
+def _asked_by_find_spec() -> bool:
+    """Is this lookup ``importlib.util.find_spec`` (an availability check) rather than an import?"""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "find_spec" and frame.f_code.co_filename.endswith(("importlib/util.py",
+                                                                                         "importlib\\util.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def install(hidden: bool = False) -> None:
     """Put the stand-in first on ``sys.meta_path`` (idempotent). Call before importing sglang.
 
     A torchvision module that is already imported is left alone (the stand-in only answers imports
-    that have not happened yet).
+    that have not happened yet). ``hidden``: availability checks do not see it (transformers 5.19,
+    which sglang 0.5.23 pins, must take torchvision for absent).
     """
     if not any(isinstance(f, TorchvisionStubFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, TorchvisionStubFinder())
+        sys.meta_path.insert(0, TorchvisionStubFinder(hidden))
 
 
 def installed() -> bool:

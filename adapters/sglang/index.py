@@ -1,0 +1,202 @@
+"""TreeIndex: every node of an SGLang tree by id, and each node's subtree tokens, kept exact as SGLang
+changes the tree, so that no read has to walk it on the scheduler thread.
+
+SGLang keeps neither (its ``RadixCache`` has no registry and no subtree sizes), and a walk of a
+million-node tree holds the scheduler for seconds. The index follows the tree's own mutation
+methods instead, wrapped on the cache instance (a method of SGLang's, called by SGLang, on its
+scheduler thread; the wrapper adds O(1) work, or O(depth) for a new or removed leaf):
+
+* ``RadixCache`` (0.5.15/0.5.16 with or without sessions; 0.5.17+): ``_split_node`` (a new node
+  above a child: the child's subtree moves up, the child keeps the rest), ``_insert_helper`` (the
+  node it returns is a new leaf when the index has not seen it: its tokens go to every ancestor),
+  ``_delete_leaf`` (eviction and session close both remove leaves only), ``reset``;
+* ``UnifiedRadixCache`` with the Python tree core (0.5.17+): ``tree_core._split_node``,
+  ``_add_new_node``, ``_remove_leaf_from_parent``, ``insert_host`` (a host-only node) and ``reset``.
+
+Subtree tokens count every node the tree holds (a node whose KV was evicted to the host keeps its
+place and its tokens), as a walk of ``node.children`` would. ``verify()`` does that walk and says
+where the index differs (the tests call it after every kind of operation).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+INDEX = "_radixtop_index"
+
+
+class TreeIndex:
+    """Nodes by id and subtree tokens of one SGLang tree (owner thread only)."""
+
+    def __init__(self, root_of: Callable[[], Any]) -> None:
+        self._root_of = root_of
+        self.nodes: dict[int, Any] = {}
+        self.subtree: dict[int, int] = {}
+        self.changes = 0
+        """Mutations seen (a node split, added or removed): the tree's version."""
+        self.rebuild()
+
+    # ----- reads -----
+
+    @property
+    def root(self) -> Any:
+        return self._root_of()
+
+    @property
+    def count(self) -> int:
+        """Nodes in the tree, the root excluded."""
+        return len(self.nodes) - 1
+
+    def get(self, node_id: int) -> Any | None:
+        return self.nodes.get(node_id)
+
+    def tokens_below(self, node: Any) -> int:
+        """The tokens of ``node`` and everything below it."""
+        known = self.subtree.get(node.id)
+        if known is not None and self.nodes.get(node.id) is node:
+            return known
+        return _walk_sizes(node)[1].get(node.id, 0)  # not indexed (never: a hook is missing)
+
+    # ----- the walk: at attach, after a reset, and to verify -----
+
+    def rebuild(self) -> None:
+        nodes, subtree = _walk_sizes(self.root)
+        self.nodes, self.subtree = nodes, subtree
+        self.changes += 1
+
+    def verify(self) -> list[str]:
+        """Where the index differs from a walk of the tree now (empty: it does not)."""
+        nodes, subtree = _walk_sizes(self.root)
+        problems = []
+        if set(nodes) != set(self.nodes):
+            problems.append(f"ids: missing {sorted(set(nodes) - set(self.nodes))[:10]}, "
+                            f"stale {sorted(set(self.nodes) - set(nodes))[:10]}")
+        wrong = {i: (self.subtree.get(i), t) for i, t in subtree.items() if self.subtree.get(i) != t}
+        if wrong:
+            problems.append(f"subtree tokens (index, walk): {dict(list(wrong.items())[:10])}")
+        return problems
+
+    # ----- what the hooks report -----
+
+    def split(self, new_node: Any, child: Any) -> None:
+        """``new_node`` now holds the first part of ``child``'s old key, above it."""
+        old = self.subtree.get(child.id)
+        if old is None:
+            self.rebuild()
+            return
+        self.nodes[new_node.id] = new_node
+        self.subtree[new_node.id] = old
+        self.subtree[child.id] = old - len(new_node.key)
+        self.changes += 1
+
+    def added(self, node: Any) -> None:
+        """``node`` is a new leaf (already attached to its parent)."""
+        if node.id in self.nodes:
+            return
+        tokens = len(node.key)
+        self.nodes[node.id] = node
+        self.subtree[node.id] = tokens
+        parent, root = node.parent, self.root
+        subtree = self.subtree
+        while parent is not None:
+            subtree[parent.id] = subtree.get(parent.id, 0) + tokens
+            if parent is root:
+                break
+            parent = parent.parent
+        self.changes += 1
+
+    def removed(self, node: Any) -> None:
+        """``node``, a leaf, left the tree."""
+        if self.nodes.pop(node.id, None) is None:
+            return
+        tokens = self.subtree.pop(node.id, len(node.key))
+        parent, root = node.parent, self.root
+        subtree = self.subtree
+        while parent is not None:
+            if parent.id in subtree:
+                subtree[parent.id] -= tokens
+            if parent is root:
+                break
+            parent = parent.parent
+        self.changes += 1
+
+
+def _walk_sizes(top: Any) -> tuple[dict[int, Any], dict[int, int]]:
+    """Every node under ``top`` (itself included) by id, and each one's subtree tokens."""
+    order, stack = [], [top]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(node.children.values())
+    nodes: dict[int, Any] = {}
+    subtree: dict[int, int] = {}
+    for node in reversed(order):  # children before parents
+        total = len(node.key) if node.key is not None else 0
+        for child in node.children.values():
+            total += subtree[child.id]
+        subtree[node.id] = total
+        nodes[node.id] = node
+    return nodes, subtree
+
+
+def _wrap(owner: Any, name: str, after: Callable[..., None]) -> bool:
+    """Wrap ``owner.name`` on the instance: ``after(result, *args)`` runs after each call."""
+    original = getattr(owner, name, None)
+    if not callable(original):
+        return False
+
+    @functools.wraps(original)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        after(result, *args, **kwargs)
+        return result
+
+    setattr(owner, name, observed)
+    return True
+
+
+def install(cache: Any) -> TreeIndex | None:
+    """The index of ``cache``, installed once per cache (None: a tree this cannot follow, e.g. the
+    Rust core, which has no Python nodes)."""
+    existing = getattr(cache, INDEX, None)
+    if existing is not None:
+        return existing
+    if hasattr(cache, "tree_core"):
+        core = cache.tree_core
+        if not hasattr(core, "_node_arena"):
+            return None
+        index = TreeIndex(lambda: core.root_node)
+        hooks = [
+            _wrap(core, "_split_node", lambda result, key, child, split_len, *a, **k:
+                  index.split(result[0], child)),
+            _wrap(core, "_add_new_node", lambda result, *a, **k: index.added(result)),
+            _wrap(core, "_remove_leaf_from_parent", lambda result, node, *a, **k: index.removed(node)),
+            _wrap(core, "reset", lambda result, *a, **k: index.rebuild()),
+        ]
+        _wrap(core, "insert_host", lambda result, *a, **k: _host_node(index, core, result))
+    else:
+        if not hasattr(cache, "root_node"):
+            return None
+        index = TreeIndex(lambda: cache.root_node)
+        hooks = [
+            _wrap(cache, "_split_node", lambda new_node, key, child, split_len, *a, **k:
+                  index.split(new_node, child)),
+            _wrap(cache, "_insert_helper", lambda result, *a, **k: index.added(result[1])
+                  if result[1] is not index.root else None),
+            _wrap(cache, "_delete_leaf", lambda result, node, *a, **k: index.removed(node)),
+            _wrap(cache, "reset", lambda result, *a, **k: index.rebuild()),
+        ]
+    if not all(hooks):
+        return None
+    setattr(cache, INDEX, index)
+    return index
+
+
+def _host_node(index: TreeIndex, core: Any, result: Any) -> None:
+    node_id = getattr(result, "inserted_host_node", None)
+    if node_id is not None and node_id not in index.nodes:
+        node = core._node_arena.get(node_id)
+        if node is not None:
+            index.added(node)

@@ -1,0 +1,247 @@
+"""How long radixtop holds SGLang's scheduler thread, with a dashboard attached at its default refresh.
+
+Run from the repository root (in the venv with sglang 0.5.16, or 0.5.23 for ``--unified``):
+
+    .venv/bin/python benchmarks/bench_sglang_holds.py            # 100k and 1M nodes (several minutes)
+    .venv/bin/python benchmarks/bench_sglang_holds.py --quick    # 20k nodes, short windows
+
+A real SGLang ``RadixCache`` with its session mixin (0.5.16; ``--unified``: 0.5.23's
+``UnifiedRadixCache`` on its Python core), its real allocator and pools, is grown to the node count
+with ~5% of its nodes tagged by sessions (50k sessions at 1M nodes), through the calls its scheduler
+makes (``tests/on_sglang/ref``: match, lock, allocate, ``cache_finished_req``). Then a scheduler
+thread keeps serving requests (new turns of those sessions and sessionless prompts, evicting when the
+pool is full) and between its steps runs radixtop's ``OwnerQueue.step()``, exactly where the plugin's
+hook runs it. Meanwhile the dashboard's own ``Poller`` (``radixtop.inspector.poller``) polls the
+in-process ``SGLangAdapter`` once a second (stats, the expanded pages, the selected node, sessions
+every 5 s). Every ``step()`` is timed: that is radixtop's hold of the scheduler thread.
+
+Two modes, alternating in windows on the same tree: ``index`` (the code as it is: ``TreeIndex``)
+and ``walk`` (the index switched off, so reads walk the tree as before it: the baseline).
+Reported per size and mode: holds, the longest, p99, and their share of the scheduler's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from time import perf_counter as pc
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _common import environment, fmt_nodes, log  # noqa: E402
+
+GOAL_LONGEST_MS = 5.0
+GOAL_SHARE = 0.01
+
+
+class Tree:
+    """A real SGLang cache and a way to serve requests on it (0.5.16 replayer or 0.5.23 driver)."""
+
+    def __init__(self, unified: bool, capacity: int, seed: int = 7):
+        self.rng = random.Random(seed)
+        self.unified = unified
+        self.rid = 0
+        if unified:
+            from tests.on_sglang.ref import drive23
+
+            self.d = drive23
+            self.cache, self.pools = drive23.build_unified_cache23(capacity, tree_core_backend="python",
+                                                                   max_running=64, max_context_len=4096)
+        else:
+            from tests.on_sglang.ref.replay_sglang import SGLangReplayer, import_sglang
+
+            self.replayer = SGLangReplayer(import_sglang(), capacity, max_running=64, max_context_len=4096,
+                                           kv_shape=(1, 1, 1, "float16"))
+            self.cache = self.replayer.cache
+
+    def request(self, tokens: list[int], output: list[int], session: str | None) -> None:
+        self.rid += 1
+        if self.unified:
+            self.d.run_request(self.cache, self.pools, tokens, output, session_id=session)
+        else:
+            rid = f"q{self.rid}"
+            self.replayer.begin(rid, tokens, session)
+            self.replayer.finish(rid, output)
+
+
+def grow(tree: Tree, nodes: int, session_share: float = 0.05, vocab: int = 30_000) -> dict[str, Any]:
+    """Sessions (multi-turn chats on shared system prompts) and a sessionless forest of prompts
+    sharing prefixes, until the tree has ``nodes`` nodes. Returns the histories and facts."""
+    rng = tree.rng
+    systems = [[rng.randrange(2, vocab) for _ in range(rng.randint(64, 256))] for _ in range(4)]
+    sessions = max(1, int(nodes * session_share))
+    history: dict[str, list[int]] = {}
+    count = _counter(tree)
+    started = pc()
+    gc.disable()
+    try:
+        for k in range(sessions):  # each session: a first turn (a leaf under its system prompt)
+            sid = f"s{k}"
+            history[sid] = systems[k % 4] + [rng.randrange(2, vocab) for _ in range(rng.randint(4, 24))]
+            tree.request(history[sid], [rng.randrange(2, vocab) for _ in range(4)], sid)
+        groups = []
+        while count() < nodes:
+            if not groups or rng.random() < 0.05:
+                groups.append([rng.randrange(2, vocab) for _ in range(rng.randint(8, 32))])
+            base = rng.choice(groups)
+            cut = rng.randint(1, len(base))
+            tokens = base[:cut] + [rng.randrange(2, vocab) for _ in range(rng.randint(2, 12))]
+            if rng.random() < 0.3:
+                groups.append(tokens)
+            tree.request(tokens, [rng.randrange(2, vocab)], None)
+    finally:
+        gc.enable()
+    gc.collect()
+    gc.freeze()
+    return {"history": history, "systems": systems, "build_s": pc() - started, "nodes": count(),
+            "sessions": sessions}
+
+
+def _counter(tree: Tree):
+    from radixtop.adapters.sglang.index import INDEX, install
+
+    index = getattr(tree.cache, INDEX, None) or install(tree.cache)
+    return lambda: index.count
+
+
+def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int) -> dict[str, Any]:
+    from radixtop.adapters.sglang.inproc import SGLangAdapter
+    from radixtop.gpu_backend.owner_queue import OwnerQueue
+    from radixtop.inspector.poller import Poller, PollRequest
+
+    owner = OwnerQueue("the benchmark scheduler")
+    history = grown["history"]
+    adapter = SGLangAdapter(tree.cache, owner.call, model="bench", open_sessions=lambda: history,
+                            slices=owner.slices, timeout=60.0)
+    index = adapter._index
+    rng, vocab = random.Random(3), 30_000
+    sids = list(history)
+    stop = threading.Event()
+    mode = {"name": "index"}
+    holds: list[tuple[str, float]] = []
+    steps: list[tuple[str, float]] = []
+
+    def scheduler() -> None:
+        while not stop.is_set():
+            started = pc()
+            for _ in range(4):  # a step: a few requests, then radixtop's turn
+                if rng.random() < 0.5:
+                    sid = rng.choice(sids)
+                    tokens = history[sid][-200:] + [rng.randrange(2, vocab) for _ in range(8)]
+                    tree.request(tokens, [rng.randrange(2, vocab) for _ in range(4)], sid)
+                else:
+                    tree.request([rng.randrange(2, vocab) for _ in range(rng.randint(8, 40))], [7], None)
+            t0 = pc()
+            owner.step(max_items=64)
+            t1 = pc()
+            holds.append((mode["name"], t1 - t0))
+            steps.append((mode["name"], t1 - started))
+
+    thread = threading.Thread(target=scheduler, name="scheduler", daemon=True)
+    thread.start()
+    poller = Poller(adapter)
+    first = poller.collect(PollRequest())
+    top = first.tree.rows[0] if first.tree and first.tree.rows else None
+    if top is not None and top.node is not None and top.node.num_children:
+        poller.tree_op("toggle", top)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for w in range(windows):
+            name = ("index", "walk")[w % 2]
+            adapter._index = index if name == "index" else None
+            adapter._walk = None
+            mode["name"] = name
+            mark = len(holds)
+            end = time.monotonic() + window_s
+            while time.monotonic() < end:
+                t = time.monotonic()
+                poller.collect(PollRequest(selected_node=top.node.id if top and top.node else None))
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
+            window = [h for m, h in holds[mark:] if m == name]
+            spent = [s for m, s in steps[mark:] if m == name]
+            agg = results.setdefault(name, {"holds": [], "steps": []})
+            agg["holds"].extend(window)
+            agg["steps"].extend(spent)
+            log(f"  window {w + 1}/{windows} ({name}): {len(window)} steps, longest hold "
+                f"{max(window) * 1e3 if window else 0:.1f} ms")
+    finally:
+        stop.set()
+        thread.join(30)
+    out = {}
+    for name, agg in results.items():
+        hs, ss = sorted(agg["holds"]), agg["steps"]
+        out[name] = {
+            "steps": len(hs),
+            "longest_ms": hs[-1] * 1e3 if hs else 0.0,
+            "p99_ms": hs[int(0.99 * (len(hs) - 1))] * 1e3 if hs else 0.0,
+            "median_ms": statistics.median(hs) * 1e3 if hs else 0.0,
+            "share": sum(hs) / sum(ss) if ss else 0.0,
+        }
+    return out
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    lines = ["| tree | mode | steps | longest hold (ms) | p99 (ms) | median (ms) | share of the scheduler | goal | met |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        for name in ("walk", "index"):
+            m = r["modes"].get(name)
+            if m is None:
+                continue
+            met = m["longest_ms"] <= GOAL_LONGEST_MS and m["share"] <= GOAL_SHARE
+            label = "before (walk)" if name == "walk" else "as now (index)"
+            lines.append(f"| {fmt_nodes(r['nodes'])} nodes, {r['sessions']:,} sessions | {label} | {m['steps']:,} | "
+                         f"{m['longest_ms']:.1f} | {m['p99_ms']:.2f} | {m['median_ms']:.3f} | {m['share']:.2%} | "
+                         f"<= {GOAL_LONGEST_MS:g} ms, <= {GOAL_SHARE:.0%} | {'yes' if met else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20k nodes, short windows (CI smoke run)")
+    parser.add_argument("--unified", action="store_true", help="0.5.23 UnifiedRadixCache (Python core)")
+    parser.add_argument("--sizes", type=int, nargs="*", help="node counts (default 100000 1000000)")
+    parser.add_argument("--windows", type=int, default=None, help="alternating windows per size")
+    parser.add_argument("--window-s", type=float, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sglang_holds.json")
+    args = parser.parse_args(argv)
+    sizes = args.sizes or ([20_000] if args.quick else [100_000, 1_000_000])
+    windows = args.windows or (2 if args.quick else 4)
+    window_s = args.window_s or (4.0 if args.quick else 20.0)
+    rows = []
+    for size in sizes:
+        capacity = size * 40 + 100_000
+        log(f"{fmt_nodes(size)} nodes: growing a real SGLang tree ({'unified' if args.unified else 'RadixCache'})")
+        tree = Tree(args.unified, capacity)
+        grown = grow(tree, size)
+        log(f"  {grown['nodes']:,} nodes, {grown['sessions']:,} sessions in {grown['build_s']:.0f} s")
+        modes = measure(tree, grown, window_s, windows)
+        rows.append({"nodes": grown["nodes"], "sessions": grown["sessions"], "build_s": grown["build_s"],
+                     "modes": modes})
+        del tree, grown
+        gc.unfreeze()
+        gc.collect()
+    table = report(rows)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"environment": environment(), "rows": rows, "window_s": window_s,
+                                    "windows": windows}, indent=1))
+    print(f"\n_{'quick' if args.quick else 'full'} run; JSON: {args.out}_")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

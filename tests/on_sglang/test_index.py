@@ -1,0 +1,78 @@
+"""The TreeIndex over the REAL SGLang 0.5.16 RadixCache: after every operation SGLang itself does
+(inserts that split nodes, evictions, session closes, aborts, a reset), the nodes by id and every
+subtree's tokens equal a walk of the tree; and what the adapter counts equals SGLang's own calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtop.adapters.model import ROOT_ID
+from radixtop.adapters.sglang.index import INDEX
+from radixtop.adapters.sglang.inproc import SGLangAdapter
+from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
+from tests.support.trace_gen import capacity_for, generate_trace
+
+SEEDS = range(8)
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    return import_sglang()
+
+
+def replay_checked(sgl, lines: list[str], size: str) -> tuple[SGLangReplayer, SGLangAdapter]:
+    replayer = SGLangReplayer(sgl, capacity_for(lines, size), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    adapter = SGLangAdapter(replayer.cache, model="tiny")  # installs the index on the empty tree
+    index = getattr(replayer.cache, INDEX)
+    for line_no, op in _parse(lines):
+        replayer.apply(line_no, op)
+        assert index.verify() == [], (line_no, op)
+    return replayer, adapter
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_index_follows_every_operation(sgl, seed, size):
+    lines = generate_trace(seed, n_ops=150, max_in_flight=4, vocab=6 if seed % 2 else 400, abort_weight=3)
+    replayer, adapter = replay_checked(sgl, lines, size)
+    counters = replayer.counters
+    assert counters["splits"] > 0 or seed % 2 == 0
+    index = getattr(replayer.cache, INDEX)
+    assert adapter.stats().node_count == index.count == len(replayer.tree_rows())
+    replayer.cache.reset()
+    assert index.verify() == [] and index.count == 0
+
+
+def test_subtree_sizes_come_from_the_index_without_a_walk(sgl, monkeypatch):
+    lines = generate_trace(3, n_ops=120, max_in_flight=3, vocab=6)
+    replayer, adapter = replay_checked(sgl, lines, "large")
+    import radixtop.adapters.sglang.index as index_module
+
+    def no_walk(top):
+        raise AssertionError("a read walked the tree")
+
+    monkeypatch.setattr(index_module, "_walk_sizes", no_walk)
+    stack, seen = [ROOT_ID], 0
+    while stack:
+        node_id = stack.pop()
+        page = adapter.children(node_id, 0, 1000)
+        for child in page.children:
+            below = adapter.children(child.id, 0, 1000).children
+            assert child.subtree_tokens == child.tokens + sum(c.subtree_tokens for c in below)
+            seen += 1
+            stack.append(child.id)
+    assert seen == adapter.stats().node_count
+    total = adapter.node(ROOT_ID).node.subtree_tokens
+    assert total == replayer.cache.total_size()
+
+
+def test_evictions_and_closes_sglang_makes_are_counted(sgl):
+    lines = generate_trace(5, n_ops=200, max_in_flight=4, vocab=400)
+    replayer, adapter = replay_checked(sgl, lines, "small")
+    st = adapter.stats()
+    evicted_by_sglang = sum(r.get("evicted_tokens", 0) for r in replayer.results if r["op"] == "evict")
+    assert st.evicted_tokens >= evicted_by_sglang and st.evicted_tokens > 0
+    closes = [r for r in replayer.results if r["op"] == "close"]
+    assert st.closes == len(closes)
+    assert st.freed_by_close_tokens == sum(r["freed_tokens"] for r in closes)

@@ -1,0 +1,233 @@
+"""radixtop against a real SGLang server (``python -m sglang.launch_server`` on CPU, see
+``tests/on_sglang/server``): the plugin, the KV-event stream and the plain HTTP routes, with every
+figure compared to SGLang's own (its /metrics, its responses).
+
+It runs in each venv against the sglang installed there: 0.5.16 in ``.venv`` (RadixCache with
+sessions), 0.5.23 in ``.venv-sglang23`` (UnifiedRadixCache: the Python core with sessions, and the
+default Rust core). The servers sleep on idle (``--sleep-on-idle``), which also shows that
+radixtop wakes the scheduler for its requests.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from itertools import count
+
+import pytest
+
+from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
+from tests.on_sglang.server import BYTES_PER_TOKEN, Server, free_port, launch, sglang_version
+
+VERSION = sglang_version()
+MAX_TOTAL_TOKENS = 4096
+_tokens = count(3)
+
+
+def fresh(n: int) -> list[int]:
+    """``n`` token ids no other prompt of this module starts with (ids 3..999, cycling)."""
+    return [3 + next(_tokens) % 997 for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def kv_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, kv_port):
+    """The server of this venv's sglang, with sessions, metrics, KV events and sleep on idle."""
+    # SGLang binds the publisher only for "tcp://*:PORT" (a host name makes it connect out instead)
+    events = f'{{"publisher": "zmq", "endpoint": "tcp://*:{kv_port}"}}'
+    srv = launch(tmp_path_factory.mktemp("sglang"), sessions=True, sleep_on_idle=True,
+                 max_total_tokens=MAX_TOTAL_TOKENS, extra_args=("--kv-events-config", events))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> RadixtopClient:
+    remote = RadixtopClient(server.admin_url, token=server.token, timeout=30)
+    yield remote
+    remote.close()
+
+
+def settle(server: Server, client: RadixtopClient) -> None:
+    """Until the server is idle and SGLang's own gauges have caught up with its pool (they are
+    republished on every idle loop)."""
+    deadline = time.monotonic() + 60
+    while True:
+        st, m = client.stats(), server.metrics()
+        if (m.get("sglang:num_running_reqs", 0) == 0 and m.get("sglang:num_queue_reqs", 0) == 0
+                and st.free_tokens == m.get("sglang:kv_available_tokens")):
+            return
+        assert time.monotonic() < deadline, (st, m)
+        time.sleep(0.3)
+
+
+def chat(server: Server, sessions: int = 4, turns: int = 3) -> dict[str, list[int]]:
+    """Radix sessions: each turn sends the whole history plus new tokens with its session id."""
+    history = {f"chat{k}": fresh(40) for k in range(sessions)}
+    for _ in range(turns):
+        for sid in history:
+            history[sid] = history[sid] + fresh(20)
+            out = server.generate(history[sid], max_new_tokens=8, session_id=sid)
+            history[sid] += out.get("output_ids", [])
+    return history
+
+
+def flood(server: Server, prompts: int = 60, length: int = 200) -> None:
+    """Distinct prompts, more than the pool holds: SGLang evicts on its own."""
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: server.generate(fresh(length), max_new_tokens=4), range(prompts)))
+
+
+@pytest.fixture(scope="module")
+def driven(server, client):
+    """The server after a workload: chats in sessions, then a flood that makes SGLang evict."""
+    history = chat(server)
+    flood(server)
+    settle(server, client)
+    return history
+
+
+# ----- it starts, and the plugin answers from inside it -----
+
+
+def test_the_plugin_serves_the_admin_api_inside_the_server(server, client):
+    caps = client.capabilities()
+    assert caps.tree and caps.sessions and caps.close and caps.evict
+    st = client.stats()
+    assert st.capacity_tokens == MAX_TOTAL_TOKENS == server.metrics()["sglang:max_total_num_tokens"]
+    assert st.bytes_per_token == BYTES_PER_TOKEN
+    assert VERSION in st.target or "sglang" in st.target
+
+
+def test_admin_requests_wake_a_scheduler_that_sleeps_on_idle(server, client):
+    """SGLang's idle sleeper waits up to 1 s on its own sockets; a request radixtop queues wakes
+    it (without the wake every request here waited for that second)."""
+    settle(server, client)
+    waits = []
+    for _ in range(10):
+        started = time.perf_counter()
+        client.stats()
+        waits.append(time.perf_counter() - started)
+    assert statistics.median(waits) < 0.5, waits
+
+
+# ----- every figure equals SGLang's own -----
+
+
+def test_evictions_equal_sglangs_counter(server, client, driven):
+    st, m = client.stats(), server.metrics()
+    assert m["sglang:evicted_tokens_total"] > 0  # the flood made SGLang evict on its own
+    assert st.evicted_tokens == m["sglang:evicted_tokens_total"]
+
+
+def test_prompt_and_cached_tokens_equal_sglangs_counters(server, client, driven):
+    st, m = client.stats(), server.metrics()
+    assert m["sglang:cached_tokens_total"] > 0  # the chats' later turns hit their history
+    assert (st.prompt_tokens, st.cached_tokens) == (m["sglang:prompt_tokens_total"], m["sglang:cached_tokens_total"])
+
+
+def test_pool_buckets_equal_sglangs_own(server, client, driven):
+    st, m = client.stats(), server.metrics()
+    assert st.free_tokens == m["sglang:kv_available_tokens"]
+    assert st.evictable_tokens == m["sglang:kv_evictable_tokens"]
+    assert st.protected_tokens == m["sglang:kv_used_tokens"]  # SGLang: capacity - available - evictable
+    assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
+
+
+def test_a_close_through_sglangs_own_route_shows_at_the_next_read(server, client, driven):
+    history = chat(server, sessions=2, turns=2)
+    sid = sorted(history)[0]
+    settle(server, client)
+    before = client.stats()
+    assert client.session(sid).session.state == "open"
+    plan = client.plan_close(sid)
+    assert server.post("/close_session", {"session_id": sid}).status_code == 200
+    settle(server, client)
+    detail = client.session(sid)
+    assert detail.session.state == "closed" and detail.session.exclusive_bytes == 0
+    after = client.stats()
+    assert after.closes == before.closes + 1
+    freed = after.freed_by_close_tokens - before.freed_by_close_tokens
+    if plan.policy == "free":  # 0.5.16: the close frees the session's own chains now
+        assert freed == plan.freed_tokens > 0 and detail.node_ids == ()
+    else:  # 0.5.17+: it only drops the session's references; eviction frees later
+        assert plan.policy == "deref" and freed == plan.freed_tokens == 0
+
+
+def test_a_sessions_detail_agrees_with_itself(server, client, driven):
+    for row in client.sessions(limit=1000).sessions:
+        detail = client.session(row.id)
+        assert detail.session.tagged_nodes == len(detail.node_ids), detail
+
+
+def test_radixtops_own_close_and_evict_count_once(server, client, driven):
+    history = chat(server, sessions=1, turns=2)
+    (sid,) = history
+    settle(server, client)
+    before, m0 = client.stats(), server.metrics()
+    result = client.close_session(sid)
+    evicted = client.evict(50)
+    settle(server, client)
+    after, m1 = client.stats(), server.metrics()
+    assert after.closes == before.closes + 1
+    assert after.freed_by_close_tokens - before.freed_by_close_tokens == result.freed_tokens
+    assert after.evicted_tokens - before.evicted_tokens == evicted.evicted_tokens
+    assert after.evicted_tokens == m1["sglang:evicted_tokens_total"]
+    assert m1["sglang:evicted_tokens_total"] - m0["sglang:evicted_tokens_total"] == evicted.evicted_tokens
+
+
+# ----- the other ways in, against the same server -----
+
+
+def test_the_plain_routes_adapter_reads_the_same_totals(server, client, driven):
+    routes = SGLangRoutesAdapter(server.url, timeout=30)
+    try:
+        settle(server, client)
+        plain, plugin = routes.stats(), client.stats()
+        assert (plain.capacity_tokens, plain.free_tokens, plain.evictable_tokens) == \
+            (plugin.capacity_tokens, plugin.free_tokens, plugin.evictable_tokens)
+        assert (plain.prompt_tokens, plain.cached_tokens, plain.evicted_tokens) == \
+            (plugin.prompt_tokens, plugin.cached_tokens, plugin.evicted_tokens)
+        assert plain.node_count is None and plain.open_sessions is None  # it cannot know
+    finally:
+        routes.close()
+
+
+def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
+    from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+
+    events = KvEventsAdapter(f"tcp://127.0.0.1:{kv_port}", None, capacity_tokens=MAX_TOTAL_TOKENS)
+    try:
+        time.sleep(1.0)  # the subscriber connects before the events it must see
+        settle(server, client)
+        assert server.post("/flush_cache").status_code == 200  # AllBlocksCleared: both start empty
+        settle(server, client)
+        flood(server, prompts=8, length=100)
+        settle(server, client)
+        deadline = time.monotonic() + 30
+        while events.stats().total_tokens != client.stats().total_tokens:
+            assert time.monotonic() < deadline, (events.stats(), client.stats())
+            time.sleep(0.2)
+        assert events.stats().total_tokens > 0
+    finally:
+        events.close()
+
+
+# ----- the faces over the real server -----
+
+
+def test_the_commands_over_the_real_server(server, driven):
+    env = {"RADIXTOP_URL": server.admin_url, "RADIXTOP_TOKEN": server.token, "PATH": "/usr/bin:/bin"}
+    for args in (["stats"], ["tree", "--depth", "2"], ["sessions"], ["stats", "--json"]):
+        done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stderr == "", (args, done.stderr)
+        assert done.stdout.strip()
