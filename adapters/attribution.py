@@ -8,6 +8,7 @@ per session costs more to build than that session's whole attribution), turned i
 
 from __future__ import annotations
 
+import heapq
 import operator
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping
@@ -20,7 +21,9 @@ from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
 from radixtop.gpu_backend.slices import Slices
 
 ATTRIBUTION_BUDGET = 200  # reuse an attribution for 200x what the next would cost (<= 0.5% of the owner)
-INLINE_S = 0.02  # an attribution that cost less is made again on the spot: slicing it gains nothing
+INLINE_S = 0.005
+"""The most a read runs an attribution pass on the spot (the owner-thread hold goal); the rest of
+the pass runs in slices between the owner's steps."""
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)
@@ -73,9 +76,26 @@ class Attribution:
     def page(self, order: str, offset: int, limit: int) -> list[SessionRow]:
         """Rows ``offset:offset+limit`` in ``order`` (one of SESSION_KEYS); each order is sorted
         once per attribution, so a dashboard's repeated reads of it cost a slice."""
+        return run_steps(self.page_steps(order, offset, limit))
+
+    def page_steps(self, order: str, offset: int, limit: int,
+                   chunk: int = 1024) -> Generator[None, None, list[SessionRow]]:
+        """``page`` as a stepwise pass: the first read of an order sorts the rows ``chunk`` at a
+        time and merges them, yielding between (50k sessions take tens of ms to sort at once)."""
         rows = self._ordered.get(order)
         if rows is None:
-            rows = self._ordered[order] = sorted(self.sessions.values(), key=SESSION_KEYS[order])
+            key = SESSION_KEYS[order]
+            everything = list(self.sessions.values())
+            runs = []
+            for start in range(0, len(everything), chunk):
+                runs.append(sorted(everything[start : start + chunk], key=key))
+                yield
+            rows = []
+            for row in heapq.merge(*runs, key=key):
+                rows.append(row)
+                if len(rows) % (chunk * 8) == 0:
+                    yield
+            self._ordered[order] = rows
         return rows[offset : offset + limit]
 
     @property
@@ -202,12 +222,15 @@ def attribution_steps(
 class AttributionCache:
     """The last attribution and its refresh (owner thread only).
 
-    A read gets the last attribution while it is fresh (``Attribution.fresh``). When it is not:
-    if it cost at most ``inline_s`` (or there is none yet, or no ``slices`` to run passes in),
-    a new one is made on the spot; otherwise the last one is served and a new one runs in slices
-    between the owner's steps (``gpu_backend.slices``), replacing it when done. So a cache large
-    enough to take seconds to attribute never stalls its engine for that long, except for the
-    very first attribution and the first after an action (``invalidate``), which are exact.
+    A read gets the last attribution while it is fresh (``Attribution.fresh``). When it is not, a
+    new pass starts and runs here for at most ``inline_s`` (a small cache is attributed in that
+    time, exactly and at once); what is left of it runs in slices between the owner's steps
+    (``gpu_backend.slices``) while the last attribution is served, and replaces it when done. So
+    attribution never holds the owner longer than ``inline_s`` at once. Until the first pass ends
+    there is none to serve (``get`` returns None: a read that needs one waits for it in slices,
+    ``ready``). After an action (``invalidate``) the last one is served as stale, with a closed
+    session's row shown closed at once, until the next pass ends. Without ``slices`` every pass
+    runs to its end on the spot.
     """
 
     def __init__(self, max_age: float = 5.0, budget: float = ATTRIBUTION_BUDGET,
@@ -217,7 +240,11 @@ class AttributionCache:
         self.slices = slices
         self.inline_s = inline_s
         self.current: Attribution | None = None
+        self.stale = False
+        """An action happened since ``current`` was made: it is served only until the next one."""
         self._refresh: object | None = None  # the pass in flight, if any
+        self._handed: object | None = None  # the pass handed to the slices, if any
+        self._pass: Generator[None, None, None] | None = None
         self.made = 0
         self.made_in_slices = 0
         self.work_s = 0.0
@@ -227,45 +254,91 @@ class AttributionCache:
     def refreshing(self) -> bool:
         return self._refresh is not None
 
-    def invalidate(self) -> None:
-        """After an action: the next read attributes on the spot; a pass in flight is dropped."""
-        self.current = None
+    def invalidate(self, closed: str | None = None) -> None:
+        """After an action: the next read starts a new pass (a pass in flight began before the
+        action and is dropped). ``closed``: a session just closed, shown closed, holding nothing,
+        until then."""
         self._refresh = None
+        self.stale = True
+        current = self.current
+        if closed is not None and current is not None and closed in current.sessions:
+            row = current.sessions[closed]
+            current.sessions[closed] = (row[0], True, 0, 0, 0, 0, 0, row[7])
+            current._ordered.clear()
 
     def get(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
-            holding: int | None = None) -> Attribution:
-        """The attribution to serve now; ``steps()`` starts a new pass (``attribution_steps``);
-        ``holding``: the sessions that hold KV now, if known cheaply (see ``Attribution.fresh``)."""
+            holding: int | None = None) -> Attribution | None:
+        """The attribution to serve now (None: the first pass has not ended yet); ``steps()``
+        starts a new pass (``attribution_steps``); ``holding``: the sessions that hold KV now, if
+        known cheaply (see ``Attribution.fresh``)."""
         current = self.current
-        if current is not None and current.fresh(key, self.max_age, self.budget, holding):
+        if current is not None and not self.stale and current.fresh(key, self.max_age, self.budget, holding):
             return current
-        if current is None or self.slices is None or current.cost_s <= self.inline_s:
-            self._refresh = None
-            result = in_one_go(steps())
-            self._done(result, result.cost_s)
-            return result
         if self._refresh is None:
             self._refresh = token = object()
-            self.slices.add(self._sliced(steps(), token))
+            sliced = self._pass = self._sliced(steps(), token)
+            if self.slices is None:
+                for _ in sliced:
+                    pass
+            else:
+                deadline = time.perf_counter() + self.inline_s
+                while time.perf_counter() < deadline:  # a small cache is done within it: exact, now
+                    if next(sliced, StopIteration) is StopIteration:
+                        break
+                else:
+                    self._handed = token
+                    self.slices.add(sliced)
+        return self.current
+
+    def get_now(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
+                holding: int | None = None) -> Attribution:
+        """``get``, but never None: the first pass is run to its end on the spot (for a caller
+        that cannot wait between steps)."""
+        current = self.get(key, steps, holding)
+        if current is None and self._pass is not None:
+            self._handed = None  # finished here, not in the slices
+            for _ in self._pass:
+                pass
+            current = self.current
+        if current is None:  # the pass was dropped meanwhile: one more, to its end
+            self._refresh = None
+            self._pass = None
+            current = in_one_go(steps())
+            self._done(current, current.cost_s)
         return current
+
+    def ready(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
+              holding: int | None = None) -> Generator[None, None, Attribution]:
+        """``get``, for a read run in slices: until there is an attribution to serve, it drives
+        the pass itself a step at a time, yielding between steps."""
+        while True:
+            current = self.get(key, steps, holding)
+            if current is not None:
+                return current
+            if self._pass is not None:
+                next(self._pass, None)
+                if self.current is not None:
+                    return self.current
+            yield
 
     def _done(self, result: Attribution, work_s: float) -> None:
         result.cost_s = work_s
         self.current = result
+        self.stale = False
         self.made += 1
         self.work_s += work_s
 
     def _sliced(self, steps: Generator[None, None, Attribution], token: object) -> Generator[None, None, None]:
         work = 0.0
         try:
-            while self._refresh is token:  # dropped (an action, or an attribution on the spot) otherwise
+            while self._refresh is token:  # dropped after an action otherwise
                 started = time.perf_counter()
                 try:
                     with gc_paused():
                         next(steps)
                 except StopIteration as finished:
                     self._done(finished.value, work + time.perf_counter() - started)
-                    self.made_in_slices += 1
+                    self.made_in_slices += self._handed is token
                     return
                 work += time.perf_counter() - started
                 yield

@@ -237,7 +237,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         last one is served (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
         key = (cache.version, len(s.session_activity))
-        return self.attributions.get(
+        return self.attributions.get_now(
             key,
             lambda: attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
                                       s.session_activity, s.session_activity, s.geometry.bytes_per_token,
@@ -383,7 +383,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         if not known:
             raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
         r = s.close_session(session_id)
-        self.attributions.invalidate()  # after an action the next read recomputes
+        self.attributions.invalidate(closed=session_id)  # shown closed at once; the rest: next pass
         self.engine.record("close", session=session_id)
         return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
                                r.freed_tokens, r.freed_bytes, r.released_holds)
@@ -407,7 +407,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
 
         def act(s: Scheduler) -> EvictResultView:
             r = s.evict(num_tokens)
-            self.attributions.invalidate()  # after an action the next read recomputes
+            self.attributions.invalidate()  # the next read starts a new pass
             self.engine.record("evict", tokens=num_tokens)
             bpt = s.geometry.bytes_per_token
             return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
@@ -421,7 +421,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         def act(s: Scheduler) -> FlushResultView:
             requested = s.cache.evictable_size()
             r = s.flush()
-            self.attributions.invalidate()  # after an action the next read recomputes
+            self.attributions.invalidate()  # the next read starts a new pass
             self.engine.record("evict", tokens=requested)
             locked = s.cache.protected_size()
             message = f"{locked} tokens locked by running requests stay" if locked else ""

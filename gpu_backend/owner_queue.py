@@ -15,8 +15,8 @@ import gc
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import TypeVar
@@ -90,6 +90,25 @@ class OwnerQueue:
                 raise OwnerTimeout(self._late(timeout)) from None
             return future.result()  # it started just now: wait for it rather than lose it
 
+    def call_steps(self, steps: Callable[[], Generator[None, None, T]], timeout: float) -> T:
+        """A long read as a stepwise pass (a generator that yields between slices of its work and
+        returns its result): the owner runs it a slice at a time between its steps (``slices``,
+        at most ``slices.slice_s`` at once), so it never holds the owner longer than that; the
+        caller waits for the end. Past ``timeout`` it is dropped at its next slice (OwnerTimeout).
+        From the owner thread itself it runs to its end at once."""
+        if self._closed is not None:
+            raise OwnerStopped(self._closed)
+        if threading.get_ident() == self._owner:
+            return _run_to_end(steps())
+        done: Future = Future()
+        self.call(lambda: self.slices.add(_resolving(steps(), done)), timeout)
+        try:
+            return done.result(timeout)
+        except FutureTimeout:
+            if done.cancel():
+                raise OwnerTimeout(self._late(timeout).replace("did not take", "did not finish")) from None
+            return done.result()
+
     def _late(self, timeout: float) -> str:
         if self.last_drain is None:
             seen = "it has not run a step since radixtop attached"
@@ -153,3 +172,31 @@ class OwnerQueue:
 
     def pending(self) -> int:
         return self._queue.qsize()
+
+
+def _run_to_end(steps: Generator[None, None, T]) -> T:
+    try:
+        while True:
+            next(steps)
+    except StopIteration as finished:
+        return finished.value
+
+
+def _resolving(steps: Generator[None, None, T], done: Future) -> Generator[None, None, None]:
+    """A pass for ``Slices`` that hands its result (or its exception) to ``done``, and stops at
+    its next slice once its caller gave up (``done`` cancelled)."""
+    while not done.cancelled():
+        try:
+            next(steps)
+        except StopIteration as finished:
+            result, error = finished.value, None
+        except Exception as exc:  # handed to the caller, never raised in the owner's loop
+            result, error = None, exc
+        else:
+            yield
+            continue
+        try:
+            done.set_exception(error) if error is not None else done.set_result(result)
+        except InvalidStateError:  # cancelled by its caller meanwhile
+            pass
+        return

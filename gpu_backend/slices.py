@@ -41,7 +41,7 @@ class Slices:
         return len(self._passes)
 
     def run(self, idle: bool = False) -> float:
-        """Resume the passes, oldest first, until ``slice_s`` seconds are spent or none is left;
+        """Resume the passes, in turn, until ``slice_s`` seconds are spent or none is left;
         the seconds spent. Unless ``idle``, nothing runs until the owner has had its share since
         the last slice. A pass that raises is logged and dropped, never raised to the owner."""
         if not self._passes:
@@ -59,6 +59,8 @@ class Slices:
             except Exception:
                 log.exception("radixtop: a pass on the owner thread failed; it is dropped")
                 passes.popleft()
+            else:
+                passes.rotate(-1)  # round robin: a read that waits on a pass lets that pass run
             if time.perf_counter() >= deadline:
                 break
         ended = time.perf_counter()

@@ -16,10 +16,12 @@ it shows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import heapq
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,9 +30,11 @@ from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
     OneStepReads,
+    Read,
     check_chain_limit,
     check_child_order,
     check_page,
+    check_reads,
     check_session_order,
     check_tokens,
 )
@@ -66,12 +70,17 @@ from radixtop.adapters.model import (
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.units import decode_preview
-from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
-from radixtop.gpu_backend.session_rules import plan_release
+from radixtop.gpu_backend.owner_queue import OwnerQueue, OwnerStopped, OwnerTimeout, gc_paused
+from radixtop.gpu_backend.session_rules import plan_release, run_steps
 from radixtop.gpu_backend.slices import Slices
 
 T = TypeVar("T")
 FIRST_TOKENS = 16
+SORT_CHUNK = 1024
+VIEWS_CHUNK = 256
+ATTRIBUTION_CHUNK = 256
+"""Nodes or sessions an attribution pass takes per step (a slice runs steps up to 5 ms)."""
+"""Children sorted at once; a wider node is ranked in chunks of this many, a slice each."""
 SIZES_BUDGET = 50  # reuse a walk for at least 50x what it cost (<= 2% of the scheduler)
 
 
@@ -145,7 +154,7 @@ def observe(cache: Any, adapter: SGLangAdapter) -> None:
             result = original(session_id, *args, **kwargs)
             observer.closes += 1
             observer.freed_by_close_tokens += max(0, int(observer.allocator.available_size()) - before)
-            observer._changed()  # the next read shows it: no session figures from before the close
+            observer._changed(closed=session_id)  # the next read shows it closed
             return result
 
         return counted
@@ -175,7 +184,7 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
     def __init__(
         self,
         tree_cache: Any,
-        run: Callable[[Callable[[], Any], float], Any] | None = None,
+        run: OwnerQueue | Callable[[Callable[[], Any], float], Any] | None = None,
         *,
         name: str = "sglang",
         model: str = "",
@@ -194,6 +203,10 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         kv_pool = self.allocator.get_kvcache() if hasattr(self.allocator, "get_kvcache") else None
         self.geometry = kv_geometry(kv_pool, self.tree.page_size, model)
         self.bpt = self.geometry.bytes_per_token
+        self._owner = run if isinstance(run, OwnerQueue) else None
+        if self._owner is not None:
+            slices = slices or self._owner.slices
+            run = self._owner.call
         self._run = run
         self.name = name
         self.read_only = read_only
@@ -203,8 +216,9 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         self._close = close or self.tree.release
         self.sizes_max_age = sizes_max_age
         self.attributions = AttributionCache(attribution_max_age, slices=slices)
-        """``slices``: where long passes run between the scheduler's steps (the plugin's
-        ``OwnerQueue.slices``); without it a large cache is attributed on the spot."""
+        """``run``: the scheduler's ``OwnerQueue`` (or its ``call``); with the queue, long reads
+        run in its slices between the scheduler's steps, never holding it longer than a slice;
+        without one (``slices``) they run to their end on the spot."""
         self._index = install(tree_cache) if self.tree.has_nodes else None
         self._walk: _Walk | None = None  # only for a tree the index cannot follow
         self._step = threading.local()  # see OneStepReads
@@ -220,10 +234,75 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
     # ----- plumbing -----
 
     def _call(self, fn: Callable[[], T]) -> T:
-        try:
+        def run() -> T:
             if self._run is None or self._in_step() is not None:  # in read_many's step
                 return fn()
             return self._run(fn, self.timeout)
+
+        return self._mapped(run)
+
+    def _call_steps(self, steps: Callable[[], Generator[None, None, T]]) -> T:
+        """A read that may need more than a slice of the scheduler (sorting a node of 100k
+        children, a first attribution): run in slices between its steps, where the adapter has
+        the scheduler's queue; on the spot otherwise."""
+        def run() -> T:
+            if self._owner is not None and self._in_step() is None:
+                return self._owner.call_steps(steps, self.timeout)
+            return self._call(lambda: run_steps(steps()))
+
+        return self._mapped(run)
+
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        """Every read in one pass on the scheduler thread (in slices, as ``_call_steps``)."""
+        checked = check_reads(reads)
+
+        def steps() -> Generator[None, None, list[Any]]:
+            results = []
+            for op, args in checked:
+                results.append((yield from self._read_steps(op, args)))
+                yield  # the scheduler may take its turn between two reads
+            return results
+
+        return self._call_steps(steps)
+
+    def _read_steps(self, op: str, args: tuple[Any, ...]) -> Generator[None, None, Any]:
+        """One read of ``read_many`` on the scheduler thread: its result, or the AdapterError."""
+        stepwise = getattr(self, f"_{op}_steps", None)
+        try:
+            if stepwise is None:
+                self._step.owner = ()  # its own _call runs inline: we are on the scheduler thread
+                try:
+                    return getattr(self, op)(*args)
+                finally:
+                    self._step.owner = None
+            self._check(op, args)
+            return (yield from stepwise(*args))
+        except (TargetUnreachable, TargetTimeout):
+            raise
+        except AdapterError as exc:
+            return exc
+        except (LookupError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            return AdapterError(f"reading SGLang's {self.tree.kind} failed: {type(exc).__name__}: {exc}")
+
+    def _check(self, op: str, args: tuple[Any, ...]) -> None:
+        """The argument checks of a stepwise read's public method."""
+        if op == "children":
+            check_page(args[1] if len(args) > 1 else 0, args[2] if len(args) > 2 else 100)
+            check_child_order(args[3] if len(args) > 3 else "bytes")
+            self._need_tree()
+        elif op == "node":
+            check_page(args[1] if len(args) > 1 else 0, args[2] if len(args) > 2 else 256)
+            self._need_tree()
+        elif op == "sessions":
+            check_page(args[1] if len(args) > 1 else 0, args[2] if len(args) > 2 else 100)
+            check_session_order(args[0] if args else "exclusive_bytes")
+            self._need_sessions()
+        elif op == "session":
+            self._need_sessions()
+
+    def _mapped(self, run: Callable[[], T]) -> T:
+        try:
+            return run()
         except AdapterError:
             raise
         except OwnerTimeout as exc:
@@ -241,10 +320,10 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         if self.tree.policy is None:
             raise Unsupported(f"{self.tree.kind}: {self.tree.sessions_reason}")
 
-    def _changed(self) -> None:
-        """After an action: the next read attributes again."""
+    def _changed(self, closed: str | None = None) -> None:
+        """After an action: the next read attributes again (``closed``: shown closed at once)."""
         self._walk = None
-        self.attributions.invalidate()
+        self.attributions.invalidate(closed)
         self.version += 1
 
     def capabilities(self) -> Capabilities:
@@ -345,6 +424,9 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
 
     def _child_key(self, order: str, sizes: TreeIndex) -> Callable[[Any], Any]:
         if order == "bytes":
+            if sizes is self._index:  # every node is in it: one dict read per child
+                subtree = sizes.subtree
+                return lambda n: (-subtree[n.id], n.id)
             return lambda n: (-sizes.tokens_below(n), n.id)
         if order == "recency":
             return lambda n: (-n.last_access_time, n.id)
@@ -381,20 +463,28 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         return self._call(read)
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
-        check_page(offset, limit)
-        check_child_order(order)
-        self._need_tree()
+        self._check("children", (node_id, offset, limit, order))
+        return self._call_steps(lambda: self._children_steps(node_id, offset, limit, order))
 
-        def read() -> ChildrenPage:
-            node = self._lookup(node_id)
-            walk = self._sizes()
-            kids = sorted(node.children.values(), key=self._child_key(order, walk))
-            depth = self._depth(node) + 1
-            now = time.monotonic()
-            views = tuple(self._view(k, depth, now, walk) for k in kids[offset : offset + limit])
-            return ChildrenPage(node_id, offset, limit, len(kids), order, views)
-
-        return self._call(read)
+    def _children_steps(self, node_id: int, offset: int = 0, limit: int = 100,
+                        order: str = "bytes") -> Generator[None, None, ChildrenPage]:
+        node = self._lookup(node_id)
+        sizes = self._sizes()
+        kids = list(node.children.values())
+        key = self._child_key(order, sizes)
+        if len(kids) <= SORT_CHUNK:
+            first = sorted(kids, key=key)[offset : offset + limit]
+        else:  # a wide node (a few-shot prompt with 100k continuations): the top in chunks
+            want, best = offset + limit, []
+            for start in range(0, len(kids), SORT_CHUNK):
+                best = heapq.nsmallest(want, [*best, *kids[start : start + SORT_CHUNK]], key=key)
+                yield
+            first = best[offset:]
+            node = self._lookup(node_id)  # still there after the slices?
+        depth = self._depth(node) + 1
+        now = time.monotonic()
+        views = tuple(self._view(k, depth, now, sizes) for k in first)
+        return ChildrenPage(node_id, offset, limit, len(kids), order, views)
 
     def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
         check_chain_limit(limit)
@@ -413,74 +503,81 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         return self._call(read)
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
-        check_page(token_offset, token_limit)
-        self._need_tree()
+        self._check("node", (node_id, token_offset, token_limit))
+        return self._call_steps(lambda: self._node_steps(node_id, token_offset, token_limit))
 
-        def read() -> NodeDetail:
-            node = self._lookup(node_id)
-            walk = self._sizes()
-            path_tokens, up, root = 0, node, self.tree.root
-            while up is not root:
-                path_tokens += len(up.key)
-                up = up.parent
-            attribution = self._attribute()
-            if node is root:
-                beneath = attribution.sessions_holding
-            else:
-                beneath = attribution.beneath.get(node.id, 0)
-            ids = node.key.token_ids if node is not root else ()
-            end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
-            return NodeDetail(
-                node=self._view(node, self._depth(node), time.monotonic(), walk),
-                token_ids=tuple(int(t) for t in ids[token_offset:end]),
-                token_offset=token_offset,
-                path_tokens=path_tokens,
-                sessions_beneath=beneath,
-            )
+    def _node_steps(self, node_id: int, token_offset: int = 0,
+                    token_limit: int = 256) -> Generator[None, None, NodeDetail]:
+        attribution = yield from self._attribution_ready()
+        node = self._lookup(node_id)
+        sizes = self._sizes()
+        path_tokens, up, root = 0, node, self.tree.root
+        while up is not root:
+            path_tokens += len(up.key)
+            up = up.parent
+        if node is root:
+            beneath = attribution.sessions_holding
+        else:
+            beneath = attribution.beneath.get(node.id, 0)
+        ids = node.key.token_ids if node is not root else ()
+        end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
+        return NodeDetail(
+            node=self._view(node, self._depth(node), time.monotonic(), sizes),
+            token_ids=tuple(int(t) for t in ids[token_offset:end]),
+            token_offset=token_offset,
+            path_tokens=path_tokens,
+            sessions_beneath=beneath,
+        )
 
-        return self._call(read)
+    def _attribution_ready(self) -> Generator[None, None, Attribution]:
+        """The attribution to serve; without one yet (a first pass), wait for it in slices."""
+        return (yield from self.attributions.ready(None, self._attribution_steps))
 
-    def _attribute(self) -> Attribution:
-        return self.attributions.get(None, self._attribution_steps)
-
-    def _attribution_steps(self):
+    def _attribution_steps(self) -> Generator[None, None, Attribution]:
+        """A new attribution pass, its set-up included, a slice at a time."""
         tree = self.tree
         leaves = tree.session_leaves()
         activity: dict[str, float] = {}
         if tree.clock_is_time:  # a session's last activity: its newest tagged node's access
-            for sid, nodes in leaves.items():
+            for k, (sid, nodes) in enumerate(list(leaves.items())):
                 if nodes:
                     activity[sid] = max(n.last_access_time for n in nodes)
+                if k % ATTRIBUTION_CHUNK == ATTRIBUTION_CHUNK - 1:
+                    yield
         known = list(dict.fromkeys([*self._open_sessions(), *tree.open_ids()]))
-        return attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
-                                 tree.policy == "free", key=("version", self.version, time.monotonic()),
-                                 lock_ref=tree.lock_ref)
+        yield
+        return (yield from attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
+                                             tree.policy == "free", key=("version", self.version, time.monotonic()),
+                                             lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
-        check_page(offset, limit)
-        check_session_order(order)
-        self._need_sessions()
+        self._check("sessions", (order, offset, limit))
+        return self._call_steps(lambda: self._sessions_steps(order, offset, limit))
 
-        def read() -> SessionsPage:
-            attribution = self._attribute()
-            now = time.monotonic()
-            page = tuple(session_view(r, now) for r in attribution.page(order, offset, limit))
-            return SessionsPage(offset, limit, len(attribution.sessions), order, page, attribution.age_s(now),
-                                self.attributions.refreshing)
-
-        return self._call(read)
+    def _sessions_steps(self, order: str = "exclusive_bytes", offset: int = 0,
+                        limit: int = 100) -> Generator[None, None, SessionsPage]:
+        attribution = yield from self._attribution_ready()
+        rows = yield from attribution.page_steps(order, offset, limit)
+        now, page = time.monotonic(), []
+        for start in range(0, len(rows), VIEWS_CHUNK):
+            page.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
+            yield
+        return SessionsPage(offset, limit, len(attribution.sessions), order, tuple(page), attribution.age_s(now),
+                            self.attributions.refreshing)
 
     def session(self, session_id: str) -> SessionDetail:
-        self._need_sessions()
+        self._check("session", (session_id,))
+        return self._call_steps(lambda: self._session_steps(session_id))
 
-        def read() -> SessionDetail:
-            row = self._attribute().sessions.get(session_id)
-            if row is None:
-                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
-            nodes = self.tree.session_leaves().get(session_id, ())
-            return SessionDetail(session_view(row, time.monotonic()), tuple(sorted(self._id(n) for n in nodes)))
-
-        return self._call(read)
+    def _session_steps(self, session_id: str) -> Generator[None, None, SessionDetail]:
+        row = (yield from self._attribution_ready()).sessions.get(session_id)
+        if row is None:
+            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+        nodes = self.tree.session_leaves().get(session_id, ())
+        view = session_view(row, time.monotonic())
+        if view.state == "open":  # the nodes it tags now, and their count, from the same moment
+            view = dataclasses.replace(view, tagged_nodes=len(nodes))
+        return SessionDetail(view, tuple(sorted(self._id(n) for n in nodes)))
 
     def match(self, tokens: list[int]) -> MatchView:
         if len(tokens) > MAX_MATCH_TOKENS:

@@ -147,11 +147,10 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     waker = IdleWaker(sleeper.poller) if sleeper is not None and hasattr(sleeper, "poller") else None
     owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})", wake=waker.wake if waker else None)
     adapter = SGLangAdapter(
-        scheduler.tree_cache, owner.call, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
+        scheduler.tree_cache, owner, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
         open_sessions=lambda: _open_sessions(scheduler), close=lambda sid: _close(scheduler, sid),
-        slices=owner.slices,
     )
     app = create_app(adapter, _token(port), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
     import uvicorn

@@ -4,6 +4,8 @@ scheduler thread drains between steps. Never skipped: CI installs sglang (.ci/).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from radixtop.adapters.errors import TargetTimeout, UnknownNode
@@ -69,15 +71,22 @@ def test_a_stuck_scheduler_times_out_cleanly_and_runs_nothing_late():
         assert "b" in replayer.cache._session_leaves
 
 
-def test_read_many_is_one_step_of_the_scheduler():
+def test_read_many_is_one_pass_on_the_scheduler_thread():
+    """A batch is one pass run in the scheduler's slices (one call into its queue), on its
+    thread; a small cache's pass ends within one slice."""
     with known_adapter() as (a, _, scheduler):
-        reads, steps = known_reads(a), []
-        run = a._run
-        a._run = lambda fn, timeout: (steps.append(fn), run(fn, timeout))[1]
+        reads, passes, threads = known_reads(a), [], set()
+        call_steps, run = a._owner.call_steps, a._run
+        a._owner.call_steps = lambda steps, timeout: (passes.append(steps), call_steps(steps, timeout))[1]
+        a._run = lambda fn, timeout: (passes.append(fn), run(fn, timeout))[1]
+        stats = a.stats
+        a.stats = lambda: (threads.add(threading.current_thread().name), stats())[1]
         got = a.read_many([*reads, ("node", (987654,))])
-        assert len(steps) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
-        a.stats()  # after the batch a read is its own step again
-        assert len(steps) == 2
+        assert len(passes) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
+        assert threads == {"sglang-scheduler"}
+        a.stats = stats
+        a.stats()  # after the batch a read is its own call again
+        assert len(passes) == 2
         a.timeout = 0.3
         scheduler.running.clear()  # a stuck scheduler: the batch times out as a whole
         with pytest.raises(TargetTimeout):

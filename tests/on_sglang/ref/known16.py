@@ -71,7 +71,7 @@ def known_adapter(read_only: bool = False) -> Iterator[tuple[SGLangAdapter, SGLa
     replayer = build_known()
     owner = OwnerQueue("the test scheduler")
     scheduler = SchedulerThread(owner).start()
-    adapter = SGLangAdapter(replayer.cache, owner.call, name="sglang", model="tiny",
+    adapter = SGLangAdapter(replayer.cache, owner, name="sglang", model="tiny",
                             open_sessions=lambda: OPENED, timeout=10.0, slices=owner.slices)
     adapter.close_session("gone")
     adapter.read_only = read_only

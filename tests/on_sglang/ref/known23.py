@@ -85,7 +85,7 @@ def known_adapter(kind: str = "unified", read_only: bool = False, close_gone: bo
     owner = OwnerQueue("the test scheduler")
     scheduler = SchedulerThread(owner).start()
     sessions = kind == "unified"
-    adapter = SGLangAdapter(known.cache, owner.call, name="sglang", model="tiny",
+    adapter = SGLangAdapter(known.cache, owner, name="sglang", model="tiny",
                             open_sessions=(lambda: OPENED) if sessions else None, timeout=10.0,
                             slices=owner.slices)
     try:
