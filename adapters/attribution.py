@@ -55,6 +55,8 @@ class Attribution:
     beneath: dict[int, int]
     holding: int = 0
     """Sessions that held KV when it was made: its cost grows with them."""
+    opened: int = 0
+    """Sessions open when it was made (a large server's count, without a pass over them per read)."""
 
     def fresh(self, key: Any, max_age: float, budget: float, holding: int | None = None) -> bool:
         """Still good: nothing changed (same key), or younger than ``max_age`` seconds or than
@@ -93,7 +95,7 @@ class Attribution:
             rows = []
             for row in heapq.merge(*runs, key=key):
                 rows.append(row)
-                if len(rows) % (chunk * 8) == 0:
+                if len(rows) % chunk == 0:
                     yield
             self._ordered[order] = rows
         return rows[offset : offset + limit]
@@ -216,7 +218,8 @@ def attribution_steps(
         if budget <= 0:
             yield
             budget = chunk
-    return Attribution(key, time.monotonic(), 0.0, rows, by_id, len(unions))
+    opened = sum(1 for sid in everyone if sid not in closed)
+    return Attribution(key, time.monotonic(), 0.0, rows, by_id, len(unions), opened)
 
 
 class AttributionCache:
@@ -263,6 +266,8 @@ class AttributionCache:
         current = self.current
         if closed is not None and current is not None and closed in current.sessions:
             row = current.sessions[closed]
+            if not row[1]:
+                current.opened -= 1
             current.sessions[closed] = (row[0], True, 0, 0, 0, 0, 0, row[7])
             current._ordered.clear()
 
@@ -316,6 +321,7 @@ class AttributionCache:
             if current is not None:
                 return current
             if self._pass is not None:
+                self._handed = None  # the reader finishes it (made_in_slices counts the others)
                 next(self._pass, None)
                 if self.current is not None:
                     return self.current

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unsupported
@@ -189,28 +190,67 @@ class CacheAdapter(ABC):
         """Release connections or threads the adapter holds."""
 
 
-class OneStepReads:
-    """``read_many`` in one step of the cache's owner thread, for an adapter whose ``_call(fn)``
-    runs ``fn`` there (with the owner's arguments, if any). While the step runs, the reads'
-    own ``_call``s find ``_in_step()`` set and run ``fn`` inline. The adapter makes
-    ``self._step = threading.local()`` in its ``__init__``."""
+ONE_VIEW_S = 0.0025
+"""A ``read_many`` pass runs its reads in one step of the owner (one view of the cache) until it
+has taken this long; then it lets the owner take a turn before the next read."""
+
+
+class OwnerReads:
+    """Reads on the cache's owner thread for an adapter that owns it (bundled, SGLang in process).
+
+    A read that may need more than a slice of the owner (a page of a node with 100k children, a
+    sessions page, the first attribution of a large cache) is a stepwise pass: a generator
+    ``_<op>_steps(*owner, *args)`` that yields between slices of its work and returns the view;
+    ``_call_steps(make)`` runs ``make(*owner)`` in the owner's slices between its steps (the
+    caller waits; the owner is never held longer than a slice). ``read_many`` is one such pass
+    over all its reads; it yields between two of them only once it has run ``ONE_VIEW_S``, so a
+    batch that small is one view of the cache, taken in one step; a read without a stepwise form runs inline in it
+    (its own ``_call`` finds ``_in_step()`` set). The adapter makes ``self._step =
+    threading.local()`` in its ``__init__`` and provides ``_call`` and ``_call_steps``."""
 
     _step: threading.local
 
     def read_many(self, reads: Sequence[Read]) -> list[Any]:
         checked = check_reads(reads)
 
-        def step(*owner: Any) -> list[Any]:
-            self._step.owner = owner
-            try:
-                return [self._read_one(op, args) for op, args in checked]  # type: ignore[attr-defined]
-            finally:
-                self._step.owner = None
+        def steps(*owner: Any) -> Generator[None, None, list[Any]]:
+            results, started = [], time.perf_counter()
+            for op, args in checked:
+                results.append((yield from self._read_steps(owner, op, args)))
+                if time.perf_counter() - started > ONE_VIEW_S:  # a large cache: the owner's turn
+                    yield
+                    started = time.perf_counter()
+            return results
 
-        return self._call(step)  # type: ignore[attr-defined]
+        return self._call_steps(steps)  # type: ignore[attr-defined]
+
+    def _read_steps(self, owner: tuple[Any, ...], op: str, args: tuple[Any, ...]) -> Generator[None, None, Any]:
+        """One read of a ``read_many`` pass: its result, or the AdapterError it met."""
+        stepwise = getattr(self, f"_{op}_steps", None)
+        try:
+            if stepwise is None:
+                self._step.owner = owner
+                try:
+                    return getattr(self, op)(*args)
+                finally:
+                    self._step.owner = None
+            return (yield from stepwise(*owner, *args))
+        except (TargetUnreachable, TargetTimeout):
+            raise
+        except AdapterError as exc:
+            return exc
+        except Exception as exc:
+            mapped = self._read_failed(exc)
+            if mapped is None:
+                raise
+            return mapped
+
+    def _read_failed(self, exc: Exception) -> AdapterError | None:
+        """The AdapterError an unexpected exception of a read stands for (None: raise it)."""
+        return None
 
     def _in_step(self) -> tuple[Any, ...] | None:
-        """The owner's arguments while read_many's step runs on this thread; else None."""
+        """The owner's arguments while a read runs inline in a pass on this thread; else None."""
         return getattr(self._step, "owner", None)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from radixtop.adapters.attribution import (
@@ -18,7 +19,7 @@ from radixtop.adapters.attribution import (
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
-    OneStepReads,
+    OwnerReads,
     check_chain_limit,
     check_child_order,
     check_page,
@@ -50,6 +51,7 @@ from radixtop.adapters.units import decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
 from radixtop.gpu_backend.radix_cache import ChangeSet
+from radixtop.gpu_backend.session_rules import run_steps
 
 if TYPE_CHECKING:
     from radixtop.gpu_backend.radix_cache import TreeNode
@@ -57,6 +59,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 FIRST_TOKENS = 16
+SORT_CHUNK = 1024
+"""Children ranked at once; a wider node is ranked in chunks of this many, a slice each."""
+VIEWS_CHUNK = 256
 MAX_CHANGES = 5_000  # more touches than this since `since` answer resync: re-reading is cheaper
 
 _CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
@@ -72,7 +77,7 @@ def _page(items: list[T], key: Callable[[T], Any], offset: int, limit: int) -> l
     return sorted(items, key=key)[offset : offset + limit]
 
 
-class BundledAdapter(OneStepReads, CacheAdapter):
+class BundledAdapter(OwnerReads, CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
@@ -84,7 +89,7 @@ class BundledAdapter(OneStepReads, CacheAdapter):
         self.tokenizer = tokenizer
         self.timeout = timeout
         self.attributions = AttributionCache(attribution_max_age, attribution_budget, engine.slices)
-        self._step = threading.local()  # see OneStepReads
+        self._step = threading.local()  # see OwnerReads
 
     def _call(self, fn: Callable[[Scheduler], T]) -> T:
         owner = self._in_step()
@@ -92,6 +97,18 @@ class BundledAdapter(OneStepReads, CacheAdapter):
             return fn(*owner)
         try:
             return self.engine.call(fn, self.timeout)
+        except OwnerTimeout as exc:
+            raise TargetTimeout(f"{self.name}: {exc}") from None
+        except OwnerStopped as exc:
+            raise TargetUnreachable(f"{self.name}: {exc}") from None
+
+    def _call_steps(self, steps: Callable[..., Generator[None, None, T]]) -> T:
+        """A read that may need more than a slice of the engine (``OwnerReads``): in its slices."""
+        owner = self._in_step()
+        if owner is not None:  # inside a pass already: on the owner thread
+            return run_steps(steps(*owner))
+        try:
+            return self.engine.owner.call_steps(lambda: steps(self.engine.scheduler), self.timeout)
         except OwnerTimeout as exc:
             raise TargetTimeout(f"{self.name}: {exc}") from None
         except OwnerStopped as exc:
@@ -174,17 +191,28 @@ class BundledAdapter(OneStepReads, CacheAdapter):
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
         check_child_order(order)
+        return self._call_steps(lambda s: self._children_steps(s, node_id, offset, limit, order))
 
-        def read(s: Scheduler) -> ChildrenPage:
-            node = self._lookup(s, node_id)
-            kids = list(node.children.values())
-            depth = self._depth(node) + 1
-            now = s.cache.clock()
-            page = _page(kids, _CHILD_KEYS[order], offset, limit)
-            views = tuple(self._node_view(s, k, depth, now) for k in page)
-            return ChildrenPage(node_id, offset, limit, len(kids), order, views)
-
-        return self._call(read)
+    def _children_steps(self, s: Scheduler, node_id: int, offset: int = 0, limit: int = 100,
+                        order: str = "bytes") -> Generator[None, None, ChildrenPage]:
+        check_page(offset, limit)
+        check_child_order(order)
+        node = self._lookup(s, node_id)
+        kids = list(node.children.values())
+        key = _CHILD_KEYS[order]
+        if len(kids) <= SORT_CHUNK:
+            page = _page(kids, key, offset, limit)
+        else:  # a wide node (a few-shot prompt with 100k continuations): the top in chunks
+            page = []
+            for start in range(0, len(kids), SORT_CHUNK):
+                page = heapq.nsmallest(offset + limit, [*page, *kids[start : start + SORT_CHUNK]], key=key)
+                yield
+            page = page[offset:]
+            node = self._lookup(s, node_id)  # still there after the slices?
+        depth = self._depth(node) + 1
+        now = s.cache.clock()
+        views = tuple(self._node_view(s, k, depth, now) for k in page)
+        return ChildrenPage(node_id, offset, limit, len(kids), order, views)
 
     def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
         check_chain_limit(limit)
@@ -204,70 +232,85 @@ class BundledAdapter(OneStepReads, CacheAdapter):
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)
+        return self._call_steps(lambda s: self._node_steps(s, node_id, token_offset, token_limit))
 
-        def read(s: Scheduler) -> NodeDetail:
-            node = self._lookup(s, node_id)
-            attribution = self._attribute(s)
-            depth = self._depth(node)
-            path_tokens, up = 0, node
-            while up is not None:
-                path_tokens += len(up.key)
-                up = up.parent
-            if node is s.cache.root_node:
-                beneath = attribution.sessions_holding
-            else:
-                beneath = attribution.beneath.get(node.id, 0)
-            return NodeDetail(
-                node=self._node_view(s, node, depth, s.cache.clock()),
-                token_ids=tuple(node.key[token_offset : token_offset + token_limit]),
-                token_offset=token_offset,
-                path_tokens=path_tokens,
-                sessions_beneath=beneath,
-            )
+    def _node_steps(self, s: Scheduler, node_id: int, token_offset: int = 0,
+                    token_limit: int = 256) -> Generator[None, None, NodeDetail]:
+        check_page(token_offset, token_limit)
+        self._lookup(s, node_id)  # an unknown node is an error before any attribution
+        attribution = yield from self._attribution_ready(s)
+        node = self._lookup(s, node_id)
+        depth = self._depth(node)
+        path_tokens, up = 0, node
+        while up is not None:
+            path_tokens += len(up.key)
+            up = up.parent
+        if node is s.cache.root_node:
+            beneath = attribution.sessions_holding
+        else:
+            beneath = attribution.beneath.get(node.id, 0)
+        return NodeDetail(
+            node=self._node_view(s, node, depth, s.cache.clock()),
+            token_ids=tuple(node.key[token_offset : token_offset + token_limit]),
+            token_offset=token_offset,
+            path_tokens=path_tokens,
+            sessions_beneath=beneath,
+        )
 
-        return self._call(read)
-
-    def _attribute(self, s: Scheduler) -> Attribution:
+    def _attribution_ready(self, s: Scheduler) -> Generator[None, None, Attribution]:
         """Attribution of memory to sessions (owner thread). It costs O(sessions' paths) and a
         dashboard reads it several times per poll, so it is reused while the tree has not
         changed, and on a live engine (where the version moves every step) while it is younger
         than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the next
         one would cost, whichever is longer: a large cache is re-attributed less often rather than
-        taking more than ~0.5% of the engine, and in slices between the engine's steps while the
-        last one is served (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
+        taking more than ~0.5% of the engine. A pass runs here for at most 5 ms, then in slices
+        between the engine's steps while the last one is served; without one yet, this waits for
+        it in slices (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
         key = (cache.version, len(s.session_activity))
-        return self.attributions.get_now(
+        return (yield from self.attributions.ready(
             key,
             lambda: attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
                                       s.session_activity, s.session_activity, s.geometry.bytes_per_token,
-                                      cache.close_policy != "deref", key),
-            len(cache._session_leaves))
+                                      cache.close_policy != "deref", key, chunk=256),
+            len(cache._session_leaves)))
+
+    def _attribute(self, s: Scheduler) -> Attribution:
+        """The attribution to serve, a first pass run to its end here (for callers on the owner
+        thread that cannot wait between steps: tests, benchmarks)."""
+        return run_steps(self._attribution_ready(s))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
         check_page(offset, limit)
         check_session_order(order)
+        return self._call_steps(lambda s: self._sessions_steps(s, order, offset, limit))
 
-        def read(s: Scheduler) -> SessionsPage:
-            attribution = self._attribute(s)
-            page = attribution.page(order, offset, limit)
-            now = time.monotonic()
-            return SessionsPage(offset, limit, len(attribution.sessions), order,
-                                tuple(session_view(r, now) for r in page), attribution.age_s(now),
-                                self.attributions.refreshing)
-
-        return self._call(read)
+    def _sessions_steps(self, s: Scheduler, order: str = "exclusive_bytes", offset: int = 0,
+                        limit: int = 100) -> Generator[None, None, SessionsPage]:
+        check_page(offset, limit)
+        check_session_order(order)
+        attribution = yield from self._attribution_ready(s)
+        rows = yield from attribution.page_steps(order, offset, limit)
+        now, page = time.monotonic(), []
+        for start in range(0, len(rows), VIEWS_CHUNK):
+            page.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
+            yield
+        return SessionsPage(offset, limit, len(attribution.sessions), order, tuple(page), attribution.age_s(now),
+                            self.attributions.refreshing)
 
     def session(self, session_id: str) -> SessionDetail:
-        def read(s: Scheduler) -> SessionDetail:
-            attribution = self._attribute(s)
-            row = attribution.sessions.get(session_id)
-            if row is None:
-                raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
-            leaves = s.cache._session_leaves.get(session_id, ())
-            return SessionDetail(session_view(row, time.monotonic()), tuple(sorted(node.id for node in leaves)))
+        return self._call_steps(lambda s: self._session_steps(s, session_id))
 
-        return self._call(read)
+    def _session_steps(self, s: Scheduler, session_id: str) -> Generator[None, None, SessionDetail]:
+        attribution = yield from self._attribution_ready(s)
+        row = attribution.sessions.get(session_id)
+        if row is None:
+            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+        leaves = s.cache._session_leaves.get(session_id, ())
+        view = session_view(row, time.monotonic())
+        if view.state == "open":  # the nodes it tags now, and their count, from the same moment
+            view = dataclasses.replace(view, tagged_nodes=len(leaves))
+        return SessionDetail(view, tuple(sorted(node.id for node in leaves)))
 
     def match(self, tokens: list[int]) -> MatchView:
         if len(tokens) > MAX_MATCH_TOKENS:

@@ -48,7 +48,9 @@ class Engine:
         self._arrival_credit = 0.0
         self._last_step = time.monotonic()
         self.slices = self.owner.slices
-        """Long passes (an attribution of a large cache) run here a slice per loop iteration."""
+        """Long passes (an attribution of a large cache, the evict heap's compaction) run here a
+        slice per loop iteration."""
+        scheduler.cache.background = self.slices.add
 
     # ----- lifecycle -----
 

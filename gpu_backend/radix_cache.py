@@ -44,6 +44,7 @@ class TreeNode:
         "session_ids",
         "subtree_tokens",
         "created_version",
+        "heap_seq",
     )
 
     def __init__(self, node_id: int, now: float, priority: int = 0):
@@ -165,6 +166,9 @@ class RadixCache(SessionRadixCacheMixin):
         self._journal: deque[int] = deque(maxlen=JOURNAL_LIMIT)
         self._journal_floor = 0
         self._pending_subtree: dict[TreeNode, int] = {}
+        self.background: Callable[[Iterator[None]], None] | None = None
+        """Where the cache's long passes run (the engine's slices, between its steps); None: on
+        the spot (a trace replay, a test)."""
         self.reset()
 
     # ----- public API -----
@@ -185,6 +189,7 @@ class RadixCache(SessionRadixCacheMixin):
         self.evictable_leaves: set[TreeNode] = set()
         self._evict_heap: list[tuple[Any, int, TreeNode]] = []
         self._heap_seq = 0
+        self._compacting: list[tuple[Any, int, TreeNode]] | None = None  # the heap a sliced compaction builds
         self._reset_session_radix_state()
 
     def page_aligned(self, key: Sequence[int]) -> tuple[int, ...]:
@@ -549,11 +554,19 @@ class RadixCache(SessionRadixCacheMixin):
 
     def _push_evictable(self, node: TreeNode) -> None:
         self._heap_seq += 1
-        heapq.heappush(self._evict_heap, (self._evict_key(node), self._heap_seq, node))
+        node.heap_seq = self._heap_seq
+        entry = (self._evict_key(node), self._heap_seq, node)
+        heapq.heappush(self._evict_heap, entry)
+        if self._compacting is not None:  # a compaction is running: the new heap gets it too
+            heapq.heappush(self._compacting, entry)
         # Stale entries pile up between evictions (every touch of a leaf re-keys it): compact
         # once they outnumber live ones 4 to 1, which keeps pushes amortised O(log n).
-        if len(self._evict_heap) > 4 * len(self.evictable_leaves) + 1024:
-            self._compact_heap()
+        elif len(self._evict_heap) > 4 * len(self.evictable_leaves) + 1024:
+            if self.background is None:
+                self._compact_heap()
+            else:  # a large heap takes seconds to compact: in slices between the owner's steps
+                self._compacting = []
+                self.background(self._compact_steps())
 
     def _refresh(self, node: TreeNode) -> None:
         """Re-key an evictable leaf after its access time, hit count, priority or holders changed."""
@@ -568,6 +581,24 @@ class RadixCache(SessionRadixCacheMixin):
             if node in self.evictable_leaves and key == self._evict_key(node):
                 return node
         return None
+
+    def _compact_steps(self, chunk: int = 2048) -> Iterator[None]:
+        """The compaction as a pass that yields every ``chunk`` leaves: a new heap of every
+        evictable leaf (with its current key and its last push's sequence number, as in
+        ``_compact_heap``), built while the old one keeps serving evictions and both get every
+        push; then it replaces the old one."""
+        new = self._compacting
+        leaves = list(self.evictable_leaves)
+        yield
+        for start in range(0, len(leaves), chunk):
+            if self._compacting is not new:  # the cache was reset meanwhile
+                return
+            for node in leaves[start : start + chunk]:
+                if node in self.evictable_leaves:
+                    heapq.heappush(new, (self._evict_key(node), node.heap_seq, node))
+            yield
+        if self._compacting is new:
+            self._evict_heap, self._compacting = new, None
 
     def _compact_heap(self) -> None:
         live = {}

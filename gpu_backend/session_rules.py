@@ -118,25 +118,34 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
             yield
             budget = chunk
         node, children_done = stack.pop()
+        children = node.children
         if not children_done:
             stack.append((node, True))
-            stack.extend([(c, False) for c in node.children.values() if c in on_paths])
+            if len(children) <= chunk:
+                stack.extend([(c, False) for c in children.values() if c in on_paths])
+            else:  # a wide node (a system prompt under 10k sessions): its children a chunk at a time
+                kids = list(children.values())
+                for start in range(0, len(kids), chunk):
+                    stack.extend([(c, False) for c in kids[start : start + chunk] if c in on_paths])
+                    yield
             continue
         held = holders_of(node)
         if node.lock_ref != 0 or (held and len(held) > 1):
             owner[node] = None
             continue
         held_by = next(iter(held)) if held else None
-        if not node.children:
+        if not children:
             owner[node] = held_by
             continue
         below: str | None = None
-        for child in node.children.values():
+        for k, child in enumerate(list(children.values()) if len(children) > chunk else children.values()):
             child_owner = owner.get(child)
             if child_owner is None or (below is not None and child_owner != below):
                 below = None
                 break
             below = child_owner
+            if k % chunk == chunk - 1:
+                yield
         owner[node] = below if held_by is None or held_by == below else None
     exclusive = {sid: 0 for sid, leaves in session_leaves.items() if leaves}
     for node, sid in owner.items():

@@ -18,7 +18,9 @@ from collections.abc import Generator
 
 log = logging.getLogger("radixtop.slices")
 
-SLICE_S = 0.005
+SLICE_S = 0.003
+"""A slice: what long passes may take of the owner at once (a step that starts within it ends it,
+so a hold stays under ~5 ms: the steps of radixtop's passes take up to ~2 ms)."""
 DUTY = 0.25
 
 

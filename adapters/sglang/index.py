@@ -21,10 +21,30 @@ where the index differs (the tests call it after every kind of operation).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import heapq
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 from typing import Any
 
 INDEX = "_radixtop_index"
+KEEP = 256
+"""Children kept ranked per node read (at least twice the page asked for)."""
+RANK_CHUNK = 1024
+"""Children ranked per step of a full ranking (a slice each)."""
+FORGET_S = 120.0
+"""A node's ranking not read for this long is dropped."""
+
+
+@dataclass
+class _Ranked:
+    """A node's children ranked by subtree tokens when last read, and those changed since."""
+
+    ids: list[int]
+    threshold: tuple[int, int] | None
+    """The key of the last kept child: children not kept and not changed rank after it (None: all kept)."""
+    dirty: set[int] = field(default_factory=set)
+    read_at: float = 0.0
 
 
 class TreeIndex:
@@ -36,6 +56,7 @@ class TreeIndex:
         self.subtree: dict[int, int] = {}
         self.changes = 0
         """Mutations seen (a node split, added or removed): the tree's version."""
+        self._ranked: dict[int, _Ranked] = {}
         self.rebuild()
 
     # ----- reads -----
@@ -64,7 +85,58 @@ class TreeIndex:
     def rebuild(self) -> None:
         nodes, subtree = _walk_sizes(self.root)
         self.nodes, self.subtree = nodes, subtree
+        self._ranked = {}
         self.changes += 1
+
+    # ----- children ranked by subtree tokens, kept between reads -----
+
+    def top_children(self, node: Any, want: int) -> Generator[None, None, list[Any]]:
+        """The ``want`` children of ``node`` with the most subtree tokens (ties: lower id first),
+        exactly, as a stepwise pass. A node read before re-ranks only its last top children and
+        those whose subtree changed since (O(page + changes)); the first read, or one that the
+        changes leave short, ranks them all, ``RANK_CHUNK`` a step."""
+        subtree = self.subtree
+        key = lambda n: (-subtree[n.id], n.id)  # noqa: E731
+        now = time.monotonic()
+        ranked = self._ranked.get(node.id)
+        keep = max(KEEP, 2 * want)
+        if ranked is not None:
+            # Every child outside the kept ids and not changed since ranks after ``threshold``.
+            candidates = [n for i in {*ranked.ids, *ranked.dirty}
+                          if (n := self.nodes.get(i)) is not None and n.parent is node]
+            top = heapq.nsmallest(keep, candidates, key=key)
+            exact = ranked.threshold is None or (len(top) >= want and key(top[want - 1]) < ranked.threshold)
+            if exact:
+                if len(candidates) > keep:  # the dropped rank after the last kept, and the rest
+                    last = key(top[-1])
+                    ranked.threshold = last if ranked.threshold is None else min(last, ranked.threshold)
+                ranked.ids = [n.id for n in top]
+                ranked.dirty.clear()
+                ranked.read_at = now
+                return top[:want]
+        kids = list(node.children.values())
+        top: list[Any] = []
+        for start in range(0, len(kids), RANK_CHUNK):
+            top = heapq.nsmallest(keep, [*top, *kids[start : start + RANK_CHUNK]], key=key)
+            if len(kids) > RANK_CHUNK:
+                yield
+        if node.id in self.nodes:
+            threshold = key(top[-1]) if top and len(top) < len(kids) else None
+            self._ranked[node.id] = _Ranked([n.id for n in top], threshold, read_at=now)
+        if len(self._ranked) > 64:  # forget rankings nobody reads any more
+            for node_id in [i for i, r in self._ranked.items() if now - r.read_at > FORGET_S]:
+                del self._ranked[node_id]
+        return top[:want]
+
+    def _changed_below(self, node: Any) -> None:
+        """``node``'s subtree changed: its parent's ranking, if kept, looks at it again."""
+        parent = node.parent
+        if parent is not None:
+            ranked = self._ranked.get(parent.id)
+            if ranked is not None:
+                ranked.dirty.add(node.id)
+                if len(ranked.dirty) > 8 * KEEP:  # rank it all again rather than track this many
+                    del self._ranked[parent.id]
 
     def verify(self) -> list[str]:
         """Where the index differs from a walk of the tree now (empty: it does not)."""
@@ -89,6 +161,7 @@ class TreeIndex:
         self.nodes[new_node.id] = new_node
         self.subtree[new_node.id] = old
         self.subtree[child.id] = old - len(new_node.key)
+        self._changed_below(new_node)  # it took the child's place under the parent
         self.changes += 1
 
     def added(self, node: Any) -> None:
@@ -99,12 +172,15 @@ class TreeIndex:
         self.nodes[node.id] = node
         self.subtree[node.id] = tokens
         parent, root = node.parent, self.root
-        subtree = self.subtree
+        subtree, ranked = self.subtree, self._ranked
+        child = node
         while parent is not None:
             subtree[parent.id] = subtree.get(parent.id, 0) + tokens
+            if ranked:
+                self._changed_below(child)
             if parent is root:
                 break
-            parent = parent.parent
+            child, parent = parent, parent.parent
         self.changes += 1
 
     def removed(self, node: Any) -> None:
@@ -112,14 +188,18 @@ class TreeIndex:
         if self.nodes.pop(node.id, None) is None:
             return
         tokens = self.subtree.pop(node.id, len(node.key))
+        self._ranked.pop(node.id, None)
         parent, root = node.parent, self.root
-        subtree = self.subtree
+        subtree, ranked = self.subtree, self._ranked
+        child = node
         while parent is not None:
             if parent.id in subtree:
                 subtree[parent.id] -= tokens
+            if ranked:
+                self._changed_below(child)
             if parent is root:
                 break
-            parent = parent.parent
+            child, parent = parent, parent.parent
         self.changes += 1
 
 

@@ -21,7 +21,7 @@ import functools
 import heapq
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,12 +29,10 @@ from radixtop.adapters.attribution import Attribution, AttributionCache, attribu
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
-    OneStepReads,
-    Read,
+    OwnerReads,
     check_chain_limit,
     check_child_order,
     check_page,
-    check_reads,
     check_session_order,
     check_tokens,
 )
@@ -79,6 +77,9 @@ FIRST_TOKENS = 16
 SORT_CHUNK = 1024
 VIEWS_CHUNK = 256
 ATTRIBUTION_CHUNK = 256
+COUNT_INLINE = 2000
+"""Open sessions are counted on the spot up to this many; past it, by the last attribution
+(unknown until the first one ends)."""
 """Nodes or sessions an attribution pass takes per step (a slice runs steps up to 5 ms)."""
 """Children sorted at once; a wider node is ranked in chunks of this many, a slice each."""
 SIZES_BUDGET = 50  # reuse a walk for at least 50x what it cost (<= 2% of the scheduler)
@@ -178,7 +179,7 @@ class _Walk:
         return time.monotonic() - self.taken_at < max(max_age, self.cost_s * SIZES_BUDGET)
 
 
-class SGLangAdapter(OneStepReads, CacheAdapter):
+class SGLangAdapter(OwnerReads, CacheAdapter):
     """The contract over one SGLang tree cache (see ``adapters.sglang_trees`` for which)."""
 
     def __init__(
@@ -248,57 +249,14 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         def run() -> T:
             if self._owner is not None and self._in_step() is None:
                 return self._owner.call_steps(steps, self.timeout)
-            return self._call(lambda: run_steps(steps()))
+            return self._call(lambda: run_steps(steps()))  # inline, or one call of a plain ``run``
 
         return self._mapped(run)
 
-    def read_many(self, reads: Sequence[Read]) -> list[Any]:
-        """Every read in one pass on the scheduler thread (in slices, as ``_call_steps``)."""
-        checked = check_reads(reads)
-
-        def steps() -> Generator[None, None, list[Any]]:
-            results = []
-            for op, args in checked:
-                results.append((yield from self._read_steps(op, args)))
-                yield  # the scheduler may take its turn between two reads
-            return results
-
-        return self._call_steps(steps)
-
-    def _read_steps(self, op: str, args: tuple[Any, ...]) -> Generator[None, None, Any]:
-        """One read of ``read_many`` on the scheduler thread: its result, or the AdapterError."""
-        stepwise = getattr(self, f"_{op}_steps", None)
-        try:
-            if stepwise is None:
-                self._step.owner = ()  # its own _call runs inline: we are on the scheduler thread
-                try:
-                    return getattr(self, op)(*args)
-                finally:
-                    self._step.owner = None
-            self._check(op, args)
-            return (yield from stepwise(*args))
-        except (TargetUnreachable, TargetTimeout):
-            raise
-        except AdapterError as exc:
-            return exc
-        except (LookupError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
+    def _read_failed(self, exc: Exception) -> AdapterError | None:
+        if isinstance(exc, (LookupError, AttributeError, TypeError, ValueError, RuntimeError)):
             return AdapterError(f"reading SGLang's {self.tree.kind} failed: {type(exc).__name__}: {exc}")
-
-    def _check(self, op: str, args: tuple[Any, ...]) -> None:
-        """The argument checks of a stepwise read's public method."""
-        if op == "children":
-            check_page(args[1] if len(args) > 1 else 0, args[2] if len(args) > 2 else 100)
-            check_child_order(args[3] if len(args) > 3 else "bytes")
-            self._need_tree()
-        elif op == "node":
-            check_page(args[1] if len(args) > 1 else 0, args[2] if len(args) > 2 else 256)
-            self._need_tree()
-        elif op == "sessions":
-            check_page(args[1] if len(args) > 1 else 0, args[2] if len(args) > 2 else 100)
-            check_session_order(args[0] if args else "exclusive_bytes")
-            self._need_sessions()
-        elif op == "session":
-            self._need_sessions()
+        return None
 
     def _mapped(self, run: Callable[[], T]) -> T:
         try:
@@ -447,8 +405,13 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
             opened = closed_count = None  # a tree without sessions: unknown, not 0
             if tree.policy is not None:
                 closed = tree.closed()
-                open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
-                opened, closed_count = len(open_ids - set(closed)), len(closed)
+                closed_count = len(closed)
+                attribution = self.attributions.current
+                if len(tree.session_leaves()) <= COUNT_INLINE:
+                    open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
+                    opened = len(open_ids - set(closed))
+                elif attribution is not None:  # counting them here is O(sessions) each read
+                    opened = attribution.opened
             return Stats(
                 target=self.name, capacity_tokens=capacity, free_tokens=free,
                 evictable_tokens=evictable, protected_tokens=protected + running,
@@ -463,13 +426,24 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         return self._call(read)
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
-        self._check("children", (node_id, offset, limit, order))
+        check_page(offset, limit)
+        check_child_order(order)
         return self._call_steps(lambda: self._children_steps(node_id, offset, limit, order))
 
     def _children_steps(self, node_id: int, offset: int = 0, limit: int = 100,
                         order: str = "bytes") -> Generator[None, None, ChildrenPage]:
+        check_page(offset, limit)
+        check_child_order(order)
+        self._need_tree()
         node = self._lookup(node_id)
         sizes = self._sizes()
+        if order == "bytes" and sizes is self._index:  # kept ranked between reads: O(page + changes)
+            total = len(node.children)
+            first = (yield from sizes.top_children(node, offset + limit))[offset:]
+            node = self._lookup(node_id)  # still there after the slices?
+            depth, now = self._depth(node) + 1, time.monotonic()
+            return ChildrenPage(node_id, offset, limit, total, order,
+                                tuple(self._view(k, depth, now, sizes) for k in first))
         kids = list(node.children.values())
         key = self._child_key(order, sizes)
         if len(kids) <= SORT_CHUNK:
@@ -503,11 +477,14 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
         return self._call(read)
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
-        self._check("node", (node_id, token_offset, token_limit))
+        check_page(token_offset, token_limit)
         return self._call_steps(lambda: self._node_steps(node_id, token_offset, token_limit))
 
     def _node_steps(self, node_id: int, token_offset: int = 0,
                     token_limit: int = 256) -> Generator[None, None, NodeDetail]:
+        check_page(token_offset, token_limit)
+        self._need_tree()
+        self._lookup(node_id)  # an unknown node is an error before any attribution
         attribution = yield from self._attribution_ready()
         node = self._lookup(node_id)
         sizes = self._sizes()
@@ -551,11 +528,16 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
                                              lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
-        self._check("sessions", (order, offset, limit))
+        check_page(offset, limit)
+        check_session_order(order)
+        self._need_sessions()
         return self._call_steps(lambda: self._sessions_steps(order, offset, limit))
 
     def _sessions_steps(self, order: str = "exclusive_bytes", offset: int = 0,
                         limit: int = 100) -> Generator[None, None, SessionsPage]:
+        check_page(offset, limit)
+        check_session_order(order)
+        self._need_sessions()
         attribution = yield from self._attribution_ready()
         rows = yield from attribution.page_steps(order, offset, limit)
         now, page = time.monotonic(), []
@@ -566,10 +548,11 @@ class SGLangAdapter(OneStepReads, CacheAdapter):
                             self.attributions.refreshing)
 
     def session(self, session_id: str) -> SessionDetail:
-        self._check("session", (session_id,))
+        self._need_sessions()
         return self._call_steps(lambda: self._session_steps(session_id))
 
     def _session_steps(self, session_id: str) -> Generator[None, None, SessionDetail]:
+        self._need_sessions()
         row = (yield from self._attribution_ready()).sessions.get(session_id)
         if row is None:
             raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")

@@ -200,3 +200,43 @@ def test_changes_journal_reports_and_resyncs(monkeypatch):
     assert not cache.changes(cache.version - 3).resync
     cache.reset()
     assert cache.changes(v2).resync and not cache.changes(cache.version).resync
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "priority"])
+def test_a_compaction_in_slices_evicts_exactly_as_one_at_once(policy):
+    """The evict heap's compaction, run in slices between other operations (as the engine runs
+    it), leaves eviction choosing the same leaves as a compaction done on the spot; the heap the
+    slices build replaces the old one, and no step walks the whole heap."""
+    import random
+
+    passes: list = []
+    sliced, inline = make_cache(4096, policy=policy), make_cache(4096, policy=policy)
+    sliced.background = passes.append  # the engine hands these to its slices
+    rng = random.Random(5)
+    prompts = [[100 + i, 200 + i, 300 + i] for i in range(300)]
+    for cache in (sliced, inline):
+        for p in prompts:
+            put(cache, p)
+    ops = []
+    for k in range(8000):  # touches re-key leaves: stale heap entries pile up until compactions
+        roll = 0.0 if k % 4000 < 3000 else rng.random()
+        ops.append(("touch", rng.choice(prompts)) if roll < 0.9 else ("evict", rng.randint(1, 4)) if roll < 0.95
+                   else ("put", [rng.randrange(1000, 5000) for _ in range(3)]))
+    started = 0
+    for op, arg in ops:
+        for cache in (sliced, inline):
+            if op == "touch":
+                cache.match_prefix(arg)
+            elif op == "evict":
+                cache.evict(arg)
+            else:
+                put(cache, arg)
+        if passes:  # one slice of the sliced compaction between two operations
+            started += 1
+            if next(passes[0], StopIteration) is StopIteration:
+                passes.pop(0)
+        assert keys(sliced) == keys(inline), (op, arg)
+    assert started and (sliced._compacting is None or passes)
+    while sliced.evictable_size():
+        assert sliced.evict(1).num_tokens_evicted == inline.evict(1).num_tokens_evicted
+        assert keys(sliced) == keys(inline)

@@ -42,15 +42,19 @@ def test_fast_ndjson_export_equals_the_generic_encoding(adapter):
     assert len(fast.splitlines()) == adapter.stats().node_count + 1
 
 
-def test_read_many_is_one_step_of_the_owner_thread(adapter, monkeypatch):
-    engine, reads, steps = adapter.engine, known_reads(adapter), []
-    call = engine.call
-    monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0: (steps.append(fn), call(fn, timeout))[1])
+def test_read_many_is_one_pass_on_the_owner_thread(adapter, monkeypatch):
+    """A batch is one pass in the engine's slices (one call into its queue); a small cache's
+    batch runs in one step of it (one view). After it a read is its own call again."""
+    engine, reads, calls = adapter.engine, known_reads(adapter), []
+    call, call_steps = engine.call, engine.owner.call_steps
+    monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0: (calls.append(fn), call(fn, timeout))[1])
+    monkeypatch.setattr(engine.owner, "call_steps", lambda steps, timeout: (calls.append(steps),
+                                                                              call_steps(steps, timeout))[1])
     got = adapter.read_many([*reads, ("node", (987654,))])
-    assert len(steps) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
-    adapter.stats()  # after the batch (one that failed a read, too) a read is its own step again
+    assert len(calls) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
+    adapter.stats()  # after the batch (one that failed a read, too) a read is its own call again
     adapter.node(0)
-    assert len(steps) == 3
+    assert len(calls) == 3
 
 
 def test_a_batch_is_one_view_of_a_busy_cache():

@@ -44,15 +44,21 @@ def engine():
 
 
 def count_steps(engine) -> list[int]:
-    """Counts the commands the engine's owner thread runs (wraps this engine's ``call``)."""
+    """Counts the calls into the engine's owner thread: commands (``call``) and the passes of
+    reads that run in its slices (``owner.call_steps``, one view while they fit in one step)."""
     steps = [0]
-    call = engine.call
+    call, call_steps = engine.call, engine.owner.call_steps
 
     def counted(fn, timeout=10.0):
         steps[0] += 1
         return call(fn, timeout)
 
+    def counted_steps(make, timeout):
+        steps[0] += 1
+        return call_steps(make, timeout)
+
     engine.call = counted
+    engine.owner.call_steps = counted_steps
     return steps
 
 

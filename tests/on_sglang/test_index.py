@@ -76,3 +76,31 @@ def test_evictions_and_closes_sglang_makes_are_counted(sgl):
     closes = [r for r in replayer.results if r["op"] == "close"]
     assert st.closes == len(closes)
     assert st.freed_by_close_tokens == sum(r["freed_tokens"] for r in closes)
+
+
+def test_kept_rankings_of_children_equal_a_full_sort_after_every_operation(sgl):
+    """Each node's children by subtree tokens, read through the index's kept rankings (re-ranking
+    only the last top and what changed), equal a sort of all of them, after every operation of
+    a trace that keeps splitting, growing, evicting and closing under the nodes read."""
+    from radixtop.adapters.sglang import index as index_module
+    from radixtop.gpu_backend.session_rules import run_steps
+
+    lines = generate_trace(11, n_ops=300, max_in_flight=4, vocab=6, abort_weight=2)
+    replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    SGLangAdapter(replayer.cache, model="tiny")
+    index = getattr(replayer.cache, INDEX)
+    keep = index_module.KEEP
+    index_module.KEEP = 2  # small kept rankings: the thresholds matter at once
+    try:
+        for line_no, op in _parse(lines):
+            replayer.apply(line_no, op)
+            for node in list(index.nodes.values()):
+                if not node.children:
+                    continue
+                want = min(1 + line_no % 2, len(node.children))
+                got = [n.id for n in run_steps(index.top_children(node, want))]
+                full = sorted(node.children.values(), key=lambda n: (-index.subtree[n.id], n.id))
+                assert got == [n.id for n in full[:want]], (line_no, node.id)
+    finally:
+        index_module.KEEP = keep
