@@ -189,10 +189,14 @@ def attribution_steps(
         exclusive_by_session = yield from exclusive_tokens_steps(root, session_leaves, beneath.keys(), chunk)
     else:
         exclusive_by_session = {}
-    everyone = dict.fromkeys(known)
-    everyone.update(dict.fromkeys(closed))
-    everyone.update(dict.fromkeys(unions))
+    everyone: dict[str, None] = {}
+    for group in (known, closed, unions):  # 50k ids each on a large server: a chunk a step
+        for k, sid in enumerate(group):
+            everyone[sid] = None
+            if k % (chunk * 8) == chunk * 8 - 1:
+                yield
     rows: dict[str, SessionRow] = {}
+    opened = 0
     budget = chunk
     for sid in everyone:
         path_tokens = locked = 0
@@ -205,6 +209,7 @@ def attribution_steps(
             if lock_ref(node) > 0:
                 locked += n
         exclusive = exclusive_by_session.get(sid, 0)
+        opened += sid not in closed
         rows[sid] = (sid, sid in closed, len(session_leaves.get(sid, ())), exclusive * bpt,
                      max(0, path_tokens - exclusive) * bpt, round(fair * bpt), locked, activity.get(sid))
         budget -= len(path) + 1
@@ -218,7 +223,6 @@ def attribution_steps(
         if budget <= 0:
             yield
             budget = chunk
-    opened = sum(1 for sid in everyone if sid not in closed)
     return Attribution(key, time.monotonic(), 0.0, rows, by_id, len(unions), opened)
 
 

@@ -147,7 +147,12 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
             if k % chunk == chunk - 1:
                 yield
         owner[node] = below if held_by is None or held_by == below else None
-    exclusive = {sid: 0 for sid, leaves in session_leaves.items() if leaves}
+    exclusive: dict[str, int] = {}
+    for k, (sid, leaves) in enumerate(list(session_leaves.items())):
+        if leaves:
+            exclusive[sid] = 0
+        if k % (chunk * 8) == chunk * 8 - 1:
+            yield
     for node, sid in owner.items():
         budget -= 1
         if not budget:

@@ -521,7 +521,12 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                     activity[sid] = max(n.last_access_time for n in nodes)
                 if k % ATTRIBUTION_CHUNK == ATTRIBUTION_CHUNK - 1:
                     yield
-        known = list(dict.fromkeys([*self._open_sessions(), *tree.open_ids()]))
+        known: dict[str, None] = {}
+        for group in (self._open_sessions(), tree.open_ids()):
+            for k, sid in enumerate(group):
+                known[sid] = None
+                if k % (ATTRIBUTION_CHUNK * 8) == ATTRIBUTION_CHUNK * 8 - 1:
+                    yield
         yield
         return (yield from attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
                                              tree.policy == "free", key=("version", self.version, time.monotonic()),

@@ -162,6 +162,23 @@ def test_a_close_through_sglangs_own_route_shows_at_the_next_read(server, client
         assert plan.policy == "deref" and freed == plan.freed_tokens == 0
 
 
+def test_a_classic_session_opened_through_sglang_is_seen_and_closed(server, client, driven):
+    """A session opened with SGLang's own /open_session (its SessionController) shows open, and
+    closed (or gone) once SGLang's /close_session ends it."""
+    reply = server.post("/open_session", {"capacity_of_str_len": 4096, "session_id": "classic-1"})
+    assert reply.status_code == 200, reply.text
+    sid = reply.json() if isinstance(reply.json(), str) else "classic-1"
+    out = server.generate(fresh(30), max_new_tokens=4, session_params={"id": sid})
+    assert out.get("output_ids") is not None
+    settle(server, client)
+    assert client.session(sid).session.state == "open"
+    assert sid in {s.id for s in client.sessions(limit=1000).sessions}
+    assert server.post("/close_session", {"session_id": sid}).status_code == 200
+    settle(server, client)
+    rows = {s.id: s for s in client.sessions(limit=1000).sessions}
+    assert sid not in rows or rows[sid].state == "closed"
+
+
 def test_a_sessions_detail_agrees_with_itself(server, client, driven):
     for row in client.sessions(limit=1000).sessions:
         detail = client.session(row.id)
