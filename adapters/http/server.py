@@ -299,6 +299,9 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
             plan=record.plan, result=record.result,
             error=None if error is None else f"{error.code}: {error.message}", extra=record.extra,
         )
+        # The journal's entry, mirrored in the debug log (ids as repr: a hostile id stays inert).
+        logger.debug("action %s %r from %s: %s", action, target, client,
+                     "allowed" if error is None else f"refused ({error.code})")
         try:
             await run_in_threadpool(audit.append, entry)
         except Exception as exc:  # the action has happened: say what it did, and shout in the log

@@ -315,6 +315,7 @@ def test_the_token_never_appears_in_output_logs_audit_answers_or_metrics(tmp_pat
     assert served.proc.returncode == 0, served.err[-2000:]
     # It was loud: DEBUG records and uvicorn's access log of the very requests above.
     assert "DEBUG" in served.err and '"POST /v1/flush HTTP/1.1" 401' in served.out + served.err
+    assert "action flush 'cache' from 127.0.0.1: refused (unauthorized)" in served.err  # the debug mirror
     journal = served.audit.read_text()
     for text in (served.out, served.err, journal, *answers):
         for secret in (TOKEN, *(t for t in WRONG_TOKENS.values() if len(t) > 4)):
