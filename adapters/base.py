@@ -6,13 +6,21 @@ import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
-from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unsupported
+from radixtop.adapters.errors import (
+    AdapterError,
+    BadRequest,
+    TargetTimeout,
+    TargetUnreachable,
+    UnknownNode,
+    Unsupported,
+)
 from radixtop.adapters.model import (
     CHILD_ORDERS,
     EXPORT_COLUMNS,
+    MAX_SUBTREE_ROWS,
     SESSION_ORDERS,
     Capabilities,
     ChainView,
@@ -25,21 +33,26 @@ from radixtop.adapters.model import (
     FlushResultView,
     MatchView,
     NodeDetail,
+    NodeView,
     SessionDetail,
     SessionsPage,
     Stats,
+    SubtreeRow,
+    SubtreeView,
 )
 
 MAX_PAGE = 10_000
 MAX_CHAIN = 100_000
 MAX_MATCH_TOKENS = 1_000_000
 MAX_READS = 32
+MAX_DEPTH = 64
 
 READ_PARAMS: dict[str, tuple[str, ...]] = {
     "capabilities": (),
     "stats": (),
     "children": ("node_id", "offset", "limit", "order"),
     "chain": ("node_id", "limit"),
+    "subtree": ("node_id", "depth", "limit", "order", "min_bytes"),
     "node": ("node_id", "token_offset", "token_limit"),
     "sessions": ("order", "offset", "limit"),
     "session": ("session_id",),
@@ -89,6 +102,17 @@ class CacheAdapter(ABC):
             page = self.children(child.id, 0, 1)
         truncated = len(nodes) == limit and nodes[-1].num_children == 1
         return ChainView(node_id, tuple(nodes), truncated)
+
+    def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
+                min_bytes: int = 0) -> SubtreeView:
+        """``node_id`` and its descendants ``depth`` levels deep, the first ``limit`` children of
+        each in ``order`` whose subtree has at least ``min_bytes``: the tree as `radixtop tree`
+        prints it, read at one moment. This default reads node and pages one call after another
+        (right for a target whose reads are of one snapshot); an adapter that owns its cache's
+        thread reads it all in one step (``read_many``)."""
+        return _finish(subtree_steps(lambda i: _done(self.node(i, 0, 1).node),
+                                       lambda i, lim: _done(self.children(i, 0, lim, order)),
+                                       node_id, depth, limit, order, min_bytes))
 
     @abstractmethod
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail: ...
@@ -224,10 +248,31 @@ class OwnerReads:
 
         return self._call_steps(steps)  # type: ignore[attr-defined]
 
+    def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
+                min_bytes: int = 0) -> SubtreeView:
+        """``CacheAdapter.subtree`` in one pass on the owner: one view of the cache while its
+        pages are cheap (a page that ranks 100k children in chunks lets the owner step between)."""
+        result = self.read_many([("subtree", (node_id, depth, limit, order, min_bytes))])[0]
+        if isinstance(result, AdapterError):
+            raise result
+        return result
+
+    def _subtree_pass(self, owner: tuple[Any, ...], node_id: int = 0, depth: int = 3, limit: int = 10,
+                      order: str = "bytes", min_bytes: int = 0) -> Generator[None, None, SubtreeView]:
+        def node_of(i: int) -> Generator[None, None, NodeView]:
+            return (yield from self._node_steps(*owner, i, 0, 1)).node  # type: ignore[attr-defined]
+
+        def children_of(i: int, lim: int) -> Generator[None, None, ChildrenPage]:
+            return (yield from self._children_steps(*owner, i, 0, lim, order))  # type: ignore[attr-defined]
+
+        return (yield from subtree_steps(node_of, children_of, node_id, depth, limit, order, min_bytes))
+
     def _read_steps(self, owner: tuple[Any, ...], op: str, args: tuple[Any, ...]) -> Generator[None, None, Any]:
         """One read of a ``read_many`` pass: its result, or the AdapterError it met."""
         stepwise = getattr(self, f"_{op}_steps", None)
         try:
+            if op == "subtree":
+                return (yield from self._subtree_pass(owner, *args))
             if stepwise is None:
                 self._step.owner = owner
                 try:
@@ -271,6 +316,65 @@ def check_reads(reads: Sequence[Read]) -> list[Read]:
     if not 1 <= len(checked) <= MAX_READS:
         raise BadRequest(f"between 1 and {MAX_READS} reads at once, got {len(checked)}")
     return checked
+
+
+def _done(value: Any) -> Generator[None, None, Any]:
+    """A value as a stepwise pass that needs no step."""
+    return value
+    yield  # pragma: no cover (makes this a generator)
+
+
+def _finish(steps: Generator[None, None, Any]) -> Any:
+    """A stepwise pass run to its end at once (the client loads nothing of gpu_backend)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def subtree_steps(node_of: Callable[[int], Generator[None, None, NodeView]],
+                  children_of: Callable[[int, int], Generator[None, None, ChildrenPage]],
+                  node_id: int, depth: int, limit: int, order: str,
+                  min_bytes: int) -> Generator[None, None, SubtreeView]:
+    """``CacheAdapter.subtree`` as a stepwise pass over ``node_of(id)`` (a node's view) and
+    ``children_of(id, limit)`` (the first page of its children in ``order``). A node that
+    vanished between two steps (a target whose pages yield to its owner) shows no children:
+    the read never fails for a node the caller did not ask about."""
+    if not 1 <= depth <= MAX_DEPTH:
+        raise BadRequest(f"depth must be between 1 and {MAX_DEPTH}, got {depth}")
+    check_page(0, limit)
+    check_child_order(order)
+    if min_bytes < 0:
+        raise BadRequest(f"min_bytes must be >= 0, got {min_bytes}")
+    top = yield from node_of(node_id)
+    rows: list[SubtreeRow] = []
+    capped = False
+
+    def visit(node: NodeView, level: int) -> Generator[None, None, None]:
+        nonlocal capped
+        at = len(rows)
+        rows.append(SubtreeRow(node, level, node.num_children))
+        if level >= depth or node.num_children == 0 or capped:
+            return
+        try:
+            page = yield from children_of(node.id, limit)
+        except UnknownNode:  # freed since its parent's page was read
+            rows[at] = SubtreeRow(node, level, 0)
+            return
+        shown = 0
+        for child in page.children:
+            if child.subtree_bytes < min_bytes:
+                continue
+            if len(rows) >= MAX_SUBTREE_ROWS:
+                capped = True
+                break
+            shown += 1
+            yield from visit(child, level + 1)
+        rows[at] = SubtreeRow(node, level, page.total - shown)
+
+    yield from visit(top, 0)
+    return SubtreeView(node_id, depth, limit, order, min_bytes, tuple(rows), capped)
 
 
 def check_page(offset: int, limit: int) -> None:

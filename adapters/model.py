@@ -167,6 +167,37 @@ class ChildrenPage(_View):
 
 
 @dataclass(frozen=True)
+class SubtreeRow(_View):
+    node: NodeView
+    level: int
+    """Levels below the subtree's top (0 for the top itself)."""
+    more: int
+    """The node's children not among the rows (past ``limit``, under ``min_bytes``, below
+    ``depth``, or past the rows' cap)."""
+
+
+@dataclass(frozen=True)
+class SubtreeView(_View):
+    """A node and its largest descendants, ``depth`` levels deep, at most ``limit`` children
+    each, read at one moment (one step of the owner where the target has one): every row is of
+    the same tree, so no child is larger than its parent and none has vanished in between."""
+
+    node_id: int
+    depth: int
+    limit: int
+    order: str
+    min_bytes: int
+    rows: tuple[SubtreeRow, ...]
+    """Depth first: each row's children follow it, in ``order``."""
+    capped: bool
+    """The rows stopped at MAX_SUBTREE_ROWS; what was left is counted in ``more``."""
+
+
+MAX_SUBTREE_ROWS = 2000
+"""The most rows one subtree read returns (its hold of the owner grows with them)."""
+
+
+@dataclass(frozen=True)
 class ChainView(_View):
     """A run of single children below ``node_id``: its only child, that one's only child, and
     so on, top first. It ends with a node that has no child or several, or at the limit."""

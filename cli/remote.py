@@ -135,10 +135,11 @@ def tree(
 
 
 def _node_id(text: str) -> int:
+    """``root``, or a node id as typed or as every view prints it (``6`` or ``#6``)."""
     if text == "root":
         return 0
     try:
-        value = int(text)
+        value = int(text.removeprefix("#"))
     except ValueError:
         raise _exit(f"node id must be an integer or 'root', got {text!r}", EXIT_USAGE) from None
     if value < 0:
@@ -147,24 +148,38 @@ def _node_id(text: str) -> int:
 
 
 def _subtree(t: Any, node_id: int, depth: int, limit: int, min_bytes: int, order: str) -> dict:
-    root = t.node(node_id, token_limit=1).node
+    """The subtree as one read (one moment of the cache), nested as the printer walks it."""
+    view = t.subtree(node_id, depth, limit, order, min_bytes)
+    stack: list[dict] = []
+    top: dict | None = None
+    for row in view.rows:
+        doc = {"node": row.node, "children": [], "more": row.more}
+        del stack[row.level:]
+        if stack:
+            stack[-1]["children"].append(doc)
+        else:
+            top = doc
+        stack.append(doc)
+    assert top is not None
+    return top
 
-    def walk(n: Any, level: int) -> dict:
-        out = {"node": n, "children": [], "more": 0}
-        if level >= depth or n.num_children == 0:
-            out["more"] = n.num_children if level >= depth else 0
-            return out
-        page = t.children(n.id, 0, limit, order)
-        shown = [c for c in page.children if c.subtree_bytes >= min_bytes]
-        out["children"] = [walk(c, level + 1) for c in shown]
-        out["more"] = page.total - len(shown)
-        return out
 
-    return walk(root, 0)
+def _session_tree(t: Any, session_id: str, attempts: int = 5) -> dict:
+    """Only the chains from the root to the nodes ``session_id`` holds. Read node by node: where
+    one went away meanwhile (a live cache), the whole read starts again."""
+    from radixtop.adapters.errors import UnknownNode
+
+    for attempt in range(attempts):
+        try:
+            return _session_tree_once(t, session_id)
+        except UnknownNode:
+            if attempt == attempts - 1:
+                raise _exit(f"the tree of session {session_id!r} kept changing under {attempts} reads; "
+                            "try again", EXIT_REFUSED) from None
+    raise AssertionError("unreachable")
 
 
-def _session_tree(t: Any, session_id: str) -> dict:
-    """Only the chains from the root to the nodes ``session_id`` holds."""
+def _session_tree_once(t: Any, session_id: str) -> dict:
     detail = t.session(session_id)
     nodes: dict[int, Any] = {}
     children: dict[int, set[int]] = {}

@@ -34,6 +34,7 @@ from radixtop.adapters.http.wire import (
     session_detail_from_dict,
     sessions_page_from_dict,
     stats_from_dict,
+    subtree_from_dict,
 )
 from radixtop.adapters.model import (
     AuditEntry,
@@ -51,6 +52,7 @@ from radixtop.adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    SubtreeView,
 )
 
 V = TypeVar("V")
@@ -150,6 +152,11 @@ class RadixtopClient(CacheAdapter):
         return self._get(children_page_from_dict, f"/v1/nodes/{int(node_id)}/children",
                          offset=offset, limit=limit, order=order)
 
+    def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
+                min_bytes: int = 0) -> SubtreeView:
+        return self._get(subtree_from_dict, f"/v1/nodes/{int(node_id)}/subtree",
+                         depth=depth, limit=limit, order=order, min_bytes=min_bytes)
+
     def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
         return self._get(chain_from_dict, f"/v1/nodes/{int(node_id)}/chain", limit=limit)
 
@@ -182,6 +189,7 @@ class RadixtopClient(CacheAdapter):
 
     _READ_VIEWS: dict[str, Callable[[Any], Any]] = {
         "capabilities": capabilities_from_dict, "stats": stats_from_dict, "children": children_page_from_dict,
+        "subtree": subtree_from_dict,
         "chain": chain_from_dict, "node": node_detail_from_dict, "sessions": sessions_page_from_dict,
         "session": session_detail_from_dict, "match": match_from_dict, "changes": changes_from_dict,
     }

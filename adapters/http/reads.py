@@ -23,6 +23,7 @@ import orjson
 from radixtop.adapters.base import (
     CHILD_ORDERS,
     MAX_CHAIN,
+    MAX_DEPTH,
     MAX_MATCH_TOKENS,
     MAX_PAGE,
     MAX_READS,
@@ -97,6 +98,9 @@ _SPECS: dict[str, dict[str, tuple[Any, Any]]] = {
     "children": {"node_id": (_node_id, _REQUIRED), "offset": (_int(0, MAX_ID), 0),
                  "limit": (_PAGE_LIMIT, 100), "order": (_choice(CHILD_ORDERS), "bytes")},
     "chain": {"node_id": (_node_id, _REQUIRED), "limit": (_int(1, MAX_CHAIN), 10_000)},
+    "subtree": {"node_id": (_node_id, _REQUIRED), "depth": (_int(1, MAX_DEPTH), 3),
+                "limit": (_PAGE_LIMIT, 10), "order": (_choice(CHILD_ORDERS), "bytes"),
+                "min_bytes": (_int(0, MAX_ID), 0)},
     "node": {"node_id": (_node_id, _REQUIRED), "token_offset": (_int(0, MAX_ID), 0),
              "token_limit": (_PAGE_LIMIT, 256)},
     "sessions": {"order": (_choice(SESSION_ORDERS), "exclusive_bytes"), "offset": (_int(0, MAX_ID), 0),

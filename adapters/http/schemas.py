@@ -120,6 +120,22 @@ class ChildrenPageOut(Schema):
     children: list[NodeOut]
 
 
+class SubtreeRowOut(Schema):
+    node: NodeOut
+    level: int
+    more: int
+
+
+class SubtreeOut(Schema):
+    node_id: int
+    depth: int
+    limit: int
+    order: str
+    min_bytes: int
+    rows: list[SubtreeRowOut]
+    capped: bool
+
+
 class SessionOut(Schema):
     id: str
     state: Literal["open", "closed"]

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from radixtop.adapters.base import (
     CHILD_ORDERS,
     MAX_CHAIN,
+    MAX_DEPTH,
     MAX_MATCH_TOKENS,
     MAX_PAGE,
     MAX_READS,
@@ -67,6 +68,7 @@ from radixtop.adapters.http.schemas import (
     SessionDetailOut,
     SessionsPageOut,
     StatsOut,
+    SubtreeOut,
 )
 from radixtop.adapters.http.wire import (
     METHOD_NOT_ALLOWED,
@@ -402,6 +404,16 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
                  order: str = Query("bytes", description="bytes, recency or tokens",
                                     json_schema_extra={"enum": list(CHILD_ORDERS)})) -> JSONResponse:
         return _json(_call(adapter.children, parse_node_id(node_id), offset, limit, order))
+
+    @app.get("/v1/nodes/{node_id}/subtree", response_model=SubtreeOut,
+             summary="A node and its largest descendants, levels deep, read at one moment",
+             responses=_errors(404, 422, *_TARGET_ERRORS))
+    def subtree(node_id: NodeId, depth: Annotated[int, Query(ge=1, le=MAX_DEPTH)] = 3,
+                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 10,
+                order: str = Query("bytes", description="bytes, recency or tokens",
+                                   json_schema_extra={"enum": list(CHILD_ORDERS)}),
+                min_bytes: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> JSONResponse:
+        return _json(_call(adapter.subtree, parse_node_id(node_id), depth, limit, order, min_bytes))
 
     @app.get("/v1/nodes/{node_id}/chain", response_model=ChainOut,
              summary="The run of single children below a node, in one read",

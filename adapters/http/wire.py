@@ -30,6 +30,7 @@ from radixtop.adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    SubtreeView,
 )
 
 V = TypeVar("V")
@@ -105,6 +106,10 @@ def stats_from_dict(d: dict[str, Any]) -> Stats:
 
 def children_page_from_dict(d: dict[str, Any]) -> ChildrenPage:
     return from_wire(ChildrenPage, d)
+
+
+def subtree_from_dict(d: dict[str, Any]) -> SubtreeView:
+    return from_wire(SubtreeView, d)
 
 
 def chain_from_dict(d: dict[str, Any]) -> ChainView:

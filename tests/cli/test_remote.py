@@ -76,6 +76,11 @@ def test_node(server):
     missing = run(server, "node", "424242")
     assert missing.exit_code == 1 and "424242" in missing.stderr and missing.stdout == ""
     assert run(server, "node", "x").exit_code == 2
+    # ids as every view prints them
+    hashed, plain = one_json(run(server, "node", "#1", "--json")), one_json(run(server, "node", "1", "--json"))
+    assert hashed["node"]["id"] == plain["node"]["id"] == 1 and hashed["token_ids"] == plain["token_ids"]
+    assert one_json(run(server, "tree", "#1", "--json"))["node"]["id"] == 1
+    assert run(server, "node", "#x").exit_code == 2 and run(server, "node", "#-1").exit_code == 2
 
 
 def test_sessions_and_session(server):

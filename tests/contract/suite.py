@@ -126,6 +126,43 @@ def test_chain_truncates_at_the_limit(adapter):
     assert [n.id for n in cut.nodes] == [whole.nodes[0].id] and cut.truncated
 
 
+def test_subtree_is_the_tree_as_its_pages_show_it(adapter):
+    from radixtop.adapters.base import CacheAdapter
+
+    for depth, limit, order, min_bytes in [(3, 10, "bytes", 0), (1, 2, "tokens", 0), (2, 1, "recency", 0),
+                                           (64, 10_000, "bytes", 0), (3, 10, "bytes", 1)]:
+        view = adapter.subtree(ROOT_ID, depth, limit, order, min_bytes)
+        assert (view.node_id, view.depth, view.limit, view.order, view.min_bytes) == (
+            ROOT_ID, depth, limit, order, min_bytes)
+        # the same as reading the node, then page after page (the contract's default)
+        assert ageless(view.to_dict()) == ageless(CacheAdapter.subtree(adapter, ROOT_ID, depth, limit, order,
+                                                                       min_bytes).to_dict())
+        rows = view.rows
+        assert rows[0].node.id == ROOT_ID and rows[0].level == 0 and not view.capped
+        for i, row in enumerate(rows):
+            below = []
+            for later in rows[i + 1:]:  # depth first: its children follow it, before its next sibling
+                if later.level <= row.level:
+                    break
+                if later.level == row.level + 1:
+                    below.append(later.node)
+            assert [c.parent_id for c in below] == [row.node.id] * len(below)
+            assert row.level <= depth and len(below) <= limit
+            assert row.more == row.node.num_children - len(below)
+            assert all(c.subtree_bytes <= row.node.subtree_bytes for c in below)  # never above its parent
+            assert all(c.subtree_bytes >= min_bytes for c in below)
+            expected = [c.id for c in all_children(adapter, row.node.id, order)
+                        if c.subtree_bytes >= min_bytes][:limit] if row.level < depth else []
+            assert [c.id for c in below] == expected
+    everything = adapter.subtree(ROOT_ID, 64, 10_000)
+    assert len(everything.rows) == adapter.stats().node_count + 1  # the whole (small) tree and its root
+    with pytest.raises(UnknownNode):
+        adapter.subtree(987654)
+    for bad in [dict(depth=0), dict(depth=65), dict(limit=0), dict(order="size"), dict(min_bytes=-1)]:
+        with pytest.raises(BadRequest):
+            adapter.subtree(ROOT_ID, **bad)
+
+
 def test_node_detail(adapter):
     root = adapter.node(ROOT_ID)
     assert root.node.parent_id is None and root.node.depth == 0 and root.path_tokens == 0
@@ -218,6 +255,7 @@ def known_reads(adapter) -> list[tuple[str, tuple]]:
         ("capabilities", ()), ("stats", ()), ("children", (ROOT_ID,)), ("children", (ROOT_ID, 1, 2, "tokens")),
         ("children", (prompt, 0, 5, "recency")),
         ("chain", (run,)), ("chain", (run, 1)), ("node", (ROOT_ID,)), ("node", (prompt, 1, 2)),
+        ("subtree", (ROOT_ID,)), ("subtree", (prompt, 1, 1, "tokens", 1)),
         ("sessions", ()), ("sessions", ("id", 1, 2)), ("sessions", ("last_activity",)),
         ("session", ("a",)), ("session", ("gone",)), ("match", ([1, 2, 3, 4, 5, 99],)), ("match", ([],)),
         ("changes", (max(adapter.stats().version - 3, 0),)),

@@ -41,6 +41,7 @@ from tests.contract.suite import (  # noqa: E402,F401  (the contract tests that 
     test_read_only_refuses_every_action,
     test_session_views_follow_an_action_at_once,
     test_stats_reconcile,
+    test_subtree_is_the_tree_as_its_pages_show_it,
     test_unknown_session_actions,
 )
 from tests.on_sglang.ref import drive23, known23  # noqa: E402
