@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixtop.adapters.model import SessionView
+from radixtop.adapters.model import SessionsPage, SessionView
 from radixtop.gpu_backend.owner_queue import gc_paused
 from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
 from radixtop.gpu_backend.slices import Slices
@@ -28,12 +28,21 @@ the pass runs in slices between the owner's steps."""
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)
 SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
-SESSION_KEYS: dict[str, Callable[[SessionRow], Any]] = {
+SESSION_KEYS: dict[str, Callable[[SessionRow], Any]] = {  # each order's first rows: what it is about
     "exclusive_bytes": lambda r: (-r[3], r[0]),
     "shared_bytes": lambda r: (-r[4], r[0]),
+    "fair_share_bytes": lambda r: (-r[5], r[0]),
+    "locked_tokens": lambda r: (-r[6], r[0]),
+    "tagged_nodes": lambda r: (-r[2], r[0]),
     "last_activity": lambda r: (r[7] is None, -(r[7] or 0.0), r[0]),
+    "state": lambda r: (r[1], r[0]),  # open first
     "id": lambda r: r[0],
 }
+
+
+def row_matches(row: SessionRow, needle: str) -> bool:
+    """``needle`` (lower case) in the session's id, or the session's state (``open``, ``closed``)."""
+    return needle in row[0].lower() or needle == ("closed" if row[1] else "open")
 
 
 def session_view(row: SessionRow, now: float) -> SessionView:
@@ -70,20 +79,25 @@ class Attribution:
         return time.monotonic() - self.taken_at < max(max_age, self.cost_s * budget * max(1.0, growth))
 
     _ordered: dict[str, list[SessionRow]] = field(default_factory=dict, repr=False, compare=False)
+    _filtered: dict[tuple[str, str], list[SessionRow]] = field(default_factory=dict, repr=False, compare=False)
 
     def age_s(self, now: float) -> float:
         """Seconds since it was made (``now`` from ``time.monotonic()``)."""
         return max(0.0, now - self.taken_at)
 
-    def page(self, order: str, offset: int, limit: int) -> list[SessionRow]:
-        """Rows ``offset:offset+limit`` in ``order`` (one of SESSION_KEYS); each order is sorted
-        once per attribution, so a dashboard's repeated reads of it cost a slice."""
-        return run_steps(self.page_steps(order, offset, limit))
+    def page(self, order: str, offset: int, limit: int, contains: str = "",
+             reverse: bool = False) -> tuple[list[SessionRow], int]:
+        """Rows ``offset:offset+limit`` in ``order`` (one of SESSION_KEYS; ``reverse``: read from
+        its other end) of the sessions that match ``contains`` (``row_matches``; '' all), and how
+        many match. Each order is sorted once per attribution, each filter of it run once, so a
+        dashboard's repeated reads cost a slice."""
+        return run_steps(self.page_steps(order, offset, limit, contains, reverse))
 
-    def page_steps(self, order: str, offset: int, limit: int,
-                   chunk: int = 1024) -> Generator[None, None, list[SessionRow]]:
+    def page_steps(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
+                   chunk: int = 1024) -> Generator[None, None, tuple[list[SessionRow], int]]:
         """``page`` as a stepwise pass: the first read of an order sorts the rows ``chunk`` at a
-        time and merges them, yielding between (50k sessions take tens of ms to sort at once)."""
+        time and merges them, yielding between (50k sessions take tens of ms to sort at once);
+        the first read of a filter scans them a chunk at a time."""
         rows = self._ordered.get(order)
         if rows is None:
             key = SESSION_KEYS[order]
@@ -98,11 +112,43 @@ class Attribution:
                 if len(rows) % chunk == 0:
                     yield
             self._ordered[order] = rows
-        return rows[offset : offset + limit]
+        needle = contains.strip().lower()
+        if needle:
+            matching = self._filtered.get((order, needle))
+            if matching is None:
+                matching = []
+                for start in range(0, len(rows), chunk * 8):
+                    matching.extend(r for r in rows[start : start + chunk * 8] if row_matches(r, needle))
+                    yield
+                if len(self._filtered) >= 8:  # a few filters per attribution at most
+                    self._filtered.clear()
+                self._filtered[(order, needle)] = matching
+            rows = matching
+        total = len(rows)
+        if reverse:
+            start = max(total - offset - limit, 0)
+            return rows[start : max(total - offset, 0)][::-1], total
+        return rows[offset : offset + limit], total
 
     @property
     def sessions_holding(self) -> int:
         return sum(1 for row in self.sessions.values() if row[2])
+
+
+VIEWS_CHUNK = 256
+"""Session rows turned into views per slice."""
+
+
+def sessions_page_steps(attribution: Attribution, order: str, offset: int, limit: int, contains: str,
+                        reverse: bool, refreshing: bool) -> Generator[None, None, SessionsPage]:
+    """A sessions page of ``attribution`` as a stepwise pass (``CacheAdapter.sessions``)."""
+    rows, total = yield from attribution.page_steps(order, offset, limit, contains, reverse)
+    now, page = time.monotonic(), []
+    for start in range(0, len(rows), VIEWS_CHUNK):
+        page.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
+        yield
+    return SessionsPage(offset, limit, total, order, tuple(page), attribution.age_s(now), refreshing,
+                        contains.strip(), reverse, len(attribution.sessions))
 
 
 def attribute(*args: Any, **kwargs: Any) -> Attribution:
@@ -240,7 +286,7 @@ class AttributionCache:
     runs to its end on the spot.
     """
 
-    def __init__(self, max_age: float = 5.0, budget: float = ATTRIBUTION_BUDGET,
+    def __init__(self, max_age: float = 1.0, budget: float = ATTRIBUTION_BUDGET,
                  slices: Slices | None = None, inline_s: float = INLINE_S):
         self.max_age = max_age
         self.budget = budget
@@ -274,6 +320,7 @@ class AttributionCache:
                 current.opened -= 1
             current.sessions[closed] = (row[0], True, 0, 0, 0, 0, 0, row[7])
             current._ordered.clear()
+            current._filtered.clear()
 
     def get(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
             holding: int | None = None) -> Attribution | None:

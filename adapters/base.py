@@ -54,7 +54,7 @@ READ_PARAMS: dict[str, tuple[str, ...]] = {
     "chain": ("node_id", "limit"),
     "subtree": ("node_id", "depth", "limit", "order", "min_bytes"),
     "node": ("node_id", "token_offset", "token_limit"),
-    "sessions": ("order", "offset", "limit"),
+    "sessions": ("order", "offset", "limit", "contains", "reverse"),
     "session": ("session_id",),
     "match": ("tokens",),
     "changes": ("since",),
@@ -118,8 +118,11 @@ class CacheAdapter(ABC):
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail: ...
 
     @abstractmethod
-    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
-        """A page of sessions: open ones (those holding KV, or registered) and recently closed."""
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
+        """A page of sessions: open ones (those holding KV, or registered) and recently closed;
+        ``order`` read from its other end where ``reverse``; only those whose id contains
+        ``contains`` (any case), or whose state it names, where it is not ''."""
 
     @abstractmethod
     def session(self, session_id: str) -> SessionDetail: ...
@@ -397,6 +400,16 @@ def check_child_order(order: str) -> None:
 def check_session_order(order: str) -> None:
     if order not in SESSION_ORDERS:
         raise BadRequest(f"unknown order {order!r}; use one of {', '.join(SESSION_ORDERS)}")
+
+
+MAX_CONTAINS = 200
+
+
+def check_sessions_read(order: str, offset: int, limit: int, contains: str) -> None:
+    check_page(offset, limit)
+    check_session_order(order)
+    if not isinstance(contains, str) or len(contains) > MAX_CONTAINS:
+        raise BadRequest(f"contains must be text of at most {MAX_CONTAINS} characters")
 
 
 def check_tokens(num_tokens: int) -> None:

@@ -15,6 +15,7 @@ from radixtop.adapters.attribution import (
     AttributionCache,
     attribution_steps,
     session_view,
+    sessions_page_steps,
 )
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
@@ -23,7 +24,7 @@ from radixtop.adapters.base import (
     check_chain_limit,
     check_child_order,
     check_page,
-    check_session_order,
+    check_sessions_read,
     check_tokens,
 )
 from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, TargetUnreachable, UnknownNode, UnknownSession
@@ -61,7 +62,6 @@ T = TypeVar("T")
 FIRST_TOKENS = 16
 SORT_CHUNK = 1024
 """Children ranked at once; a wider node is ranked in chunks of this many, a slice each."""
-VIEWS_CHUNK = 256
 MAX_CHANGES = 5_000  # more touches than this since `since` answer resync: re-reading is cheaper
 
 _CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
@@ -81,7 +81,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
-                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 5.0,
+                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 1.0,
                  attribution_budget: float = ATTRIBUTION_BUDGET):
         self.engine = engine
         self.name = name
@@ -267,7 +267,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         between the engine's steps while the last one is served; without one yet, this waits for
         it in slices (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache
-        key = (cache.version, len(s.session_activity))
+        key = self._attribution_key(s)
         return (yield from self.attributions.ready(
             key,
             lambda: attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
@@ -275,28 +275,28 @@ class BundledAdapter(OwnerReads, CacheAdapter):
                                       cache.close_policy != "deref", key, chunk=256),
             len(cache._session_leaves)))
 
+    @staticmethod
+    def _attribution_key(s: Scheduler) -> tuple[int, int]:
+        """What changes whenever the attribution would: the tree's version, the sessions seen."""
+        return s.cache.version, len(s.session_activity)
+
     def _attribute(self, s: Scheduler) -> Attribution:
         """The attribution to serve, a first pass run to its end here (for callers on the owner
         thread that cannot wait between steps: tests, benchmarks)."""
         return run_steps(self._attribution_ready(s))
 
-    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
-        check_page(offset, limit)
-        check_session_order(order)
-        return self._call_steps(lambda s: self._sessions_steps(s, order, offset, limit))
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
+        check_sessions_read(order, offset, limit, contains)
+        return self._call_steps(lambda s: self._sessions_steps(s, order, offset, limit, contains, reverse))
 
     def _sessions_steps(self, s: Scheduler, order: str = "exclusive_bytes", offset: int = 0,
-                        limit: int = 100) -> Generator[None, None, SessionsPage]:
-        check_page(offset, limit)
-        check_session_order(order)
+                        limit: int = 100, contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
+        check_sessions_read(order, offset, limit, contains)
         attribution = yield from self._attribution_ready(s)
-        rows = yield from attribution.page_steps(order, offset, limit)
-        now, page = time.monotonic(), []
-        for start in range(0, len(rows), VIEWS_CHUNK):
-            page.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
-            yield
-        return SessionsPage(offset, limit, len(attribution.sessions), order, tuple(page), attribution.age_s(now),
-                            self.attributions.refreshing)
+        page = yield from sessions_page_steps(attribution, order, offset, limit, contains, reverse,
+                                              self.attributions.refreshing)
+        return dataclasses.replace(page, figures_current=attribution.key == self._attribution_key(s))
 
     def session(self, session_id: str) -> SessionDetail:
         return self._call_steps(lambda s: self._session_steps(s, session_id))

@@ -13,7 +13,8 @@ from typing import Any, Literal
 ChildOrder = Literal["bytes", "recency", "tokens"]
 SessionOrder = Literal["exclusive_bytes", "shared_bytes", "last_activity", "id"]
 CHILD_ORDERS: tuple[str, ...] = ("bytes", "recency", "tokens")
-SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "last_activity", "id")
+SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "fair_share_bytes", "locked_tokens",
+                                   "tagged_nodes", "last_activity", "state", "id")
 ROOT_ID = 0
 
 
@@ -236,6 +237,14 @@ class SessionsPage(_View):
     again in slices between the engine's steps while the last one is served."""
     refreshing: bool = False
     """A new attribution is being made now."""
+    contains: str = ""
+    """The filter the page is of: sessions whose id contains it (any case), or whose state it is."""
+    reverse: bool = False
+    """The order read from its other end."""
+    all_sessions: int | None = None
+    """Sessions before the filter (``total`` counts those that match it)."""
+    figures_current: bool = False
+    """The cache has not changed since the figures were made: they are exact now, however old."""
 
 
 @dataclass(frozen=True)

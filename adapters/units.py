@@ -29,16 +29,12 @@ def count(n: int | None, what: str) -> str:
     return f"{what} unknown" if n is None else f"{n:,} {what}"
 
 
-FIGURES_NOTED_S = 15.0
-"""Session figures older than this say how old they are (a large cache's attribution is reused a
-while, then made again in slices between the engine's steps while the last one is served)."""
-
-
-def figures_note(age_s: float, refreshing: bool) -> str:
-    """'figures 3m old, refreshing' for a sessions page whose figures are old enough to matter;
-    '' otherwise."""
-    if age_s < FIGURES_NOTED_S:
-        return ""
+def figures_note(age_s: float, refreshing: bool, current: bool = False) -> str:
+    """How old a sessions page's figures are, always (an operator ranks and acts on them): 'figures
+    3s old', 'figures 3m old, refreshing'; 'unchanged since 18m ago' where the cache has not
+    changed since they were made (exact now, however old)."""
+    if current:
+        return f"unchanged since {age(age_s)} ago"
     return f"figures {age(age_s)} old" + (", refreshing" if refreshing else "")
 
 

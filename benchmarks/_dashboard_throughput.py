@@ -223,7 +223,7 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
                         "engine_hold_ms_per_poll": holds.since(hold0) / max(polls, 1) * 1e3,
                         "attribute_cold_per_poll": sum(1 for c, _ in attrs if c) / max(polls, 1),
                         "attribute_ms": ms_stats([s for c, s in attrs if c], 90),
-                        "sessions_listed": len(app.query_one("#sessions").all),
+                        "sessions_listed": len(app.query_one("#sessions").rows),
                         "sessions_open": app.stats.open_sessions, "sessions_closed": app.stats.closed_sessions,
                     })
                     await pilot.pause()

@@ -242,12 +242,13 @@ def node(
 
 def _sessions_table(views: list[Any], title: str):
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title)
     for col in ("session", "state", "tagged", "exclusive", "shared", "fair share", "locked tok", "last activity"):
         table.add_column(col, justify="left" if col in ("session", "state") else "right")
     for s in views:
-        table.add_row(s.id, s.state, str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
+        table.add_row(Text(s.id), s.state, str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
                       human_bytes(s.shared_bytes), human_bytes(s.fair_share_bytes), f"{s.locked_tokens:,}",
                       age(s.last_activity_age_s))
     return table
@@ -255,19 +256,29 @@ def _sessions_table(views: list[Any], title: str):
 
 @app.command()
 def sessions(
-    sort: Annotated[str, typer.Option(help="exclusive_bytes, shared_bytes, last_activity or id.")] = "exclusive_bytes",
+    sort: Annotated[str, typer.Option(help="exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens, "
+                                      "tagged_nodes, last_activity, state or id (biggest, newest, open first; "
+                                      "ids A to Z).")] = "exclusive_bytes",
+    reverse: Annotated[bool, typer.Option("--reverse", help="The other way round.")] = False,
+    contains: Annotated[str, typer.Option("--filter", help="Only sessions whose id contains this (any case), "
+                                          "or whose state it names (open, closed).")] = "",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     offset: Annotated[int, typer.Option(min=0)] = 0,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
-    """Sessions and the memory they hold: exclusive (a close frees it now), shared, fair share."""
+    """Sessions and the memory they hold: exclusive (a close frees it now), shared, fair share;
+    sorted and filtered over all the target's sessions."""
     with target(url, token, timeout) as t:
-        page = t.sessions(sort, offset, limit)
+        page = t.sessions(sort, offset, limit, contains, reverse)
     if as_json:
         return emit_json(page.to_dict())
-    title = f"sessions {offset + 1}-{offset + len(page.sessions)} of {page.total} by {sort}"
-    if note := figures_note(page.figures_age_s, page.refreshing):
-        title += f", {note}"
+    from rich.markup import escape
+
+    shown = f"{offset + 1}-{offset + len(page.sessions)}" if page.sessions else "none"
+    matching = f" matching {escape(repr(page.contains))}" if page.contains else ""
+    everyone = (f" ({page.all_sessions:,} in all)" if page.contains and page.all_sessions is not None else "")
+    title = (f"sessions {shown} of {page.total:,}{matching}{everyone} by {sort}{' reversed' if reverse else ''}, "
+             f"{figures_note(page.figures_age_s, page.refreshing, page.figures_current)}")
     _console().print(_sessions_table(list(page.sessions), title))
 
 

@@ -16,6 +16,7 @@ from textual import work
 from radixtop.adapters.errors import AdapterError, Unsupported
 from radixtop.adapters.model import ClosePlanView
 from radixtop.inspector.format import human_bytes
+from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable
 
@@ -153,12 +154,15 @@ class ActionFlows:
         try:
             if action == "evict":
                 r = self.adapter.evict(n)
+                freed = r.evicted_tokens
                 message = f"evicted {r.evicted_tokens:,} tok · {human_bytes(r.evicted_bytes)} in {r.evicted_nodes} nodes"
             else:
                 r = self.adapter.flush()
+                freed = r.freed_tokens  # (a cache just flushed has nothing left to evict on its own)
                 message = f"flushed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}" + (
                     f"; {r.message}" if r.message else "")
         except AdapterError as exc:
             self.call_from_thread(self.notify, exc.message, severity="error")
             return
+        self.call_from_thread(self.query_one(HeaderBar).own_eviction, freed)
         self._done(message, action)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -40,6 +41,17 @@ def parse_token_ids(text: str) -> list[int] | None:
     if not parts or not all(p.isdigit() for p in parts):
         return None
     return [int(p) for p in parts]
+
+
+class FilterBox(Input):
+    """The sessions filter: Enter applies it; Escape clears it (and the table's filter) and
+    leaves the box, as it says."""
+
+    BINDINGS = [Binding("escape", "clear_filter", "Clear filter", show=False)]
+
+    def action_clear_filter(self) -> None:
+        self.value = ""
+        self.post_message(self.Submitted(self, ""))
 
 
 class RadixtopApp(ActionFlows, App[None]):
@@ -96,7 +108,8 @@ class RadixtopApp(ActionFlows, App[None]):
         """First token id shown in the detail panel (``[`` and ``]`` page through them)."""
         self._poll_enabled = poll
         self._keymap = keymap or {}
-        self._figures: tuple[float, bool] = (0.0, False)  # the sessions figures' age and refresh, as read
+        self.sessions_table = SessionsTable(id="sessions")
+        self._figures: tuple[float, bool, bool] = (0.0, False, False)  # age, refreshing, current, as read
         self._polling = False
         self._poll_again = False
         self._poll_timer: Timer | None = None
@@ -117,8 +130,8 @@ class RadixtopApp(ActionFlows, App[None]):
             with Vertical(id="side"):
                 yield DetailPanel(id="detail")
                 yield Static(id="sessions-title")
-                yield Input(placeholder="filter sessions (enter applies, escape clears)", id="filter")
-                yield SessionsTable(id="sessions")
+                yield FilterBox(placeholder="filter sessions (enter applies, escape clears)", id="filter")
+                yield self.sessions_table
         yield Footer()
 
     def on_mount(self) -> None:
@@ -133,7 +146,8 @@ class RadixtopApp(ActionFlows, App[None]):
     # ----- polling -----
 
     def poll_request(self) -> PollRequest:
-        return PollRequest(not self.paused, self.selected_node, self.detail_offset, self.interval)
+        return PollRequest(not self.paused, self.selected_node, self.detail_offset, self.interval,
+                           self.sessions_table.query)
 
     def poll(self) -> None:
         """Start a poll now; with one in flight, the next starts as soon as it ends (one chain)."""
@@ -181,6 +195,7 @@ class RadixtopApp(ActionFlows, App[None]):
         if self.down is not None:
             self.down = None
             self.query_one("#banner", Static).display = False
+            self.query_one(HeaderBar).down = False
             self.notify(f"reconnected to {self.target}", title="radixtop")
         self.stats = snap.stats
         header = self.query_one(HeaderBar)
@@ -190,8 +205,8 @@ class RadixtopApp(ActionFlows, App[None]):
         if snap.tree is not None:
             self._show_rows(snap.tree)
         if snap.sessions is not None:
-            self.query_one(SessionsTable).set_sessions(list(snap.sessions.sessions))
-            self._figures = (snap.sessions.figures_age_s, snap.sessions.refreshing)
+            self.query_one(SessionsTable).set_page(snap.sessions)
+            self._figures = (snap.sessions.figures_age_s, snap.sessions.refreshing, snap.sessions.figures_current)
             self._title_sessions()
         if snap.detail is not None:
             self._show_detail(snap.detail)
@@ -211,9 +226,15 @@ class RadixtopApp(ActionFlows, App[None]):
         banner = self.query_one("#banner", Static)
         kind = "timed out" if isinstance(exc, TargetTimeout) else "cannot reach" if isinstance(
             exc, TargetUnreachable) else "error from"
-        banner.update(f"⚠ {kind} {self.target}: {exc.message} · reconnecting every {self.interval:g}s "
-                      f"(showing the last good data)")
+        text = Text(f"⚠ {kind} {self.target}: {exc.message} · reconnecting every {self.interval:g}s "
+                    f"(showing the last good data)")  # plain text: a target's message is not markup
+        if banner.content != text:
+            banner.update(text)
         banner.display = True
+        header = self.query_one(HeaderBar)
+        if not header.down:
+            header.down = True
+            header.render_stats()
 
     # ----- tree -----
 
@@ -279,15 +300,28 @@ class RadixtopApp(ActionFlows, App[None]):
     # ----- sessions -----
 
     def _title_sessions(self) -> None:
+        """'sessions 10,632 · figures 1s old', or with a filter 'sessions 37 of 10,632 · filter
+        's5''; how old the figures are is always said (the ranking is what the operator acts on)."""
         table = self.query_one(SessionsTable)
-        marked = f" · {len(table.marked)} marked" if table.marked else ""
-        shown = f" · filter {table.filter_text!r}" if table.filter_text else ""
-        note = figures_note(*self._figures)
-        old = f" · {note}" if note else ""
-        title = f"[b]sessions[/] {len(table.shown)} of {len(table.all)}{shown}{marked}{old}"
+        page = table.page
+        parts = ["[b]sessions[/]"]
+        if page is not None and page.contains == table.filter_text:
+            parts[0] += (f" {page.total:,} of {page.all_sessions:,}" if page.contains and page.all_sessions is not None
+                         else f" {page.total:,}")
+        if table.filter_text:
+            parts.append(f"filter {escape(repr(table.filter_text))}")
+        if table.marked:
+            parts.append(f"{len(table.marked)} marked")
+        if page is not None:
+            parts.append(figures_note(*self._figures))
+        title = " · ".join(parts)
         line = self.query_one("#sessions-title", Static)
         if line.content != title:
             line.update(title, layout=False)  # one line, fixed height
+
+    def on_sessions_table_query_changed(self, message: SessionsTable.QueryChanged) -> None:
+        self._title_sessions()
+        self.poll()  # the poller reads the sessions at once for a new query
 
     def on_sessions_table_chosen(self, message: SessionsTable.Chosen) -> None:
         self.show_session_chains(message.session.id)

@@ -87,6 +87,11 @@ class HeaderBar(Widget):
         self.evictions: deque[float] = deque(maxlen=HISTORY)
         self.close_freed: deque[float] = deque(maxlen=HISTORY)
         self._last: tuple[float, Stats] | None = None
+        self._own_evicted = 0
+        """Tokens this dashboard's own evict or flush freed since the last sample: an operator's
+        action, not the server's pressure, so not in the evicted tok/s series."""
+        self.down = False
+        """The last poll failed: the figures are the last good ones, not live."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="title")
@@ -98,8 +103,18 @@ class HeaderBar(Widget):
                     yield Static(label, id=f"{key}-label", classes="spark-label")
                     yield Sparkline([], id=f"{key}-spark")
 
+    def own_eviction(self, tokens: int) -> None:
+        """This dashboard evicted or flushed ``tokens``: leave them out of the evicted rate."""
+        self._own_evicted += max(tokens, 0)
+
     def update_stats(self, st: Stats, now: float) -> None:
-        """Take a new Stats sample: rates come from counter increments since the last one."""
+        """Take a new Stats sample: rates come from counter increments since the last sample,
+        taken at most once per half refresh interval (a poll right after an action comes early:
+        a rate over a few milliseconds is a spike, not a rate); the figures show every poll."""
+        self.stats = st
+        if self._last is not None and now - self._last[0] < 0.5 * self.interval:
+            self.render_stats()
+            return
         if self._last is not None:
             then, prev = self._last
             dt = max(now - then, 1e-6)
@@ -109,10 +124,10 @@ class HeaderBar(Widget):
                 self.hit_rate.append(min(max(cached / prompt, 0.0), 1.0))
             elif self.hit_rate:
                 self.hit_rate.append(self.hit_rate[-1])
-            self.evictions.append(max(st.evicted_tokens - prev.evicted_tokens, 0) / dt)
+            self.evictions.append(max(st.evicted_tokens - prev.evicted_tokens - self._own_evicted, 0) / dt)
             self.close_freed.append(max(st.freed_by_close_tokens - prev.freed_by_close_tokens, 0) / dt)
+        self._own_evicted = 0
         self._last = (now, st)
-        self.stats = st
         self.render_stats()
 
     def on_resize(self) -> None:
@@ -125,7 +140,9 @@ class HeaderBar(Widget):
         title.append(f" {self.target}  ")
         if st is not None and st.target and st.target not in self.target:
             title.append(f"({st.target})  ", style="dim")  # what is behind a URL
-        if self.paused:
+        if self.down:
+            title.append(" DOWN ", style="bold white on red")
+        elif self.paused:
             title.append(" PAUSED ", style="bold black on yellow")
         else:
             title.append(" LIVE ", style="bold black on green")
@@ -142,7 +159,7 @@ class HeaderBar(Widget):
         for key, series, fmt in (("hit", self.hit_rate, "{:.0%}"), ("evict", self.evictions, "{:,.0f}"),
                                  ("close", self.close_freed, "{:,.0f}")):
             spark = self.query_one(f"#{key}-spark", Sparkline)
-            data = list(series) or [0.0]
+            data = list(series) if len(series) >= 2 else []  # one sample would draw as a full bar
             if spark.data != data:
                 spark.data = data
             label = {"hit": "hit rate", "evict": "evicted tok/s", "close": "freed by close tok/s"}[key]

@@ -43,6 +43,20 @@ CHAIN_MARKS = 64
 
 
 @dataclass(frozen=True)
+class SessionsQuery:
+    """The sessions the table shows: one order of all the target's sessions (read from its other
+    end where ``reverse``), those matching ``contains``, the window from ``offset``."""
+
+    order: str = "exclusive_bytes"
+    reverse: bool = False
+    contains: str = ""
+    offset: int = 0
+
+    def read(self) -> tuple[str, tuple]:
+        return ("sessions", (self.order, self.offset, SESSIONS_LOADED, self.contains, self.reverse))
+
+
+@dataclass(frozen=True)
 class PollRequest:
     """What the screen needs from the next poll (decided on the UI thread)."""
 
@@ -51,6 +65,7 @@ class PollRequest:
     selected_node: int | None = None
     detail_offset: int = 0
     interval: float = 1.0
+    sessions: SessionsQuery = SessionsQuery()
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,7 @@ class Poller:
         self._caps_stale = True
         self._since: int | None = None
         self._sessions_at = float("-inf")
+        self._sessions_read: SessionsQuery | None = None  # the query the table's rows answer
         self._tree_moving = False  # the last poll found the tree changed: read its pages with the stats
 
     # ----- between polls -----
@@ -137,10 +153,11 @@ class Poller:
         reads: list[tuple[str, tuple]] = [("stats", ())]
         if live and caps.tree and caps.changes and self._since is not None:
             reads.append(("changes", (self._since,)))
-        want_sessions = live and caps.sessions and now - self._sessions_at >= max(self.sessions_every,
-                                                                                   request.interval)
+        want_sessions = live and caps.sessions and (
+            request.sessions != self._sessions_read  # a new order, filter or window: now
+            or now - self._sessions_at >= max(self.sessions_every, request.interval))
         if want_sessions:
-            reads.append(("sessions", ("exclusive_bytes", 0, SESSIONS_LOADED)))
+            reads.append(request.sessions.read())
         selected = request.selected_node if live else None
         if selected is not None:
             reads.append(("node", (selected, request.detail_offset, DETAIL_TOKENS)))
@@ -167,7 +184,7 @@ class Poller:
                 tree = self._rows()
         if want_sessions:
             sessions = _ok(got["sessions"])
-            self._sessions_at = now
+            self._sessions_at, self._sessions_read = now, request.sessions
         if selected is not None and not isinstance(got["node"], AdapterError):
             detail = got["node"]
         return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail)

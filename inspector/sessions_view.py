@@ -1,4 +1,5 @@
-"""SessionsTable: a virtual table of sessions (Line API), sortable by any column, filterable."""
+"""SessionsTable: a virtual table over all the target's sessions (Line API): the target sorts,
+filters and pages them; the table holds the window of rows around the cursor."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
 
-from radixtop.adapters.model import SessionView
+from radixtop.adapters.model import SessionsPage, SessionView
 from radixtop.inspector.format import age, human_bytes
+from radixtop.inspector.poller import SESSIONS_LOADED, SessionsQuery
 from radixtop.inspector.rows_view import RowsView, cursor_bindings
 
 
@@ -21,27 +23,34 @@ class Column:
     title: str
     width: int
     cell: object  # SessionView -> str
-    sort_key: object  # SessionView -> comparable (ascending = what "sorted by" shows first)
+    order: str
+    """The target's order for this column (``CacheAdapter.sessions``)."""
+    descending: bool
+    """That order shows the column's values falling down the table (sizes, open before closed);
+    False: rising (ids A to Z, ages newest first). The header's arrow says which, the same way
+    for every column: ▼ falling, ▲ rising."""
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("session", 14, lambda s: s.id, lambda s: s.id),
-    Column("state", 6, lambda s: s.state, lambda s: s.state),
-    Column("tagged", 6, lambda s: str(s.tagged_nodes), lambda s: -s.tagged_nodes),
-    Column("exclusive", 10, lambda s: human_bytes(s.exclusive_bytes), lambda s: -s.exclusive_bytes),
-    Column("shared", 10, lambda s: human_bytes(s.shared_bytes), lambda s: -s.shared_bytes),
-    Column("fair", 10, lambda s: human_bytes(s.fair_share_bytes), lambda s: -s.fair_share_bytes),
-    Column("locked", 7, lambda s: f"{s.locked_tokens:,}", lambda s: -s.locked_tokens),
-    Column("active", 6, lambda s: age(s.last_activity_age_s),
-           lambda s: float("inf") if s.last_activity_age_s is None else s.last_activity_age_s),
+    Column("session", 14, lambda s: s.id, "id", False),
+    Column("state", 6, lambda s: s.state, "state", True),
+    Column("tagged", 6, lambda s: str(s.tagged_nodes), "tagged_nodes", True),
+    Column("exclusive", 10, lambda s: human_bytes(s.exclusive_bytes), "exclusive_bytes", True),
+    Column("shared", 10, lambda s: human_bytes(s.shared_bytes), "shared_bytes", True),
+    Column("fair", 10, lambda s: human_bytes(s.fair_share_bytes), "fair_share_bytes", True),
+    Column("locked", 7, lambda s: f"{s.locked_tokens:,}", "locked_tokens", True),
+    Column("active", 6, lambda s: age(s.last_activity_age_s), "last_activity", False),
 )
 _HEADER = Style(bold=True, underline=True)
 _CURSOR = Style(reverse=True)
 _MARKED = Style(color="magenta", bold=True)
+_LOADING = Style(dim=True)
+_SAFE = str.maketrans({c: "?" for c in map(chr, (*range(32), 127, *range(0x80, 0xA0)))})
 
 
 class SessionsTable(RowsView):
-    """All loaded sessions, one line each; the first line is the column header."""
+    """All the target's sessions in the order of the sort column, one line each (those outside
+    the loaded window show as … until they come); the first line is the column header."""
 
     HEADER_LINES = 1
     BINDINGS = [
@@ -68,52 +77,76 @@ class SessionsTable(RowsView):
             self.session = session
             super().__init__()
 
+    class QueryChanged(Message):
+        """The order, filter or window changed: the rows must be read again."""
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.all: list[SessionView] = []
-        self.shown: list[SessionView] = []
+        self.page: SessionsPage | None = None
+        self.rows: tuple[SessionView, ...] = ()
+        """The loaded window: rows ``first`` .. ``first + len(rows)`` of ``total``."""
+        self.first = 0
+        self.total = 0
         self.sort_column = 3  # exclusive
         self.sort_reverse = False
         self.filter_text = ""
+        self.window = 0
+        """The first row the table wants loaded (around the cursor)."""
         self.marked: set[str] = set()
-        self._cursor_id: str | None = None
 
-    def set_sessions(self, sessions: list[SessionView]) -> None:
-        self.all = sessions
-        self._reshape()
+    @property
+    def query(self) -> SessionsQuery:
+        return SessionsQuery(COLUMNS[self.sort_column].order, self.sort_reverse, self.filter_text, self.window)
+
+    def set_page(self, page: SessionsPage) -> None:
+        """The target's answer to ``query`` (or to an older one, until the new one comes)."""
+        self.page, self.rows, self.first, self.total = page, page.sessions, page.offset, page.total
+        self.virtual_size = Size(self.size.width, self.total + 1)
+        # The cursor keeps its place (the row position): the session under it after a reload is
+        # the one the order puts there now; after a close the next one moves up under it.
+        self.cursor = min(self.cursor, max(self.total - 1, 0))
+        self.refresh()
 
     def set_filter(self, text: str) -> None:
-        self.filter_text = text.strip()
-        self._reshape()
+        text = text.strip()
+        if text != self.filter_text:
+            self.filter_text = text
+            self._query_changed(reset=True)
 
-    def _reshape(self) -> None:
-        rows = self.all
-        if self.filter_text:
-            needle = self.filter_text.lower()
-            rows = [s for s in rows if needle in s.id.lower() or needle == s.state]
-        col = COLUMNS[self.sort_column]
-        rows = sorted(rows, key=lambda s: (col.sort_key(s), s.id), reverse=self.sort_reverse)
-        self.shown = rows
-        self.marked &= {s.id for s in self.all}
-        self.virtual_size = Size(self.size.width, len(rows) + 1)
-        # The cursor stays on its session as the order changes, once the user has moved it;
-        # until then it stays on the top row (the biggest session now, not the first one seen).
-        index = next((i for i, s in enumerate(rows) if s.id == self._cursor_id), None) if self.moved else None
-        self.cursor = index if index is not None else min(self.cursor, max(len(rows) - 1, 0))
+    def _query_changed(self, reset: bool) -> None:
+        if reset:
+            self.window = 0
+            self.cursor = 0
+            self.scroll_to(y=0, animate=False)
         self.refresh()
+        self.post_message(self.QueryChanged())
+
+    def row(self, index: int) -> SessionView | None:
+        """Row ``index`` of the whole order, where loaded."""
+        at = index - self.first
+        return self.rows[at] if 0 <= at < len(self.rows) else None
 
     @property
     def current(self) -> SessionView | None:
-        return self.shown[self.cursor] if 0 <= self.cursor < len(self.shown) else None
+        return self.row(self.cursor)
 
     @property
     def row_count(self) -> int:
-        return len(self.shown)
+        return self.total
 
     def cursor_changed(self, index: int) -> None:
         session = self.current
-        self._cursor_id = session.id if session else None
         self.post_message(self.Highlighted(session))
+        # Near the end of the loaded window (or outside it): load the window around the cursor.
+        margin = SESSIONS_LOADED // 4
+        if self.total > len(self.rows) and not (
+                self.first + margin <= index < self.first + len(self.rows) - margin
+                or (self.first == 0 and index < margin)
+                or (self.first + len(self.rows) >= self.total and index >= self.first)):
+            window = max(0, min(index - SESSIONS_LOADED // 2, self.total - SESSIONS_LOADED))
+            if window != self.window:
+                self.window = window
+                self._query_changed(reset=False)
 
     def _visible_columns(self, width: int) -> list[int]:
         """Columns that fit, in order of importance (session, exclusive, shared, state, ...)."""
@@ -131,35 +164,42 @@ class SessionsTable(RowsView):
             titles = []
             for i in visible:
                 col = COLUMNS[i]
-                arrow = ("▲" if self.sort_reverse else "▼") if i == self.sort_column else " "
+                falling = col.descending != self.sort_reverse
+                arrow = ("▼" if falling else "▲") if i == self.sort_column else " "
                 titles.append(f"{col.title}{arrow}".rjust(col.width) if i > 1 else f"{col.title}{arrow}".ljust(col.width))
             return Strip([Segment(" " + " ".join(titles), _HEADER)]).crop_extend(0, width, None)
         index = self.scroll_offset.y + y - 1
-        if index >= len(self.shown):
-            if not self.shown and y == 1:
-                note = "no sessions" + (f" match {self.filter_text!r}" if self.filter_text else "")
-                return Strip([Segment(f" {note}", Style(dim=True))]).crop_extend(0, width, None)
+        if index >= self.total:
+            if not self.total and y == 1:
+                note = "no sessions" + (f" match {self.filter_text!r}".translate(_SAFE) if self.filter_text else "")
+                return Strip([Segment(f" {note}", _LOADING)]).crop_extend(0, width, None)
             return Strip.blank(width)
-        session = self.shown[index]
-        cells = []
-        for i in visible:
-            col = COLUMNS[i]
-            text = str(col.cell(session))[: col.width]
-            cells.append(text.rjust(col.width) if i > 1 else text.ljust(col.width))
-        mark = "●" if session.id in self.marked else " "
-        style = _MARKED if session.id in self.marked else (Style(dim=True) if session.state == "closed" else Style())
-        strip = Strip([Segment(mark + " ".join(cells), style)])
+        session = self.row(index)
+        if session is None:  # outside the loaded window: it is on its way
+            strip = Strip([Segment(" …", _LOADING)])
+        else:
+            cells = []
+            for i in visible:
+                col = COLUMNS[i]
+                text = str(col.cell(session)).translate(_SAFE)[: col.width]
+                cells.append(text.rjust(col.width) if i > 1 else text.ljust(col.width))
+            mark = "●" if session.id in self.marked else " "
+            style = _MARKED if session.id in self.marked else (Style(dim=True) if session.state == "closed" else Style())
+            strip = Strip([Segment(mark + " ".join(cells), style)])
         if index == self.cursor:
             strip = strip.apply_style(_CURSOR if self.has_focus else Style(underline=True))
         return strip.crop_extend(0, width, None)
 
     def action_next_sort(self) -> None:
-        self.sort_column = (self.sort_column + 1) % len(COLUMNS)
-        self._reshape()
+        """The next column on screen (a hidden one is not in the cycle)."""
+        visible = self._visible_columns(self.size.width)
+        later = [i for i in visible if i > self.sort_column]
+        self.sort_column = later[0] if later else visible[0]
+        self._query_changed(reset=True)
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
-        self._reshape()
+        self._query_changed(reset=True)
 
     def action_mark(self) -> None:
         session = self.current

@@ -164,8 +164,10 @@ class RadixtopClient(CacheAdapter):
         return self._get(node_detail_from_dict, f"/v1/nodes/{int(node_id)}",
                          token_offset=token_offset, token_limit=token_limit)
 
-    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
-        return self._get(sessions_page_from_dict, "/v1/sessions", order=order, offset=offset, limit=limit)
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
+        return self._get(sessions_page_from_dict, "/v1/sessions", order=order, offset=offset, limit=limit,
+                         contains=contains, reverse=reverse)
 
     def session(self, session_id: str) -> SessionDetail:
         return self._get(session_detail_from_dict, self._session_path(session_id))

@@ -23,6 +23,7 @@ import orjson
 from radixtop.adapters.base import (
     CHILD_ORDERS,
     MAX_CHAIN,
+    MAX_CONTAINS,
     MAX_DEPTH,
     MAX_MATCH_TOKENS,
     MAX_PAGE,
@@ -75,6 +76,18 @@ def _node_id(where: str, value: Any) -> int:
     raise BadRequest(f"{where} must be 'root' or a node id (an integer from 0 to {MAX_ID}), got {_show(value)}")
 
 
+def _bool(where: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise BadRequest(f"{where} must be true or false, got {_show(value)}")
+    return value
+
+
+def _contains(where: str, value: Any) -> str:
+    if not isinstance(value, str) or len(value) > MAX_CONTAINS:
+        raise BadRequest(f"{where} must be text of at most {MAX_CONTAINS} characters, got {_show(value)}")
+    return value
+
+
 def _text(where: str, value: Any) -> str:
     if not isinstance(value, str):
         raise BadRequest(f"{where} must be a string, got {_show(value)}")
@@ -104,7 +117,7 @@ _SPECS: dict[str, dict[str, tuple[Any, Any]]] = {
     "node": {"node_id": (_node_id, _REQUIRED), "token_offset": (_int(0, MAX_ID), 0),
              "token_limit": (_PAGE_LIMIT, 256)},
     "sessions": {"order": (_choice(SESSION_ORDERS), "exclusive_bytes"), "offset": (_int(0, MAX_ID), 0),
-                 "limit": (_PAGE_LIMIT, 100)},
+                 "limit": (_PAGE_LIMIT, 100), "contains": (_contains, ""), "reverse": (_bool, False)},
     "session": {"session_id": (_text, _REQUIRED)},
     "match": {"tokens": (_tokens, _REQUIRED)},
     "changes": {"since": (_int(0, MAX_ID), _REQUIRED)},

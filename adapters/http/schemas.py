@@ -155,6 +155,10 @@ class SessionsPageOut(Schema):
     sessions: list[SessionOut]
     figures_age_s: float = 0.0
     refreshing: bool = False
+    contains: str = ""
+    reverse: bool = False
+    all_sessions: int | None = None
+    figures_current: bool = False
 
 
 class SessionDetailOut(Schema):

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from radixtop.adapters.base import (
     CHILD_ORDERS,
     MAX_CHAIN,
+    MAX_CONTAINS,
     MAX_DEPTH,
     MAX_MATCH_TOKENS,
     MAX_PAGE,
@@ -424,10 +425,15 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
     @app.get("/v1/sessions", response_model=SessionsPageOut, summary="A page of sessions",
              responses=_errors(422, *_TARGET_ERRORS))
     def sessions(order: str = Query("exclusive_bytes",
-                                    description="exclusive_bytes, shared_bytes, last_activity or id",
+                                    description=", ".join(SESSION_ORDERS) + " (each biggest, newest or "
+                                                "open first; ids A to Z)",
                                     json_schema_extra={"enum": list(SESSION_ORDERS)}),
-                 offset: Offset = 0, limit: PageLimit = 100) -> JSONResponse:
-        return _json(_call(adapter.sessions, order, offset, limit))
+                 offset: Offset = 0, limit: PageLimit = 100,
+                 contains: str = Query("", max_length=MAX_CONTAINS,
+                                       description="only sessions whose id contains this (any case), or "
+                                                   "whose state it names (open, closed)"),
+                 reverse: bool = Query(False, description="the order read from its other end")) -> JSONResponse:
+        return _json(_call(adapter.sessions, order, offset, limit, contains, reverse))
 
     @app.get("/v1/sessions/{session_id:anytext}", response_model=SessionDetailOut,
              summary="One session and the nodes it holds", responses=_errors(404, 422, *_TARGET_ERRORS))

@@ -25,7 +25,13 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from radixtop.adapters.attribution import Attribution, AttributionCache, attribution_steps, session_view
+from radixtop.adapters.attribution import (
+    Attribution,
+    AttributionCache,
+    attribution_steps,
+    session_view,
+    sessions_page_steps,
+)
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
@@ -33,7 +39,7 @@ from radixtop.adapters.base import (
     check_chain_limit,
     check_child_order,
     check_page,
-    check_session_order,
+    check_sessions_read,
     check_tokens,
 )
 from radixtop.adapters.errors import (
@@ -75,7 +81,6 @@ from radixtop.gpu_backend.slices import Slices
 T = TypeVar("T")
 FIRST_TOKENS = 16
 SORT_CHUNK = 1024
-VIEWS_CHUNK = 256
 ATTRIBUTION_CHUNK = 256
 COUNT_INLINE = 2000
 """Open sessions are counted on the spot up to this many; past it, by the last attribution
@@ -195,7 +200,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         open_sessions: Callable[[], Iterable[str]] | None = None,
         close: Callable[[str], None] | None = None,
         sizes_max_age: float = 2.0,
-        attribution_max_age: float = 5.0,
+        attribution_max_age: float = 1.0,
         slices: Slices | None = None,
     ):
         self.tree: SGLangTree = tree_for(tree_cache)
@@ -532,25 +537,19 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                                              tree.policy == "free", key=("version", self.version, time.monotonic()),
                                              lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK))
 
-    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
-        check_page(offset, limit)
-        check_session_order(order)
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
+        check_sessions_read(order, offset, limit, contains)
         self._need_sessions()
-        return self._call_steps(lambda: self._sessions_steps(order, offset, limit))
+        return self._call_steps(lambda: self._sessions_steps(order, offset, limit, contains, reverse))
 
-    def _sessions_steps(self, order: str = "exclusive_bytes", offset: int = 0,
-                        limit: int = 100) -> Generator[None, None, SessionsPage]:
-        check_page(offset, limit)
-        check_session_order(order)
+    def _sessions_steps(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100,
+                        contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
+        check_sessions_read(order, offset, limit, contains)
         self._need_sessions()
         attribution = yield from self._attribution_ready()
-        rows = yield from attribution.page_steps(order, offset, limit)
-        now, page = time.monotonic(), []
-        for start in range(0, len(rows), VIEWS_CHUNK):
-            page.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
-            yield
-        return SessionsPage(offset, limit, len(attribution.sessions), order, tuple(page), attribution.age_s(now),
-                            self.attributions.refreshing)
+        return (yield from sessions_page_steps(attribution, order, offset, limit, contains, reverse,
+                                               self.attributions.refreshing))
 
     def session(self, session_id: str) -> SessionDetail:
         self._need_sessions()

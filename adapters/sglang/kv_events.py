@@ -452,7 +452,8 @@ class KvEventsAdapter(CacheAdapter):
     def _no_sessions(self) -> NoReturn:
         raise Unsupported(f"{self.name}: KV events carry no sessions")
 
-    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
         self._no_sessions()
 
     def session(self, session_id: str) -> SessionDetail:

@@ -375,7 +375,8 @@ class SGLangRoutesAdapter(CacheAdapter):
     def export(self) -> Iterator[dict[str, Any]]:
         self._no_tree("export")
 
-    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100) -> SessionsPage:
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
         self._no_sessions("list sessions")
 
     def session(self, session_id: str) -> SessionDetail:

@@ -185,6 +185,7 @@ def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost(
 def test_the_faces_note_old_figures_only():
     from radixtop.adapters.units import figures_note
 
-    assert figures_note(14.9, True) == ""
+    assert figures_note(0.4, False) == "figures 0s old"  # always said: the operator acts on them
+    assert figures_note(1080.0, False, current=True) == "unchanged since 18m ago"
     assert figures_note(40.0, False) == "figures 40s old"
     assert figures_note(130.0, True) == "figures 2m old, refreshing"

@@ -7,15 +7,23 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+from radixtop.adapters.http.client import RadixtopClient
 from radixtop.cli.embedded import demo_server
 
 
 @pytest.fixture(scope="module")
 def live():
-    with demo_server("live demo · tiny", "tiny", 2048, 24, 7, 100.0) as (url, token):
+    with demo_server("live demo · tiny", "tiny", 16384, 24, 7, 50.0) as (url, token):
+        client = RadixtopClient(url, token=token, timeout=10)
+        deadline = time.monotonic() + 60
+        while (client.stats().node_count or 0) < 40 or client.stats().evicted_tokens == 0:  # full, and evicting
+            assert time.monotonic() < deadline, client.stats()
+            time.sleep(0.2)
+        client.close()
         yield url, token
 
 
@@ -42,6 +50,22 @@ def test_tree_is_one_moment_of_a_changing_tree(live):
         done = radixtop(live, "tree", "--depth", "6", "--limit", "8", "--json")
         assert done.returncode == 0, done.stderr
         shown += check(json.loads(done.stdout))
-    assert shown > 12 * 2  # there was a tree to read
+    assert shown > 12 * 3  # there was a tree to read
     text = radixtop(live, "tree")
     assert text.returncode == 0 and "root" in text.stdout, text.stderr
+
+
+def test_sessions_figures_are_fresh_and_say_how_old(live):
+    """On a cache that changes all the time the ranking is at most about a second old, and the
+    title always says how old it is."""
+    ages = []
+    for _ in range(4):
+        done = radixtop(live, "sessions", "--json")
+        assert done.returncode == 0, done.stderr
+        page = json.loads(done.stdout)
+        assert page["sessions"]
+        if not page["figures_current"]:  # (exact however old where the cache has not changed since)
+            ages.append(page["figures_age_s"])
+    assert ages and max(ages) < 3.0, ages  # reused for 1 s (this cache's passes cost a few ms)
+    text = radixtop(live, "sessions")
+    assert text.returncode == 0 and ("s old" in text.stdout or "unchanged since" in text.stdout), text.stdout

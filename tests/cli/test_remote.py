@@ -89,6 +89,14 @@ def test_sessions_and_session(server):
     doc = one_json(run(server, "sessions", "--sort", "id", "--limit", "2", "--json"))
     assert [s["id"] for s in doc["sessions"]] == ["a", "b"] and doc["total"] == 5
     assert run(server, "sessions", "--sort", "size").exit_code == 2
+    # sorted and filtered over all sessions; the title says how many match and how old the figures are
+    doc = one_json(run(server, "sessions", "--sort", "id", "--reverse", "--filter", "O", "--json"))
+    assert [s["id"] for s in doc["sessions"]] == ["gone"] and doc["total"] == 1 and doc["all_sessions"] == 5
+    text = run(server, "sessions", "--filter", "open", "--sort", "state").stdout
+    assert "sessions 1-4 of 4 matching 'open' (5 in all) by state" in text
+    assert "unchanged since" in text  # a still cache: its figures are exact, however old
+    assert "no" not in run(server, "sessions", "--filter", "zzz").stderr
+    assert "sessions none of 0 matching 'zzz'" in run(server, "sessions", "--filter", "zzz").stdout
     assert one_json(run(server, "session", "a", "--json"))["session"]["id"] == "a"
     unknown = run(server, "session", "nobody")
     assert unknown.exit_code == 1 and "nobody" in unknown.stderr

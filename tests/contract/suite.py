@@ -206,6 +206,42 @@ def test_sessions_views_and_orders(adapter):
         adapter.sessions("size", 0, 10)
 
 
+def test_sessions_sort_filter_and_page_over_all_sessions(adapter):
+    """Every column's order, either way, over all the sessions; a filter over all of them; the
+    page says how many match and how many there are."""
+    everyone = {s.id: s for s in adapter.sessions("id", 0, 100).sessions}
+    keys = {
+        "exclusive_bytes": lambda s: (-s.exclusive_bytes, s.id), "shared_bytes": lambda s: (-s.shared_bytes, s.id),
+        "fair_share_bytes": lambda s: (-s.fair_share_bytes, s.id), "locked_tokens": lambda s: (-s.locked_tokens, s.id),
+        "tagged_nodes": lambda s: (-s.tagged_nodes, s.id), "state": lambda s: (s.state == "closed", s.id),
+        "id": lambda s: s.id,
+    }
+    for order, key in keys.items():
+        expected = [s.id for s in sorted(everyone.values(), key=key)]
+        page = adapter.sessions(order, 0, 100)
+        assert [s.id for s in page.sessions] == expected, order
+        assert page.total == page.all_sessions == 5 and page.contains == "" and not page.reverse
+        back = adapter.sessions(order, 0, 100, "", True)
+        assert [s.id for s in back.sessions] == expected[::-1] and back.reverse
+        assert [s.id for s in adapter.sessions(order, 1, 2, "", True).sessions] == expected[::-1][1:3]
+        assert [s.id for s in adapter.sessions(order, 4, 10, "", True).sessions] == expected[:1]
+        assert adapter.sessions(order, 9, 10, "", True).sessions == ()
+    ages = [s.id for s in adapter.sessions("last_activity", 0, 100).sessions]
+    assert set(ages) == set(everyone)
+    # a filter over all of them: any case, or the state
+    page = adapter.sessions("id", 0, 100, "GON")
+    assert [s.id for s in page.sessions] == ["gone"] and page.total == 1 and page.all_sessions == 5
+    assert page.contains == "GON"
+    assert [s.id for s in adapter.sessions("id", 0, 100, "open").sessions] == ["a", "b", "c", "d"]
+    assert [s.id for s in adapter.sessions("id", 0, 100, "closed").sessions] == ["gone"]
+    assert [s.id for s in adapter.sessions("id", 0, 100, "a", True).sessions] == ["a"]
+    assert adapter.sessions("id", 1, 1, "o").sessions == () and adapter.sessions("id", 1, 1, "o").total == 1
+    nothing = adapter.sessions("exclusive_bytes", 0, 10, "zzz")
+    assert nothing.sessions == () and nothing.total == 0 and nothing.all_sessions == 5
+    with pytest.raises(BadRequest):
+        adapter.sessions("id", 0, 10, "x" * 201)
+
+
 def test_match_is_read_only(adapter):
     before = adapter.stats()
     m = adapter.match([1, 2, 3, 4, 5, 99])
@@ -257,6 +293,7 @@ def known_reads(adapter) -> list[tuple[str, tuple]]:
         ("chain", (run,)), ("chain", (run, 1)), ("node", (ROOT_ID,)), ("node", (prompt, 1, 2)),
         ("subtree", (ROOT_ID,)), ("subtree", (prompt, 1, 1, "tokens", 1)),
         ("sessions", ()), ("sessions", ("id", 1, 2)), ("sessions", ("last_activity",)),
+        ("sessions", ("locked_tokens", 0, 3, "O", True)),
         ("session", ("a",)), ("session", ("gone",)), ("match", ([1, 2, 3, 4, 5, 99],)), ("match", ([],)),
         ("changes", (max(adapter.stats().version - 3, 0),)),
     ]

@@ -54,6 +54,10 @@ def node_id_for(engine, path: list[int]) -> int:
     return engine.call(lambda s: s.cache.lookup(path).last_node.id)
 
 
+def header_title(app) -> str:
+    return str(app.query_one(HeaderBar).query_one("#title").content)
+
+
 def screen_text(app) -> str:
     """Everything on screen as plain text (the way a user reads it)."""
     return app.export_screenshot().replace("&#160;", " ")
@@ -67,7 +71,7 @@ async def test_opens_live_with_header_tree_detail_and_sessions(engine):
         assert header.stats.capacity_tokens == 256 and not header.paused
         prompt = node_id_for(engine, [1, 2, 3, 4])
         assert tree_ids(app)[0] == ("node", prompt, 0)  # largest subtree first
-        assert {s.id for s in app.query_one(SessionsTable).all} == {"a", "b", "c", "d", "gone"}
+        assert {s.id for s in app.query_one(SessionsTable).rows} == {"a", "b", "c", "d", "gone"}
         assert "test cache" in screen_text(app) and "LIVE" in screen_text(app)
         assert f"#{prompt}  parent #0" in screen_text(app)  # the detail panel
 
@@ -155,14 +159,14 @@ async def test_pause_freezes_tree_and_sessions_while_header_moves(engine):
         await pilot.press("p")
         assert app.query_one(HeaderBar).paused and "PAUSED" in screen_text(app)
         before = tree_ids(app)
-        sessions_before = list(app.query_one(SessionsTable).all)
+        sessions_before = list(app.query_one(SessionsTable).rows)
         adapter.close_session("b")  # the cache changes underneath
         await settle(pilot, app, polls=2)
-        assert tree_ids(app) == before and app.query_one(SessionsTable).all == sessions_before
+        assert tree_ids(app) == before and app.query_one(SessionsTable).rows == tuple(sessions_before)
         assert app.query_one(HeaderBar).stats.closes == 2  # the header kept moving
         await pilot.press("p")
         await settle(pilot, app, polls=2)
-        assert {s.id: s.state for s in app.query_one(SessionsTable).all}["b"] == "closed"
+        assert {s.id: s.state for s in app.query_one(SessionsTable).rows}["b"] == "closed"
 
 
 async def test_interval_keys(engine):
@@ -178,7 +182,7 @@ async def open_sessions(pilot, app, session_id: str) -> SessionsTable:
     table = app.query_one(SessionsTable)
     table.focus()
     await pilot.pause()
-    table.cursor = next(i for i, s in enumerate(table.shown) if s.id == session_id)
+    table.cursor = next(i for i, s in enumerate(table.rows) if s.id == session_id)
     await pilot.pause()
     return table
 
@@ -217,7 +221,7 @@ async def test_bulk_close_asks_for_the_count(engine):
         await settle(pilot, app)
         table = await open_sessions(pilot, app, "a")
         await pilot.press("space")
-        table.cursor = next(i for i, s in enumerate(table.shown) if s.id == "c")
+        table.cursor = next(i for i, s in enumerate(table.rows) if s.id == "c")
         await pilot.press("space")
         assert table.marked == {"a", "c"}
         await pilot.press("c")
@@ -319,7 +323,8 @@ async def test_filter_help_palette_and_keymap(engine):
             await pilot.press(ch)
         await pilot.press("enter")
         table = app.query_one(SessionsTable)
-        assert [s.id for s in table.shown] == ["gone"]
+        await settle(pilot, app)
+        assert [s.id for s in table.rows] == ["gone"]  # filtered by the target, over all sessions
         await pilot.press("s")  # next sort column
         assert table.sort_column == 4
         await pilot.press("question_mark")
@@ -365,15 +370,21 @@ async def test_target_going_down_shows_a_banner_and_recovers():
             with running_server(server_app, port=port):
                 await settle(pilot, app)
                 assert not app.query_one("#banner").display
+                assert " LIVE " in header_title(app)
             deadline = asyncio.get_running_loop().time() + 10
             while app.down is None and asyncio.get_running_loop().time() < deadline:
                 await pilot.pause(0.1)
             assert app.query_one("#banner").display and "cannot reach" in screen_text(app)
+            before = [n.message for n in app._notifications]
+            await pilot.pause(0.6)  # a few more failed polls: one banner, no repeated notices
+            assert " DOWN " in header_title(app) and " LIVE " not in header_title(app)
+            assert [n.message for n in app._notifications] == before  # the banner says it, and stays
             with running_server(server_app, port=port):
                 deadline = asyncio.get_running_loop().time() + 10
                 while app.down is not None and asyncio.get_running_loop().time() < deadline:
                     await pilot.pause(0.1)
                 assert app.down is None and not app.query_one("#banner").display
+                assert " LIVE " in header_title(app) and " DOWN " not in header_title(app)
     finally:
         adapter.close()
         engine.stop()
@@ -431,3 +442,83 @@ async def test_close_works_over_http_too():
             assert any("freed 3 tok" in n.message for n in app._notifications)
         adapter.close()
     engine.stop()
+
+
+def many_sessions_engine(n: int = 2500):
+    """A cache with ``n`` sessions (more than the table loads at once), s0 the biggest."""
+    from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
+
+    s = Scheduler(get_geometry("tiny"), 64 * n, device="cpu")
+    for i in range(n):
+        s.request(f"r{i}", [1000 + i] * (2 + (n - i) % 7), [7], f"s{i}")
+    return Engine(s, None).start()
+
+
+async def test_sessions_are_sorted_filtered_and_paged_over_all_of_them():
+    """More sessions than the table loads at once: the title says how many, a filter finds a
+    session past the first window, End reaches the last row of the whole order, and a sort
+    column sorts all of them."""
+    from radixtop.inspector.poller import SESSIONS_LOADED
+    from tests.dashboard.test_snapshots import screen_lines
+
+    def screen_text(app) -> str:
+        return "\n".join(screen_lines(app))
+
+    engine = many_sessions_engine()
+    try:
+        app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app)
+            table = app.query_one(SessionsTable)
+            assert table.total == 2500 > SESSIONS_LOADED == len(table.rows)
+            assert "sessions 2,500 · unchanged since" in screen_text(app)  # (a still cache)
+            # a filter runs over all 2,500 (s2493 is not in the first window of 1,000)
+            assert "s2493" not in {s.id for s in table.rows}
+            table.focus()
+            await pilot.press("f", *"S2493", "enter")
+            await settle(pilot, app)
+            assert [s.id for s in table.rows] == ["s2493"]
+            assert "sessions 1 of 2,500 · filter 'S2493'" in screen_text(app)
+            await pilot.press("f", *["backspace"] * 5, "enter")
+            await settle(pilot, app)
+            assert table.total == 2500
+            # End: the last row of the whole order, loaded around the cursor
+            await pilot.press("end")
+            await settle(pilot, app)
+            assert table.cursor == 2499 and table.current is not None
+            everyone = BundledAdapter(engine).sessions("exclusive_bytes", 0, 10_000).sessions
+            assert table.current.id == everyone[-1].id
+            await pilot.press("ctrl+home")
+            await settle(pilot, app)
+            assert table.cursor == 0 and table.current.id == everyone[0].id
+            # sort by id, then reversed: over all sessions
+            while table.query.order != "id":
+                await pilot.press("s")
+            await settle(pilot, app)
+            assert table.current.id == min(s.id for s in everyone)
+            await pilot.press("r")
+            await settle(pilot, app)
+            assert table.current.id == max(s.id for s in everyone)
+    finally:
+        engine.stop()
+
+
+async def test_escape_in_the_filter_box_clears_the_filter_not_the_marks(engine):
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        table = app.query_one(SessionsTable)
+        table.focus()
+        await pilot.press("space")  # mark the top session
+        marked = set(table.marked)
+        assert marked
+        await pilot.press("f", *"gone", "enter")
+        await settle(pilot, app)
+        assert [s.id for s in table.rows] == ["gone"]
+        await pilot.press("f", "escape")
+        await settle(pilot, app)
+        assert table.filter_text == "" and len(table.rows) == 5  # the filter is gone
+        assert table.marked == marked  # the marks are kept
+        assert not app.query_one("#filter", Input).display and table.has_focus

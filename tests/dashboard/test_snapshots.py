@@ -71,10 +71,13 @@ def screen_lines(app) -> list[str]:
     return ["".join(parts) for _, parts in sorted(lines.items(), key=lambda kv: int(kv[0]))]
 
 
-def snapshot(i: int, rows=None, sessions=None, figures=(0.0, False)) -> Snapshot:
-    """Poll ``i``'s snapshot: its stats, and the rows and sessions given."""
+def snapshot(i: int, rows=None, sessions=None, figures=(0.0, False, False)) -> Snapshot:
+    """Poll ``i``'s snapshot: its stats, and the rows and sessions given; ``figures``: their age,
+    whether new ones are being made, whether the cache is unchanged since."""
+    age_s, refreshing, current = (*figures, False)[:3]
     page = None if sessions is None else SessionsPage(0, 1000, len(sessions), "exclusive_bytes", tuple(sessions),
-                                                      *figures)
+                                                      age_s, refreshing, all_sessions=len(sessions),
+                                                      figures_current=current)
     tree = None if rows is None else TreeRows(tuple(rows), "bytes", i)
     return Snapshot(stats(i), float(i), tree=tree, sessions=page)
 
@@ -148,7 +151,9 @@ async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_
         assert repainted == [0, 1, 2, 3, 4]
 
 
-async def test_sessions_cursor_stays_on_top_until_moved_then_follows_its_session(prepared_app):
+async def test_sessions_cursor_keeps_its_place_when_rows_change(prepared_app):
+    """The cursor stays on its row position as the figures move: after the session under it is
+    closed (it drops down the order), the next one is under the cursor, not the closed one."""
     from dataclasses import replace
 
     from radixtop.inspector.sessions_view import SessionsTable
@@ -158,15 +163,18 @@ async def test_sessions_cursor_stays_on_top_until_moved_then_follows_its_session
         await feed(pilot)
         table = app.query_one(SessionsTable)
         assert table.current.id == "s1" and table.cursor == 0
-        # s1 shrinks to nothing: an untouched table keeps showing the biggest session on top.
-        shrunk = [replace(s, exclusive_bytes=0) if s.id == "s1" else s for s in SESSIONS]
-        table.set_sessions(shrunk)
-        assert table.cursor == 0 and table.current.id == "s2"
         table.focus()
-        await pilot.press("down")  # the user picks s3: from now on the cursor follows it
-        assert table.current.id == "s3"
-        table.set_sessions([replace(s, exclusive_bytes=0) if s.id == "s3" else s for s in shrunk])
-        assert table.current.id == "s3" and table.cursor > 1
+        await pilot.press("down")
+        assert table.current.id == "s2"
+        # s2 is closed: it frees its memory and falls to the end of the order by exclusive bytes
+        closed = [s for s in SESSIONS if s.id != "s2"] + [replace(SESSIONS[1], state="closed", exclusive_bytes=0)]
+        app.apply_snapshot(snapshot(50, sessions=closed))
+        await pilot.pause()
+        assert table.cursor == 1 and table.current.id == "s3"
+        await pilot.press("end")
+        assert table.current.id == "s2" and table.cursor == len(SESSIONS) - 1
+        await pilot.press("ctrl+home")
+        assert table.cursor == 0 and table.current.id == "s1"
 
 
 async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
@@ -179,12 +187,15 @@ async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
 
         show((2.0, False))
         await pilot.pause()
-        title = next(line for line in screen_lines(app) if "sessions 29 of 29" in line)
-        assert "figures" not in title
+        title = next(line for line in screen_lines(app) if "sessions 29" in line)
+        assert "figures 2s old" in title  # always said: the ranking is what the operator acts on
         show((130.0, True))
         await pilot.pause()
-        assert any("sessions 29 of 29 · figures 2m old, refreshing" in line for line in screen_lines(app))
+        assert any("sessions 29 · figures 2m old, refreshing" in line for line in screen_lines(app))
         show((40.0, False))
         await pilot.pause()
-        title = next(line for line in screen_lines(app) if "sessions 29 of 29" in line)
+        title = next(line for line in screen_lines(app) if "sessions 29" in line)
         assert "figures 40s old" in title and "refreshing" not in title
+        show((1080.0, False, True))  # a still cache: exact, however old
+        await pilot.pause()
+        assert any("sessions 29 · unchanged since 18m ago" in line for line in screen_lines(app))
