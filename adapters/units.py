@@ -33,7 +33,7 @@ def figures_note(age_s: float, refreshing: bool, current: bool = False) -> str:
     """How old a sessions page's figures are, always (an operator ranks and acts on them): 'figures
     3s old', 'figures 3m old, refreshing'; 'unchanged since 18m ago' where the cache has not
     changed since they were made (exact now, however old)."""
-    if current:
+    if current and age_s >= 1.0:
         return f"unchanged since {age(age_s)} ago"
     return f"figures {age(age_s)} old" + (", refreshing" if refreshing else "")
 

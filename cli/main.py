@@ -38,7 +38,15 @@ def _keymap(text: str) -> dict[str, str]:
     pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
     if not all(len(p) == 2 and p[0].strip() and p[1].strip() for p in pairs):
         raise fail(f"--keymap wants binding-id=key pairs, e.g. app.pause=P,tree.toggle=enter; got {text!r}", 2)
-    return {k.strip(): v.strip() for k, v in pairs}
+    keys = {k.strip(): v.strip() for k, v in pairs}
+    if keys:
+        from radixtop.inspector.app import binding_ids
+
+        valid = binding_ids()
+        unknown = [k for k in keys if k not in valid]
+        if unknown:
+            raise fail(f"--keymap: no binding {unknown[0]!r}; the ids are {', '.join(valid)}", 2)
+    return keys
 
 
 @app.command()

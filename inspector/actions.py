@@ -19,6 +19,7 @@ from radixtop.inspector.format import human_bytes
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable
+from radixtop.inspector.tree_view import CacheTree
 
 if TYPE_CHECKING:
     from radixtop.inspector.app import RadixtopApp
@@ -51,6 +52,17 @@ class ActionFlows:
     def action_close_sessions(self: RadixtopApp) -> None:
         if self._refuse_actions("close"):
             return
+        tree = self.query_one(CacheTree)
+        if tree.has_focus:  # from a tree row: the sessions that hold that node
+            row = tree.current
+            if row is None or row.node is None:
+                self.notify("no node highlighted", severity="warning")
+                return
+            if not row.node.holders:
+                self.notify(f"no session holds node #{row.node.id}: nothing to close", severity="warning")
+                return
+            self.plan_closes(tuple(sorted(row.node.holders)), f"the sessions holding node #{row.node.id}")
+            return
         table = self.query_one(SessionsTable)
         ids = sorted(table.marked) or ([table.current.id] if table.current else [])
         if not ids:
@@ -59,7 +71,7 @@ class ActionFlows:
         self.plan_closes(tuple(ids))
 
     @work(thread=True, exclusive=True, group="action", exit_on_error=False)
-    def plan_closes(self: RadixtopApp, ids: tuple[str, ...]) -> None:
+    def plan_closes(self: RadixtopApp, ids: tuple[str, ...], source: str = "") -> None:
         try:
             plans = [self.adapter.plan_close(sid) for sid in ids]
         except Unsupported as exc:  # a target that closes but cannot preview: say so, then ask
@@ -68,7 +80,7 @@ class ActionFlows:
         except AdapterError as exc:
             self.call_from_thread(self.notify, exc.message, severity="error")
             return
-        self.call_from_thread(self._confirm_closes, plans)
+        self.call_from_thread(self._confirm_closes, plans, source)
 
     def _confirm_blind_closes(self: RadixtopApp, ids: tuple[str, ...], why: str) -> None:
         body = Text(f"{self.target} cannot show what a close frees ({why}).\n"
@@ -79,7 +91,7 @@ class ActionFlows:
             lambda ok: self.run_closes(ids, []) if ok else self.notify("cancelled; nothing changed"),
         )
 
-    def _confirm_closes(self: RadixtopApp, plans: list[ClosePlanView]) -> None:
+    def _confirm_closes(self: RadixtopApp, plans: list[ClosePlanView], source: str = "") -> None:
         body = Table(show_edge=False)
         for col in ("session", "state", "frees now", "nodes", "stays (why)"):
             body.add_column(col)
@@ -87,13 +99,14 @@ class ActionFlows:
             kept: dict[str, int] = {}
             for k in p.kept:
                 kept[k.reason] = kept.get(k.reason, 0) + k.tokens
-            body.add_row(p.session_id, p.state, f"{p.freed_tokens:,} tok · {human_bytes(p.freed_bytes)}",
+            body.add_row(Text(p.session_id), p.state, f"{p.freed_tokens:,} tok · {human_bytes(p.freed_bytes)}",
                          str(len(p.freed_node_ids)), ", ".join(f"{v:,} tok {r}" for r, v in kept.items()) or "-")
         total = sum(p.freed_bytes for p in plans)
         bulk = len(plans) > 1
         ids = tuple(p.session_id for p in plans)  # what the user saw: the action is bound to these
         self.push_screen(
-            ConfirmScreen(f"Close {len(plans)} session(s): frees {human_bytes(total)} now", body,
+            ConfirmScreen(f"Close {len(plans)} session(s){': ' + source if source else ''}: frees "
+                          f"{human_bytes(total)} now", body,
                           "Close", require_text=str(len(plans)) if bulk else None),
             lambda ok: self.run_closes(ids, plans) if ok else self.notify("cancelled; nothing changed"),
         )

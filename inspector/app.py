@@ -61,14 +61,17 @@ class RadixtopApp(ActionFlows, App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "radixtop"
     BINDINGS = [
-        Binding("q", "quit", "Quit", id="app.quit"),
-        Binding("question_mark", "help", "Help", id="app.help"),
-        Binding("p", "pause", "Pause", id="app.pause"),
-        Binding("slash", "search", "Search", id="app.search"),
+        # In the footer in this order: the actions first (at 80 columns they must stay visible).
         Binding("c", "close_sessions", "Close", id="app.close"),
         Binding("E", "evict", "Evict", id="app.evict"),
         Binding("F", "flush", "Flush", id="app.flush"),
         Binding("f", "filter_sessions", "Filter", id="app.filter"),
+        Binding("slash", "search", "Search", id="app.search"),
+        Binding("tab", "app.focus_next", "Pane", id="app.pane"),
+        Binding("p", "pause", "Pause", id="app.pause"),
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
         Binding("plus,equals_sign", "faster", "Faster", show=False, id="app.faster"),
         Binding("minus", "slower", "Slower", show=False, id="app.slower"),
         Binding("escape", "clear_marks", "Clear marks", show=False, id="app.clear"),
@@ -109,6 +112,7 @@ class RadixtopApp(ActionFlows, App[None]):
         self._poll_enabled = poll
         self._keymap = keymap or {}
         self.sessions_table = SessionsTable(id="sessions")
+        self._quit_asked = False
         self._figures: tuple[float, bool, bool] = (0.0, False, False)  # age, refreshing, current, as read
         self._polling = False
         self._poll_again = False
@@ -132,7 +136,7 @@ class RadixtopApp(ActionFlows, App[None]):
                 yield Static(id="sessions-title")
                 yield FilterBox(placeholder="filter sessions (enter applies, escape clears)", id="filter")
                 yield self.sessions_table
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # (ctrl+p still opens it; ? lists it)
 
     def on_mount(self) -> None:
         if self._keymap:
@@ -392,16 +396,35 @@ class RadixtopApp(ActionFlows, App[None]):
         header.render_stats()
         self.notify(f"refresh every {self.interval:g}s")
 
+    async def action_quit(self) -> None:
+        """q or ctrl+c: quit; while an action (a close, an evict, a flush) is in flight, ask once
+        (its result would not be seen), and quit at the second press."""
+        busy = any(w.group == "action" and w.is_running for w in self.workers)
+        if busy and not self._quit_asked:
+            self._quit_asked = True
+            self.notify("an action is still running: press again to quit without its result",
+                        severity="warning", title="quit?")
+            return
+        self.exit()
+
     def action_help(self) -> None:
-        lines = []
-        seen = set()
+        """Every key as it is bound now (after ``--keymap``), written as people write keys (``?``,
+        ``]``, ``ctrl+c``), with the id ``--keymap`` takes."""
+        keys: dict[str, list[str]] = {}
+        described: dict[str, str] = {}
         for widget in (self, self.query_one(CacheTree), self.query_one(SessionsTable)):
-            for binding in widget._bindings.key_to_bindings.values():
-                for b in binding:
-                    if b.id in seen or not b.description:
+            for bindings in widget._bindings.key_to_bindings.values():
+                for b in bindings:
+                    if b.id is None or not b.description:  # (Textual's own, such as ctrl+q)
                         continue
-                    seen.add(b.id)
-                    lines.append(f"[b]{b.key:>16}[/]  {b.description}  [dim]({b.id})[/]")
+                    remapped = self._keymap.get(b.id)
+                    if remapped is not None:
+                        b = b.with_key(remapped.split(",")[0].strip())
+                    shown = self.get_key_display(b)
+                    if shown not in keys.setdefault(b.id, []):
+                        keys[b.id].append(shown)
+                    described.setdefault(b.id, b.description)
+        lines = [f"[b]{escape(' '.join(keys[i])):>16}[/]  {escape(described[i])}  [dim]({i})[/]" for i in keys]
         self.push_screen(HelpScreen("\n".join(lines)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -448,6 +471,12 @@ class RadixtopApp(ActionFlows, App[None]):
             self.notify(f"{match.matched_tokens} of {match.query_tokens} tokens cached{where}", title="search")
 
         self.call_from_thread(show)
+
+
+def binding_ids() -> list[str]:
+    """The ids ``--keymap`` takes: every binding of the dashboard that has one."""
+    return [b.id for cls in (RadixtopApp, CacheTree, SessionsTable) for b in cls.BINDINGS
+            if isinstance(b, Binding) and b.id]
 
 
 def run_dashboard(adapter: CacheAdapter, target: str | None = None, interval: float = 1.0,

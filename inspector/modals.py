@@ -27,7 +27,8 @@ class ConfirmScreen(ModalScreen[bool]):
     """Shows what an action will do; returns True only on an explicit confirm.
 
     With ``require_text`` the confirm button stays disabled until that text is typed (large or
-    bulk actions). Escape, Cancel and Enter on the focused Cancel button all cancel.
+    bulk actions) in the field, which has the focus; Enter there confirms once it matches.
+    Escape, Cancel and Enter on the focused Cancel button (without a field) all cancel.
     """
 
     DEFAULT_CSS = _MODAL_CSS.format(name="ConfirmScreen")
@@ -54,7 +55,12 @@ class ConfirmScreen(ModalScreen[bool]):
                              disabled=self.require_text is not None)
 
     def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
+        # Where the operator must type the value, the field has the focus (Enter there confirms
+        # once it matches); otherwise Cancel does, so a stray Enter changes nothing.
+        if self.require_text is not None:
+            self.query_one("#confirm-text", Input).focus()
+        else:
+            self.query_one("#cancel", Button).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.query_one("#confirm", Button).disabled = event.value.strip() != self.require_text
@@ -111,7 +117,8 @@ class HelpScreen(ModalScreen[None]):
             yield Static("radixtop keys", classes="title")
             with VerticalScroll():
                 yield Static(self.text)
-            yield Static("[dim]escape closes · ctrl+p opens the command palette[/]")
+            yield Static("[dim]escape, q or ? closes · ↑ ↓ PgUp PgDn scroll · ctrl+p opens the command palette · "
+                         "radixtop --keymap ID=KEY,... remaps[/]")
 
     def action_close(self) -> None:
         self.dismiss(None)

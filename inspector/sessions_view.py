@@ -55,10 +55,10 @@ class SessionsTable(RowsView):
     HEADER_LINES = 1
     BINDINGS = [
         *cursor_bindings("sessions"),
-        Binding("s", "next_sort", "Sort col", id="sessions.sort"),
+        Binding("s", "next_sort", "Sort", id="sessions.sort"),
         Binding("r", "reverse_sort", "Reverse", show=False, id="sessions.reverse"),
         Binding("space,m", "mark", "Mark", id="sessions.mark"),
-        Binding("enter", "show_chains", "Show in tree", id="sessions.select"),
+        Binding("enter", "show_chains", "In tree", id="sessions.select"),
     ]
 
     DEFAULT_CSS = """

@@ -187,5 +187,6 @@ def test_the_faces_note_old_figures_only():
 
     assert figures_note(0.4, False) == "figures 0s old"  # always said: the operator acts on them
     assert figures_note(1080.0, False, current=True) == "unchanged since 18m ago"
+    assert figures_note(0.2, False, current=True) == "figures 0s old"
     assert figures_note(40.0, False) == "figures 40s old"
     assert figures_note(130.0, True) == "figures 2m old, refreshing"

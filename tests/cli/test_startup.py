@@ -22,3 +22,15 @@ def test_the_sglang_adapters_import_sglang_and_torch_lazily():
                           "radixtop.adapters.sglang.trees")
     assert "radixtop.adapters.sglang.inproc" in mods
     assert not {"torch", "textual", "sglang"} & mods
+
+
+def test_an_unknown_keymap_id_is_one_line_naming_the_valid_ids():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "tui", "--keymap", "app.paws=P"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no binding 'app.paws'" in lines[0] and "app.pause" in lines[0]
+    assert "tree.toggle" in lines[0] and "sessions.sort" in lines[0]
