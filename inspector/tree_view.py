@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rich.segment import Segment
 from rich.style import Style
@@ -19,6 +20,7 @@ from radixtop.inspector.tree_state import Row
 _CURSOR = Style(reverse=True)
 _DIM = Style(dim=True)
 _MARK = Style(bold=True, color="magenta")
+_HEADER = Style(bold=True, underline=True)
 
 
 def _preview(node: NodeView) -> str:
@@ -28,8 +30,33 @@ def _preview(node: NodeView) -> str:
     return tokens + (" …" if node.tokens > 8 else "")
 
 
+# The right-hand columns, (title, width, cell) each; a narrow tree keeps the first and the third.
+_COLUMNS: tuple[tuple[str, int, object], ...] = (
+    ("tokens", 7, lambda n: f"{n.tokens:,}"),
+    ("bytes", 10, lambda n: human_bytes(n.bytes)),
+    ("subtree", 10, lambda n: human_bytes(n.subtree_bytes)),
+    ("locks", 5, lambda n: str(n.lock_ref)),
+    ("holders", 7, lambda n: str(len(n.holders))),
+    ("used", 5, lambda n: age(n.access_age_s)),
+)
+_NARROW = (0, 2)
+
+
+def _chain_view(chain: Sequence[NodeView]) -> NodeView:
+    """A folded chain as one node: all its tokens and bytes, the top's subtree (the chain and all
+    below it: what the parent's page sorts it by), the top's locks, every holder, the latest use."""
+    top = chain[0]
+    holders = tuple(dict.fromkeys(h for n in chain for h in n.holders))
+    return replace(top, tokens=sum(n.tokens for n in chain), bytes=sum(n.bytes for n in chain),
+                   holders=holders, access_age_s=min(n.access_age_s for n in chain),
+                   num_children=chain[-1].num_children)
+
+
 class CacheTree(RowsView):
-    """Rows come from a TreeState (set by the app); the cursor follows a row's key."""
+    """Rows come from a TreeState (set by the app); the cursor follows a row's key. The first
+    line names the columns."""
+
+    HEADER_LINES = 1
 
     BINDINGS = [
         *cursor_bindings("tree"),
@@ -69,6 +96,7 @@ class CacheTree(RowsView):
         # What each line shows now (row index -> segments), so that a refresh repaints only the
         # lines whose text or colour changed: a live cache changes a few rows per poll.
         self._painted: dict[int, list[Segment]] = {}
+        self._painted_header = ""
 
     # ----- data in -----
 
@@ -81,7 +109,7 @@ class CacheTree(RowsView):
         self.rows = rows
         self.total_bytes = max(total_bytes, 1)
         self.order = order
-        self.virtual_size = Size(self.size.width, len(rows))
+        self.virtual_size = Size(self.size.width, len(rows) + self.HEADER_LINES)
         index = None
         if self._cursor_key is not None:
             index = next((i for i, r in enumerate(rows) if r.key == self._cursor_key), None)
@@ -92,13 +120,22 @@ class CacheTree(RowsView):
             self.cursor = index  # the row under the cursor changed: say so (detail reloads)
         self._refresh_changed_lines()
 
+    @property
+    def _width(self) -> int:
+        """The width the rows have (less a vertical scrollbar where one shows)."""
+        return self.scrollable_content_region.width or self.size.width
+
     def _refresh_changed_lines(self) -> None:
-        width, top = self.size.width, self.scroll_offset.y
+        width, top = self._width, self.scroll_offset.y
         painted = self._painted
-        for index in range(top, top + self.size.height):
+        header = self._header(width)
+        if header != self._painted_header:  # (the order or the width changed)
+            self._painted_header = header
+            self.refresh_line(top)
+        for index in range(top, top + self.size.height - self.HEADER_LINES):
             now = self._segments(self.rows[index], width) if index < len(self.rows) else None
             if painted.get(index) != now:
-                self.refresh_line(index)
+                self.refresh_line(index + self.HEADER_LINES)
         if len(painted) > 4 * max(self.size.height, 1):  # scrolled far: forget what is off screen
             for index in [i for i in painted if not top <= i < top + self.size.height]:
                 del painted[index]
@@ -124,8 +161,11 @@ class CacheTree(RowsView):
     # ----- rendering -----
 
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        index = self.scroll_offset.y + y
+        width = self._width
+        if y == 0:
+            self._painted_header = self._header(width)
+            return Strip([Segment(self._painted_header, _HEADER)]).crop_extend(0, width, None)
+        index = self.scroll_offset.y + y - self.HEADER_LINES
         if index >= len(self.rows):
             self._painted[index] = None
             return Strip.blank(width)
@@ -146,12 +186,11 @@ class CacheTree(RowsView):
         expandable = node.num_children > 0
         marker = ("▾ " if row.expanded else "▸ ") if expandable else "  "
         if row.kind == "chain":
-            tokens = sum(n.tokens for n in row.chain)
-            label = f"#{row.chain[0].id} ⋯ #{node.id} chain of {len(row.chain)} nodes, {tokens:,} tok"
+            label = f"#{row.chain[0].id} ⋯ #{node.id} chain of {len(row.chain)} nodes"
+            node = _chain_view(row.chain)  # its columns are the whole chain's
         else:
-            label = f"#{node.id} {_preview(node)}"
-            if node.num_children == 1:
-                label += "  ┄"
+            # ┄ before the preview (a long preview is cut at the end): one child below, x folds
+            label = f"#{node.id}{' ┄' if node.num_children == 1 else ''} {_preview(node)}"
         cols = self._columns(node, width)
         left_width = max(width - len(cols), 10)
         left = f"{indent}{marker}{label}"
@@ -162,16 +201,20 @@ class CacheTree(RowsView):
             style = style + _MARK
         return [Segment(left.ljust(left_width), style), Segment(cols, _DIM if node.lock_ref == 0 else Style())]
 
+    @staticmethod
+    def _shown_columns(width: int) -> Sequence[int]:
+        """Narrow views keep tokens and subtree bytes; 160 columns give the tree 94."""
+        return _NARROW if width < 64 else (0, 1, 2) if width < 94 else range(len(_COLUMNS))
+
     def _columns(self, node: NodeView, width: int) -> str:
-        """Right-hand columns; narrow views keep tokens and subtree bytes only."""
-        if width < 64:
-            return f" {node.tokens:>6,}t {human_bytes(node.subtree_bytes):>10}"
-        parts = [f"{node.tokens:>7,}t", f"{human_bytes(node.bytes):>10}", f"{human_bytes(node.subtree_bytes):>10}"]
-        if width >= 88:  # 160 columns give the tree 94
-            parts.append(f"L{node.lock_ref:<2}")
-            parts.append(f"{len(node.holders):>3}h")
-            parts.append(f"{age(node.access_age_s):>5}")
-        return " " + " ".join(parts)
+        return "".join(" " + str(_COLUMNS[i][2](node)).rjust(_COLUMNS[i][1])  # type: ignore[operator]
+                       for i in self._shown_columns(width))
+
+    def _header(self, width: int) -> str:
+        cols = "".join(" " + _COLUMNS[i][0].rjust(_COLUMNS[i][1]) for i in self._shown_columns(width))
+        order = {"bytes": "largest subtree first", "recency": "most recent first", "tokens": "most tokens first"}
+        left = f"  node · {order.get(self.order, self.order)}"
+        return left[: max(width - len(cols), 0)].ljust(max(width - len(cols), 0)) + cols
 
     def clicked_twice(self, index: int) -> None:
         self.action_toggle()

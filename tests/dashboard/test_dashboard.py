@@ -393,9 +393,9 @@ async def test_mouse_clicks_move_the_cursor(engine):
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app)
         tree = app.query_one(CacheTree)
-        await pilot.click(CacheTree, offset=(5, 2))  # inside the border: row 1
+        await pilot.click(CacheTree, offset=(5, 3))  # border, column titles, row 0, row 1
         assert tree.cursor == 1
-        await pilot.click(CacheTree, offset=(5, 2), times=2)
+        await pilot.click(CacheTree, offset=(5, 3), times=2)
         await idle(pilot, app)
         assert tree.rows[1].expanded or tree.rows[1].node.num_children == 0
         await pilot.click(SessionsTable, offset=(5, 3))  # border, header, row 0, row 1

@@ -18,6 +18,7 @@ from radixtop.adapters.model import (
     SessionView,
     Stats,
 )
+from radixtop.adapters.units import human_bytes
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.poller import Snapshot, TreeRows
 from radixtop.inspector.tree_state import Row
@@ -141,14 +142,14 @@ async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_
         locked = replace(ROWS[5].node, lock_ref=7, tokens=65)
         show([*ROWS[:5], replace(ROWS[5], node=locked)])
         await pilot.pause()
-        assert repainted == [5]
+        assert repainted == [6]  # row 5, below the line of column titles
         line = next(line for line in screen_lines(app) if "#1011" in line)
-        assert "65t" in line and "8.0 MiB" in line  # the new figures are on screen
+        assert " 65 " in line and "8.0 MiB" in line  # the new figures are on screen
 
         repainted.clear()
         show([ROWS[4], *ROWS[:4], replace(ROWS[5], node=locked)])  # the largest root child moved up
         await pilot.pause()
-        assert repainted == [0, 1, 2, 3, 4]
+        assert repainted == [1, 2, 3, 4, 5]
 
 
 async def test_sessions_cursor_keeps_its_place_when_rows_change(prepared_app):
@@ -199,3 +200,21 @@ async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
         show((1080.0, False, True))  # a still cache: exact, however old
         await pilot.pause()
         assert any("sessions 29 · unchanged since 18m ago" in line for line in screen_lines(app))
+
+
+async def test_tree_columns_are_named_and_a_folded_chain_shows_the_whole_chain(prepared_app):
+    """The first line names the columns; a folded chain's row has all its tokens and bytes and
+    the subtree its parent sorts it by (its top's), not its last node's; one child shows ┄."""
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        lines = screen_lines(app)
+        header = next(line for line in lines if "subtree" in line and "holders" in line)
+        assert all(title in header for title in ("node", "tokens", "bytes", "locks", "used"))
+        chain = next(line for line in lines if "#1003 ⋯ #1005" in line)
+        # tokens 20+30+40 and their bytes; subtree the top's 900 tokens, not the last node's 800
+        assert " 90 " in chain and human_bytes(90 * BPT) in chain
+        assert human_bytes(900 * BPT) in chain and human_bytes(800 * BPT) not in chain
+        assert "2h" not in chain and " 2 " in chain  # holders: a count under "holders", not "2h"
+        single = next(line for line in lines if "#1002" in line)
+        assert "#1002 ┄" in single
