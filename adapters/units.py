@@ -29,6 +29,23 @@ def count(n: int | None, what: str) -> str:
     return f"{what} unknown" if n is None else f"{n:,} {what}"
 
 
+LARGE_SHARE = 0.10
+"""An evict of this share of the capacity or more is large: every face makes the operator type
+the amount (as for a flush, typed 'flush', and a close of several sessions, typed their count)."""
+
+
+def typed_confirmation(action: str, tokens: int = 0, capacity: int = 0, sessions: int = 1) -> str | None:
+    """What the operator must type to confirm an action, or None where yes/no is enough: the
+    same rule in the dashboard and the commands."""
+    if action == "flush":
+        return "flush"
+    if action == "evict":
+        return str(tokens) if capacity and tokens >= LARGE_SHARE * capacity else None
+    if action == "close":
+        return str(sessions) if sessions > 1 else None
+    raise ValueError(f"unknown action {action!r}")
+
+
 def figures_note(age_s: float, refreshing: bool, current: bool = False) -> str:
     """How old a sessions page's figures are, always (an operator ranks and acts on them): 'figures
     3s old', 'figures 3m old, refreshing'; 'unchanged since 18m ago' where the cache has not

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import age, count, figures_note, human_bytes
+from radixtop.adapters.units import age, count, figures_note, human_bytes, typed_confirmation
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
@@ -27,7 +27,7 @@ def _exit(message: str, code: int) -> typer.Exit:
 @contextlib.contextmanager
 def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
     """An RadixtopClient for ``url``; turns every adapter error into one line and an exit code."""
-    from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+    from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unauthorized
     from radixtop.adapters.http.client import RadixtopClient
 
     try:
@@ -40,6 +40,10 @@ def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
         raise _exit(exc.message, EXIT_UNREACHABLE) from None
     except BadRequest as exc:
         raise _exit(exc.message, EXIT_USAGE) from None
+    except Unauthorized:  # say what to do, not which HTTP header was missing
+        given = "the token given is not this server's" if token else "no token given"
+        raise _exit(f"{url} refused the action: {given}; set RADIXTOP_TOKEN to the token the server "
+                    "printed at start (or its plugin's token file)", EXIT_REFUSED) from None
     except AdapterError as exc:
         raise _exit(exc.message, EXIT_REFUSED) from None
     finally:
@@ -405,12 +409,19 @@ def _audit_outcome(e: Any) -> str:
 # ----- actions: plan, preview, confirm, execute -----
 
 
-def _confirm(question: str, yes: bool) -> None:
+def _confirm(question: str, yes: bool, typed: str | None = None) -> None:
+    """Ask before an action: y/N, or for a large or bulk one (``typed``, the dashboard's rule:
+    ``units.typed_confirmation``) the value typed back."""
     if yes:
         return
     if not sys.stdin.isatty():
         raise _exit("confirmation needed and stdin is not a terminal; pass --yes", EXIT_REFUSED)
-    if not typer.confirm(question, default=False):
+    if typed is None:
+        if not typer.confirm(question, default=False):
+            raise _exit("cancelled; nothing was changed", EXIT_REFUSED)
+        return
+    answer = typer.prompt(f"{question} Type {typed} to confirm", default="", show_default=False)
+    if answer.strip() != typed:
         raise _exit("cancelled; nothing was changed", EXIT_REFUSED)
 
 
@@ -445,7 +456,8 @@ def close(
                 raise typer.Exit(EXIT_REFUSED)
             return
         total = sum(p.freed_bytes for p in plans)
-        _confirm(f"Close {len(plans)} session(s), freeing {human_bytes(total)} now?", yes)
+        _confirm(f"Close {len(plans)} session(s), freeing {human_bytes(total)} now?", yes,
+                 typed_confirmation("close", sessions=len(plans)))
         results = [t.close_session(p.session_id) for p in plans]
     if as_json:
         emit_json({"plans": [p.to_dict() for p in plans], "results": [r.to_dict() for r in results]})
@@ -465,7 +477,7 @@ def _close_blind(t: Any, ids: list[str], why: str, yes: bool, as_json: bool) -> 
     report what was seen freed afterwards."""
     typer.echo(f"radixtop: this target cannot show a close plan ({why}); what a close frees is "
                "seen only after it", err=True)
-    _confirm(f"Close {len(ids)} session(s) without a preview?", yes)
+    _confirm(f"Close {len(ids)} session(s) without a preview?", yes, typed_confirmation("close", sessions=len(ids)))
     results = [t.close_session(sid) for sid in ids]
     if as_json:
         return emit_json({"plans": [], "results": [r.to_dict() for r in results]})
@@ -495,14 +507,27 @@ def _print_plans(plans: list[Any], as_json: bool) -> None:
 @app.command()
 def evict(
     tokens: Annotated[int, typer.Argument(min=0, help="Tokens to evict (whole least-recently-used leaves).")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would evict; change nothing.")] = False,
     yes: Yes = False,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
-    """Evict at least N tokens of unlocked leaves, least recently used first."""
+    """Evict at least N tokens of unlocked leaves, least recently used first (10% of the
+    capacity or more: type the count to confirm, as in the dashboard)."""
     with target(url, token, timeout) as t:
         st = t.stats()
+        if dry_run:
+            would = min(tokens, st.evictable_tokens)
+            doc = {"dry_run": True, "requested_tokens": tokens, "evictable_tokens": st.evictable_tokens,
+                   "would_evict_at_least_tokens": would, "would_evict_at_least_bytes": would * st.bytes_per_token}
+            if as_json:
+                return emit_json(doc)
+            typer.echo(f"would evict at least {would:,} tokens ({human_bytes(would * st.bytes_per_token)}) of "
+                       f"{st.evictable_tokens:,} evictable now, whole least-recently-used leaves first; "
+                       "nothing changed")
+            return
         _confirm(f"Evict {tokens:,} tokens ({human_bytes(tokens * st.bytes_per_token)}) "
-                 f"of {st.evictable_tokens:,} evictable?", yes)
+                 f"of {st.evictable_tokens:,} evictable?", yes,
+                 typed_confirmation("evict", tokens, st.capacity_tokens))
         r = t.evict(tokens)
     if as_json:
         return emit_json(r.to_dict())
@@ -511,13 +536,22 @@ def evict(
 
 @app.command()
 def flush(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would free; change nothing.")] = False,
     yes: Yes = False,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
-    """Free everything that no running request locks."""
+    """Free everything that no running request locks (type 'flush' to confirm, as in the dashboard)."""
     with target(url, token, timeout) as t:
         st = t.stats()
-        _confirm(f"Flush {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)})?", yes)
+        if dry_run:
+            doc = {"dry_run": True, "would_free_tokens": st.evictable_tokens, "would_free_bytes": st.evictable_bytes}
+            if as_json:
+                return emit_json(doc)
+            typer.echo(f"would free {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)}); "
+                       f"{st.protected_tokens:,} locked or running stay; nothing changed")
+            return
+        _confirm(f"Flush {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)})?", yes,
+                 typed_confirmation("flush"))
         r = t.flush()
     if as_json:
         return emit_json(r.to_dict())

@@ -15,6 +15,7 @@ from textual import work
 
 from radixtop.adapters.errors import AdapterError, Unsupported
 from radixtop.adapters.model import ClosePlanView
+from radixtop.adapters.units import typed_confirmation
 from radixtop.inspector.format import human_bytes
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
@@ -24,7 +25,6 @@ from radixtop.inspector.tree_view import CacheTree
 if TYPE_CHECKING:
     from radixtop.inspector.app import RadixtopApp
 
-LARGE_SHARE = 0.10
 """An eviction of more than this share of capacity asks for the count to be typed."""
 
 
@@ -102,12 +102,11 @@ class ActionFlows:
             body.add_row(Text(p.session_id), p.state, f"{p.freed_tokens:,} tok · {human_bytes(p.freed_bytes)}",
                          str(len(p.freed_node_ids)), ", ".join(f"{v:,} tok {r}" for r, v in kept.items()) or "-")
         total = sum(p.freed_bytes for p in plans)
-        bulk = len(plans) > 1
         ids = tuple(p.session_id for p in plans)  # what the user saw: the action is bound to these
         self.push_screen(
             ConfirmScreen(f"Close {len(plans)} session(s){': ' + source if source else ''}: frees "
                           f"{human_bytes(total)} now", body,
-                          "Close", require_text=str(len(plans)) if bulk else None),
+                          "Close", require_text=typed_confirmation("close", sessions=len(plans))),
             lambda ok: self.run_closes(ids, plans) if ok else self.notify("cancelled; nothing changed"),
         )
 
@@ -147,10 +146,10 @@ class ActionFlows:
         n = int(text.strip())
         st = self.stats
         bpt = st.bytes_per_token if st else 0
-        large = st is not None and n >= LARGE_SHARE * st.capacity_tokens
+        typed = typed_confirmation("evict", n, st.capacity_tokens if st else 0)
         body = Text(f"Evict at least {n:,} tokens ({human_bytes(n * bpt)}) of "
                     f"{st.evictable_tokens if st else 0:,} evictable.")
-        self.push_screen(ConfirmScreen("Evict", body, "Evict", require_text=str(n) if large else None),
+        self.push_screen(ConfirmScreen("Evict", body, "Evict", require_text=typed),
                          lambda ok: self.perform_action("evict", n) if ok else self.notify("cancelled; nothing changed"))
 
     def action_flush(self: RadixtopApp) -> None:
@@ -159,7 +158,7 @@ class ActionFlows:
         st = self.stats
         body = Text(f"Free every unlocked node: {st.evictable_tokens if st else 0:,} tokens "
                     f"({human_bytes(st.evictable_bytes) if st else '-'}). Running requests keep their paths.")
-        self.push_screen(ConfirmScreen("Flush the cache", body, "Flush", require_text="flush"),
+        self.push_screen(ConfirmScreen("Flush the cache", body, "Flush", require_text=typed_confirmation("flush")),
                          lambda ok: self.perform_action("flush", 0) if ok else self.notify("cancelled; nothing changed"))
 
     @work(thread=True, group="action", exit_on_error=False)

@@ -286,12 +286,13 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return b"".join(chunks)
 
     async def guarded(request: Request, action: str, target: str,
-                      work: Callable[[_Record, bytes], Awaitable[Any]]) -> JSONResponse:
+                      work: Callable[[_Record, bytes], Awaitable[Any]], needs_token: bool = True) -> JSONResponse:
         record = _Record()
         client = request.client.host if request.client is not None else "unknown"
         error: AdapterError | None = None
         try:
-            check_token(request)
+            if needs_token:
+                check_token(request)
             payload = await work(record, await read_body(request))
         except AdapterError as exc:
             error = exc
@@ -349,8 +350,10 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
             record.result = result.to_dict()
             return {"plan": record.plan, "result": record.result}
 
-        action = "close_dry_run" if (raw_dry_run or "").strip().lower() in _TRUE else "close"
-        return await guarded(request, action, f"session:{session_id}", work)
+        dry_run = (raw_dry_run or "").strip().lower() in _TRUE
+        # A dry run is a read (allowed read-only too): it needs no token, and is audited all the same.
+        return await guarded(request, "close_dry_run" if dry_run else "close", f"session:{session_id}", work,
+                             needs_token=not dry_run)
 
     @app.post("/v1/evict", response_model=EvictOut, summary="Evict unlocked LRU leaves",
               responses=_errors(401, 403, 422, *_TARGET_ERRORS),

@@ -163,3 +163,57 @@ def test_unreachable_target_exits_3_naming_the_url():
     url = f"http://127.0.0.1:{free_port()}"
     result = run(url, "stats")
     assert result.exit_code == 3 and url in result.stderr and result.stderr.count("\n") == 1
+
+
+def run_in_a_terminal(url: str, args: list[str], answer: str, token: str | None = TOKEN) -> tuple[int, str]:
+    """`radixtop ARGS` with a terminal as stdin (its questions need one), answering ``answer``."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    main, child = pty.openpty()
+    env = {**os.environ, "RADIXTOP_URL": url}
+    env.pop("RADIXTOP_TOKEN", None)
+    if token is not None:
+        env["RADIXTOP_TOKEN"] = token
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", *args], stdin=child,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    os.close(child)
+    os.write(main, (answer + "\n").encode())
+    out, _ = proc.communicate(timeout=60)
+    os.close(main)
+    return proc.returncode, out
+
+
+def test_dry_runs_need_no_token_and_change_nothing(fresh_server):
+    before = one_json(run(fresh_server, "stats", "--json"))
+    plan = run(fresh_server, "close", "b", "--dry-run", token=None)  # a dry run is a read
+    assert plan.exit_code == 0 and "close plan" in plan.stdout, plan.output
+    evict = one_json(run(fresh_server, "evict", "5", "--dry-run", "--json", token=None))
+    assert evict["dry_run"] and evict["would_evict_at_least_tokens"] == 5
+    assert "would evict at least 5 tokens" in run(fresh_server, "evict", "5", "--dry-run", token=None).stdout
+    flush = one_json(run(fresh_server, "flush", "--dry-run", "--json", token=None))
+    assert flush["would_free_tokens"] == before["evictable_tokens"]
+    after = one_json(run(fresh_server, "stats", "--json"))
+    assert after["version"] == before["version"] and after["evicted_tokens"] == before["evicted_tokens"]
+    # an action without the token says what to do, not which HTTP header was missing
+    refused = run(fresh_server, "evict", "5", "--yes", token=None)
+    assert refused.exit_code == 1 and "set RADIXTOP_TOKEN" in refused.stderr and "header" not in refused.stderr
+
+
+def test_large_evicts_flush_and_bulk_closes_need_the_value_typed_as_in_the_dashboard(fresh_server):
+    capacity = one_json(run(fresh_server, "stats", "--json"))["capacity_tokens"]
+    large = str(capacity // 5)  # 20% of the capacity: large
+    code, out = run_in_a_terminal(fresh_server, ["evict", large], "y")  # a plain y is not enough
+    assert code == 1 and f"Type {large} to confirm" in out and "cancelled" in out
+    code, out = run_in_a_terminal(fresh_server, ["evict", large], large)
+    assert code == 0 and "evicted" in out, out
+    code, out = run_in_a_terminal(fresh_server, ["evict", "1"], "y")  # small: y/N
+    assert code == 0 and "Type" not in out and "evicted" in out, out
+    code, out = run_in_a_terminal(fresh_server, ["flush"], "y")
+    assert code == 1 and "Type flush to confirm" in out
+    code, out = run_in_a_terminal(fresh_server, ["close", "a", "c"], "y")
+    assert code == 1 and "Type 2 to confirm" in out
+    code, out = run_in_a_terminal(fresh_server, ["close", "a", "c"], "2")
+    assert code == 0 and "closed a" in out and "closed c" in out, out

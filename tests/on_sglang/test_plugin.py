@@ -103,7 +103,7 @@ async def test_the_dashboard_over_the_plugin():
             await settle(pilot, app, polls=2)
             rows = app.query_one(CacheTree).rows
             assert rows and rows[0].node.first_tokens[:4] == (1, 2, 3, 4)  # the shared prompt first
-            assert {s.id for s in app.query_one(SessionsTable).all} == {"a", "b", "c", "d", "gone"}
+            assert {s.id for s in app.query_one(SessionsTable).rows} == {"a", "b", "c", "d", "gone"}
             assert "sglang dp0 tiny" in screen_text(app) and "LIVE" in screen_text(app)
             await open_sessions(pilot, app, "b")
             await pilot.press("c")

@@ -296,7 +296,7 @@ async def test_dashboard_rides_out_the_server_killed_and_restarted(served):
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: app.stats is not None and app.stats.evictable_tokens >= 1
-                        and app.query_one(SessionsTable).all and app.query_one(CacheTree).rows,
+                        and app.query_one(SessionsTable).rows and app.query_one(CacheTree).rows,
                         "the demo workload on screen")
             await pilot.press("enter")  # expand the largest subtree: its id means nothing after a restart
             await evict_by_keys(pilot, app, 1)
@@ -313,7 +313,7 @@ async def test_dashboard_rides_out_the_server_killed_and_restarted(served):
                 assert f"⚠ cannot reach {served.url}" in text and "showing the last good data" in text
                 # The last good data stays: header figures, tree rows, sessions.
                 assert last.target == old_name and app.query_one(CacheTree).rows
-                assert app.query_one(SessionsTable).all
+                assert app.query_one(SessionsTable).rows
                 # An action while it is down: a clear toast naming the target, nothing else.
                 seen = len(app.toasts)
                 await evict_by_keys(pilot, app, 1)
@@ -486,7 +486,7 @@ async def test_engine_thread_death_is_told_by_every_face():
             adapter = RadixtopClient(url, token=token, timeout=5.0)
             app = WatchedApp(adapter, interval=0.25)
             async with app.run_test(size=(160, 48)) as pilot:
-                await until(pilot, lambda: app.stats is not None and app.query_one(SessionsTable).all,
+                await until(pilot, lambda: app.stats is not None and app.query_one(SessionsTable).rows,
                             "the workload on screen")
                 with fault("engine_thread_death"):
                     workload.die.set()
@@ -515,7 +515,7 @@ async def test_engine_thread_death_is_told_by_every_face():
                     # The dashboard: a banner that says why, the last good data, a clear toast.
                     await until(pilot, lambda: app.down is not None, "the banner")
                     assert WHY in banner(app) and WHY in screen_text(app)
-                    assert app.query_one(SessionsTable).all and app.stats is not None
+                    assert app.query_one(SessionsTable).rows and app.stats is not None
                     await evict_by_keys(pilot, app, 1)
                     await until(pilot, lambda: any(WHY in m for m in app.toasts), "the refused action's toast")
                     assert_nothing_escaped(app)

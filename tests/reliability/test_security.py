@@ -68,11 +68,13 @@ TRACE = "\n".join(json.dumps(op) for op in [
 # Every POST route in the schema, and how to ask it something valid (a new action route fails
 # test_the_schema_lists_exactly_these_action_routes until it is added here).
 ACTION_REQUESTS = {
-    "/v1/sessions/{session_id}/close": [("/v1/sessions/b/close", None), ("/v1/sessions/b/close?dry_run=true", None)],
+    "/v1/sessions/{session_id}/close": [("/v1/sessions/b/close", None)],
     "/v1/evict": [("/v1/evict", {"tokens": 5})],
     "/v1/flush": [("/v1/flush", None)],
 }
-CHANGING = [(path, body) for requests in ACTION_REQUESTS.values() for path, body in requests if "dry_run" not in path]
+CHANGING = [(path, body) for requests in ACTION_REQUESTS.values() for path, body in requests]
+PREVIEW = "/v1/sessions/b/close?dry_run=true"
+"""A close's dry run: a read on an action's route (it needs no token, and is audited)."""
 PATH_PARAMS = {"node_id": "root", "session_id": "a"}
 REQUIRED_QUERY = {"/v1/changes": "?since=0",
                   "/v1/read": "?reads=" + quote('[{"op":"stats"},{"op":"children","node_id":"root"}]')}
@@ -155,6 +157,17 @@ def test_every_action_compares_the_token_with_compare_digest(engine, monkeypatch
             assert response.status_code == 200, (path, response.text)
             assert compared == [(TOKEN.encode(), TOKEN.encode())]
             REPORT["token_checks"] += 1
+
+
+def test_a_dry_run_is_a_read_it_needs_no_token_and_is_audited(engine):
+    client = make_client(BundledAdapter(engine))
+    before = cache_state(engine)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, AUTH):
+        response = client.post(PREVIEW, headers=headers)
+        assert response.status_code == 200 and response.json()["session_id"] == "b", response.text
+    assert cache_state(engine) == before
+    entries = client.get("/v1/audit", params={"limit": 10}).json()["entries"]
+    assert [e["action"] for e in entries[:3]] == ["close_dry_run"] * 3 and all(e["allowed"] for e in entries[:3])
 
 
 def test_non_ascii_and_control_bytes_over_a_real_server_are_never_a_500(engine):
