@@ -48,7 +48,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.units import decode_preview
+from radixtop.adapters.units import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
 from radixtop.gpu_backend.radix_cache import ChangeSet
@@ -251,8 +251,9 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             beneath = attribution.beneath.get(node.id, 0)
         return NodeDetail(
             node=self._node_view(s, node, depth, s.cache.clock()),
-            token_ids=tuple(node.key[token_offset : token_offset + token_limit]),
+            token_ids=(page := tuple(node.key[token_offset : token_offset + token_limit])),
             token_offset=token_offset,
+            text=decode_preview(self.tokenizer, page[:TEXT_TOKENS]),
             path_tokens=path_tokens,
             sessions_beneath=beneath,
         )

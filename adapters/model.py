@@ -155,6 +155,8 @@ class NodeDetail(_View):
     """Tokens from the root through this node."""
     sessions_beneath: int
     """Distinct sessions that hold this node or something below it."""
+    text: str | None = None
+    """The page's token ids as text, where the target has a tokenizer (None: ids only)."""
 
 
 @dataclass(frozen=True)

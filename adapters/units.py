@@ -55,6 +55,10 @@ def figures_note(age_s: float, refreshing: bool, current: bool = False) -> str:
     return f"figures {age(age_s)} old" + (", refreshing" if refreshing else "")
 
 
+TEXT_TOKENS = 256
+"""A node's detail decodes at most this many of its page's ids (on the owner thread: bounded)."""
+
+
 def decode_preview(tokenizer, tokens: tuple[int, ...]) -> str | None:
     """A node's token preview as text, or None (no tokenizer, nothing to decode, or ids it
     cannot decode: the faces then show the ids)."""

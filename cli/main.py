@@ -10,7 +10,16 @@ from typing import Annotated
 import typer
 
 from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
-from radixtop.cli.targets import DpRank, KvEvents, KvReplay, MissingExtra, SGLangApiKey, SGLangUrl, open_external
+from radixtop.cli.targets import (
+    DpRank,
+    KvEvents,
+    KvReplay,
+    MissingExtra,
+    SGLangApiKey,
+    SGLangUrl,
+    TokenizerSpec,
+    open_external,
+)
 
 app = typer.Typer(
     name="radixtop",
@@ -69,6 +78,7 @@ def tui(
     dp_rank: DpRank = 0,
     sglang_url: SGLangUrl = None,
     sglang_api_key: SGLangApiKey = None,
+    tokenizer: TokenizerSpec = None,
 ) -> None:
     """The dashboard: on the embedded demo engine, on a radixtop server or SGLang's radixtop
     plugin (--url), on an SGLang/vLLM KV-event stream (--kv-events), or on a plain SGLang
@@ -79,13 +89,15 @@ def tui(
 
         try:
             adapter, label, close = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
-                                                  model, capacity, timeout)
+                                                  model, capacity, timeout, tokenizer)
         except ValueError as exc:
             raise fail(str(exc), 2) from None
         except MissingExtra as exc:
             raise fail(str(exc), 1) from None
         run_dashboard(adapter, label, interval, keys, on_exit=close)
         return
+    if tokenizer is not None:
+        raise fail("--tokenizer goes with --kv-events (a radixtop server or the plugin decodes on its side)", 2)
     if url is not None:
         from radixtop.adapters.errors import BadRequest
         from radixtop.adapters.http.client import RadixtopClient
@@ -144,7 +156,7 @@ def demo(
     try:
         geometry = get_geometry(model)
         workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
-                                  never_closed_share=never_closed, max_running=max_running)
+                                  never_closed_share=never_closed, max_running=max_running, text=True)
     except ValueError as exc:
         raise fail(str(exc), 2) from None
     if device not in ("auto", "cpu", "cuda", "meta"):

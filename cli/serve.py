@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize
-from radixtop.cli.targets import DpRank, KvEvents, KvReplay, MissingExtra, SGLangApiKey, SGLangUrl, open_external
+from radixtop.cli.targets import (
+    DpRank,
+    KvEvents,
+    KvReplay,
+    MissingExtra,
+    SGLangApiKey,
+    SGLangUrl,
+    TokenizerSpec,
+    open_external,
+)
 
 app = typer.Typer()
 
@@ -40,6 +49,7 @@ def serve(
     dp_rank: DpRank = 0,
     sglang_url: SGLangUrl = None,
     sglang_api_key: SGLangApiKey = None,
+    tokenizer: TokenizerSpec = None,
 ) -> None:
     """Serve a cache over the HTTP admin API: the bundled engine (demo workload or a replayed
     trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
@@ -72,7 +82,7 @@ def serve(
     if kv_events or sglang_url:
         try:
             external = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
-                                     model, None)
+                                     model, None, tokenizer=tokenizer)
         except ValueError as exc:
             raise usage(str(exc)) from None
         except MissingExtra as exc:
@@ -83,6 +93,8 @@ def serve(
             adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
         return run_server(adapter, close)
 
+    if tokenizer is not None:
+        raise usage("--tokenizer goes with --kv-events (the demo has its own words; a trace's ids have none)")
     try:
         geometry = get_geometry(model or "llama-3-8b", page_size)
         scheduler = Scheduler(geometry, capacity, device=pick_device(device, capacity * geometry.bytes_per_token),
@@ -90,7 +102,7 @@ def serve(
         workload = None
         if trace is None:
             workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
-                                      never_closed_share=never_closed, max_running=max_running)
+                                      never_closed_share=never_closed, max_running=max_running, text=True)
     except ValueError as exc:
         raise usage(str(exc)) from None
     if trace is not None:
@@ -106,4 +118,9 @@ def serve(
             raise typer.Exit(1) from None
     engine = Engine(scheduler, workload, step_interval=0.01).start()
     name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
-    run_server(BundledAdapter(engine, name=name, read_only=read_only), engine.stop)
+    from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
+
+    # The demo talks in real words (its own small vocabulary): its previews show text. A trace's
+    # ids have no tokenizer here.
+    demo_tokenizer = DEMO_TOKENIZER if workload is not None else None
+    run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)

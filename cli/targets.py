@@ -20,6 +20,29 @@ KvReplay = Annotated[
                  help="The stream's replay_endpoint (fills gaps after a sequence jump)."),
 ]
 DpRank = Annotated[int, typer.Option("--dp-rank", min=0, help="Which DP rank's tree (KV events).")]
+TokenizerSpec = Annotated[
+    str | None,
+    typer.Option("--tokenizer", envvar="RADIXTOP_TOKENIZER", show_default=False,
+                 help="With --kv-events: a Hugging Face tokenizer (a local path, or a name in the local "
+                      "cache) to show previews as text; needs transformers."),
+]
+
+
+def load_tokenizer(spec: str | None) -> Any:
+    """The tokenizer ``--tokenizer`` names, or None; ValueError (one line) where it cannot load."""
+    if spec is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ModuleNotFoundError:
+        raise MissingExtra("--tokenizer needs transformers, which is not installed: pip install transformers") from None
+    try:
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except Exception as exc:  # (OSError, ValueError, ... : transformers raises many kinds)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot load the tokenizer {spec!r} (from local files only): {first[:200]}") from None
+
+
 SGLangUrl = Annotated[
     str | None,
     typer.Option("--sglang-url", envvar="RADIXTOP_SGLANG_URL", show_default=False,
@@ -54,11 +77,13 @@ def model_geometry(model: str | None) -> Any:
 
 def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
                   sglang_api_key: str | None, model: str | None, capacity: int | None,
-                  timeout: float = 5.0) -> tuple[Any, str, Callable[[], None]] | None:
+                  timeout: float = 5.0, tokenizer: str | None = None) -> tuple[Any, str, Callable[[], None]] | None:
     """(adapter, label, close) for --kv-events or --sglang-url; None when neither is given.
     Raises ValueError (a usage error) for a bad combination or value."""
     if kv_events and sglang_url:
         raise ValueError("give --kv-events or --sglang-url, not both")
+    if tokenizer is not None and not kv_events:
+        raise ValueError("--tokenizer goes with --kv-events (a radixtop server or the plugin decodes on its side)")
     geometry = model_geometry(model)
     if kv_events:
         from radixtop.adapters.errors import AdapterError
@@ -73,7 +98,7 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
 
         try:
             adapter = KvEventsAdapter(kv_events, kv_replay, dp_rank=dp_rank, geometry=geometry,
-                                      capacity_tokens=capacity or 0)
+                                      capacity_tokens=capacity or 0, tokenizer=load_tokenizer(tokenizer))
         except AdapterError as exc:
             raise ValueError(exc.message) from None
         return adapter, adapter.name, adapter.close

@@ -29,6 +29,9 @@ class WorkloadConfig:
     """Requests started per second; 0 starts them as fast as the engine steps."""
     vocab_size: int = 32000
     seed: int = 0
+    text: bool = False
+    """Real words (``demo_text``): the four demo system prompts, chats and tool loops, in the ids
+    of ``DEMO_TOKENIZER``; the lengths above then come from the text. False: random ids."""
 
     def __post_init__(self) -> None:
         if self.sessions < 1 or self.max_running < 1 or self.system_prompts < 1:
@@ -53,6 +56,8 @@ class _Session:
     turns_left: int
     closes: bool
     busy: bool = False
+    kind: int = 0
+    """Which system prompt it started from (in text mode, what it talks about)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,17 @@ class ChatWorkload:
         self.config = config
         self.rng = random.Random(config.seed)
         rng, c = self.rng, config
-        self.system_prompts = [
-            [rng.randrange(c.vocab_size) for _ in range(c.system_prompt_len)] for _ in range(c.system_prompts)
-        ]
+        self.conversations = None
+        if c.text:
+            from radixtop.gpu_backend.demo_text import DemoConversations
+
+            self.conversations = DemoConversations(random.Random(c.seed + 1))
+            prompts = self.conversations.system_prompts
+            self.system_prompts = [prompts[i % len(prompts)] for i in range(c.system_prompts)]
+        else:
+            self.system_prompts = [
+                [rng.randrange(c.vocab_size) for _ in range(c.system_prompt_len)] for _ in range(c.system_prompts)
+            ]
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, tuple[int, _Session, list[int]]] = {}
         self._finished_at: deque = deque()
@@ -89,11 +102,13 @@ class ChatWorkload:
         c, rng = self.config, self.rng
         self._next_session += 1
         sid = f"s{self._next_session}"
+        kind = rng.randrange(len(self.system_prompts))
         session = _Session(
             sid=sid,
-            history=list(rng.choice(self.system_prompts)),
+            history=list(self.system_prompts[kind]),
             turns_left=rng.randint(*c.turns),
             closes=rng.random() >= c.never_closed_share,
+            kind=kind,
         )
         self.sessions[sid] = session
         return session
@@ -126,8 +141,12 @@ class ChatWorkload:
         for session in idle[: max(0, budget)]:
             self._next_request += 1
             rid = f"r{self._next_request}"
-            session.history.extend(rng.randrange(c.vocab_size) for _ in range(rng.randint(*c.turn_input_len)))
-            output = [rng.randrange(c.vocab_size) for _ in range(rng.randint(*c.turn_output_len))]
+            if self.conversations is not None:
+                session.history.extend(self.conversations.user_turn(session.kind))
+                output = self.conversations.reply(session.kind)
+            else:
+                session.history.extend(rng.randrange(c.vocab_size) for _ in range(rng.randint(*c.turn_input_len)))
+                output = [rng.randrange(c.vocab_size) for _ in range(rng.randint(*c.turn_output_len))]
             session.busy = True
             self.running[rid] = (self.step_no + rng.randint(*c.decode_steps), session, output)
             actions.append(Action("begin", rid, session.sid, input_ids=list(session.history)))

@@ -10,9 +10,12 @@ from radixtop.adapters.model import NodeDetail
 from radixtop.inspector.format import age, human_bytes
 from radixtop.inspector.poller import DETAIL_TOKENS
 
+_SAFE = str.maketrans({c: "?" for c in map(chr, (*range(10), *range(11, 32), 127, *range(0x80, 0xA0)))})
+
 
 def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
-    """(label, value) for each line of the panel."""
+    """(label, value) for each line of the panel. What came from the target (holders, text) is
+    plain text: never markup, never a terminal control code."""
     n = d.node
     ids = " ".join(map(str, d.token_ids))
     more = " …" if n.tokens > len(d.token_ids) + d.token_offset else ""
@@ -23,12 +26,13 @@ def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
         ("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children"),
         ("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}"),
         ("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago"),
-        ("holders", ", ".join(n.holders) or "-"),
+        ("holders", Text(", ".join(n.holders).translate(_SAFE) or "-")),
         ("beneath", f"{d.sessions_beneath} sessions hold something here or below"),
         (span, Text(("… " if d.token_offset else "") + ids + more, style="dim")),
     ]
-    if n.text:
-        rows.append(("text", n.text))
+    text = d.text if d.text is not None else n.text
+    if text:  # the page as text, where the target has a tokenizer (the ids above, one glance away)
+        rows.append(("text", Text(text.translate(_SAFE))))
     return rows
 
 

@@ -23,9 +23,13 @@ _MARK = Style(bold=True, color="magenta")
 _HEADER = Style(bold=True, underline=True)
 
 
-def _preview(node: NodeView) -> str:
-    if node.text:
-        return node.text.replace("\n", "⏎")
+_SAFE = str.maketrans({c: "?" for c in map(chr, (*range(32), 127, *range(0x80, 0xA0)))})
+
+
+def _preview(node: NodeView, text: bool = True) -> str:
+    """The node's first tokens: as text where the target decoded them (and ``text``), else ids."""
+    if text and node.text:
+        return node.text.replace("\n", "⏎").translate(_SAFE)
     tokens = " ".join(map(str, node.first_tokens[:8]))
     return tokens + (" …" if node.tokens > 8 else "")
 
@@ -65,6 +69,7 @@ class CacheTree(RowsView):
         Binding("left,h", "collapse", "Collapse", show=False, id="tree.collapse"),
         Binding("x", "fold_chain", "Chain", id="tree.chain"),
         Binding("o", "cycle_order", "Sort", id="tree.order"),
+        Binding("t", "toggle_text", "Text/ids", id="tree.text"),
     ]
 
     DEFAULT_CSS = """
@@ -92,6 +97,8 @@ class CacheTree(RowsView):
         self.total_bytes = 1
         self.marked_ids: frozenset[int] = frozenset()
         self.order = "bytes"
+        self.show_text = True
+        """Previews as text where the target has a tokenizer (t: as token ids)."""
         self._cursor_key: tuple[str, int] | None = None
         # What each line shows now (row index -> segments), so that a refresh repaints only the
         # lines whose text or colour changed: a live cache changes a few rows per poll.
@@ -190,7 +197,7 @@ class CacheTree(RowsView):
             node = _chain_view(row.chain)  # its columns are the whole chain's
         else:
             # ┄ before the preview (a long preview is cut at the end): one child below, x folds
-            label = f"#{node.id}{' ┄' if node.num_children == 1 else ''} {_preview(node)}"
+            label = f"#{node.id}{' ┄' if node.num_children == 1 else ''} {_preview(node, self.show_text)}"
         cols = self._columns(node, width)
         left_width = max(width - len(cols), 10)
         left = f"{indent}{marker}{label}"
@@ -236,6 +243,11 @@ class CacheTree(RowsView):
 
     def action_collapse(self) -> None:
         self._request("collapse")
+
+    def action_toggle_text(self) -> None:
+        self.show_text = not self.show_text
+        self._painted.clear()
+        self.refresh()
 
     def action_fold_chain(self) -> None:
         self._request("chain")

@@ -109,6 +109,7 @@ class NodeDetailOut(Schema):
     token_offset: int
     path_tokens: int
     sessions_beneath: int
+    text: str | None = None
 
 
 class ChildrenPageOut(Schema):

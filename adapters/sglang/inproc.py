@@ -73,7 +73,7 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
-from radixtop.adapters.units import decode_preview
+from radixtop.adapters.units import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.owner_queue import OwnerQueue, OwnerStopped, OwnerTimeout, gc_paused
 from radixtop.gpu_backend.session_rules import plan_release, run_steps
 from radixtop.gpu_backend.slices import Slices
@@ -505,8 +505,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
         return NodeDetail(
             node=self._view(node, self._depth(node), time.monotonic(), sizes),
-            token_ids=tuple(int(t) for t in ids[token_offset:end]),
+            token_ids=(page := tuple(int(t) for t in ids[token_offset:end])),
             token_offset=token_offset,
+            text=decode_preview(self.tokenizer, page[:TEXT_TOKENS]),
             path_tokens=path_tokens,
             sessions_beneath=beneath,
         )

@@ -45,7 +45,7 @@ from radixtop.adapters.model import (
     Stats,
 )
 from radixtop.adapters.sglang.kv_events_decode import BlockTree, Cleared, DecodeError, Stored, TreeNode, decode_batch
-from radixtop.adapters.units import decode_preview
+from radixtop.adapters.units import TEXT_TOKENS, decode_preview
 
 log = logging.getLogger(__name__)
 FIRST_TOKENS = 16
@@ -418,7 +418,9 @@ class KvEventsAdapter(CacheAdapter):
                 up = up.parent
             return NodeDetail(node=self._view(node, node.depth(), time.time()),
                               token_ids=node.token_slice(token_offset, token_limit),
-                              token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=0)
+                              token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=0,
+                              text=decode_preview(self.tokenizer,
+                                                  node.token_slice(token_offset, min(token_limit, TEXT_TOKENS))))
 
     def match(self, tokens: list[int]) -> MatchView:
         """The longest prefix of ``tokens`` made of whole cached blocks (a prefix cache reuses

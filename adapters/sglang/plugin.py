@@ -151,6 +151,9 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
         open_sessions=lambda: _open_sessions(scheduler), close=lambda sid: _close(scheduler, sid),
+        # the server's own tokenizer (None where it was started with --skip-tokenizer-init):
+        # previews and details show text, the ids beside them
+        tokenizer=getattr(scheduler, "tokenizer", None),
     )
     app = create_app(adapter, _token(port), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
     import uvicorn

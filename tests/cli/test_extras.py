@@ -26,3 +26,35 @@ def test_kv_events_without_the_extra_is_one_line_naming_it(module, command):
     assert done.stdout == ""
     assert done.stderr == (f"radixtop: --kv-events needs {module}, which is not installed: "
                            "pip install 'radixtop[kv-events]'\n")
+
+
+def test_tokenizer_goes_with_kv_events_and_loads_from_local_files(tmp_path):
+    """--tokenizer: a one-line error where it does not apply or cannot load; a local Hugging Face
+    tokenizer loads (nothing downloaded)."""
+    import subprocess
+    import sys
+
+    from radixtop.cli.targets import load_tokenizer
+
+    def radixtop(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    for command in (["tui"], ["serve"], ["tui", "--url", "http://127.0.0.1:9"]):
+        done = radixtop(*command, "--tokenizer", str(tmp_path))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "--tokenizer goes with --kv-events" in done.stderr
+    try:
+        load_tokenizer(str(tmp_path / "nothing-here"))
+    except ValueError as exc:
+        assert "cannot load the tokenizer" in str(exc) and "\n" not in str(exc)
+    else:
+        raise AssertionError("a missing tokenizer loaded")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "cache": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "words")
+    tokenizer = load_tokenizer(str(tmp_path / "words"))
+    assert tokenizer.decode([1, 2]) == "hello cache"

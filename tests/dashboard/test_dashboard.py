@@ -588,3 +588,27 @@ async def test_c_on_a_tree_row_offers_the_sessions_that_hold_that_node(engine):
         await idle(pilot, app)
         assert not isinstance(app.screen, ConfirmScreen)
         assert any("nothing to close" in n.message for n in app._notifications)
+
+
+async def test_previews_show_text_where_the_target_has_a_tokenizer_and_t_shows_the_ids(engine):
+    from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
+    from tests.dashboard.test_snapshots import screen_lines
+
+    app = RadixtopApp(BundledAdapter(engine, tokenizer=DEMO_TOKENIZER), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(CacheTree)
+        prompt = tree.rows[0].node  # [1, 2, 3, 4]
+        text = DEMO_TOKENIZER.decode([1, 2, 3, 4]).replace("\n", "⏎")
+        def row_line() -> str:
+            return next(line for line in screen_lines(app) if line[1:].lstrip(" ▸▾").startswith(f"#{prompt.id} "))
+
+        line = row_line()
+        assert text[:12] in line and "1 2 3 4" not in line
+        detail = "\n".join(screen_lines(app))
+        assert "text" in detail and "ids" in detail  # the detail has both
+        tree.focus()
+        await pilot.press("t")
+        await pilot.pause()
+        line = row_line()
+        assert "1 2 3 4" in line and text[:12] not in line

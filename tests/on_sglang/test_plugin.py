@@ -113,3 +113,18 @@ async def test_the_dashboard_over_the_plugin():
             await idle(pilot, app)
             assert "b" in replayer.cache._closed_session_ids
             assert any("freed 3 tok" in n.message for n in app._notifications)
+
+
+def test_the_plugin_shows_text_with_the_servers_tokenizer():
+    """Started with its tokenizer, the server's previews and node details carry text (the ids
+    stay beside it); without one, ids only."""
+    from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
+
+    with plugin_target(tokenizer=DEMO_TOKENIZER) as (remote, _, _):
+        child = remote.children(0).children[0]
+        assert child.text == DEMO_TOKENIZER.decode(list(child.first_tokens)) and child.text
+        detail = remote.node(child.id, 0, 2)
+        assert detail.text == DEMO_TOKENIZER.decode(list(detail.token_ids)) and detail.token_ids
+    with plugin_target() as (remote, _, _):
+        child = remote.children(0).children[0]
+        assert child.text is None and remote.node(child.id).text is None

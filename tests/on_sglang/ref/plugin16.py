@@ -74,8 +74,10 @@ class SchedulerLoop:
 
 
 @contextmanager
-def plugin_target(read_only: bool = False) -> Iterator[tuple[RadixtopClient, object, SchedulerLoop]]:
-    """(an RadixtopClient on the plugin's API, the SGLang replayer, the scheduler loop)."""
+def plugin_target(read_only: bool = False, tokenizer: object = None
+                  ) -> Iterator[tuple[RadixtopClient, object, SchedulerLoop]]:
+    """(an RadixtopClient on the plugin's API, the SGLang replayer, the scheduler loop);
+    ``tokenizer``: the scheduler's own (SGLang's Scheduler has one unless --skip-tokenizer-init)."""
     sgl = load_plugin()
     from sglang.srt.managers.io_struct import OpenSessionReqInput
     from sglang.srt.session.session_controller import SessionController
@@ -91,6 +93,8 @@ def plugin_target(read_only: bool = False) -> Iterator[tuple[RadixtopClient, obj
     scheduler.flush_wrapper = _NoPendingFlush()
     scheduler.external_corpus_manager = None
     scheduler.tp_rank, scheduler.dp_rank = 0, None
+    if tokenizer is not None:
+        scheduler.tokenizer = tokenizer
     for sid in OPENED:
         scheduler.session_controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
     port = free_port()
