@@ -67,7 +67,6 @@ class RadixtopApp(ActionFlows, App[None]):
         Binding("F", "flush", "Flush", id="app.flush"),
         Binding("f", "filter_sessions", "Filter", id="app.filter"),
         Binding("slash", "search", "Search", id="app.search"),
-        Binding("tab", "app.focus_next", "Pane", id="app.pane"),
         Binding("p", "pause", "Pause", id="app.pause"),
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("q", "quit", "Quit", id="app.quit"),

@@ -23,6 +23,12 @@ def cursor_bindings(view: str) -> list[Binding]:
     ]
 
 
+def pane_binding(view: str) -> Binding:
+    """Tab to the next pane, shown in the footer (the screen's own tab binding is hidden); last in
+    a view's bindings, so the footer shows the view's keys first."""
+    return Binding("tab", "app.focus_next", "Pane", id=f"{view}.pane")
+
+
 class RowsView(ScrollView, can_focus=True):
     """A cursor over ``row_count`` rows shown below ``HEADER_LINES`` fixed lines."""
 

@@ -15,7 +15,7 @@ from textual.strip import Strip
 from radixtop.adapters.model import SessionsPage, SessionView
 from radixtop.inspector.format import age, human_bytes
 from radixtop.inspector.poller import SESSIONS_LOADED, SessionsQuery
-from radixtop.inspector.rows_view import RowsView, cursor_bindings
+from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class SessionsTable(RowsView):
         Binding("r", "reverse_sort", "Reverse", show=False, id="sessions.reverse"),
         Binding("space,m", "mark", "Mark", id="sessions.mark"),
         Binding("enter", "show_chains", "In tree", id="sessions.select"),
+        pane_binding("sessions"),
     ]
 
     DEFAULT_CSS = """

@@ -14,7 +14,7 @@ from textual.strip import Strip
 
 from radixtop.adapters.model import NodeView
 from radixtop.inspector.format import age, human_bytes, share_style
-from radixtop.inspector.rows_view import RowsView, cursor_bindings
+from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 from radixtop.inspector.tree_state import Row
 
 _CURSOR = Style(reverse=True)
@@ -69,7 +69,8 @@ class CacheTree(RowsView):
         Binding("left,h", "collapse", "Collapse", show=False, id="tree.collapse"),
         Binding("x", "fold_chain", "Chain", id="tree.chain"),
         Binding("o", "cycle_order", "Sort", id="tree.order"),
-        Binding("t", "toggle_text", "Text/ids", id="tree.text"),
+        Binding("t", "toggle_text", "Text/ids", show=False, id="tree.text"),
+        pane_binding("tree"),
     ]
 
     DEFAULT_CSS = """

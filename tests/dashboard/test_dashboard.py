@@ -612,3 +612,18 @@ async def test_previews_show_text_where_the_target_has_a_tokenizer_and_t_shows_t
         await pilot.pause()
         line = row_line()
         assert "1 2 3 4" in line and text[:12] not in line
+
+
+async def test_at_80_columns_the_footer_keeps_the_actions_and_tab(engine):
+    from tests.dashboard.test_snapshots import screen_lines
+
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        for focus in ("tree", "sessions"):
+            footer = screen_lines(app)[-1].replace(" ", "")
+            for shown in ("tabPane", "cClose", "EEvict", "FFlush", "fFilter"):
+                assert shown in footer, (focus, footer)
+            await pilot.press("tab")
+            await pilot.pause()
+        assert app.focused is app.query_one(CacheTree)  # tab went round: tree, sessions, tree
