@@ -34,8 +34,6 @@ def test_tokenizer_goes_with_kv_events_and_loads_from_local_files(tmp_path):
     import subprocess
     import sys
 
-    from radixtop.cli.targets import load_tokenizer
-
     def radixtop(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], capture_output=True,
                               text=True, timeout=60)
@@ -44,17 +42,24 @@ def test_tokenizer_goes_with_kv_events_and_loads_from_local_files(tmp_path):
         done = radixtop(*command, "--tokenizer", str(tmp_path))
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "--tokenizer goes with --kv-events" in done.stderr
-    try:
-        load_tokenizer(str(tmp_path / "nothing-here"))
-    except ValueError as exc:
-        assert "cannot load the tokenizer" in str(exc) and "\n" not in str(exc)
-    else:
-        raise AssertionError("a missing tokenizer loaded")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "cache": 2}, unk_token="[UNK]"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "words")
-    tokenizer = load_tokenizer(str(tmp_path / "words"))
-    assert tokenizer.decode([1, 2]) == "hello cache"
+    # In a child: importing transformers here, before the suite's SGLang stand-ins are in place,
+    # would spoil the later SGLang imports of this process.
+    script = f"""
+import sys
+from radixtop.cli.targets import load_tokenizer
+try:
+    load_tokenizer({str(tmp_path / "nothing-here")!r})
+except ValueError as exc:
+    assert "cannot load the tokenizer" in str(exc) and "\\n" not in str(exc), exc
+else:
+    sys.exit("a missing tokenizer loaded")
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+words = Tokenizer(models.WordLevel({{"[UNK]": 0, "hello": 1, "cache": 2}}, unk_token="[UNK]"))
+words.pre_tokenizer = pre_tokenizers.Whitespace()
+PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained({str(tmp_path / "words")!r})
+assert load_tokenizer({str(tmp_path / "words")!r}).decode([1, 2]) == "hello cache"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
