@@ -112,6 +112,7 @@ class RadixtopApp(ActionFlows, App[None]):
         self._keymap = keymap or {}
         self.sessions_table = SessionsTable(id="sessions")
         self._quit_asked = False
+        self._sessions_error: str | None = None  # said once, until the sessions read works again
         self._figures: tuple[float, bool, bool] = (0.0, False, False)  # age, refreshing, current, as read
         self._polling = False
         self._poll_again = False
@@ -211,6 +212,9 @@ class RadixtopApp(ActionFlows, App[None]):
             self.query_one(SessionsTable).set_page(snap.sessions)
             self._figures = (snap.sessions.figures_age_s, snap.sessions.refreshing, snap.sessions.figures_current)
             self._title_sessions()
+        if snap.sessions_error is not None and snap.sessions_error != self._sessions_error:
+            self.notify(f"sessions: {snap.sessions_error}", severity="error", title="radixtop", markup=False)
+        self._sessions_error = snap.sessions_error if snap.sessions is None else None
         if snap.detail is not None:
             self._show_detail(snap.detail)
         self.polls += 1

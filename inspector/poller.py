@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from radixtop.adapters.base import MAX_READS, CacheAdapter
-from radixtop.adapters.errors import AdapterError, Unsupported
+from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unsupported
 from radixtop.adapters.model import (
     ROOT_ID,
     Capabilities,
@@ -89,6 +89,9 @@ class Snapshot:
     tree: TreeRows | None = None
     sessions: SessionsPage | None = None
     detail: NodeDetail | None = None
+    sessions_error: str | None = None
+    """The sessions read failed on its own (an order or filter the target refuses): the rest of
+    the poll stands, the table keeps its rows, and the dashboard says why."""
 
 
 @dataclass(frozen=True)
@@ -182,12 +185,17 @@ class Poller:
                     fresh = pages and pages == self.tree.wanted()
                     self.tree.refresh(prefetched=(pages, results[len(reads):]) if fresh else None)
                 tree = self._rows()
+        sessions_error = None
         if want_sessions:
-            sessions = _ok(got["sessions"])
+            answer = got["sessions"]
+            if isinstance(answer, (TargetUnreachable, TargetTimeout)) or not isinstance(answer, AdapterError):
+                sessions = _ok(answer)
+            else:
+                sessions_error = answer.message
             self._sessions_at, self._sessions_read = now, request.sessions
         if selected is not None and not isinstance(got["node"], AdapterError):
             detail = got["node"]
-        return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail)
+        return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail, sessions_error)
 
     def _tree_changed(self, version: int, delta: Changes | AdapterError | None) -> bool:
         """Did anything the tree shows change since the last poll? (``delta``: changes(since),

@@ -96,3 +96,25 @@ def test_tree_operations_return_rows_of_a_later_generation(adapter):
     assert update.tree.generation > first.generation
     assert len(update.tree.rows) > len(first.rows)
     assert any(r.parent_id == expandable.node.id for r in update.tree.rows)
+
+
+def test_a_sessions_read_the_target_refuses_fails_alone(adapter):
+    """An older server that does not know a sort order refuses the sessions read: the poll stands
+    (stats, tree), the error is said, and the next query is read again."""
+    from radixtop.adapters.errors import BadRequest
+    from radixtop.inspector.poller import SessionsQuery
+
+    real = adapter.read_many
+
+    def refusing(reads):
+        return [BadRequest("order must be one of exclusive_bytes, shared_bytes, last_activity, id")
+                if op == "sessions" else result for (op, _), result in zip(reads, real(reads))]
+
+    adapter.read_many = refusing
+    poller = Poller(adapter)
+    snap = poller.collect(PollRequest(sessions=SessionsQuery("fair_share_bytes")))
+    assert snap.stats is not None and snap.tree is not None and snap.sessions is None
+    assert "order must be one of" in snap.sessions_error
+    adapter.read_many = real
+    again = poller.collect(PollRequest(sessions=SessionsQuery("exclusive_bytes")))  # a new query: read now
+    assert again.sessions is not None and again.sessions_error is None
