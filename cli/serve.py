@@ -36,6 +36,8 @@ def serve(
     arrival_rate: Annotated[float, typer.Option(min=0, help="Demo workload: requests per second (0: flat out).")] = 50.0,
     never_closed: Annotated[float, typer.Option(min=0, max=1, help="Demo workload: share never closed.")] = 0.2,
     max_running: Annotated[int, typer.Option(min=1, help="Demo workload: requests in flight.")] = 8,
+    random_ids: Annotated[bool, typer.Option("--random-ids", help="Demo workload: random token ids instead of "
+                                             "words (each seed its own system prompts).")] = False,
     trace: Annotated[Path | None, typer.Option(help="Replay this trace instead of running the demo workload.")] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless you give a --token).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
@@ -102,7 +104,8 @@ def serve(
         workload = None
         if trace is None:
             workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
-                                      never_closed_share=never_closed, max_running=max_running, text=True)
+                                      never_closed_share=never_closed, max_running=max_running,
+                                      text=not random_ids)
     except ValueError as exc:
         raise usage(str(exc)) from None
     if trace is not None:
@@ -122,5 +125,5 @@ def serve(
 
     # The demo talks in real words (its own small vocabulary): its previews show text. A trace's
     # ids have no tokenizer here.
-    demo_tokenizer = DEMO_TOKENIZER if workload is not None else None
+    demo_tokenizer = DEMO_TOKENIZER if workload is not None and workload.text else None
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)

@@ -130,7 +130,8 @@ class Served:
         self.incarnation += 1
         cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--name", self.name, "--model", "tiny", "--capacity", str(CAPACITY), "--device", "cpu",
-               "--sessions", "8", "--seed", str(self.incarnation), "--arrival-rate", "20", "--never-closed", "0"]
+               "--sessions", "8", "--seed", str(self.incarnation), "--arrival-rate", "20", "--never-closed", "0",
+               "--random-ids"]  # (each seed its own prompts: the incarnations tell apart)
         self.log = self.logs / f"serve-{self.incarnation}.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "RADIXTOP_TOKEN": self.token},
