@@ -236,7 +236,9 @@ def attribution_steps(
     else:
         exclusive_by_session = {}
     everyone: dict[str, None] = {}
-    for group in (known, closed, unions):  # 50k ids each on a large server: a chunk a step
+    # known and closed are the owner's live maps, changed between slices: copied here (a copy of
+    # 50k ids is a fraction of a slice), then taken in a chunk a step
+    for group in (list(known), list(closed), unions):
         for k, sid in enumerate(group):
             everyone[sid] = None
             if k % (chunk * 8) == chunk * 8 - 1:

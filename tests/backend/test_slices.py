@@ -190,3 +190,33 @@ def test_the_faces_note_old_figures_only():
     assert figures_note(0.2, False, current=True) == "figures 0s old"
     assert figures_note(40.0, False) == "figures 40s old"
     assert figures_note(130.0, True) == "figures 2m old, refreshing"
+
+
+def test_an_attribution_pass_survives_the_session_maps_changing_between_its_slices():
+    """The known and closed sessions are the owner's live maps: between two slices of a pass the
+    engine adds and drops sessions. The pass never fails on it (it failed with 'dictionary
+    changed size during iteration', and a sessions read with it)."""
+    from radixtop.adapters.attribution import attribution_steps
+
+    engine = build_engine()
+    try:
+        s = engine.scheduler
+        known = {f"k{i}": float(i) for i in range(5000)}
+        closed = {f"c{i}" for i in range(5000)}
+        cache = s.cache
+        steps = attribution_steps(cache.root_node, cache._session_leaves, closed, known, known,
+                                  s.geometry.bytes_per_token, chunk=16)
+        turns = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result = done.value
+                break
+            turns += 1
+            known[f"new{turns}"] = 0.0  # what the engine does between two slices
+            closed.add(f"gone{turns}")
+            known.pop(f"k{turns}", None)
+        assert turns > 10 and "k4999" in result.sessions and "c4999" in result.sessions
+    finally:
+        engine.stop()
