@@ -69,3 +69,16 @@ def test_sessions_figures_are_fresh_and_say_how_old(live):
     assert ages and max(ages) < 3.0, ages  # reused for 1 s (this cache's passes cost a few ms)
     text = radixtop(live, "sessions")
     assert text.returncode == 0 and ("s old" in text.stdout or "unchanged since" in text.stdout), text.stdout
+
+
+def test_sessions_sort_and_filter_run_over_all_of_a_live_servers_sessions(live):
+    """On a server whose sessions come and go: a filter keeps only matching ids and says how many
+    there are in all; an order read from its other end is that order reversed."""
+    done = radixtop(live, "sessions", "--filter", "s1", "--limit", "10000", "--json")
+    assert done.returncode == 0, done.stderr
+    page = json.loads(done.stdout)
+    assert page["sessions"] and all("s1" in s["id"] for s in page["sessions"])
+    assert page["total"] == len(page["sessions"]) <= page["all_sessions"] and page["contains"] == "s1"
+    done = radixtop(live, "sessions", "--sort", "id", "--reverse", "--limit", "10000", "--json")
+    ids = [s["id"] for s in json.loads(done.stdout)["sessions"]]
+    assert ids == sorted(ids, reverse=True) and len(ids) == json.loads(done.stdout)["all_sessions"]
