@@ -7,10 +7,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from radixtop.adapters.model import NodeDetail
-from radixtop.inspector.format import age, human_bytes
+from radixtop.inspector.format import age, human_bytes, inert
 from radixtop.inspector.poller import DETAIL_TOKENS
-
-_SAFE = str.maketrans({c: "?" for c in map(chr, (*range(10), *range(11, 32), 127, *range(0x80, 0xA0)))})
 
 
 def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
@@ -26,13 +24,13 @@ def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
         ("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children"),
         ("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}"),
         ("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago"),
-        ("holders", Text(", ".join(n.holders).translate(_SAFE) or "-")),
+        ("holders", Text(inert(", ".join(n.holders)) or "-")),
         ("beneath", f"{d.sessions_beneath} sessions hold something here or below"),
         (span, Text(("… " if d.token_offset else "") + ids + more, style="dim")),
     ]
     text = d.text if d.text is not None else n.text
     if text:  # the page as text, where the target has a tokenizer (the ids above, one glance away)
-        rows.append(("text", Text(text.translate(_SAFE))))
+        rows.append(("text", Text(inert(text, lines=True))))
     return rows
 
 

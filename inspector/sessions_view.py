@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from radixtop.adapters.model import SessionsPage, SessionView
-from radixtop.inspector.format import age, human_bytes
+from radixtop.inspector.format import age, human_bytes, inert
 from radixtop.inspector.poller import SESSIONS_LOADED, SessionsQuery
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 
@@ -45,7 +45,6 @@ _HEADER = Style(bold=True, underline=True)
 _CURSOR = Style(reverse=True)
 _MARKED = Style(color="magenta", bold=True)
 _LOADING = Style(dim=True)
-_SAFE = str.maketrans({c: "?" for c in map(chr, (*range(32), 127, *range(0x80, 0xA0)))})
 
 
 class SessionsTable(RowsView):
@@ -172,7 +171,7 @@ class SessionsTable(RowsView):
         index = self.scroll_offset.y + y - 1
         if index >= self.total:
             if not self.total and y == 1:
-                note = "no sessions" + (f" match {self.filter_text!r}".translate(_SAFE) if self.filter_text else "")
+                note = "no sessions" + (inert(f" match {self.filter_text!r}") if self.filter_text else "")
                 return Strip([Segment(f" {note}", _LOADING)]).crop_extend(0, width, None)
             return Strip.blank(width)
         session = self.row(index)
@@ -182,7 +181,7 @@ class SessionsTable(RowsView):
             cells = []
             for i in visible:
                 col = COLUMNS[i]
-                text = str(col.cell(session)).translate(_SAFE)[: col.width]
+                text = inert(str(col.cell(session)))[: col.width]
                 cells.append(text.rjust(col.width) if i > 1 else text.ljust(col.width))
             mark = "●" if session.id in self.marked else " "
             style = _MARKED if session.id in self.marked else (Style(dim=True) if session.state == "closed" else Style())

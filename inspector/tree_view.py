@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from radixtop.adapters.model import NodeView
-from radixtop.inspector.format import age, human_bytes, share_style
+from radixtop.inspector.format import age, human_bytes, inert, share_style
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 from radixtop.inspector.tree_state import Row
 
@@ -23,13 +23,12 @@ _MARK = Style(bold=True, color="magenta")
 _HEADER = Style(bold=True, underline=True)
 
 
-_SAFE = str.maketrans({c: "?" for c in map(chr, (*range(32), 127, *range(0x80, 0xA0)))})
 
 
 def _preview(node: NodeView, text: bool = True) -> str:
     """The node's first tokens: as text where the target decoded them (and ``text``), else ids."""
     if text and node.text:
-        return node.text.replace("\n", "⏎").translate(_SAFE)
+        return inert(node.text.replace("\n", "⏎"))
     tokens = " ".join(map(str, node.first_tokens[:8]))
     return tokens + (" …" if node.tokens > 8 else "")
 
