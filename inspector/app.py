@@ -291,7 +291,9 @@ class RadixtopApp(ActionFlows, App[None]):
             self.call_from_thread(self._show_detail, detail)
 
     def _show_detail(self, detail: NodeDetail) -> None:
-        if detail.node.id == self.selected_node:  # the cursor may have moved on meanwhile
+        # The cursor, or the page of token ids, may have moved on since this was read (a poll that
+        # read page 0 can land after ``]``): show only the node and page the operator is on.
+        if detail.node.id == self.selected_node and detail.token_offset == self.detail_offset:
             self.query_one(DetailPanel).show(detail)
 
     def action_token_page(self, step: int) -> None:
