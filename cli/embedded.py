@@ -4,7 +4,8 @@ The dashboard never shares an interpreter (and its GIL and garbage collector) wi
 watches, as with a real server: measured in benchmarks/bench_dashboard.py, a dashboard in the
 engine's own process cost it about a tenth of its requests; in its own process, nothing
 measurable. The child is `radixtop serve` on a free loopback port with a one-off token (passed in
-its environment, never on a command line), and it dies with its parent.
+its environment, never on a command line), and it dies with its parent. Its stderr is always read
+(a full pipe would hang it), and a child that dies is restarted in its place.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import IO, Any
 
 
 def _free_port() -> int:
@@ -57,10 +60,126 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, output: Calla
         time.sleep(0.05)
 
 
+class _Tail:
+    """The last ``limit`` bytes a child wrote to a pipe, read as it writes them: a pipe nobody
+    reads fills (64 KB on Linux), and the child then hangs in its next write to it."""
+
+    def __init__(self, stream: IO[bytes], limit: int = 16_384) -> None:
+        self._buf = bytearray()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._drain, args=(stream,), name="radixtop-demo-log",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream: IO[bytes]) -> None:
+        with stream:
+            while chunk := stream.read1(65_536):
+                with self._lock:
+                    self._buf += chunk
+                    del self._buf[:-self._limit]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._buf.decode("utf-8", "replace")
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+class DemoChild:
+    """The `radixtop serve` child that runs the embedded demo: its stderr is always read (the last
+    of it kept for error messages), and once ``watch`` is called, a child that dies is restarted
+    on the same port with the same token, so an attached client carries on against a fresh demo.
+    More than ``max_restarts`` deaths within ``RESTART_WINDOW`` seconds and it stays down."""
+
+    RESTART_WINDOW = 60.0
+
+    def __init__(self, cmd: list[str], env: dict[str, str], url: str, token: str, start_timeout: float,
+                 max_restarts: int = 3) -> None:
+        self.cmd, self.env, self.url, self.token = cmd, env, url, token
+        self.start_timeout, self.max_restarts = start_timeout, max_restarts
+        self.proc: subprocess.Popen | None = None
+        self.ended = False
+        """True once the child died and will not be restarted."""
+        self._tail: _Tail | None = None
+        self._deaths: list[float] = []
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self) -> str:
+        """The last of what the child wrote to stderr (its warnings and errors)."""
+        return self._tail.text() if self._tail is not None else ""
+
+    def start(self) -> None:
+        """Start the child and wait until it answers; RuntimeError (with its last words) if not."""
+        proc = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        with self._lock:
+            self.proc, self._tail = proc, _Tail(proc.stderr)
+            if self._stopping.is_set():  # stop() ran while this one started: it goes too
+                proc.kill()
+                proc.wait()
+                raise RuntimeError("the demo engine was stopped")
+        wait_healthy(self.url, proc, self.start_timeout, self._last_words)
+
+    def _last_words(self) -> str:
+        if self.proc is not None and self.proc.poll() is not None and self._tail is not None:
+            self._tail.join(2.0)  # it has exited: what it wrote is all in, or nearly
+        return self.log_tail().strip()[-500:]
+
+    def watch(self, notify: Callable[[str], Any]) -> None:
+        """Restart the child whenever it dies from now on, saying so (and when it gives up) to
+        ``notify`` (called from a watcher thread)."""
+        threading.Thread(target=self._watch, args=(notify,), name="radixtop-demo-watch", daemon=True).start()
+
+    def _watch(self, notify: Callable[[str], Any]) -> None:
+        while not self._stopping.is_set():
+            code = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            now = time.monotonic()
+            self._deaths = [t for t in self._deaths if now - t < self.RESTART_WINDOW] + [now]
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            if len(self._deaths) > self.max_restarts:
+                self.ended = True
+                notify(f"the demo engine exited again ({how}; {len(self._deaths)} times in "
+                       f"{self.RESTART_WINDOW:.0f} s): not restarting it. Its last words: "
+                       f"{self._last_words()[-200:] or '(none)'}. Quit and run radixtop again.")
+                return
+            try:
+                self.start()
+            except RuntimeError as exc:
+                self.ended = True
+                notify(f"the demo engine exited ({how}) and could not be restarted: {exc}. "
+                       "Quit and run radixtop again.")
+                return
+            notify(f"the demo engine exited ({how}); restarted it: a fresh demo, its cache starts empty")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            proc = self.proc
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @contextmanager
 def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, arrival_rate: float,
-                read_only: bool = False, start_timeout: float = 120.0) -> Iterator[tuple[str, str]]:
-    """(url, token) of a `radixtop serve` child running the demo workload, until the block ends."""
+                read_only: bool = False, start_timeout: float = 120.0, max_restarts: int = 3) -> Iterator[DemoChild]:
+    """A running `radixtop serve` child with the demo workload (its ``url`` and ``token``), until
+    the block ends."""
     token = secrets.token_urlsafe(24)
     port = _free_port()
     cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -68,18 +187,10 @@ def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, 
            "--seed", str(seed), "--arrival-rate", str(arrival_rate)]
     if read_only:
         cmd.append("--read-only")
-    env = {**os.environ, "RADIXTOP_TOKEN": token}
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    url = f"http://127.0.0.1:{port}"
+    child = DemoChild(cmd, {**os.environ, "RADIXTOP_TOKEN": token}, f"http://127.0.0.1:{port}", token,
+                      start_timeout, max_restarts)
     try:
-        wait_healthy(url, proc, start_timeout, lambda: (proc.stderr.read() or "").strip()[-500:])
-        yield url, token
+        child.start()
+        yield child
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        child.stop()

@@ -123,9 +123,12 @@ def tui(
                err=True)
     try:
         with demo_server(name, geometry.name, capacity or 65536, sessions, seed, arrival_rate,
-                         read_only) as (demo_url, demo_token):
-            adapter = RadixtopClient(demo_url, token=demo_token, timeout=timeout)
-            run_dashboard(adapter, name, interval, keys, on_exit=adapter.close)
+                         read_only) as child:
+            adapter = RadixtopClient(child.url, token=child.token, timeout=timeout)
+            run_dashboard(adapter, name, interval, keys, on_exit=adapter.close, notices=child.watch)
+            if child.ended:
+                typer.echo(f"radixtop: the demo engine had ended; its last words: {child.log_tail()[-500:]}",
+                           err=True)
     except RuntimeError as exc:
         raise fail(str(exc), 1) from None
 

@@ -59,11 +59,14 @@ def serve(
     from radixtop.adapters.bundled import BundledAdapter
     from radixtop.adapters.http.server import serve as serve_http
     from radixtop.cli.demo_view import pick_device
+    from radixtop.cli.logs import limit_repeats
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.scheduler import Scheduler
     from radixtop.gpu_backend.trace import Replayer, TraceError, read_lines, read_trace
     from radixtop.gpu_backend.workload import WorkloadConfig
+
+    limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
 
     def usage(message: str) -> typer.Exit:
         typer.echo(f"radixtop: {message}", err=True)

@@ -147,6 +147,15 @@ class RadixtopApp(ActionFlows, App[None]):
         if self._poll_enabled:
             self.poll()
 
+    def notice_from_thread(self, text: str) -> None:
+        """A note on screen, from a thread other than the app's (plain text: it may quote a
+        target's words); dropped when the app is not running."""
+        try:
+            self.call_from_thread(self.notify, text, title="radixtop", severity="warning", timeout=30,
+                                  markup=False)
+        except RuntimeError:  # not running (yet, or any more): nobody to tell
+            pass
+
     # ----- polling -----
 
     def poll_request(self) -> PollRequest:
@@ -485,9 +494,15 @@ def binding_ids() -> list[str]:
 
 
 def run_dashboard(adapter: CacheAdapter, target: str | None = None, interval: float = 1.0,
-                  keymap: dict[str, str] | None = None, on_exit: Callable[[], None] | None = None) -> None:
+                  keymap: dict[str, str] | None = None, on_exit: Callable[[], None] | None = None,
+                  notices: Callable[[Callable[[str], None]], None] | None = None) -> None:
+    """Run the dashboard until it quits. ``notices``, when given, is handed the function that puts
+    a note on screen from any thread (the embedded demo's watcher says so when it restarts it)."""
     try:
-        RadixtopApp(adapter, target, interval, keymap).run()
+        app = RadixtopApp(adapter, target, interval, keymap)
+        if notices is not None:
+            notices(app.notice_from_thread)
+        app.run()
     finally:
         if on_exit is not None:
             on_exit()

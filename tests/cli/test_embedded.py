@@ -3,18 +3,25 @@ loopback with a one-off token) and the dashboard attaches to it over the admin A
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import socket
 import subprocess
 import time
 
+import httpx
 import pytest
 
-from radixtop.adapters.errors import TargetUnreachable, Unauthorized
+from radixtop.adapters.errors import AdapterError, TargetUnreachable, Unauthorized
 from radixtop.adapters.http.client import RadixtopClient
-from radixtop.cli.embedded import demo_server
+from radixtop.cli.embedded import demo_server, wait_healthy
+from radixtop.cli.logs import RepeatLimit
 
 
 def test_the_demo_engine_runs_in_its_own_process_and_goes_with_the_block():
-    with demo_server("embedded demo · tiny", "tiny", 4096, 8, 0, 50.0) as (url, token):
+    with demo_server("embedded demo · tiny", "tiny", 4096, 8, 0, 50.0) as child:
+        url, token = child.url, child.token
         assert url.startswith("http://127.0.0.1:")
         adapter = RadixtopClient(url, token=token, timeout=10)
         st = adapter.stats()
@@ -38,3 +45,99 @@ def test_a_demo_that_cannot_start_says_why():
     with pytest.raises(RuntimeError, match="exited at start"):
         with demo_server("x", "no-such-model", 4096, 8, 0, 1.0):
             pass
+
+
+def _malformed(url: str, count: int) -> None:
+    """``count`` requests that are not HTTP: the server logs a warning for each one."""
+    host, port = url.removeprefix("http://").split(":")
+    for _ in range(count):
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            conn.recv(4096)
+
+
+def test_a_flood_of_logged_warnings_never_stops_the_demo():
+    """Each malformed request makes the child log a warning; nobody reading its stderr once it had
+    started, the pipe filled and the child hung in its next write (/healthz timed out for good)."""
+    with demo_server("embedded demo · tiny", "tiny", 4096, 8, 0, 5.0) as child:
+        _malformed(child.url, 3000)  # ~100 KB of warnings: more than a pipe holds
+        assert httpx.get(f"{child.url}/healthz", timeout=5).status_code == 200
+        assert "Invalid HTTP request" in child.log_tail()  # kept, the last of it
+        # and said a few times a minute, not 3000 times (the count of the rest comes with the
+        # first one of the next minute: test_repeated_warnings_are_limited_per_message)
+        assert child.log_tail().count("Invalid HTTP request") == 5
+
+
+def test_repeated_warnings_are_limited_per_message():
+    records = []
+    limit = RepeatLimit(burst=3, window=60.0, clock=lambda: now[0])
+    now = [0.0]
+    logger = logging.getLogger("radixtop.test.repeats")
+    logger.propagate = False
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    logger.addFilter(limit)
+    try:
+        for i in range(10):
+            logger.warning("request %s not started: %s", i, "no room")
+        logger.warning("another message")
+        assert [r.getMessage() for r in records] == [
+            "request 0 not started: no room", "request 1 not started: no room",
+            "request 2 not started: no room", "another message"]
+        now[0] = 61.0
+        logger.warning("request %s not started: %s", 10, "no room")
+        assert records[-1].getMessage() == ("request 10 not started: no room "
+                                            "(7 similar messages suppressed in the last 61 s)")
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(limit)
+
+
+def test_a_killed_demo_is_restarted_and_says_so():
+    notes = []
+    with demo_server("embedded demo · tiny", "tiny", 4096, 8, 0, 5.0) as child:
+        child.watch(notes.append)
+        client = RadixtopClient(child.url, token=child.token, timeout=5)
+        first = child.pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # the same URL and token answer again, from a new child
+            try:
+                client.stats()
+                break
+            except AdapterError:
+                assert time.monotonic() < deadline, notes
+                time.sleep(0.2)
+        assert child.pid != first
+        assert any("restarted" in note and "signal 9" in note for note in notes), notes
+        client.close()
+    assert not _alive(first)  # reaped, not a zombie
+
+
+def test_a_demo_that_keeps_dying_is_not_restarted_for_ever():
+    notes = []
+    with demo_server("embedded demo · tiny", "tiny", 4096, 8, 0, 5.0, max_restarts=1) as child:
+        child.watch(notes.append)
+        for _ in range(2):
+            pid = child.pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while child.pid == pid and not child.ended:
+                assert time.monotonic() < deadline, notes
+                time.sleep(0.1)
+            if not child.ended:
+                wait_healthy(child.url, child.proc, 60, child.log_tail)
+        deadline = time.monotonic() + 10
+        while not child.ended:
+            assert time.monotonic() < deadline, notes
+            time.sleep(0.1)
+        assert "not restarting" in notes[-1] and "radixtop" in notes[-1], notes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

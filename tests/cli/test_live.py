@@ -17,7 +17,8 @@ from radixtop.cli.embedded import demo_server
 
 @pytest.fixture(scope="module")
 def live():
-    with demo_server("live demo · tiny", "tiny", 16384, 24, 7, 50.0) as (url, token):
+    with demo_server("live demo · tiny", "tiny", 16384, 24, 7, 50.0) as child:
+        url, token = child.url, child.token
         client = RadixtopClient(url, token=token, timeout=10)
         deadline = time.monotonic() + 60
         while (client.stats().node_count or 0) < 40 or client.stats().evicted_tokens == 0:  # full, and evicting

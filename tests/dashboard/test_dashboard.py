@@ -634,3 +634,15 @@ async def test_at_80_columns_the_footer_keeps_the_actions_and_tab(engine):
             await pilot.press("tab")
             await pilot.pause()
         assert app.focused is app.query_one(CacheTree)  # tab went round: tree, sessions, tree
+
+
+async def test_a_note_from_another_thread_shows_as_plain_text(engine):
+    """The embedded demo's watcher tells the operator, from its own thread, that it restarted the
+    demo; what it says may quote the child's last words: text, never markup."""
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        note = "the demo engine exited (killed by signal 9); restarted it [/] [b]x"
+        await asyncio.get_running_loop().run_in_executor(None, app.notice_from_thread, note)
+        assert [(n.message, n.markup) for n in app._notifications] == [(note, False)]
+    app.notice_from_thread("after the app has gone: dropped, not an error")
