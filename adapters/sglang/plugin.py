@@ -14,8 +14,9 @@ Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
   ``--sleep-on-idle`` a queued request wakes the scheduler (``IdleWaker``).
 
 Environment: ``RADIXTOP_TOKEN`` (the bearer token for actions; without it one is made up and
-written, mode 0600, to ``RADIXTOP_TOKEN_FILE`` or ``$TMPDIR/radixtop-sglang-<port>.token``; a
-non-loopback host needs an explicit token), ``RADIXTOP_READ_ONLY=1``, ``RADIXTOP_AUDIT`` (a JSON
+written, mode 0600, to ``RADIXTOP_TOKEN_FILE`` or ``sglang-<port>.token`` in a private directory,
+``$XDG_RUNTIME_DIR/radixtop`` or ``$TMPDIR/radixtop-<uid>``, never through a link or into a file
+someone else made; a non-loopback host needs an explicit token), ``RADIXTOP_READ_ONLY=1``, ``RADIXTOP_AUDIT`` (a JSON
 lines file). Nothing here runs unless the plugin is enabled.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -98,6 +100,9 @@ def register() -> None:
 def _after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     try:
         attach(scheduler)
+    except TokenFileError as exc:
+        log.error("radixtop: %s; set RADIXTOP_TOKEN (or RADIXTOP_TOKEN_FILE to a path of your own). "
+                  "SGLang goes on without radixtop", exc)
     except Exception:  # radixtop must never take a scheduler down
         log.exception("radixtop: could not attach to this scheduler; SGLang goes on without it")
 
@@ -114,14 +119,54 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+class TokenFileError(ValueError):
+    """The made-up token has nowhere safe to go: the plugin does not serve (say RADIXTOP_TOKEN)."""
+
+
+def _private_dir() -> Path:
+    """``$XDG_RUNTIME_DIR/radixtop`` (the user's own runtime directory), else
+    ``$TMPDIR/radixtop-<uid>``: made mode 0700 if absent, refused if it is a link, someone else's,
+    or writable by others (a shared /tmp lets anyone make that name first)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip()
+    path = (Path(runtime) / "radixtop" if runtime and os.path.isdir(runtime)
+            else Path(tempfile.gettempdir()) / f"radixtop-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    _check_own(path, "directory")
+    return path
+
+
+def _check_own(path: Path, what: str) -> os.stat_result:
+    """lstat of ``path``, refused unless it is this user's own, not a link, and not writable by others."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise TokenFileError(f"refusing to write the radixtop token: {path} is a link")
+    if st.st_uid != os.geteuid():
+        raise TokenFileError(f"refusing to write the radixtop token: {what} {path} is owned by uid {st.st_uid}")
+    if st.st_mode & 0o022:
+        raise TokenFileError(f"refusing to write the radixtop token: others can write {what} {path}")
+    return st
+
+
 def _token(port: int) -> str:
+    """RADIXTOP_TOKEN, or a token made up here and written (mode 0600, never through a link, never
+    into a file someone else made) to RADIXTOP_TOKEN_FILE or ``<private dir>/sglang-<port>.token``."""
     token = os.environ.get("RADIXTOP_TOKEN", "").strip()
     if token:
         return token
     token = secrets.token_urlsafe(24)
-    path = Path(os.environ.get("RADIXTOP_TOKEN_FILE")
-                or Path(tempfile.gettempdir()) / f"radixtop-sglang-{port}.token")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    explicit = os.environ.get("RADIXTOP_TOKEN_FILE", "").strip()
+    path = Path(explicit) if explicit else _private_dir() / f"sglang-{port}.token"
+    if os.path.lexists(path):  # ours from a run before is replaced; anything else is refused
+        if not stat.S_ISREG(_check_own(path, "file").st_mode):
+            raise TokenFileError(f"refusing to write the radixtop token: {path} is not a plain file")
+        os.unlink(path)
+    try:  # a file someone makes meanwhile fails O_EXCL, a link O_NOFOLLOW: refused, not followed
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise TokenFileError(f"refusing to write the radixtop token to {path}: {exc.strerror}") from None
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
     log.warning("radixtop: no RADIXTOP_TOKEN set; the token for actions is in %s", path)
@@ -141,6 +186,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     port = (port if port is not None else int(os.environ.get("RADIXTOP_PORT", DEFAULT_PORT))) + dp_rank
     if not os.environ.get("RADIXTOP_TOKEN") and not is_loopback(host):
         raise ValueError(f"refusing to serve radixtop on {host!r} without RADIXTOP_TOKEN")
+    token = _token(port)
     server_args = getattr(scheduler, "server_args", None)
     model = os.path.basename(str(getattr(server_args, "model_path", "") or "").rstrip("/"))
     sleeper = getattr(scheduler, "idle_sleeper", None)
@@ -155,7 +201,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    app = create_app(adapter, _token(port), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
+    app = create_app(adapter, token, AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
     import uvicorn
 
     sock = _bind(host, port)
