@@ -68,3 +68,19 @@ def decode_preview(tokenizer, tokens: tuple[int, ...]) -> str | None:
         return tokenizer.decode(list(tokens))
     except Exception:  # a tokenizer that cannot decode these ids shows ids instead
         return None
+
+
+# Terminal control codes (C0 but the line feed, DEL, C1) and the format characters that reorder
+# or hide text on screen (bidi overrides and isolates, zero-width ones): a target's string
+# holding them could clear the operator's screen, retitle the terminal or disguise an id.
+_CONTROL = (*range(10), *range(11, 32), 127, *range(0x80, 0xA0),
+            *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF)
+_INERT = str.maketrans({c: "?" for c in map(chr, _CONTROL)})
+_INERT_LINE = str.maketrans({c: "?" for c in map(chr, (*_CONTROL, 10))})
+
+
+def inert(text: str, lines: bool = False) -> str:
+    """Text from a target (ids, names, holders, decoded tokens, its errors) with every control
+    code replaced by '?'; line breaks kept only where ``lines``. Every face shows it so, as plain
+    text, never as markup."""
+    return text.translate(_INERT if lines else _INERT_LINE)

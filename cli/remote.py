@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import age, count, figures_note, human_bytes, typed_confirmation
+from radixtop.adapters.units import age, count, figures_note, human_bytes, inert, typed_confirmation
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
@@ -20,7 +20,7 @@ EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 
 
 def _exit(message: str, code: int) -> typer.Exit:
-    typer.echo(f"radixtop: {message}", err=True)
+    typer.echo(f"radixtop: {inert(message)}", err=True)  # it may quote a target's words
     return typer.Exit(code)
 
 
@@ -55,9 +55,12 @@ def emit_json(doc: Any) -> None:
 
 
 def _console():
+    """Rich without markup, highlighting or emoji codes: what the commands print quotes the
+    target's strings (ids, names, text), which are shown as written, through ``inert``; the
+    commands' own styles are Text styles."""
     from rich.console import Console
 
-    return Console()
+    return Console(markup=False, highlight=False, emoji=False)
 
 
 # ----- reads -----
@@ -72,7 +75,7 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
         return emit_json(st.to_dict())
     from rich.table import Table
 
-    table = Table(title=f"{st.target} · {st.geometry.name} · {human_bytes(st.bytes_per_token)}/token",
+    table = Table(title=f"{inert(st.target)} · {inert(st.geometry.name)} · {human_bytes(st.bytes_per_token)}/token",
                   show_header=True)
     for col in ("", "tokens", "bytes", "share"):
         table.add_column(col, justify="right" if col else "left")
@@ -91,14 +94,17 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
     )
 
 
-def _node_label(n: Any) -> str:
-    preview = n.text if n.text is not None else " ".join(map(str, n.first_tokens[:8]))
+def _node_label(n: Any):
+    from rich.text import Text
+
+    preview = inert(n.text) if n.text is not None else " ".join(map(str, n.first_tokens[:8]))
     if n.text is None and n.tokens > 8:
         preview += " …"
-    holders = f" held by {', '.join(n.holders[:3])}{'…' if len(n.holders) > 3 else ''}" if n.holders else ""
+    holders = (f" held by {', '.join(map(inert, n.holders[:3]))}{'…' if len(n.holders) > 3 else ''}"
+               if n.holders else "")
     lock = f" lock_ref={n.lock_ref}" if n.lock_ref else ""
-    return (f"[bold]#{n.id}[/] {n.tokens} tok · {human_bytes(n.bytes)} · subtree "
-            f"{human_bytes(n.subtree_bytes)}{lock}{holders} · [dim]{preview}[/]")
+    return Text.assemble((f"#{n.id}", "bold"), f" {n.tokens} tok · {human_bytes(n.bytes)} · subtree "
+                         f"{human_bytes(n.subtree_bytes)}{lock}{holders} · ", (preview, "dim"))
 
 
 @app.command()
@@ -120,17 +126,18 @@ def tree(
             doc = _subtree(t, start, depth, limit, min_bytes, order)
     if as_json:
         return emit_json(_tree_json(doc))
+    from rich.text import Text
     from rich.tree import Tree
 
     def build(parent: Tree, d: dict) -> None:
         for child in d["children"]:
             build(parent.add(_node_label(child["node"])), child)
         if d.get("more"):
-            parent.add(f"[dim]… {d['more']} more[/]")
+            parent.add(Text(f"… {d['more']} more", style="dim"))
 
     top = doc["node"]
     if top.id == 0:
-        label = f"[bold]root[/] · {human_bytes(top.subtree_bytes)} in the tree"
+        label = Text.assemble(("root", "bold"), f" · {human_bytes(top.subtree_bytes)} in the tree")
     else:
         label = _node_label(top)
     rich_tree = Tree(label)
@@ -234,11 +241,11 @@ def node(
         ("path from root", f"{d.path_tokens:,} tokens"), ("children", str(n.num_children)),
         ("lock_ref", str(n.lock_ref)), ("hit_count", str(n.hit_count)),
         ("last access", f"{age(n.access_age_s)} ago"), ("created", f"{age(n.created_age_s)} ago"),
-        ("holders", ", ".join(n.holders) or "-"), ("sessions beneath", str(d.sessions_beneath)),
+        ("holders", ", ".join(map(inert, n.holders)) or "-"), ("sessions beneath", str(d.sessions_beneath)),
         (f"token ids [{d.token_offset}:{d.token_offset + len(d.token_ids)}]", " ".join(map(str, d.token_ids))),
     ]
     if n.text is not None:
-        rows.append(("text", n.text))
+        rows.append(("text", inert(n.text, lines=True)))
     for k, v in rows:
         table.add_row(k, v)
     _console().print(table)
@@ -246,13 +253,12 @@ def node(
 
 def _sessions_table(views: list[Any], title: str):
     from rich.table import Table
-    from rich.text import Text
 
     table = Table(title=title)
     for col in ("session", "state", "tagged", "exclusive", "shared", "fair share", "locked tok", "last activity"):
         table.add_column(col, justify="left" if col in ("session", "state") else "right")
     for s in views:
-        table.add_row(Text(s.id), s.state, str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
+        table.add_row(inert(s.id), s.state, str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
                       human_bytes(s.shared_bytes), human_bytes(s.fair_share_bytes), f"{s.locked_tokens:,}",
                       age(s.last_activity_age_s))
     return table
@@ -276,10 +282,8 @@ def sessions(
         page = t.sessions(sort, offset, limit, contains, reverse)
     if as_json:
         return emit_json(page.to_dict())
-    from rich.markup import escape
-
     shown = f"{offset + 1}-{offset + len(page.sessions)}" if page.sessions else "none"
-    matching = f" matching {escape(repr(page.contains))}" if page.contains else ""
+    matching = f" matching {inert(repr(page.contains))}" if page.contains else ""
     everyone = (f" ({page.all_sessions:,} in all)" if page.contains and page.all_sessions is not None else "")
     title = (f"sessions {shown} of {page.total:,}{matching}{everyone} by {sort}{' reversed' if reverse else ''}, "
              f"{figures_note(page.figures_age_s, page.refreshing, page.figures_current)}")
@@ -297,7 +301,7 @@ def session(
     if as_json:
         return emit_json(d.to_dict())
     console = _console()
-    console.print(_sessions_table([d.session], f"session {session_id}"))
+    console.print(_sessions_table([d.session], f"session {inert(session_id)}"))
     console.print(f"holds nodes: {', '.join(f'#{i}' for i in d.node_ids) or '-'}")
 
 
@@ -381,14 +385,15 @@ def audit(
     from datetime import datetime
 
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="audit (newest first)")
     for col in ("time", "client", "action", "target", "allowed", "outcome"):
         table.add_column(col)
     for e in entries:
-        outcome = e.error or _audit_outcome(e)
-        table.add_row(datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S"), e.client, e.action,
-                      e.target, "yes" if e.allowed else "[red]no[/]", outcome)
+        outcome = inert(e.error) if e.error else _audit_outcome(e)
+        table.add_row(datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S"), inert(e.client), inert(e.action),
+                      inert(e.target), "yes" if e.allowed else Text("no", style="red"), outcome)
     _console().print(table)
 
 
@@ -466,7 +471,7 @@ def close(
             note = "" if r.freed_tokens == plan.freed_tokens else \
                 f" (the plan said {plan.freed_tokens}: the cache changed in between)"
             state = "was already closed; " if r.already_closed else ""
-            typer.echo(f"closed {r.session_id}: {state}freed {r.freed_tokens} tokens "
+            typer.echo(f"closed {inert(r.session_id)}: {state}freed {r.freed_tokens} tokens "
                        f"({human_bytes(r.freed_bytes)}) in {len(r.freed_node_ids)} nodes{note}")
     if unknown:
         raise typer.Exit(EXIT_REFUSED)
@@ -475,14 +480,14 @@ def close(
 def _close_blind(t: Any, ids: list[str], why: str, yes: bool, as_json: bool) -> None:
     """A target that closes but cannot preview (SGLang's plain HTTP surface): say so, ask, and
     report what was seen freed afterwards."""
-    typer.echo(f"radixtop: this target cannot show a close plan ({why}); what a close frees is "
+    typer.echo(f"radixtop: this target cannot show a close plan ({inert(why)}); what a close frees is "
                "seen only after it", err=True)
     _confirm(f"Close {len(ids)} session(s) without a preview?", yes, typed_confirmation("close", sessions=len(ids)))
     results = [t.close_session(sid) for sid in ids]
     if as_json:
         return emit_json({"plans": [], "results": [r.to_dict() for r in results]})
     for r in results:
-        typer.echo(f"closed {r.session_id} ({r.policy}): {r.freed_tokens} tokens "
+        typer.echo(f"closed {inert(r.session_id)} ({inert(r.policy)}): {r.freed_tokens} tokens "
                    f"({human_bytes(r.freed_bytes)}) seen freed")
 
 
@@ -498,7 +503,7 @@ def _print_plans(plans: list[Any], as_json: bool) -> None:
         kept = {}
         for k in p.kept:
             kept[k.reason] = kept.get(k.reason, 0) + k.tokens
-        table.add_row(p.session_id, p.state, str(len(p.freed_node_ids)), f"{p.freed_tokens:,}",
+        table.add_row(inert(p.session_id), p.state, str(len(p.freed_node_ids)), f"{p.freed_tokens:,}",
                       human_bytes(p.freed_bytes), str(p.released_holds),
                       ", ".join(f"{v} tok {r}" for r, v in kept.items()) or "-")
     _console().print(table)
@@ -555,5 +560,5 @@ def flush(
         r = t.flush()
     if as_json:
         return emit_json(r.to_dict())
-    extra = f"; {r.message}" if r.message else ""
+    extra = f"; {inert(r.message)}" if r.message else ""
     typer.echo(f"flushed {r.freed_tokens:,} tokens ({human_bytes(r.freed_bytes)}) in {r.freed_nodes} nodes{extra}")

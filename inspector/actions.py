@@ -16,7 +16,7 @@ from textual import work
 from radixtop.adapters.errors import AdapterError, Unsupported
 from radixtop.adapters.model import ClosePlanView
 from radixtop.adapters.units import typed_confirmation
-from radixtop.inspector.format import human_bytes
+from radixtop.inspector.format import human_bytes, inert
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable
@@ -83,8 +83,8 @@ class ActionFlows:
         self.call_from_thread(self._confirm_closes, plans, source)
 
     def _confirm_blind_closes(self: RadixtopApp, ids: tuple[str, ...], why: str) -> None:
-        body = Text(f"{self.target} cannot show what a close frees ({why}).\n"
-                    f"Sessions: {', '.join(ids)}. What was freed is read back afterwards.")
+        body = Text(f"{inert(self.target)} cannot show what a close frees ({inert(why)}).\n"
+                    f"Sessions: {', '.join(map(inert, ids))}. What was freed is read back afterwards.")
         self.push_screen(
             ConfirmScreen(f"Close {len(ids)} session(s) without a preview", body, "Close",
                           require_text=str(len(ids))),
@@ -99,7 +99,7 @@ class ActionFlows:
             kept: dict[str, int] = {}
             for k in p.kept:
                 kept[k.reason] = kept.get(k.reason, 0) + k.tokens
-            body.add_row(Text(p.session_id), p.state, f"{p.freed_tokens:,} tok · {human_bytes(p.freed_bytes)}",
+            body.add_row(Text(inert(p.session_id)), p.state, f"{p.freed_tokens:,} tok · {human_bytes(p.freed_bytes)}",
                          str(len(p.freed_node_ids)), ", ".join(f"{v:,} tok {r}" for r, v in kept.items()) or "-")
         total = sum(p.freed_bytes for p in plans)
         ids = tuple(p.session_id for p in plans)  # what the user saw: the action is bound to these

@@ -17,6 +17,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
@@ -26,7 +27,7 @@ from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreacha
 from radixtop.adapters.model import ROOT_ID, Capabilities, NodeDetail, Stats
 from radixtop.inspector.actions import ActionFlows
 from radixtop.inspector.detail import DetailPanel
-from radixtop.inspector.format import figures_note
+from radixtop.inspector.format import figures_note, inert
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, HelpScreen
 from radixtop.inspector.poller import DETAIL_TOKENS, Poller, PollRequest, Snapshot, TreeRows
@@ -147,6 +148,13 @@ class RadixtopApp(ActionFlows, App[None]):
         if self._poll_enabled:
             self.poll()
 
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Every note is plain text with control codes made visible (they quote session ids,
+        targets' names and errors): a note never reads a target's words as markup."""
+        super().notify(inert(message, lines=True), title=inert(title), severity=severity, timeout=timeout,
+                       markup=markup)
+
     def notice_from_thread(self, text: str) -> None:
         """A note on screen, from a thread other than the app's (plain text: it may quote a
         target's words); dropped when the app is not running."""
@@ -233,7 +241,7 @@ class RadixtopApp(ActionFlows, App[None]):
         header.read_only = caps.read_only
         header.render_stats()
         if not caps.tree:
-            self.query_one(DetailPanel).show_message(Text(f"No tree from this target: {caps.reason}", style="yellow"))
+            self.query_one(DetailPanel).show_message(Text(f"No tree from this target: {inert(caps.reason)}", style="yellow"))
         if not caps.sessions:
             self.query_one("#sessions-title", Static).update(Text("sessions: not available here", style="yellow"))
 
@@ -242,7 +250,7 @@ class RadixtopApp(ActionFlows, App[None]):
         banner = self.query_one("#banner", Static)
         kind = "timed out" if isinstance(exc, TargetTimeout) else "cannot reach" if isinstance(
             exc, TargetUnreachable) else "error from"
-        text = Text(f"⚠ {kind} {self.target}: {exc.message} · reconnecting every {self.interval:g}s "
+        text = Text(f"⚠ {kind} {inert(self.target)}: {inert(exc.message)} · reconnecting every {self.interval:g}s "
                     f"(showing the last good data)")  # plain text: a target's message is not markup
         if banner.content != text:
             banner.update(text)

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 from rich.style import Style
 
-from radixtop.adapters.units import age, count, figures_note, human_bytes  # noqa: F401  (re-exported for the widgets)
-
-_CONTROL = (*range(10), *range(11, 32), 127, *range(0x80, 0xA0))
-_INERT = str.maketrans({c: "?" for c in map(chr, _CONTROL)})
-_INERT_LINE = str.maketrans({c: "?" for c in map(chr, (*_CONTROL, 10))})
-
-
-def inert(text: str, lines: bool = False) -> str:
-    """Text from a target (ids, holders, decoded tokens) with every terminal control code replaced
-    by '?'; line breaks kept only where ``lines``. (Shown as rich Text, never as markup.)"""
-    return text.translate(_INERT if lines else _INERT_LINE)
-
+from radixtop.adapters.units import age, count, figures_note, human_bytes, inert  # noqa: F401  (re-exported for the widgets)
 
 _SHARE_STYLES = [
     (0.25, Style(color="red", bold=True)),

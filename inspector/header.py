@@ -11,7 +11,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
 from radixtop.adapters.model import Stats
-from radixtop.inspector.format import count, human_bytes
+from radixtop.inspector.format import count, human_bytes, inert
 
 HISTORY = 120
 """Samples kept for the sparklines (two minutes at the default one-second poll)."""
@@ -137,9 +137,9 @@ class HeaderBar(Widget):
         st = self.stats
         title = Text()
         title.append(" radixtop ", style="bold reverse")
-        title.append(f" {self.target}  ")
+        title.append(f" {inert(self.target)}  ")
         if st is not None and st.target and st.target not in self.target:
-            title.append(f"({st.target})  ", style="dim")  # what is behind a URL
+            title.append(f"({inert(st.target)})  ", style="dim")  # what is behind a URL
         if self.down:
             title.append(" DOWN ", style="bold white on red")
         elif self.paused:

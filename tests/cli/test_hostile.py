@@ -1,0 +1,106 @@
+"""Every face over a target whose strings are hostile: session ids, the target's name, decoded
+token text and the audit journal hold Rich markup, terminal escapes, bells and bidi overrides.
+Each face shows them as text (never markup, never a crash), with every control code made visible:
+nothing a target says reaches the operator's terminal as a control sequence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import quote
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.http.server import create_app
+from radixtop.cli.main import app
+from radixtop.gpu_backend.engine import Engine
+from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.scheduler import Scheduler
+from radixtop.inspector.app import RadixtopApp
+from tests.support.live_server import running_server
+
+TOKEN = "hostile-test-token-0123456789"
+HOSTILE = ["[/]", "[bold red]loud", "\x1b[2J\x1b[31mred", "bell\x07\x08x", "rtl\u202egnp.exe", "two\nlines"]
+NAME = "[/]\x1b]0;pwned\x07 target"
+CONTROLS = ["\x1b", "\x07", "\x08", "\u202e", "\x9b"]
+
+
+class HostileTokenizer:
+    def decode(self, ids: list[int]) -> str:
+        return "[/]\x1b[2J\x9b31m" + " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Scheduler(get_geometry("tiny"), 256, device="cpu")
+    for k, sid in enumerate(HOSTILE):
+        s.request(f"r{k}", [1, 2, 3, 10 + k], [50 + k], sid)
+    engine = Engine(s, None).start()
+    adapter = BundledAdapter(engine, name=NAME, tokenizer=HostileTokenizer())
+    with running_server(create_app(adapter, TOKEN, AuditLog(None))) as url:
+        for sid in HOSTILE:  # refused, tokenless closes: each one audited with its id
+            assert httpx.post(f"{url}/v1/sessions/{quote(sid, safe='')}/close").status_code == 401
+        yield url
+    engine.stop()
+
+
+def run(url: str, *args: str):
+    result = CliRunner().invoke(app, list(args), env={"RADIXTOP_URL": url, "RADIXTOP_TOKEN": TOKEN, "COLUMNS": "200"})
+    return result
+
+
+def clean(output: str) -> bool:
+    return not any(c in output for c in CONTROLS)
+
+
+@pytest.mark.parametrize("args", [
+    ["stats"], ["tree"], ["tree", "--depth", "4"], ["sessions"], ["sessions", "--filter", "["], ["audit"],
+    ["node", "#1"], ["close", "--dry-run", *HOSTILE], *(["session", sid] for sid in HOSTILE),
+    *(["tree", "--session", sid] for sid in HOSTILE),
+])
+def test_every_command_shows_hostile_strings_as_inert_text(server, args):
+    result = run(server, *args)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "MarkupError" not in result.output
+    assert clean(result.output), repr(result.output)
+
+
+def test_markup_in_ids_is_shown_as_written(server):
+    out = run(server, "sessions").output
+    assert "[/]" in out and "[bold red]loud" in out and "?[2J?[31mred" in out
+    assert "[/]" in run(server, "audit").output
+    assert "session:[bold red]loud" in run(server, "audit").output
+
+
+def test_json_keeps_the_strings_exact(server):
+    doc = json.loads(run(server, "sessions", "--json").stdout)
+    assert sorted(s["id"] for s in doc["sessions"]) == sorted(HOSTILE)  # the real id, to act on it
+
+
+def test_a_hostile_id_can_still_be_closed_by_its_real_name(server):
+    result = run(server, "close", "--yes", "\x1b[2J\x1b[31mred")
+    assert result.exit_code == 0, result.output
+    assert clean(result.output) and "closed ?[2J?[31mred" in result.output
+
+
+def test_the_dashboard_shows_hostile_strings_and_keeps_running(server):
+    async def drive() -> str:
+        app_ = RadixtopApp(RadixtopClient(server, token=TOKEN, timeout=5), interval=0.2)
+        async with app_.run_test(size=(160, 48)) as pilot:
+            deadline = asyncio.get_running_loop().time() + 10
+            while app_.polls < 3:  # a few polls in, with every pane filled
+                assert asyncio.get_running_loop().time() < deadline
+                await pilot.pause(0.1)
+            await pilot.press("tab", "down", "enter")
+            await pilot.pause(0.3)
+            assert app_.is_running
+            return app_.export_screenshot().replace("&#160;", " ")
+
+    screen = asyncio.run(drive())
+    assert clean(screen), [(c, screen[screen.index(c)-200:screen.index(c)+50]) for c in CONTROLS if c in screen]
+    assert "[bold red]loud" in screen
