@@ -47,7 +47,7 @@ from radixtop.adapters.errors import (
     Unauthorized,
     Unsupported,
 )
-from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.audit import AuditLog, AuditUnavailable, Pending
 from radixtop.adapters.http.metrics import metrics_registry, render_metrics
 from radixtop.adapters.http.reads import _DIGITS, MAX_ID, encode_results, parse_node_id, parse_reads
 from radixtop.adapters.http.schemas import (
@@ -180,6 +180,11 @@ def _error_response(exc: AdapterError) -> JSONResponse:
     return JSONResponse(error_to_body(exc), status_code=exc.http_status, headers=headers)
 
 
+def _short(text: str, keep: int = 200) -> str:
+    """A target as the server log shows it: a 64 KB session id is cut."""
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
+
+
 def _internal(exc: BaseException) -> AdapterError:
     logger.error("admin API request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
     return AdapterError("internal error (details are in the server log)")
@@ -260,13 +265,16 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     # ----- actions: authorised, then audited whatever happens -----
 
-    def check_token(request: Request) -> None:
+    def token_error(request: Request) -> Unauthorized | None:
+        """Why the request does not carry the action token, or None if it does (one constant-time
+        comparison, whatever is sent)."""
         header = request.headers.get("authorization")
         if header is None:
-            raise Unauthorized("missing 'Authorization: Bearer <token>' header")
+            return Unauthorized("missing 'Authorization: Bearer <token>' header")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise Unauthorized("wrong token")
+            return Unauthorized("wrong token")
+        return None
 
     async def read_body(request: Request) -> bytes:
         """The whole body, at most MAX_BODY bytes, whether or not the action takes one: an oversized
@@ -287,13 +295,26 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     async def guarded(request: Request, action: str, target: str,
                       work: Callable[[_Record, bytes], Awaitable[Any]], needs_token: bool = True) -> JSONResponse:
+        """Run an action's ``work`` and journal it. An authorised action's intent is journaled
+        before ``work`` runs (fail closed: if it cannot be, nothing runs and the answer is 503)
+        and its outcome after; a refusal, or a dry run, is journaled once, after."""
         record = _Record()
         client = request.client.host if request.client is not None else "unknown"
+        refused_token = token_error(request)
         error: AdapterError | None = None
+        pending: Pending | None = None
         try:
+            if needs_token and refused_token is not None:
+                raise refused_token
+            body = await read_body(request)
             if needs_token:
-                check_token(request)
-            payload = await work(record, await read_body(request))
+                intent = AuditEntry(time=time.time(), client=client, action=action, target=target, allowed=True)
+                try:
+                    pending = await run_in_threadpool(audit.begin, intent)
+                except AuditUnavailable as exc:
+                    raise AuditUnavailable(f"{exc.message}; nothing was done: an action that cannot be "
+                                           "audited is not run") from None
+            payload = await work(record, body)
         except AdapterError as exc:
             error = exc
         except Exception as exc:
@@ -304,12 +325,16 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
             error=None if error is None else f"{error.code}: {error.message}", extra=record.extra,
         )
         # The journal's entry, mirrored in the debug log (ids as repr: a hostile id stays inert).
-        logger.debug("action %s %r from %s: %s", action, target, client,
+        logger.debug("action %s %r from %s: %s", action, _short(target), client,
                      "allowed" if error is None else f"refused ({error.code})")
         try:
-            await run_in_threadpool(audit.append, entry)
-        except Exception as exc:  # the action has happened: say what it did, and shout in the log
-            logger.error("audit log append failed for %s %s: %s", action, target, exc)
+            if pending is not None:
+                await run_in_threadpool(audit.finish, pending, entry)
+            elif not isinstance(error, AuditUnavailable):
+                await run_in_threadpool(audit.append, entry, refused_token is None)
+        except AuditUnavailable as exc:  # the action has run (or was refused): say so in the log
+            logger.error("could not journal the outcome of %s %r from %s: %s", action, _short(target),
+                         client, exc.message)
         if error is not None:
             return _error_response(error)
         return _json(payload)

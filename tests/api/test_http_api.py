@@ -324,8 +324,91 @@ def test_audit_records_allowed_and_refused_actions_newest_first(engine, tmp_path
     assert entries[1]["extra"] == {"requested_tokens": 1}
     page = c.get("/v1/audit", params={"limit": 2, "offset": 1}).json()["entries"]
     assert page == entries[1:3]
-    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
-    assert [json.loads(line)["action"] for line in reversed(lines)] == [e["action"] for e in entries]
+    # The file: each authorised action's intent before it ran, then its outcome; a refusal
+    # before an intent (no token, a body too large) and a dry run once, as a record.
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    listed = [e for e in lines if e["phase"] != "intent"]
+    assert [e["action"] for e in reversed(listed)] == [e["action"] for e in entries]
+    intents = {e["id"]: i for i, e in enumerate(lines) if e["phase"] == "intent"}
+    outcomes = {e["id"]: i for i, e in enumerate(lines) if e["phase"] == "outcome"}
+    assert intents.keys() == outcomes.keys() and all(intents[k] < outcomes[k] for k in intents)
+    assert [e["action"] for e in lines if e["phase"] == "outcome"] == ["evict", "close", "flush", "close", "evict",
+                                                                       "flush"]
+    assert [(e["action"], e["authorised"]) for e in lines if e["phase"] == "record"] == [
+        ("evict", False), ("evict", False), ("evict", True), ("close_dry_run", True)]
+    audit.close()
+
+
+def cache_state(engine) -> tuple:
+    from radixtop.gpu_backend.trace import tree_rows
+
+    return engine.call(lambda s: s.stats().as_dict()), engine.call(tree_rows)
+
+
+def failing_writes(monkeypatch, after: int = 0) -> None:
+    """The journal file's writes fail (a full disk) once ``after`` writes have gone through."""
+    from radixtop.adapters.http import audit as audit_module
+
+    real, done = audit_module._write_all, []
+
+    def write(fd, data):
+        if len(done) >= after:
+            raise OSError(28, "No space left on device")
+        done.append(data)
+        real(fd, data)
+
+    monkeypatch.setattr(audit_module, "_write_all", write)
+
+
+def test_an_action_the_journal_cannot_record_is_refused_and_changes_nothing(engine, tmp_path, monkeypatch):
+    """With --audit-log /dev/full a flush answered 200 and ran, and /v1/audit stayed empty."""
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    c = make_client(BundledAdapter(engine), audit)
+    before = cache_state(engine)
+    failing_writes(monkeypatch)
+    for path, body in (("/v1/flush", None), ("/v1/evict", {"tokens": 5}), ("/v1/sessions/b/close", None)):
+        response = c.post(path, json=body, headers=AUTH)
+        assert response.status_code == 503 and error_code(response) == "audit_unavailable", response.text
+        message = response.json()["error"]["message"]
+        assert "No space left on device" in message and "nothing was done" in message
+    assert cache_state(engine) == before
+    assert c.get("/v1/audit").json()["entries"] == []
+    # A read, a dry run and a refusal are answered as before (a refusal changes nothing either way).
+    assert c.get("/v1/stats").status_code == 200
+    assert c.post("/v1/sessions/b/close?dry_run=true", headers=AUTH).status_code == 200
+    assert c.post("/v1/flush").status_code == 401
+    audit.close()
+
+
+def test_an_outcome_the_journal_cannot_record_is_still_answered(engine, tmp_path, monkeypatch, caplog):
+    """The intent is on disk, the action has run: its result is the answer, and the log says the
+    outcome is missing from the file."""
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    c = make_client(BundledAdapter(engine), audit)
+    failing_writes(monkeypatch, after=1)
+    response = c.post("/v1/flush", headers=AUTH)
+    assert response.status_code == 200 and response.json()["flushed"]
+    assert "could not journal the outcome of flush" in caplog.text
+    newest = c.get("/v1/audit").json()["entries"][0]
+    assert newest["action"] == "flush" and newest["result"] == response.json()
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(e["phase"], e["action"]) for e in lines] == [("intent", "flush")]
+    audit.close()
+
+
+def test_refusals_without_the_token_keep_the_operators_actions(engine):
+    """Refused closes with 64 KB ids (60 KB here) pushed the operator's flush out of the in-memory journal (the
+    default), and each held its whole id."""
+    audit = AuditLog(None, memory_entries=20)
+    c = make_client(BundledAdapter(engine), audit)
+    assert c.post("/v1/flush", headers=AUTH).status_code == 200
+    long_id = "x" * 60_000  # (httpx sends no URL component over 64 KiB)
+    for i in range(60):
+        assert c.post(f"/v1/sessions/{i}{long_id}/close").status_code == 401
+        assert c.post(f"/v1/sessions/{i}{long_id}/close?dry_run=true").status_code in (200, 404)
+    entries = c.get("/v1/audit", params={"limit": 1000}).json()["entries"]
+    assert [e["action"] for e in entries if e["allowed"] and e["action"] != "close_dry_run"] == ["flush"]
+    assert len(entries) > 100 and max(len(e["target"]) for e in entries) < 400
     audit.close()
 
 

@@ -632,3 +632,93 @@ def test_closes_racing_the_live_workload_lose_nothing():
             client.close()
     finally:
         engine.stop()
+
+
+# ----- 5. the audit journal cannot be written: an action that cannot be audited does not run -----
+
+JOURNAL_TRACE = "\n".join(json.dumps(op) for op in [
+    {"op": "request", "input": list(range(1, 40)), "output": [40, 41], "session": "a"},
+    {"op": "request", "input": list(range(100, 140)), "output": [140], "session": "b"},
+]) + "\n"
+
+
+@contextmanager
+def journaled_serve(tmp: Path, audit: Path | str, max_file_bytes: int | None = None) -> Iterator[tuple[str, str]]:
+    """`radixtop serve` over a trace (no workload: only actions change its cache), its journal at
+    ``audit``; with ``max_file_bytes``, the kernel refuses to grow any file past that size (a
+    disk that fills: writes fail with EFBIG, as ENOSPC would)."""
+    import resource
+
+    trace, port, token = tmp / "trace.jsonl", free_port(), secrets.token_urlsafe(16)
+    trace.write_text(JOURNAL_TRACE)
+
+    def limits() -> None:
+        _die_with_parent()
+        if max_file_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+
+    log = tmp / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--trace", str(trace),
+                                 "--model", "tiny", "--capacity", "512", "--device", "cpu", "--port", str(port),
+                                 "--audit-log", str(audit)],
+                                cwd=REPO, env={**os.environ, "RADIXTOP_TOKEN": token}, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=limits)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, WAIT, lambda: log.read_text()[-2000:])
+        yield url, token
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def cache_over_http(http: httpx.Client) -> tuple:
+    stats = http.get("/v1/stats").json()
+    return ({k: v for k, v in stats.items() if "age" not in k and "time" not in k}, http.get("/v1/export").text)
+
+
+def test_a_journal_that_fills_up_refuses_every_action_and_changes_nothing(tmp_path):
+    """`--audit-log /dev/full` once let a flush answer 200 and run with nothing journaled. Here
+    the journal stops growing after a few lines: from then on every action is 503 (saying why),
+    the cache is as it was, and /v1/audit still lists what did run."""
+    journal = tmp_path / "audit.jsonl"
+    with journaled_serve(tmp_path, journal, max_file_bytes=1200) as (url, token), \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=WAIT) as http:
+        ran = 0
+        for _ in range(30):
+            before = cache_over_http(http)
+            response = http.post("/v1/evict", json={"tokens": 1})
+            if response.status_code != 200:
+                break
+            ran += 1
+        with fault("journal_full"):
+            assert response.status_code == 503, f"{ran} evicts ran with a journal that cannot grow past 1200 bytes"
+            assert response.json()["error"]["code"] == "audit_unavailable"
+            assert "nothing was done" in response.json()["error"]["message"]
+            assert cache_over_http(http) == before
+            for path, body in (("/v1/flush", None), ("/v1/sessions/a/close", None), ("/v1/evict", {"tokens": 1})):
+                refused = http.post(path, json=body)
+                assert refused.status_code == 503, (path, refused.text)
+            assert cache_over_http(http) == before
+            listed = http.get("/v1/audit").json()["entries"]
+            assert [e["action"] for e in listed if e["allowed"]] == ["evict"] * ran
+    assert journal.stat().st_size <= 1200
+
+
+@pytest.mark.parametrize("where", ["directory", "/dev/full"])
+def test_a_journal_path_that_cannot_be_used_is_one_line_at_start(tmp_path, where):
+    """A directory said `cannot listen on 127.0.0.1:PORT: Is a directory`; /dev/full started."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(JOURNAL_TRACE)
+    path = str(tmp_path) if where == "directory" else where
+    result = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--trace", str(trace),
+                             "--model", "tiny", "--capacity", "512", "--device", "cpu", "--port", str(free_port()),
+                             "--audit-log", path], cwd=REPO, env={**os.environ, "RADIXTOP_TOKEN": "t" * 24},
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT)
+    assert_one_line(result, 2, f"cannot use the audit log {path}")
+    assert "listen" not in result.stderr
