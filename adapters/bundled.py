@@ -91,12 +91,13 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         self.attributions = AttributionCache(attribution_max_age, attribution_budget, engine.slices)
         self._step = threading.local()  # see OwnerReads
 
-    def _call(self, fn: Callable[[Scheduler], T]) -> T:
+    def _call(self, fn: Callable[[Scheduler], T], urgent: bool = False) -> T:
+        """``fn(scheduler)`` on the engine thread; ``urgent`` (actions, stats) ahead of queued reads."""
         owner = self._in_step()
         if owner is not None:  # inside read_many's step: already on the owner thread
             return fn(*owner)
         try:
-            return self.engine.call(fn, self.timeout)
+            return self.engine.call(fn, self.timeout, urgent)
         except OwnerTimeout as exc:
             raise TargetTimeout(f"{self.name}: {exc}") from None
         except OwnerStopped as exc:
@@ -150,7 +151,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
                                   g.page_size, g.bytes_per_token),
             )
 
-        return self._call(read)
+        return self._call(read, urgent=True)  # cheap, and what health checks read
 
     def _node_view(self, s: Scheduler, node: TreeNode, depth: int, now: float) -> NodeView:
         bpt = s.geometry.bytes_per_token
@@ -433,17 +434,17 @@ class BundledAdapter(OwnerReads, CacheAdapter):
                                r.freed_tokens, r.freed_bytes, r.released_holds)
 
     def plan_close(self, session_id: str) -> ClosePlanView:
-        return self._call(lambda s: self._plan(s, session_id))
+        return self._call(lambda s: self._plan(s, session_id), urgent=True)
 
     def close_session(self, session_id: str) -> CloseResultView:
         self._refuse_if_read_only(f"close of session {session_id!r}")
-        return self._call(lambda s: self._close(s, session_id))
+        return self._call(lambda s: self._close(s, session_id), urgent=True)
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
         """Plan and close in one step of the owner thread: nothing runs in between, so the
         result is the plan."""
         self._refuse_if_read_only(f"close of session {session_id!r}")
-        return self._call(lambda s: (self._plan(s, session_id), self._close(s, session_id)))
+        return self._call(lambda s: (self._plan(s, session_id), self._close(s, session_id)), urgent=True)
 
     def evict(self, num_tokens: int) -> EvictResultView:
         self._refuse_if_read_only(f"evict of {num_tokens} tokens")
@@ -457,7 +458,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
                                    r.num_tokens_evicted * bpt)
 
-        return self._call(act)
+        return self._call(act, urgent=True)
 
     def flush(self) -> FlushResultView:
         self._refuse_if_read_only("flush")
@@ -472,4 +473,4 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return FlushResultView(r.num_tokens_evicted, r.num_nodes_evicted,
                                    r.num_tokens_evicted * s.geometry.bytes_per_token, True, message)
 
-        return self._call(act)
+        return self._call(act, urgent=True)

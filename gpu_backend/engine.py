@@ -85,15 +85,16 @@ class Engine:
 
     # ----- commands -----
 
-    def call(self, fn: Callable[[Scheduler], T], timeout: float = 10.0) -> T:
-        """Run ``fn(scheduler)`` on the owner thread between steps and return its result.
+    def call(self, fn: Callable[[Scheduler], T], timeout: float = 10.0, urgent: bool = False) -> T:
+        """Run ``fn(scheduler)`` on the owner thread between steps and return its result
+        (``urgent``: ahead of queued reads, see ``OwnerQueue``).
 
         Raises OwnerTimeout if it has not run within ``timeout`` seconds (the command is then
         cancelled if it has not started), and OwnerStopped if the engine is not running.
         """
         if not self.alive and not self.owner.closed:  # never started
             raise OwnerStopped(self._dead_reason())
-        return self.owner.call(lambda: fn(self.scheduler), timeout)
+        return self.owner.call(lambda: fn(self.scheduler), timeout, urgent)
 
     def _dead_reason(self) -> str:
         if self.error is not None:
@@ -120,13 +121,18 @@ class Engine:
             self.owner.close(self._dead_reason())
 
     def _wait(self, seconds: float) -> None:
-        """Idle until woken or ``seconds`` pass; with passes pending, run them meanwhile (a slice
-        at a time, taking commands between slices) instead of sleeping."""
+        """Idle for ``seconds``: the time between two steps goes to queued reads and passes (a
+        slice at a time, taking commands between slices); with none, sleep until one comes."""
         deadline = time.monotonic() + seconds
-        while self.slices.pending and not self._stop.is_set() and time.monotonic() < deadline:
-            self.owner.step(idle=True)
-        self._wake.wait(max(0.0, deadline - time.monotonic()))
-        self._wake.clear()
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.slices.pending or self.owner.pending():
+                self.owner.step(idle=True, budget=left)
+            else:
+                self._wake.wait(left)
+                self._wake.clear()
 
     def _arrival_budget(self) -> int | None:
         rate = self.workload.config.arrival_rate

@@ -7,6 +7,12 @@ on ``Scheduler.process_input_requests``, where SGLang applies its own control me
 ``slices.run()`` resumes long passes a slice at a time. A call that waits past its timeout is
 cancelled if it has not started, so a stuck owner never runs stale work later. Once the queue is
 closed (the owner stopped or died) every call fails at once and nothing queued runs.
+
+Urgent calls (actions, and the cheap reads health checks make) run first, every step, however
+many reads wait. Reads are bounded on a busy owner: per step, until ``READ_BUDGET_S`` is spent
+(at least one), and overall, with the long passes, to the slices' ``duty`` share of its time;
+an idle owner (between the engine's steps, where it would sleep) runs them all. So a flood of
+reads slows the reads, not the engine, and never the operator's actions.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import TypeVar
 from radixtop.gpu_backend.slices import Slices
 
 T = TypeVar("T")
+
+READ_BUDGET_S = 0.005
+"""What queued reads may take of a busy owner in one step (at least one read runs)."""
 
 
 class OwnerError(RuntimeError):
@@ -60,6 +69,7 @@ class OwnerQueue:
         self._wake = wake
         """Called after a call is queued: an owner that idles in a wait is woken by it."""
         self._queue: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
+        self._urgent: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
         self._owner: int | None = None
         self._closed: str | None = None
         self.last_drain: float | None = None
@@ -69,16 +79,18 @@ class OwnerQueue:
 
     # ----- callers -----
 
-    def call(self, fn: Callable[[], T], timeout: float) -> T:
+    def call(self, fn: Callable[[], T], timeout: float, urgent: bool = False) -> T:
         """``fn()`` on the owner thread: its result, or its exception. From the owner thread
-        itself (a hook that reads) it runs at once. Raises OwnerTimeout if the owner has not taken
-        it within ``timeout`` seconds, OwnerStopped if the queue is closed."""
+        itself (a hook that reads) it runs at once. ``urgent`` (an action, a health check's
+        read) runs ahead of every queued read and outside their budget. Raises OwnerTimeout if
+        the owner has not taken it within ``timeout`` seconds, OwnerStopped if the queue is
+        closed."""
         if self._closed is not None:  # first: a dead owner's thread id may be another thread's now
             raise OwnerStopped(self._closed)
         if threading.get_ident() == self._owner:
             return fn()
         future: Future = Future()
-        self._queue.put((fn, future))
+        (self._urgent if urgent else self._queue).put((fn, future))
         if self._closed is not None:  # closed after the check above: nobody else will answer
             self._fail_pending()
         if self._wake is not None:
@@ -118,16 +130,28 @@ class OwnerQueue:
 
     # ----- the owner -----
 
-    def drain(self, max_items: int | None = None) -> int:
-        """Run what is queued (up to ``max_items``) now, on the owner thread; how many ran.
-        An exception goes to its caller, never into the owner's loop; a BaseException (the
-        thread is dying) also fails its caller with OwnerStopped, then propagates."""
+    def drain(self, max_items: int | None = None, read_budget: float | None = None) -> int:
+        """Run what is queued now, on the owner thread (up to ``max_items`` calls): the urgent
+        calls, then reads until ``read_budget`` seconds are spent (None: all; 0: none; else at
+        least one); how many ran. An exception goes to its caller, never into the owner's loop;
+        a BaseException (the thread is dying) also fails its caller with OwnerStopped, then
+        propagates."""
         self._owner = threading.get_ident()
         self.last_drain = time.monotonic()
+        ran = self._run_queued(self._urgent, max_items, None)
+        if read_budget is None or read_budget > 0:
+            ran += self._run_queued(self._queue, None if max_items is None else max_items - ran, read_budget)
+        self.drained += ran
+        return ran
+
+    def _run_queued(self, calls: queue.SimpleQueue, max_items: int | None, budget: float | None) -> int:
         ran = 0
+        deadline = None if budget is None else time.perf_counter() + budget
         while self._closed is None and (max_items is None or ran < max_items):
+            if deadline is not None and ran and time.perf_counter() >= deadline:
+                break
             try:
-                fn, future = self._queue.get_nowait()
+                fn, future = calls.get_nowait()
             except queue.Empty:
                 break
             if not future.set_running_or_notify_cancel():
@@ -140,13 +164,21 @@ class OwnerQueue:
                 future.set_exception(OwnerStopped(f"{self.name} died: {type(exc).__name__}: {exc}"))
                 raise
             ran += 1
-        self.drained += ran
         return ran
 
-    def step(self, idle: bool = False, max_items: int | None = None) -> int:
-        """What the owner runs between two of its steps: the queued calls, then a slice of the
-        long passes (flat out when ``idle``); how many calls ran."""
-        ran = self.drain(max_items)
+    def step(self, idle: bool = False, max_items: int | None = None, budget: float | None = None) -> int:
+        """What the owner runs between two of its steps: the urgent calls, the reads, then a
+        slice of the long passes; how many calls ran. A busy owner gives reads ``READ_BUDGET_S``,
+        and none while the reads and passes have had their ``duty`` share of its time (``Slices``
+        keeps that account for both); an ``idle`` one runs them for up to ``budget`` seconds
+        (None: all of them) and the passes flat out."""
+        if idle:
+            ran = self.drain(max_items, budget)
+        else:
+            started = time.perf_counter()
+            ran = self.drain(max_items, READ_BUDGET_S if self.slices.may_run(started) else 0.0)
+            if ran:
+                self.slices.charge(started, time.perf_counter())
         if self._closed is None:
             self.slices.run(idle=idle)
         return ran
@@ -162,16 +194,17 @@ class OwnerQueue:
         return self._closed is not None
 
     def _fail_pending(self) -> None:
-        while True:
-            try:
-                _, future = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if future.set_running_or_notify_cancel():
-                future.set_exception(OwnerStopped(self._closed or f"{self.name} stopped"))
+        for calls in (self._urgent, self._queue):
+            while True:
+                try:
+                    _, future = calls.get_nowait()
+                except queue.Empty:
+                    break
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(OwnerStopped(self._closed or f"{self.name} stopped"))
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + self._urgent.qsize()
 
 
 def _run_to_end(steps: Generator[None, None, T]) -> T:

@@ -42,6 +42,17 @@ class Slices:
     def pending(self) -> int:
         return len(self._passes)
 
+    def may_run(self, now: float) -> bool:
+        """Whether a busy owner has had its share since the last slice (or read)."""
+        return now >= self._next_at
+
+    def charge(self, started: float, ended: float) -> None:
+        """Count owner time spent on reads outside the passes (``started``..``ended``,
+        perf_counter) against the same ``duty`` share: the next slice, or read, waits for it."""
+        spent = ended - started
+        if spent > 0 and self.duty < 1.0:
+            self._next_at = max(self._next_at, ended + spent * (1.0 - self.duty) / self.duty)
+
     def run(self, idle: bool = False) -> float:
         """Resume the passes, in turn, until ``slice_s`` seconds are spent or none is left;
         the seconds spent. Unless ``idle``, nothing runs until the owner has had its share since

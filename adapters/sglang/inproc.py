@@ -239,10 +239,13 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     # ----- plumbing -----
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T], urgent: bool = False) -> T:
+        """``fn()`` on the scheduler thread; ``urgent`` (actions, stats) ahead of queued reads."""
         def run() -> T:
             if self._run is None or self._in_step() is not None:  # in read_many's step
                 return fn()
+            if self._owner is not None:  # ``_run`` is its ``call``
+                return self._run(fn, self.timeout, urgent)
             return self._run(fn, self.timeout)
 
         return self._mapped(run)
@@ -428,7 +431,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                 geometry=self.geometry,
             )
 
-        return self._call(read)
+        return self._call(read, urgent=True)  # cheap, and what health checks read
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
@@ -652,7 +655,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     def plan_close(self, session_id: str) -> ClosePlanView:
         self._need_sessions()
-        return self._call(lambda: self._plan(session_id))
+        return self._call(lambda: self._plan(session_id), urgent=True)
 
     def _refuse_if_read_only(self, action: str) -> None:
         if self.read_only:
@@ -678,7 +681,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             return plan, CloseResultView(session_id, plan.policy, already, freed_ids, freed_tokens,
                                          freed_tokens * self.bpt, plan.released_holds)
 
-        return self._call(act)
+        return self._call(act, urgent=True)
 
     def _evict(self, num_tokens: int) -> tuple[int, int]:
         """(tokens, nodes) SGLang's own ``evict`` freed (owner thread)."""
@@ -694,7 +697,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             tokens, nodes = self._evict(num_tokens)
             return EvictResultView(num_tokens, tokens, nodes, tokens * self.bpt)
 
-        return self._call(act)
+        return self._call(act, urgent=True)
 
     def flush(self) -> FlushResultView:
         self._refuse_if_read_only("flush")
@@ -706,4 +709,4 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                        if locked else f"freed {tokens:,} tokens")
             return FlushResultView(tokens, nodes, tokens * self.bpt, True, message)
 
-        return self._call(act)
+        return self._call(act, urgent=True)

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixtop.gpu_backend.engine import Engine
-from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout
+from radixtop.gpu_backend.owner_queue import READ_BUDGET_S, OwnerQueue, OwnerStopped, OwnerTimeout
 from radixtop.gpu_backend.workload import WorkloadConfig
 from tests.conftest import make_scheduler
 
@@ -406,3 +406,52 @@ def report_counts():
     if path := os.environ.get("RADIXTOP_SECURITY_REPORT"):
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
+
+
+# ----- reads bounded, actions first (a flood of tokenless reads must not starve the engine) -----
+
+
+def _queue_from_threads(owner: OwnerQueue, calls: list[tuple[Any, bool]]) -> list[threading.Thread]:
+    """Each ``(fn, urgent)`` queued from a thread of its own, in order; returns once all wait."""
+    threads = []
+    for fn, urgent in calls:
+        t = threading.Thread(target=owner.call, args=(fn, 10.0), kwargs={"urgent": urgent}, daemon=True)
+        t.start()
+        threads.append(t)
+        while owner.pending() < len(threads):
+            time.sleep(0.001)
+    return threads
+
+
+def test_actions_and_health_run_ahead_of_queued_reads():
+    owner = OwnerQueue("test owner")
+    order: list[str] = []
+    threads = _queue_from_threads(owner, [(lambda k=k: order.append(f"read{k}"), False) for k in range(3)]
+                                  + [(lambda: order.append("evict"), True)])
+    owner.step(idle=True)
+    for t in threads:
+        t.join(5)
+    assert order == ["evict", "read0", "read1", "read2"]
+
+
+def test_a_busy_owner_gives_reads_a_bounded_slice_per_step_and_a_share_overall():
+    owner = OwnerQueue("test owner")
+    ran: list[int] = []
+
+    def read(k: int) -> None:
+        time.sleep(0.002)
+        ran.append(k)
+
+    threads = _queue_from_threads(owner, [(lambda k=k: read(k), False) for k in range(20)])
+    owner.step()  # a busy owner's step: reads until READ_BUDGET_S is spent
+    first = len(ran)
+    assert 1 <= first <= READ_BUDGET_S // 0.002 + 1
+    owner.step()  # at once again: the reads had their share of the owner for now
+    assert len(ran) == first
+    urgent = _queue_from_threads(owner, [(lambda: ran.append(-1), True)])
+    owner.step()  # an action is never held back by the reads' share
+    assert ran[-1] == -1
+    owner.step(idle=True)  # an idle owner has time for them all
+    assert sorted(k for k in ran if k >= 0) == list(range(20))
+    for t in threads + urgent:
+        t.join(5)

@@ -47,7 +47,8 @@ def test_read_many_is_one_pass_on_the_owner_thread(adapter, monkeypatch):
     batch runs in one step of it (one view). After it a read is its own call again."""
     engine, reads, calls = adapter.engine, known_reads(adapter), []
     call, call_steps = engine.call, engine.owner.call_steps
-    monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0: (calls.append(fn), call(fn, timeout))[1])
+    monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0, urgent=False: (calls.append(fn),
+                                                                         call(fn, timeout, urgent))[1])
     monkeypatch.setattr(engine.owner, "call_steps", lambda steps, timeout: (calls.append(steps),
                                                                               call_steps(steps, timeout))[1])
     got = adapter.read_many([*reads, ("node", (987654,))])

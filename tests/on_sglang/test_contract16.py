@@ -78,7 +78,7 @@ def test_read_many_is_one_pass_on_the_scheduler_thread():
         reads, passes, threads = known_reads(a), [], set()
         call_steps, run = a._owner.call_steps, a._run
         a._owner.call_steps = lambda steps, timeout: (passes.append(steps), call_steps(steps, timeout))[1]
-        a._run = lambda fn, timeout: (passes.append(fn), run(fn, timeout))[1]
+        a._run = lambda fn, timeout, urgent=False: (passes.append(fn), run(fn, timeout, urgent))[1]
         stats = a.stats
         a.stats = lambda: (threads.add(threading.current_thread().name), stats())[1]
         got = a.read_many([*reads, ("node", (987654,))])
