@@ -27,7 +27,8 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 Url = Annotated[str, typer.Option("--url", envvar="RADIXTOP_URL", help="radixtop server to talk to.")]
 Token = Annotated[
     str | None,
-    typer.Option("--token", envvar="RADIXTOP_TOKEN", help="Bearer token for actions (never printed).",
+    typer.Option("--token", envvar="RADIXTOP_TOKEN", help="Bearer token for actions (never printed). Prefer the RADIXTOP_TOKEN "
+                 "variable: a command line is visible to every user in ps.",
                  show_default=False),
 ]
 Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the target.")]
