@@ -7,8 +7,11 @@ publisher's replay socket after a sequence jump, and keeps the tree of stored bl
 tree: a node is a run of blocks with no branch inside, so SGLang's one-token pages (its default
 ``page_size`` of 1) still read as whole prompts. One adapter follows one DP rank (each rank
 publishes on its own port: the base port plus the rank); :meth:`KvEventsAdapter.for_ranks` opens
-one per rank. Nothing in the events says who holds a node or what is locked: sessions, actions,
-lock counts, hit counts and capacity are unavailable, and the capabilities say so.
+one per rank. Nothing in the events says what is locked: actions, lock counts, hit counts and
+capacity are unavailable, and the capabilities say so. Sessions are known where the stream says
+which session's request stored each block (``session_id``, SGLang 0.5.19+): a node's holders are
+those sessions, and the sessions read attributes the tree to them (``SessionFigures``); before
+the stream has carried one, sessions are unavailable (unknown, not none).
 """
 
 from __future__ import annotations
@@ -25,8 +28,14 @@ from typing import Any, NoReturn
 
 import zmq
 
-from radixtop.adapters.base import MAX_MATCH_TOKENS, CacheAdapter, check_child_order, check_page
-from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, Unsupported
+from radixtop.adapters.base import (
+    MAX_MATCH_TOKENS,
+    CacheAdapter,
+    check_child_order,
+    check_page,
+    check_sessions_read,
+)
+from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
 from radixtop.adapters.model import (
     ROOT_ID,
     Capabilities,
@@ -42,9 +51,19 @@ from radixtop.adapters.model import (
     NodeView,
     SessionDetail,
     SessionsPage,
+    SessionView,
     Stats,
 )
-from radixtop.adapters.sglang.kv_events_decode import BlockTree, Cleared, DecodeError, Stored, TreeNode, decode_batch
+from radixtop.adapters.sglang.kv_events_decode import (
+    BlockTree,
+    Cleared,
+    DecodeError,
+    SessionFigures,
+    Stored,
+    TreeAttribution,
+    TreeNode,
+    decode_batch,
+)
 from radixtop.adapters.units import TEXT_TOKENS, decode_preview
 
 log = logging.getLogger(__name__)
@@ -53,6 +72,19 @@ END_SEQ = -1
 """The replay socket's end-of-replay marker (sequence -1, signed)."""
 SUB_HWM = 100_000
 """Batches the subscriber queues before ZMQ drops (a drop is a gap, filled from the replay)."""
+
+ATTRIBUTION_MAX_AGE_S = 1.0
+"""A sessions read reuses the last attribution this long while the tree changes."""
+_SESSION_KEYS = {  # over (id, figures): each order's first rows are what it is about
+    "exclusive_bytes": lambda r: (-r[1].exclusive, r[0]),
+    "shared_bytes": lambda r: (-(r[1].path - r[1].exclusive), r[0]),
+    "fair_share_bytes": lambda r: (-r[1].fair, r[0]),
+    "locked_tokens": lambda r: r[0],
+    "tagged_nodes": lambda r: (-r[1].tagged_nodes, r[0]),
+    "last_activity": lambda r: (r[1].last_store is None, -(r[1].last_store or 0.0), r[0]),
+    "state": lambda r: r[0],
+    "id": lambda r: r[0],
+}
 
 _CHILD_KEYS = {
     "bytes": lambda n: (-n.subtree_tokens, n.id),
@@ -154,6 +186,9 @@ class KvEventsAdapter(CacheAdapter):
         self._removed_tokens = 0
         self._last_batch_at: float | None = None
         self._last_error: str | None = None
+        self._sessions_seen = False  # a BlockStored with a session_id has been applied
+        self._attribution: TreeAttribution | None = None
+        self._attributed_at = 0.0
         self._stop = threading.Event()
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
@@ -228,6 +263,7 @@ class KvEventsAdapter(CacheAdapter):
         with self._lock:
             self._tree.clear(time.time())
             self._counts["restarts"] += 1
+            self._sessions_seen = False
             self._last_seq, self._last_ts, self._complete = -1, None, True
 
     def _fill_gap(self, end: int) -> None:
@@ -266,7 +302,8 @@ class KvEventsAdapter(CacheAdapter):
 
     def _replay(self, start: int, end: int) -> list[tuple[int, bytes]]:
         """The buffered batches ``start .. end-1`` (SGLang's and vLLM's ROUTER protocol: send the
-        start sequence as 8 big-endian bytes; get ``seq, payload`` frames, then seq -1)."""
+        start sequence as 8 big-endian bytes; get ``seq, payload`` frames, then seq -1; SGLang
+        0.5.23 puts the topic before the sequence, as its live stream does)."""
         if self.replay_endpoint is None:
             return []
         self._count("replays")
@@ -281,13 +318,13 @@ class KvEventsAdapter(CacheAdapter):
                 if not dealer.poll(int(left * 1000) + 1):
                     break
                 frames = dealer.recv_multipart()
-                if len(frames) != 3:
+                if len(frames) not in (3, 4):  # SGLang 0.5.19+ sends the topic too: "", topic, seq, payload
                     continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
                     return got
                 if start <= seq < end:
-                    got.append((seq, frames[2]))
+                    got.append((seq, frames[-1]))
             with self._lock:
                 self._last_error = f"replay from {self.replay_endpoint} timed out"
             return got
@@ -314,6 +351,7 @@ class KvEventsAdapter(CacheAdapter):
                     self._complete = True
                 elif isinstance(event, Stored):
                     self._block_size = event.block_size
+                    self._sessions_seen |= event.session_id is not None
             self._unknown.update(batch.unknown)
             self._counts["malformed_events"] += batch.malformed
             self._counts["events"] += len(batch.events)
@@ -344,8 +382,14 @@ class KvEventsAdapter(CacheAdapter):
 
     def capabilities(self) -> Capabilities:
         st = self.status()
-        notes = ["read-only: rebuilt from KV events, which carry no sessions, locks, hit counts "
-                 "or capacity, and allow no action"]
+        with self._lock:
+            sessions = self._sessions_seen
+        if sessions:
+            notes = ["read-only: rebuilt from KV events, which allow no action and carry no locks, hit counts "
+                     "or capacity; sessions are those whose requests stored each block (session_id)"]
+        else:
+            notes = ["read-only: rebuilt from KV events, which carry no sessions (no session_id yet: SGLang "
+                     "0.5.19+ sends it), locks, hit counts or capacity, and allow no action"]
         if not self.bytes_per_token:
             notes.append("bytes per token unknown (give a geometry)")
         if st.last_seq < 0:
@@ -355,7 +399,7 @@ class KvEventsAdapter(CacheAdapter):
                          "replay unavailable or its buffer had dropped them)")
         if st.detached_blocks:
             notes.append(f"{st.detached_blocks} blocks whose parent is unknown are not shown")
-        return Capabilities(tree=True, sessions=False, close=False, evict=False, flush=False,
+        return Capabilities(tree=True, sessions=sessions, close=False, evict=False, flush=False,
                             changes=True, read_only=True, reason="; ".join(notes) + ".")
 
     def stats(self) -> Stats:
@@ -364,6 +408,7 @@ class KvEventsAdapter(CacheAdapter):
             tree = self._tree
             total, nodes, version = tree.root.subtree_tokens, len(tree.nodes) - 1, tree.version
             removed, block_size = self._removed_tokens, self._block_size
+            holding = len(tree.holding) if self._sessions_seen else None
         g = self.geometry
         if g is None:
             geometry = Geometry("unknown", 0, 0, 0, "unknown", block_size, bpt)
@@ -372,7 +417,7 @@ class KvEventsAdapter(CacheAdapter):
         # Locks are not in the events: every cached token counts as evictable.
         return Stats(target=self.name, capacity_tokens=cap, free_tokens=max(cap - total, 0) if cap else 0,
                      evictable_tokens=total, protected_tokens=0, running_tokens=0, total_tokens=total,
-                     bytes_per_token=bpt, node_count=nodes, open_sessions=None, closed_sessions=None,
+                     bytes_per_token=bpt, node_count=nodes, open_sessions=holding, closed_sessions=None,
                      prompt_tokens=0, cached_tokens=0, evicted_tokens=removed, closes=0,
                      freed_by_close_tokens=0, version=version, geometry=geometry)
 
@@ -390,7 +435,8 @@ class KvEventsAdapter(CacheAdapter):
             tokens=node.tokens, first_tokens=first, text=decode_preview(self.tokenizer, first), lock_ref=0, hit_count=0,
             access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
             bytes=node.tokens * bpt, subtree_tokens=node.subtree_tokens,
-            subtree_bytes=node.subtree_tokens * bpt, num_children=len(node.children), holders=())
+            subtree_bytes=node.subtree_tokens * bpt, num_children=len(node.children),
+            holders=tuple(sorted(node.holders)))
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
@@ -416,9 +462,10 @@ class KvEventsAdapter(CacheAdapter):
             while up is not None:
                 path_tokens += up.tokens
                 up = up.parent
+            beneath = self._attribute().beneath.get(node_id, 0) if self._sessions_seen else 0
             return NodeDetail(node=self._view(node, node.depth(), time.time()),
                               token_ids=node.token_slice(token_offset, token_limit),
-                              token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=0,
+                              token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=beneath,
                               text=decode_preview(self.tokenizer,
                                                   node.token_slice(token_offset, min(token_limit, TEXT_TOKENS))))
 
@@ -442,27 +489,74 @@ class KvEventsAdapter(CacheAdapter):
     def export(self) -> Iterator[dict[str, Any]]:
         with self._lock:  # copy first: rows are yielded after the lock is released
             version = self._tree.version
-            rows = [(n.id, n.parent.id, n.tokens) for n in self._tree.iter_nodes()]
+            rows = [(n.id, n.parent.id, n.tokens, tuple(sorted(n.holders))) for n in self._tree.iter_nodes()]
         yield {"version": version, "bytes_per_token": self.bytes_per_token, "node_count": len(rows),
                "root_id": ROOT_ID}
-        for node_id, parent, tokens in rows:
+        for node_id, parent, tokens, holders in rows:
             yield {"id": node_id, "parent": parent, "tokens": tokens, "lock_ref": 0, "hit_count": 0,
-                   "holders": ()}
+                   "holders": holders}
 
-    # ----- what the events cannot tell, and actions -----
+    # ----- sessions: who stored each block, where the stream says -----
 
     def _no_sessions(self) -> NoReturn:
-        raise Unsupported(f"{self.name}: KV events carry no sessions")
+        raise Unsupported(f"{self.name}: this KV-event stream has carried no session_id (SGLang 0.5.19+ sends it)")
+
+    def _attribute(self) -> TreeAttribution:
+        """The tree's attribution (under the lock): made again when the tree has changed and the
+        last one is older than ATTRIBUTION_MAX_AGE_S."""
+        a = self._attribution
+        if a is None or (a.version != self._tree.version
+                         and time.monotonic() - self._attributed_at >= ATTRIBUTION_MAX_AGE_S):
+            a = self._attribution = self._tree.attribute()
+            self._attributed_at = time.monotonic()
+        return a
+
+    def _session_view(self, sid: str, f: SessionFigures, now: float) -> SessionView:
+        bpt = self.bytes_per_token
+        return SessionView(id=sid, state="open", tagged_nodes=f.tagged_nodes, exclusive_bytes=f.exclusive * bpt,
+                           shared_bytes=(f.path - f.exclusive) * bpt, fair_share_bytes=round(f.fair * bpt),
+                           locked_tokens=0,
+                           last_activity_age_s=None if f.last_store is None else max(0.0, now - f.last_store))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
-        self._no_sessions()
+        """The sessions whose requests stored blocks still cached (all "open": the events do not
+        say when a session closes; locks are not in them, so ``locked_tokens`` reads 0)."""
+        check_sessions_read(order, offset, limit, contains)
+        with self._lock:
+            if not self._sessions_seen:
+                self._no_sessions()
+            a = self._attribute()
+            current = a.version == self._tree.version
+        now, needle = time.time(), contains.lower()
+        rows = [r for r in a.sessions.items() if needle in r[0].lower() or needle == "open"]
+        rows.sort(key=_SESSION_KEYS[order], reverse=reverse)
+        views = tuple(self._session_view(sid, f, now) for sid, f in rows[offset : offset + limit])
+        return SessionsPage(offset, limit, len(rows), order, views,
+                            figures_age_s=max(0.0, time.monotonic() - self._attributed_at), contains=contains,
+                            reverse=reverse, all_sessions=len(a.sessions), figures_current=current)
 
     def session(self, session_id: str) -> SessionDetail:
-        self._no_sessions()
+        with self._lock:
+            if not self._sessions_seen:
+                self._no_sessions()
+            a = self._attribute()
+            if session_id in self._tree.holding and session_id not in a.sessions:  # newer than the figures
+                self._attribution = None
+                a = self._attribute()
+            figures = a.sessions.get(session_id)
+            if figures is None or session_id not in self._tree.holding:
+                raise UnknownSession(f"no cached block was stored by session {session_id!r}")
+            node_ids = tuple(n.id for n in self._tree.iter_nodes() if session_id in n.holders)
+        return SessionDetail(self._session_view(session_id, figures, time.time()), node_ids)
 
     def plan_close(self, session_id: str) -> ClosePlanView:
-        self._no_sessions()
+        with self._lock:
+            if not self._sessions_seen:
+                self._no_sessions()
+        self._refuse(f"close of session {session_id!r}")
+
+    # ----- actions -----
 
     def _refuse(self, action: str) -> NoReturn:
         raise ReadOnly(f"{self.name} is read-only (it only listens to KV events): {action} refused")

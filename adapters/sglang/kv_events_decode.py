@@ -3,11 +3,22 @@ event batches (msgpack), and the block tree the events build (``BlockTree``).
 
 What is on the wire (each ZMQ message is ``topic, seq (8 bytes, big-endian), payload``), by version:
 
-* SGLang 0.5.x: ``array_like`` tagged structs. A batch is ``[ts, events, attn_dp_rank]``; an event is
+* SGLang up to 0.5.17 (0.5.16 here): ``array_like`` tagged structs. A batch is
+  ``[ts, events, attn_dp_rank]``; an event is
   ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
   ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. Hashes are signed int64
   (the first 8 bytes of the page's SHA-256); ``medium`` is ``"GPU"`` (device), ``"CPU_PINNED"``,
-  ``"DISK"`` or ``"EXTERNAL"`` (HiCache tiers). Bigram (EAGLE) pages carry ``[t, t_next]`` pairs.
+  ``"DISK"`` or ``"EXTERNAL"`` (HiCache tiers; the first releases said ``"CPU_TIER1"`` and
+  ``"CPU_TIER2"`` for host and disk, read here as today's names). Bigram (EAGLE) pages carry
+  ``[t, t_next]`` pairs.
+* SGLang 0.5.18-0.5.19: the same arrays, with a ``BlockStoredMetadata`` map at position 7 (after
+  ``medium``) when the stored node has one: ``{"cache_salt"}`` (sgl-project/sglang#30827), then
+  ``{"cache_salt", "session_id"}``. Where vLLM's arrays have ``lora_name`` (a string) there.
+* SGLang 0.5.19+ (0.5.23 here, #37482): events are tagged maps, ``{"type": "BlockStored",
+  "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+  "cache_salt", "session_id", "lora_name"}``, optional fields left out when None; the batch stays
+  an array. ``session_id`` is the session of the request that stored the blocks (attribution
+  only: others may share them).
 * older vLLM (0.9-era): the same arrays without ``medium`` and without the batch's rank.
 * vLLM now: maps, not arrays: ``{"ts", "events", "data_parallel_rank"}`` and events tagged by
   ``"type"``, with more trailing fields (``lora_name``, ``extra_keys``, ``group_idx``,
@@ -35,6 +46,10 @@ BlockHash = Union[int, bytes]
 
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
                  "lora_name", "extra_keys", "group_idx")
+"""An array ``BlockStored``'s fields in order (vLLM's; SGLang 0.5.18's metadata map takes
+``lora_name``'s place)."""
+MEDIUM_ALIASES = {"CPU_TIER1": "CPU_PINNED", "CPU_TIER2": "DISK"}
+"""Tier names of SGLang's first ``medium`` releases (#18205), as it names them now."""
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 BATCH_FIELDS = ("ts", "events", "rank")
 RANK_KEYS = ("attn_dp_rank", "data_parallel_rank")
@@ -54,6 +69,9 @@ class Stored:
     block_size: int
     medium: str | None = None
     group_idx: int | None = None
+    cache_salt: str | None = None
+    session_id: str | None = None
+    """The session of the request that stored these blocks (SGLang 0.5.19+; None: not said)."""
 
     def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
         """(hash, tokens) of each block, root-ward first."""
@@ -116,6 +134,10 @@ def _optional_int(value: Any) -> int | None:
 
 
 def _medium(value: Any) -> str | None:
+    return MEDIUM_ALIASES.get(value, value) if isinstance(value, str) else None
+
+
+def _optional_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
@@ -130,8 +152,12 @@ def _event(tag: str, body: Any) -> Event:
             size = len(tokens) // len(hashes) if hashes else 0
         if not hashes or -(-len(tokens) // size) != len(hashes):  # the last block may be partial
             raise ValueError(f"{len(hashes)} blocks of {size} tokens do not hold {len(tokens)} tokens")
+        meta = f if isinstance(body, dict) else f.get("lora_name")  # 0.5.18's map at position 7
+        if not isinstance(meta, dict):
+            meta = {}
         return Stored(hashes, None if parent is None else _hash(parent), tokens, size,
-                      _medium(f.get("medium")), _optional_int(f.get("group_idx")))
+                      _medium(f.get("medium")), _optional_int(f.get("group_idx")),
+                      _optional_str(meta.get("cache_salt")), _optional_str(meta.get("session_id")))
     if tag == "BlockRemoved":
         f = _fields(body, REMOVED_FIELDS)
         return Removed(tuple(_hash(h) for h in f["block_hashes"]), _medium(f.get("medium")),
@@ -184,19 +210,20 @@ BlockKey = Union[BlockHash, tuple[int, BlockHash]]
 
 
 class _Block:
-    __slots__ = ("key", "parent_key", "tokens", "node", "refs")
+    __slots__ = ("key", "parent_key", "tokens", "node", "refs", "sessions")
 
     def __init__(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...]):
         self.key, self.parent_key, self.tokens = key, parent_key, tokens
         self.node: TreeNode | None = None  # None while detached (its parent block is unknown)
         self.refs = 1
+        self.sessions: frozenset[str] = frozenset()  # the sessions whose requests stored it
 
 
 class TreeNode:
     """A run of blocks, each the only child of the one before (no branch inside a node)."""
 
     __slots__ = ("id", "parent", "blocks", "children", "tokens", "subtree_tokens", "created",
-                 "accessed", "created_version")
+                 "accessed", "created_version", "holders")
 
     def __init__(self, node_id: int, parent: TreeNode | None, ts: float):
         self.id, self.parent = node_id, parent
@@ -205,6 +232,8 @@ class TreeNode:
         self.tokens = self.subtree_tokens = 0
         self.created = self.accessed = ts
         self.created_version = 0
+        self.holders: dict[str, int] = {}
+        """Session -> how many of this node's blocks its requests stored."""
 
     def depth(self) -> int:
         depth, node = 0, self.parent
@@ -227,6 +256,28 @@ class TreeNode:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionFigures:
+    """One session's share of the tree, in tokens. Its *path*: the blocks its requests stored
+    and every block above them. ``exclusive``: on no other session's path; ``path - exclusive``
+    is shared; ``fair``: each block of the path split evenly among the sessions whose paths
+    cross it. ``last_store``: the batch time of its latest store."""
+
+    tagged_nodes: int
+    exclusive: int
+    path: int
+    fair: float
+    last_store: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeAttribution:
+    version: int
+    sessions: dict[str, SessionFigures]
+    beneath: dict[int, int]
+    """Node id -> distinct sessions whose stored blocks are in it or below it."""
+
+
+@dataclass(frozen=True, slots=True)
 class TreeMatch:
     matched: int
     node: TreeNode
@@ -242,7 +293,9 @@ class BlockTree:
     unknown waits, detached and not shown, until its parent is stored; removing a block that
     still has descendants (vLLM may evict a parent first) detaches them. A hash stored twice
     (duplicate events) needs as many removals. ``version`` counts changes; the journal of
-    touched ids answers ``changes(since)`` like the bundled cache's.
+    touched ids answers ``changes(since)`` like the bundled cache's. A block stored by a
+    session's request (``session``) holds that session: a node's ``holders`` are the sessions
+    of its blocks, and ``holding`` counts, per session, the nodes it holds.
     """
 
     def __init__(self) -> None:
@@ -259,12 +312,31 @@ class BlockTree:
         self.blocks: dict[BlockKey, _Block] = {}
         self.waiting: dict[BlockKey, list[_Block]] = {}
         self.detached_tokens = 0
+        self.holding: Counter[str] = Counter()
+        self.last_store: dict[str, float] = {}
         self.version += 1
         self._journal.clear()
         self._journal_floor = self.version
 
     def detached_blocks(self) -> int:
         return sum(len(w) for w in self.waiting.values())
+
+    def _hold(self, node: TreeNode, sessions: frozenset[str], sign: int) -> None:
+        """A block's ``sessions`` join (+1) or leave (-1) ``node``'s holders."""
+        for sid in sessions:
+            n = node.holders.get(sid, 0) + sign
+            if n > 0:
+                if sid not in node.holders:
+                    self.holding[sid] += 1
+                node.holders[sid] = n
+            else:
+                del node.holders[sid]
+                self._release(sid)
+
+    def _release(self, sid: str) -> None:
+        self.holding[sid] -= 1
+        if not self.holding[sid]:
+            del self.holding[sid]
 
     def _touch(self, node: TreeNode) -> None:
         self.version += 1
@@ -296,16 +368,27 @@ class BlockTree:
             parent = (group, parent)
         for h, tokens in event.blocks():
             key = h if group is None else (group, h)
-            self.store(key, parent, tokens, ts)
+            self.store(key, parent, tokens, ts, event.session_id)
             parent = key
         return 0
 
-    def store(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...], ts: float) -> None:
+    def store(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...], ts: float,
+              session: str | None = None) -> None:
+        if session is not None:
+            self.last_store[session] = ts
         block = self.blocks.get(key)
         if block is not None:
             block.refs += 1
+            if session is not None and session not in block.sessions:
+                added = frozenset((session,))
+                block.sessions |= added
+                if block.node is not None:
+                    self._hold(block.node, added, +1)
+                    self._touch(block.node)
             return
         block = self.blocks[key] = _Block(key, parent_key, tokens)
+        if session is not None:
+            block.sessions = frozenset((session,))
         pending = [block]
         while pending:
             block = pending.pop()
@@ -330,6 +413,7 @@ class BlockTree:
             elif not parent.children:
                 parent.blocks.append(block)
                 block.node = parent
+                self._hold(parent, block.sessions, +1)
                 self._resize(parent, len(block.tokens), ts)
                 self._touch(parent)
                 return
@@ -337,6 +421,7 @@ class BlockTree:
         self._next_id += 1
         node.blocks.append(block)
         block.node = node
+        self._hold(node, block.sessions, +1)
         parent.children[block.key] = node
         self.nodes[node.id] = node
         self._resize(node, len(block.tokens), ts)
@@ -356,6 +441,8 @@ class BlockTree:
             child.parent = tail
         for block in tail.blocks:
             block.node = tail
+            self._hold(node, block.sessions, -1)
+            self._hold(tail, block.sessions, +1)
         tail.tokens = sum(len(b.tokens) for b in tail.blocks)
         node.tokens -= tail.tokens
         tail.subtree_tokens = node.subtree_tokens - node.tokens
@@ -387,6 +474,7 @@ class BlockTree:
         for child in list(node.children.values()):
             self._detach(child)
         node.blocks.pop()
+        self._hold(node, block.sessions, -1)
         block.node = None
         self._resize(node, -n)
         self._touch(node)
@@ -407,6 +495,9 @@ class BlockTree:
             node = stack.pop()
             del self.nodes[node.id]
             self._touch(node)
+            for sid in node.holders:
+                self._release(sid)
+            node.holders = {}
             for block in node.blocks:
                 block.node = None
                 self.waiting.setdefault(block.parent_key, []).append(block)
@@ -446,6 +537,43 @@ class BlockTree:
             else:
                 changed.append(node_id)
         return Changes(since, self.version, False, tuple(added), tuple(changed), tuple(removed))
+
+    def attribute(self) -> TreeAttribution:
+        """Every holding session's figures (:class:`SessionFigures`), in one pass, children
+        before parents; within a node, blocks leaf-first (the sessions beneath only grow)."""
+        tagged: Counter[str] = Counter()
+        exclusive: Counter[str] = Counter()
+        path: Counter[str] = Counter()
+        fair: dict[str, float] = {}
+        beneath: dict[int, int] = {}
+        top: dict[int, frozenset[str]] = {}
+
+        def add(tokens: int, sids: frozenset[str]) -> None:
+            if not tokens or not sids:
+                return
+            share = tokens / len(sids)
+            for sid in sids:
+                path[sid] += tokens
+                fair[sid] = fair.get(sid, 0.0) + share
+            if len(sids) == 1:
+                exclusive[next(iter(sids))] += tokens
+
+        for node in reversed(list(self.iter_nodes())):
+            sids: frozenset[str] = frozenset().union(*(top.pop(c.id) for c in node.children.values()))
+            run = 0
+            for block in reversed(node.blocks):
+                if not block.sessions <= sids:
+                    add(run, sids)
+                    run, sids = 0, sids | block.sessions
+                run += len(block.tokens)
+            add(run, sids)
+            top[node.id] = sids
+            beneath[node.id] = len(sids)
+            tagged.update(node.holders.keys())
+        beneath[0] = len(frozenset().union(*top.values()))
+        sessions = {sid: SessionFigures(tagged[sid], exclusive[sid], path[sid], fair.get(sid, 0.0),
+                                        self.last_store.get(sid)) for sid in tagged}
+        return TreeAttribution(self.version, sessions, beneath)
 
     def iter_nodes(self) -> Iterator[TreeNode]:
         """Every node but the root, parents before children."""

@@ -494,6 +494,43 @@ def test_sglang_shape_with_extra_and_missing_trailing_fields():
                             Removed((12,), "GPU"), Removed((13,)), Cleared()]
 
 
+def test_every_sglang_event_shape_and_medium(sgl):
+    """The shapes SGLang has shipped. 0.5.16: SGLang's own array structs (encoded by its classes).
+    0.5.18-0.5.19: the same arrays with a ``BlockStoredMetadata`` map at position 7 when the
+    stored node has a ``cache_salt`` (sgl-project/sglang#30827; #37482 first put ``session_id``
+    in that map too): that version is not installed, so the payload is written here. 0.5.19+:
+    tagged maps (#37482; 0.5.23's classes are tested in test_kv_events23.py). Older media
+    (CPU_TIER1, CPU_TIER2, #18205) read as today's names (CPU_PINNED, DISK)."""
+    old = sgl.kv_events
+    v16 = decode_batch(_pack(old.KVEventBatch(ts=1.0, attn_dp_rank=0, events=[
+        old.BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[5], block_size=1, lora_id=None,
+                        medium="GPU"),
+        old.BlockRemoved(block_hashes=[1], medium="CPU_PINNED"), old.AllBlocksCleared()])))
+    assert v16.events == [Stored((1,), None, (5,), 1, "GPU"), Removed((1,), "CPU_PINNED"), Cleared()]
+    v18 = decode_batch(_pack([2.0, [
+        ["BlockStored", [11], None, [1, 2], 2, None, "GPU", {"cache_salt": "salt"}],
+        ["BlockStored", [12], 11, [3, 4], 2, None, "CPU_TIER1", {"cache_salt": "salt", "session_id": "a"}],
+        ["BlockStored", [13], 12, [5, 6], 2, None, "CPU_TIER2", {}],
+        ["BlockRemoved", [13], "CPU_TIER2"],
+    ], 0]))
+    assert v18.malformed == 0 and v18.events == [
+        Stored((11,), None, (1, 2), 2, "GPU", cache_salt="salt"),
+        Stored((12,), 11, (3, 4), 2, "CPU_PINNED", cache_salt="salt", session_id="a"),
+        Stored((13,), 12, (5, 6), 2, "DISK"), Removed((13,), "DISK")]
+    v19 = decode_batch(_pack([3.0, [
+        {"type": "BlockStored", "block_hashes": [21], "parent_block_hash": None, "token_ids": [7, 8],
+         "block_size": 2, "lora_id": None, "medium": "EXTERNAL", "cache_salt": "s", "session_id": "b"},
+        {"type": "BlockStored", "block_hashes": [22], "parent_block_hash": 21, "token_ids": [9, 9],
+         "block_size": 2, "lora_id": None},  # optional fields left at None are omitted
+        {"type": "BlockRemoved", "block_hashes": [22], "medium": "CPU_TIER1"}, {"type": "AllBlocksCleared"},
+    ], 1]))
+    assert v19.rank == 1 and v19.malformed == 0 and v19.events == [
+        Stored((21,), None, (7, 8), 2, "EXTERNAL", cache_salt="s", session_id="b"),
+        Stored((22,), 21, (9, 9), 2), Removed((22,), "CPU_PINNED"), Cleared()]
+    odd = decode_batch(_pack([4.0, [["BlockStored", [31], None, [1], 1, None, "GPU", {"session_id": 7}]]]))
+    assert odd.events == [Stored((31,), None, (1,), 1, "GPU")]  # a metadata value of the wrong type is dropped
+
+
 def test_old_vllm_arrays_without_medium_or_rank():
     batch = decode_batch(_pack([2.0, [["BlockStored", [1, 2], None, [5, 6, 7, 8], 2, None],
                                       ["BlockRemoved", [2]]]]))
@@ -613,6 +650,34 @@ def test_block_tree_detaches_orphans_and_reattaches_them():
     v = tree.version
     tree.clear(4.0)
     assert tree.changes(v).resync and len(tree.nodes) == 1 and tree.blocks == {}
+
+
+def test_block_tree_holders_follow_splits_removals_and_orphans():
+    """A block stored by a session's request holds that session (SGLang 0.5.19+'s session_id):
+    a node's holders are its blocks' sessions, through splits, removals, orphans and clears."""
+    tree = BlockTree()
+    tree.store("a", None, (1,), 1.0, "s1")
+    tree.store("b", "a", (2,), 1.0, "s1")
+    tree.store("c", "b", (3,), 1.0)  # a request without a session
+    top = next(tree.iter_nodes())
+    assert top.holders == {"s1": 2} and tree.holding == {"s1": 1}
+    tree.store("x", "a", (9,), 2.0, "s2")  # splits after a
+    tail = tree.blocks["b"].node
+    assert top.holders == {"s1": 1} and tail.holders == {"s1": 1} and tree.holding == {"s1": 2, "s2": 1}
+    v = tree.version
+    tree.store("a", None, (1,), 3.0, "s2")  # stored again by another session: it holds the block too
+    assert top.holders == {"s1": 1, "s2": 1} and top.id in tree.changes(v).changed
+    att = tree.attribute()
+    assert att.beneath[top.id] == 2 and att.beneath[0] == 2
+    s1, s2 = att.sessions["s1"], att.sessions["s2"]
+    assert (s1.tagged_nodes, s1.exclusive, s1.path, s1.fair) == (2, 1, 2, 1.5)  # b is its own; a shared
+    assert (s2.tagged_nodes, s2.exclusive, s2.path, s2.fair, s2.last_store) == (2, 1, 2, 1.5, 3.0)
+    assert tree.remove("b") == 1  # c waits, detached: its node and holders go
+    assert tail.id not in tree.nodes and tree.holding == {"s1": 1, "s2": 2}
+    tree.remove("x")
+    assert tree.holding == {"s1": 1, "s2": 1}
+    tree.clear(4.0)
+    assert tree.holding == {} and tree.attribute().sessions == {}
 
 
 # ----- a read-only target -----

@@ -1,0 +1,192 @@
+"""The KV-events adapter against SGLang 0.5.23's own event recorder and ZMQ publisher.
+
+0.5.23 publishes tagged msgpack maps (sgl-project/sglang#37482) with ``session_id`` on
+``BlockStored``, and its replay socket sends the topic frame too. The "server" here is what its
+scheduler builds: a ``UnifiedRadixCache`` (Python tree core, sessions on) recording KV events,
+driven request by request (tests/on_sglang/ref/drive23.py), whose ``take_events()`` go out
+through SGLang's ``ZmqEventPublisher`` made by its ``EventPublisherFactory``.
+
+Needs sglang 0.5.23 (``.venv-sglang23``; tests/conftest.py collects this file only there).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import SGLANG_VERSION
+
+if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
+    raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "
+                       "(.ci/setup-sglang23), as .ci/test does")
+
+import atexit  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+
+import msgspec  # noqa: E402
+
+from radixtop.adapters.errors import ReadOnly, UnknownSession  # noqa: E402
+from radixtop.adapters.model import ROOT_ID  # noqa: E402
+from radixtop.adapters.sglang.kv_events import KvEventsAdapter  # noqa: E402
+from radixtop.adapters.sglang.kv_events_decode import Cleared, Removed, Stored, decode_batch  # noqa: E402
+from tests.on_sglang.ref import drive23  # noqa: E402
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    try:
+        base = drive23.import_sglang23()
+    except drive23.SGLang23UnavailableError as exc:  # pragma: no cover - a broken install
+        pytest.fail(str(exc))
+    from sglang.srt.disaggregation import kv_events
+
+    base.kv_events = kv_events
+    return base
+
+
+def free_ports(n: int) -> int:
+    rng = random.Random()
+    for _ in range(200):
+        base, socks = rng.randrange(20_000, 60_000), []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+class Server:
+    """One DP rank of a 0.5.23 server: its cache recording KV events, and its publisher."""
+
+    def __init__(self, sgl, port: int, replay_port: int | None):
+        self.sgl, self.seq = sgl, -1
+        drive23._publish_server_args(sgl, 1, sessions=True)
+        kv_pool, allocator, rtp = drive23._build_pools(sgl, 256, 1, drive23.KVGeometry(), 16, 4096)
+        self.cache = sgl.UnifiedRadixCache(sgl.CacheInitParams(
+            disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=allocator, page_size=1,
+            eviction_policy="lru", tree_components=(sgl.ComponentType.FULL,), enable_session_radix_cache=True,
+            tree_core_backend="python", enable_kv_cache_events=True))
+        self.pools = drive23.Pools(kv_pool, allocator, rtp, 1, kind="unified", sessions=True)
+        config = {"publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+        if replay_port is not None:
+            config["replay_endpoint"] = f"tcp://*:{replay_port}"
+        self.publisher = sgl.kv_events.EventPublisherFactory.create(json.dumps(config), 0)
+
+    def request(self, tokens, output, session_id=None) -> None:
+        if session_id is not None:
+            drive23.open_session(self.cache, session_id)
+        drive23.run_request(self.cache, self.pools, tokens, output, session_id=session_id)
+
+    def publish(self) -> int:
+        self.publisher.publish(self.sgl.kv_events.KVEventBatch(ts=time.time(), events=self.cache.take_events()))
+        self.seq += 1
+        return self.seq
+
+    def close(self) -> None:
+        self.publisher.shutdown()
+        atexit.unregister(self.publisher.shutdown)
+
+
+def catch_up(adapter: KvEventsAdapter, server: Server, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while adapter.status().last_seq < 0:
+        assert time.monotonic() < deadline, "the adapter received nothing"
+        adapter.wait_for_seq(server.publish(), 0.2)
+    assert adapter.wait_for_seq(server.publish(), timeout), adapter.status()
+
+
+def sglang_paths(cache) -> set[tuple[int, ...]]:
+    """Every cached token path (page size 1: every prefix of every node's path)."""
+    out: set[tuple[int, ...]] = set()
+    stack = [(c, ()) for c in drive23.root_node(cache).children.values()]
+    while stack:
+        node, prefix = stack.pop()
+        tokens = tuple(node.key.token_ids)
+        out.update(prefix + tokens[:end] for end in range(1, len(tokens) + 1))
+        stack.extend((c, prefix + tokens) for c in node.children.values())
+    return out
+
+
+def adapter_nodes(adapter: KvEventsAdapter) -> dict[tuple[int, ...], object]:
+    """Each node's whole token path -> its NodeView."""
+    out, stack = {}, [(ROOT_ID, ())]
+    while stack:
+        node_id, prefix = stack.pop()
+        for child in adapter.children(node_id, 0, 1000).children:
+            path = prefix + adapter.node(child.id, 0, 1000).token_ids
+            out[path] = child
+            stack.append((child.id, path))
+    return out
+
+
+def test_the_0523_classes_decode(sgl):
+    """0.5.23's own event classes: tagged maps, media by StorageMedium, optional fields left out."""
+    ke = sgl.kv_events
+    payload = msgspec.msgpack.encode(ke.KVEventBatch(ts=1.0, attn_dp_rank=2, events=[
+        ke.BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=[5, 6], block_size=1, lora_id=None,
+                       medium=ke.StorageMedium.GPU, cache_salt="salt", session_id="s1", lora_name="lora"),
+        ke.BlockStored(block_hashes=[3], parent_block_hash=2, token_ids=[7], block_size=1, lora_id=None,
+                       medium=ke.StorageMedium.CPU),
+        ke.BlockRemoved(block_hashes=[3], medium=ke.StorageMedium.DISK), ke.AllBlocksCleared()]))
+    assert isinstance(msgspec.msgpack.decode(payload)[1][0], dict)  # the wire shape: maps
+    batch = decode_batch(payload)
+    assert batch.rank == 2 and batch.malformed == 0 and not batch.unknown
+    assert batch.events == [Stored((1, 2), None, (5, 6), 1, "GPU", cache_salt="salt", session_id="s1"),
+                            Stored((3,), 2, (7,), 1, "CPU_PINNED"), Removed((3,), "DISK"), Cleared()]
+
+
+def test_sessions_from_a_real_0523_cache_and_its_replay(sgl):
+    """The first requests are published before the adapter subscribes: the gap is filled from
+    0.5.23's replay socket. Blocks stored by a session's request hold that session; blocks a
+    request without a session stored hold none."""
+    port = free_ports(2)
+    server = Server(sgl, port, port + 1)
+    try:
+        server.request([1, 2, 3, 4], [7, 8], "a")  # KV for input + output[:-1]: 1 2 3 4 7
+        server.publish()
+        server.request([1, 2, 3, 5, 6], [9], "b")  # stores 5 6 under 1 2 3
+        server.publish()
+        server.publisher._event_queue.join()
+        with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{port + 1}", bytes_per_token=10) as adapter:
+            catch_up(adapter, server)
+            st = adapter.status()
+            assert st.replays >= 1 and st.replayed_batches >= 2 and st.complete, st
+            server.request([1, 2, 3, 9], [5])  # no session
+            assert adapter.wait_for_seq(server.publish(), 10)
+            st = adapter.status()
+            assert st.last_error is None and st.malformed_events == st.bad_batches == st.detached_blocks == 0
+            nodes = adapter_nodes(adapter)
+            assert {p[:end] for p in nodes for end in range(1, len(p) + 1)} == sglang_paths(server.cache)
+            assert {p: n.holders for p, n in nodes.items()} == {
+                (1, 2, 3): ("a",), (1, 2, 3, 4, 7): ("a",), (1, 2, 3, 5, 6): ("b",), (1, 2, 3, 9): ()}
+            top = nodes[(1, 2, 3)]
+            assert adapter.node(top.id).sessions_beneath == 2
+
+            caps = adapter.capabilities()
+            assert caps.sessions and caps.read_only and not (caps.close or caps.evict or caps.flush)
+            assert adapter.stats().open_sessions == 2
+            page = adapter.sessions(order="id")
+            assert page.total == 2 and [s.id for s in page.sessions] == ["a", "b"]
+            a = page.sessions[0]
+            # a's path: 1 2 3 (shared with b's path) and 4 7 (its own); fair share: 3 tokens split in two.
+            assert (a.tagged_nodes, a.exclusive_bytes, a.shared_bytes, a.fair_share_bytes) == (2, 20, 30, 35)
+            assert a.state == "open" and a.last_activity_age_s is not None
+            assert set(adapter.session("b").node_ids) == {nodes[(1, 2, 3, 5, 6)].id}
+            assert [s.id for s in adapter.sessions(contains="B").sessions] == ["b"]
+            with pytest.raises(UnknownSession):
+                adapter.session("zzz")
+            with pytest.raises(ReadOnly):
+                adapter.close_session("a")
+    finally:
+        server.close()
