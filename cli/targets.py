@@ -11,8 +11,9 @@ import typer
 KvEvents = Annotated[
     str | None,
     typer.Option("--kv-events", envvar="RADIXTOP_KV_EVENTS", show_default=False,
-                 help="Read-only: rebuild the tree from an SGLang/vLLM server's KV-event stream "
-                      "(its --kv-events-config endpoint, e.g. tcp://127.0.0.1:5557)."),
+                 help="Read-only: rebuild the tree from an SGLang/vLLM server's KV-event stream: its "
+                      "--kv-events-config endpoint (e.g. tcp://127.0.0.1:5557), or an SGLang server's URL "
+                      "(e.g. http://127.0.0.1:30000: the publisher from its /server_info)."),
 ]
 KvReplay = Annotated[
     str | None,
@@ -96,9 +97,20 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
             raise MissingExtra(f"--kv-events needs {exc.name}, which is not installed: "
                                "pip install 'radixtop[kv-events]'") from None
 
+        topic, name = "", None
         try:
-            adapter = KvEventsAdapter(kv_events, kv_replay, dp_rank=dp_rank, geometry=geometry,
-                                      capacity_tokens=capacity or 0, tokenizer=load_tokenizer(tokenizer))
+            if kv_events.startswith(("http://", "https://")):  # the server's URL: ask it where it publishes
+                from radixtop.adapters.sglang.kv_events import discover
+
+                found = discover(kv_events, sglang_api_key, timeout)
+                if dp_rank >= found.dp_size:
+                    raise ValueError(f"DP rank {dp_rank} is not published: {kv_events} has "
+                                     f"{found.dp_size} rank{'s' if found.dp_size > 1 else ''}")
+                kv_replay = kv_replay or found.replay_endpoint
+                topic, name = found.topic, f"kv-events rank {dp_rank} of {kv_events}"
+                kv_events = found.endpoint
+            adapter = KvEventsAdapter(kv_events, kv_replay, topic=topic, dp_rank=dp_rank, geometry=geometry,
+                                      capacity_tokens=capacity or 0, name=name, tokenizer=load_tokenizer(tokenizer))
         except AdapterError as exc:
             raise ValueError(exc.message) from None
         return adapter, adapter.name, adapter.close

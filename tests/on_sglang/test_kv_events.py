@@ -11,9 +11,12 @@ path). vLLM's event shapes are encoded by hand with msgspec (vLLM cannot be inst
 from __future__ import annotations
 
 import atexit
+import contextlib
+import http.server
 import json
 import random
 import socket
+import threading
 import time
 import types
 from array import array
@@ -472,6 +475,79 @@ def test_the_adapter_module_loads_neither_torch_nor_textual():
 
     mods = loaded_modules("import radixtop.adapters.sglang.kv_events")
     assert "zmq" in mods and not {"torch", "textual", "radixtop.gpu_backend", "sglang"} & mods
+
+
+# ----- the publisher, from the server's /server_info -----
+
+
+@contextlib.contextmanager
+def info_server(info: dict):
+    """A stand-in for the server's HTTP side: ``GET /server_info`` answers ``info`` (what the real
+    ``/server_info`` builds its ``kv_events`` block with is SGLang's own code, called by the test);
+    the requests' headers are kept in ``.headers``."""
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(dict(self.headers))
+            body = json.dumps(info).encode() if self.path == "/server_info" else b"{}"
+            self.send_response(200 if self.path == "/server_info" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_kv_events_takes_the_servers_url(sgl):
+    """``--kv-events http://host:port``: the publisher from ``/server_info``'s ``kv_events`` block
+    (sgl-project/sglang#25844; 0.5.16 builds it with ``ServerArgs.describe_kv_events_publisher``,
+    without the replay port, which comes from the ``kv_events_config`` beside it); the wildcard
+    host is the URL's. A late join is filled from the replay socket found so."""
+    from sglang.srt.server_args import ServerArgs
+
+    from radixtop.cli.targets import open_external
+
+    port, replay = (base := free_ports(2)), base + 1
+    config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay}"})
+    args = ServerArgs(model_path="dummy", page_size=1, kv_events_config=config)
+    info = {"kv_events_config": config, "kv_events": args.describe_kv_events_publisher(), "version": "0.5.16"}
+    server = Server(sgl, port, replay)
+    try:
+        server.insert([1, 2, 3])
+        server.publish()
+        server.flushed()
+        with info_server(info) as (url, seen):
+            adapter, label, close = open_external(url, None, 0, None, "key", None, None)
+            try:
+                assert (adapter.endpoint, adapter.replay_endpoint) == (f"tcp://127.0.0.1:{port}",
+                                                                        f"tcp://127.0.0.1:{replay}")
+                assert url in label and seen[0]["Authorization"] == "Bearer key"
+                catch_up(adapter, server)
+                assert adapter.status().replayed_batches >= 1
+                assert_same_tree(adapter, server)
+            finally:
+                close()
+            with pytest.raises(ValueError, match="DP rank 1 .* 1 rank"):
+                open_external(url, None, 1, None, None, None, None)
+        with info_server({"kv_events": None, "kv_events_config": None}) as (url, _):
+            with pytest.raises(ValueError, match="no KV events.*--kv-events-config"):
+                open_external(url + "/", None, 0, None, None, None, None)
+        with pytest.raises(ValueError, match="cannot read"):
+            open_external(f"http://127.0.0.1:{free_ports(1)}", None, 0, None, None, None, None, timeout=2)
+    finally:
+        server.close()
 
 
 # ----- tolerant decoding -----

@@ -20,9 +20,11 @@ if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only besi
                        "(.ci/setup-sglang23), as .ci/test does")
 
 import atexit  # noqa: E402
+import http.server  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import socket  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 
 import msgspec  # noqa: E402
@@ -69,7 +71,7 @@ def free_ports(n: int) -> int:
 class Server:
     """One DP rank of a 0.5.23 server: its cache recording KV events, and its publisher."""
 
-    def __init__(self, sgl, port: int, replay_port: int | None):
+    def __init__(self, sgl, port: int, replay_port: int | None, topic: str = ""):
         self.sgl, self.seq = sgl, -1
         drive23._publish_server_args(sgl, 1, sessions=True)
         kv_pool, allocator, rtp = drive23._build_pools(sgl, 256, 1, drive23.KVGeometry(), 16, 4096)
@@ -78,7 +80,7 @@ class Server:
             eviction_policy="lru", tree_components=(sgl.ComponentType.FULL,), enable_session_radix_cache=True,
             tree_core_backend="python", enable_kv_cache_events=True))
         self.pools = drive23.Pools(kv_pool, allocator, rtp, 1, kind="unified", sessions=True)
-        config = {"publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+        config = {"publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": topic}
         if replay_port is not None:
             config["replay_endpoint"] = f"tcp://*:{replay_port}"
         self.publisher = sgl.kv_events.EventPublisherFactory.create(json.dumps(config), 0)
@@ -189,4 +191,56 @@ def test_sessions_from_a_real_0523_cache_and_its_replay(sgl):
             with pytest.raises(ReadOnly):
                 adapter.close_session("a")
     finally:
+        server.close()
+
+
+def serve_info(info: dict) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A stand-in for the server's ``GET /server_info`` answering ``info``."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps(info).encode()
+            self.send_response(200 if self.path == "/server_info" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def test_kv_events_takes_the_servers_url(sgl):
+    """The ``kv_events`` block as 0.5.23 builds it (``describe_kv_events_publisher``, #25844: with
+    the replay port and the topic): the adapter subscribes to the topic and replays from there."""
+    from sglang.srt.runtime_context import describe_kv_events_publisher
+
+    from radixtop.cli.targets import open_external
+
+    port = free_ports(2)
+    config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}",
+                         "topic": "kv"})
+    block = describe_kv_events_publisher(sgl.ServerArgs(model_path="dummy", page_size=1, kv_events_config=config))
+    assert block["replay_endpoint_port_base"] == port + 1 and block["topic"] == "kv"
+    server = Server(sgl, port, port + 1, topic="kv")
+    httpd, url = serve_info({"kv_events": block, "kv_events_config": None})
+    try:
+        server.request([1, 2, 3], [4, 5], "a")
+        server.publish()
+        server.publisher._event_queue.join()
+        adapter, _, close = open_external(url, None, 0, None, None, None, None)
+        try:
+            assert (adapter.endpoint, adapter.replay_endpoint) == (f"tcp://127.0.0.1:{port}",
+                                                                    f"tcp://127.0.0.1:{port + 1}")
+            catch_up(adapter, server)
+            st = adapter.status()
+            assert st.replayed_batches >= 1 and st.complete and adapter.stats().total_tokens == 4
+            assert adapter.children(ROOT_ID).children[0].holders == ("a",)
+        finally:
+            close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
         server.close()
