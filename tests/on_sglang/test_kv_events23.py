@@ -71,15 +71,17 @@ def free_ports(n: int) -> int:
 class Server:
     """One DP rank of a 0.5.23 server: its cache recording KV events, and its publisher."""
 
-    def __init__(self, sgl, port: int, replay_port: int | None, topic: str = ""):
-        self.sgl, self.seq = sgl, -1
-        drive23._publish_server_args(sgl, 1, sessions=True)
+    def __init__(self, sgl, port: int, replay_port: int | None, topic: str = "", core: str = "python"):
+        """``core``: the tree core; "rust" (0.5.23's default) only without sessions."""
+        self.sgl, self.seq, sessions = sgl, -1, core == "python"
+        drive23._publish_server_args(sgl, 1, sessions=sessions)
         kv_pool, allocator, rtp = drive23._build_pools(sgl, 256, 1, drive23.KVGeometry(), 16, 4096)
         self.cache = sgl.UnifiedRadixCache(sgl.CacheInitParams(
             disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=allocator, page_size=1,
-            eviction_policy="lru", tree_components=(sgl.ComponentType.FULL,), enable_session_radix_cache=True,
-            tree_core_backend="python", enable_kv_cache_events=True))
-        self.pools = drive23.Pools(kv_pool, allocator, rtp, 1, kind="unified", sessions=True)
+            eviction_policy="lru", tree_components=(sgl.ComponentType.FULL,), enable_session_radix_cache=sessions,
+            tree_core_backend=core, enable_kv_cache_events=True))
+        assert self.cache._tree_core_backend == core
+        self.pools = drive23.Pools(kv_pool, allocator, rtp, 1, kind="unified", sessions=sessions)
         config = {"publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": topic}
         if replay_port is not None:
             config["replay_endpoint"] = f"tcp://*:{replay_port}"
@@ -243,4 +245,25 @@ def test_kv_events_takes_the_servers_url(sgl):
     finally:
         httpd.shutdown()
         httpd.server_close()
+        server.close()
+
+
+def test_the_default_rust_core_s_events(sgl):
+    """0.5.23's default tree core (Rust): its events, through the same publisher, rebuild the
+    cache's token paths; no session in them, so sessions stay unavailable."""
+    port = free_ports(2)
+    server = Server(sgl, port, None, core="rust")
+    try:
+        with KvEventsAdapter(f"tcp://*:{port}") as adapter:
+            catch_up(adapter, server)
+            for tokens, output in (([1, 2, 3, 4], [7, 8]), ([1, 2, 3, 5, 6], [9]), ([8, 8], [1])):
+                server.request(tokens, output)
+            assert adapter.wait_for_seq(server.publish(), 10)
+            st = adapter.status()
+            assert st.last_error is None and st.malformed_events == st.detached_blocks == 0
+            paths = {p[:end] for p in adapter_nodes(adapter) for end in range(1, len(p) + 1)}
+            assert paths == {(1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), (1, 2, 3, 4, 7), (1, 2, 3, 5), (1, 2, 3, 5, 6),
+                             (8,), (8, 8)}
+            assert not adapter.capabilities().sessions and adapter.stats().open_sessions is None
+    finally:
         server.close()

@@ -94,3 +94,35 @@ def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
         proc.terminate()
         proc.wait(10)
         server.close()
+
+
+async def test_the_dashboard_shows_the_sessions_a_stream_attributes(sgl):  # noqa: F811
+    """0.5.19+'s tagged maps with ``session_id`` (0.5.23's real ones are in test_kv_events23.py),
+    sent through 0.5.16's publisher: the dashboard's sessions table lists who stored the blocks,
+    and a close is refused (read-only), in words."""
+    from radixtop.inspector.app import RadixtopApp
+    from tests.dashboard.test_dashboard import idle, screen_text, settle
+
+    def stored(hashes, parent, tokens, session):
+        return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
+                "block_size": 1, "lora_id": None, "medium": "GPU", "session_id": session}
+
+    port = free_ports()
+    server = Server(sgl, port, None)
+    try:
+        with KvEventsAdapter(f"tcp://*:{port}", bytes_per_token=256, capacity_tokens=512) as adapter:
+            catch_up(adapter, server)
+            server.publish(sgl.kv_events.KVEventBatch(ts=time.time(), events=[
+                stored([1, 2, 3], None, [1, 2, 3], "alice-7"), stored([4], 3, [4], "bob-9")]))
+            assert adapter.wait_for_seq(server.seq)
+            app = RadixtopApp(adapter, target="kv events", interval=0.2)
+            async with app.run_test(size=(160, 48)) as pilot:
+                await settle(pilot, app, polls=2)
+                text = screen_text(app)
+                assert "alice-7" in text and "bob-9" in text and "not available here" not in text
+                await pilot.press("c")  # close the holders of the node under the cursor: refused
+                await idle(pilot, app)
+                assert any("read-only" in n.message for n in app._notifications)
+                assert app.down is None
+    finally:
+        server.close()
