@@ -154,6 +154,7 @@ def demo(
     """The embedded demo engine's live text view (the dashboard replaces it)."""
     from radixtop.cli.demo_view import run_demo
     from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.kv_pool import KVPoolError
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     try:
@@ -171,6 +172,8 @@ def demo(
     try:
         run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration,
                  record_to=record_to)
+    except KVPoolError as exc:  # raised as the pool is made, before the view starts
+        raise fail(str(exc), 2) from None
     finally:
         if record_to:
             record_to.close()

@@ -100,6 +100,8 @@ def serve(
 
     if tokenizer is not None:
         raise usage("--tokenizer goes with --kv-events (the demo has its own words; a trace's ids have none)")
+    if device not in ("auto", "cpu", "cuda", "meta"):
+        raise usage(f"unknown device {device!r}; use auto, cpu, cuda or meta")
     try:
         geometry = get_geometry(model or "llama-3-8b", page_size)
         scheduler = Scheduler(geometry, capacity, device=pick_device(device, capacity * geometry.bytes_per_token),

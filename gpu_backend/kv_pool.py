@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,8 +20,50 @@ _TORCH_DTYPES = {
 }
 
 
+DEVICES = ("cpu", "cuda", "meta")
+MAX_POOL_BYTES = 2**63 - 1
+"""Token and byte figures are int64 everywhere past the pool (API, metrics, export)."""
+
+
+class KVPoolError(ValueError):
+    """A KV pool that cannot be made here: an unknown or absent device, or more memory than the
+    device has (or than 64 bits can count)."""
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pool_device(name: str) -> torch.device:
+    """``name`` as a torch device, if a pool can live there."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in DEVICES:
+        raise KVPoolError(f"unknown device {name!r}; use {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise KVPoolError("device cuda: CUDA is not available here (no GPU, or a torch built without it); "
+                          "use cpu or meta")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise KVPoolError(f"device {name}: there are {torch.cuda.device_count()} CUDA devices")
+    return device
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a pool could take on ``device`` now; None on meta, where it takes none."""
+    if device.type == "meta":
+        return None
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:  # MemAvailable counts the page cache the kernel would give back; free memory does not
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(frozen=True)
@@ -55,11 +98,23 @@ class MHATokenToKVPool:
     def __init__(self, geometry: KVGeometry, size: int, device: str | None = None):
         self.geometry = geometry
         self.size = size
-        self.device = torch.device(device or default_device())
+        self.device = pool_device(device or default_device())
+        rows = size + geometry.page_size
+        if rows * geometry.bytes_per_token > MAX_POOL_BYTES:
+            raise KVPoolError(f"a KV pool of {size:,} tokens of {geometry.name}: its bytes do not fit in 64 bits")
+        gib = f"{rows * geometry.bytes_per_token / 2**30:,.1f} GiB"
+        room = available_bytes(self.device)
+        if room is not None and rows * geometry.bytes_per_token > room:
+            raise KVPoolError(f"a KV pool of {gib} on {self.device}: more than the {room / 2**30:,.1f} GiB "
+                              "of memory available (a smaller capacity, or the meta device)")
         dtype = _TORCH_DTYPES[geometry.dtype]
-        shape = (size + geometry.page_size, geometry.num_kv_heads, geometry.head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(geometry.num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(geometry.num_layers)]
+        shape = (rows, geometry.num_kv_heads, geometry.head_dim)
+        try:
+            self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(geometry.num_layers)]
+            self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(geometry.num_layers)]
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise KVPoolError(f"cannot allocate a KV pool of {gib} on {self.device}: {reason}") from None
 
     @property
     def is_simulated(self) -> bool:

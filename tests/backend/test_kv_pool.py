@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from contextlib import contextmanager, nullcontext
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from radixtop.gpu_backend.allocator import AllocatorError, TokenToKVPoolAllocator
+from radixtop.gpu_backend.allocator import MAX_PAGE_SIZE, AllocatorError, PageSet, TokenToKVPoolAllocator
 from radixtop.gpu_backend.kv_geometry import PRESETS, KVGeometry, get_geometry
-from radixtop.gpu_backend.kv_pool import KVPool, MHATokenToKVPool
+from radixtop.gpu_backend.kv_pool import KVPool, KVPoolError, MHATokenToKVPool
 
 
 def test_bytes_per_token_of_presets():
@@ -75,11 +80,122 @@ def test_paged_allocator_hands_out_whole_pages():
 
 
 def test_free_cost_does_not_scan_the_pool():
-    # A free touches only the freed pages: the release list grows by exactly what was freed.
+    # A free touches only the freed pages: the free list grows by exactly what was freed (here
+    # one run of 10 pages, [1, 11), after the pool's untouched rest).
     a = TokenToKVPoolAllocator(1 << 20)
     slots = a.alloc(10)
+    before = list(a._free)
     a.free(slots)
-    assert a._release_count == 10 and len(a._release[-1]) == 10
+    assert list(a._free) == [*before, (1, 11)] and a.available_size() == 1 << 20
+
+
+def test_a_huge_pool_costs_memory_only_for_what_is_used():
+    # 10**12 slots: one int64 per slot would be 7.3 TiB. Free ranges and the handed-out set cost
+    # what is handed out, not what could be.
+    tracemalloc.start()
+    try:
+        for page_size in (1, 64):
+            a = TokenToKVPoolAllocator(10**12, page_size)
+            assert a.available_size() == 10**12
+            held = [a.alloc(64 * page_size) for _ in range(100)]
+            a.free(held[10])
+            a.free(held[50][page_size:])
+            assert a.is_allocated(held[11]).all() and not a.is_allocated(held[10]).any()
+            with pytest.raises(AllocatorError, match="not allocated"):
+                a.free(held[10])
+            assert a.used_size() == (100 * 64 - 64 - 63) * page_size
+            last = a.alloc(2 * page_size)
+            assert last.tolist() == list(range(6401 * page_size, 6403 * page_size))  # fresh pages first
+            a.clear()
+            assert a.available_size() == 10**12 and a.used_size() == 0
+        assert tracemalloc.get_traced_memory()[1] < 8 * 2**20
+    finally:
+        tracemalloc.stop()
+
+
+class ListModel:
+    """SGLang's TokenToKVPoolAllocator with need_sort=False, one list entry per page: alloc
+    takes from the head, free appends to the tail in the order given."""
+
+    def __init__(self, num_pages: int):
+        self.free_pages = list(range(1, num_pages + 1))
+
+    def alloc(self, n_pages: int) -> list[int] | None:
+        if n_pages > len(self.free_pages):
+            return None
+        taken, self.free_pages = self.free_pages[:n_pages], self.free_pages[n_pages:]
+        return taken
+
+    def free(self, pages: list[int]) -> None:
+        self.free_pages.extend(pages)
+
+
+@contextmanager
+def small_chunks():
+    """The allocator with a read-ahead of 3 pages and its PageSet in chunks of 8 pages, so that a
+    small pool goes through every path a huge one takes."""
+    saved = TokenToKVPoolAllocator.READ_AHEAD, PageSet.ONE_BITMAP, PageSet.CHUNK_BITS
+    TokenToKVPoolAllocator.READ_AHEAD, PageSet.ONE_BITMAP, PageSet.CHUNK_BITS = 3, 4, 3
+    try:
+        yield
+    finally:
+        TokenToKVPoolAllocator.READ_AHEAD, PageSet.ONE_BITMAP, PageSet.CHUNK_BITS = saved
+
+
+@settings(max_examples=150, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 4]), small=st.booleans(), data=st.data())
+def test_slots_are_handed_out_in_sglangs_order(page_size, small, data):
+    """Pages in ascending order at first, then freed ones in the order they were freed: as
+    SGLang's allocator (need_sort=False) hands them out, whatever the free ranges look like."""
+    with small_chunks() if small else nullcontext():
+        check_order_against_the_model(page_size, data)
+
+
+def check_order_against_the_model(page_size, data) -> None:
+    num_pages = 24
+    a, model = TokenToKVPoolAllocator(num_pages * page_size, page_size), ListModel(num_pages)
+    held: list[int] = []
+    for _ in range(data.draw(st.integers(1, 40))):
+        if held and data.draw(st.booleans()):
+            chosen = data.draw(st.lists(st.sampled_from(held), unique=True, min_size=1))
+            a.free(np.array([q * page_size + i for q in chosen for i in range(page_size)], dtype=np.int64))
+            model.free(chosen)
+            held = [q for q in held if q not in chosen]
+        else:
+            n = data.draw(st.integers(0, 10))
+            got, want = a.alloc(n * page_size), model.alloc(n)
+            if want is None:
+                assert got is None
+                continue
+            assert got.tolist() == [q * page_size + i for q in want for i in range(page_size)]
+            held += want
+        assert a.available_size() == len(model.free_pages) * page_size
+        assert a.used_size() == len(held) * page_size
+        slots = np.arange(page_size, (num_pages + 1) * page_size)
+        assert a.is_allocated(slots).tolist() == [s // page_size in held for s in slots]
+    assert a.free_slots().tolist() == [q * page_size + i for q in model.free_pages for i in range(page_size)]
+
+
+def test_pools_beyond_what_can_be_indexed_or_paged_are_refused():
+    with pytest.raises(ValueError, match="page_size .* must be 1 to 65,536"):
+        TokenToKVPoolAllocator(10**9, page_size=10**9)
+    with pytest.raises(ValueError, match="slot indices are int64"):
+        TokenToKVPoolAllocator(2**63)
+    TokenToKVPoolAllocator(2**62, page_size=MAX_PAGE_SIZE)  # the largest sizes are fine, and cheap
+
+
+def test_a_pool_the_device_cannot_hold_is_a_clear_error():
+    g = get_geometry("tiny")
+    with pytest.raises(KVPoolError, match=r"a KV pool of 238,418\.6 GiB on cpu: more than the [\d,.]+ GiB of memory available"):
+        KVPool(g, 10**12, device="cpu")
+    with pytest.raises(KVPoolError, match="unknown device 'gpu'; use cpu, cuda or meta"):
+        KVPool(g, 64, device="gpu")
+    with pytest.raises(KVPoolError, match="bytes do not fit in 64 bits"):
+        KVPool(get_geometry("llama-3-70b"), 10**18, device="meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(KVPoolError, match="device cuda: CUDA is not available"):
+            KVPool(g, 64, device="cuda")
+    assert KVPool(get_geometry("llama-3-70b"), 10**12, device="meta").memory().capacity_tokens == 10**12
 
 
 def test_pool_holds_real_tensors_and_memory_figures():

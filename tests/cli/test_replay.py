@@ -268,6 +268,86 @@ def test_a_real_process_prints_one_line_and_no_traceback(tmp_path):
         MALFORMED_COUNT["cases"] += 1
 
 
+# ----- memory follows what a trace uses, not --capacity; the trace is read as it is applied -----
+
+ADDRESS_SPACE = 3 * 2**30
+"""RLIMIT_AS for a replay child: a fresh `radixtop replay` maps about 1 GiB (torch included).
+Before the allocator kept free ranges, a 2e9-token pool wanted 15.8 GB (one int64 and one bool a
+slot) and a 1e9-token page 23.6 GB; under this limit they fail at once instead of filling the box."""
+
+
+def replay_child(*args: str, stdin=None, **kwargs) -> subprocess.Popen:
+    """`radixtop replay ARGS` in a real process whose address space is bounded."""
+    import resource
+
+    def bound() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+    return subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", "replay", *args], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=bound, **kwargs)
+
+
+@pytest.mark.parametrize(("capacity", "page_size"), [(2_000_000_000, 1), (10**12, 1), (10**12, 4096)])
+def test_a_huge_pool_costs_only_what_the_trace_uses(tmp_path, capacity, page_size):
+    request = {"op": "request", "input": list(range(1, 4098)), "output": [1], "session": "a"}
+    path = write(tmp_path, json.dumps(request) + "\n")
+    child = replay_child(path, "--capacity", str(capacity), "--page-size", str(page_size), "--json")
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    cached = 4098 // page_size * page_size  # whole pages stay in the tree; the tail is freed
+    assert json.loads(out)["stats"]["available_size"] == capacity - cached
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--capacity", "1000000000", "--page-size", "1000000000"], "page_size 1000000000 must be 1 to 65,536"),
+        (["--capacity", str(2**63)], "slot indices are int64"),
+        (["--capacity", str(10**18), "--model", "llama-3-70b"], "bytes do not fit in 64 bits"),
+    ],
+)
+def test_a_pool_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, args, message):
+    child = replay_child(write(tmp_path, TRACE), *args, "--json")
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 2 and out == "", err
+    assert err.startswith("radixtop: ") and message in err and err.count("\n") == 1, err
+
+
+def test_replay_applies_each_op_as_it_is_read():
+    """The first bad op stops the replay before another line is read, so a bad start of a huge
+    trace is told at once and memory never follows the trace's size."""
+    from radixtop.gpu_backend.trace import replay
+
+    read = []
+
+    def lines():
+        for line in ('{"op":"request","input":[1],"output":[2]}', '{"op":"finish","id":"ghost","output":[1]}'):
+            read.append(line)
+            yield line
+        raise AssertionError("read past the bad line")
+
+    with pytest.raises(TraceError, match="line 2: request 'ghost' is not running"):
+        replay(lines(), capacity=64)
+    assert len(read) == 2
+
+
+def test_a_bad_first_line_is_told_before_the_rest_arrives():
+    """On stdin that stays open (a trace still being written, or a huge one), the error comes at
+    once rather than after the whole trace was read."""
+    child = replay_child("-", "--json", stdin=subprocess.PIPE)
+    try:
+        child.stdin.write('{"op":"finish","id":"ghost","output":[1]}\n' + TRACE)
+        child.stdin.flush()
+        child.wait(timeout=60)  # stdin is still open: only a streaming replay ends now
+        assert child.returncode == 1
+        err = child.stderr.read()
+        assert err == "radixtop: -: line 1: request 'ghost' is not running\n"
+    finally:
+        child.kill()
+        child.communicate()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def report():
     """One JSON line: how many malformed traces were refused (also to $RADIXTOP_SECURITY_REPORT)."""
