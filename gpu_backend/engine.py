@@ -152,7 +152,8 @@ class Engine:
                 try:
                     s.begin(action.rid, action.input_ids, action.session_id)
                 except OutOfSlotsError as exc:
-                    self.workload.abort(action.rid)
+                    # A session whose conversation has outgrown the whole pool ends; others retry.
+                    self.workload.abort(action.rid, give_up=not s.fits(len(action.input_ids)))
                     self.requests_aborted += 1
                     logger.warning("request %s not started: %s", action.rid, exc)
                     continue

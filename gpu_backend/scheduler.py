@@ -141,6 +141,12 @@ class Scheduler:
         self.finish(rid, output_ids)
         return hit
 
+    def fits(self, num_tokens: int) -> bool:
+        """Whether a request of ``num_tokens`` could get its slots in the empty pool (in whole
+        pages): one that cannot will never begin, however much is evicted."""
+        page = self.geometry.page_size
+        return -(-num_tokens // page) * page <= self.pool.allocator.size
+
     # ----- admin -----
 
     def close_session(self, session_id: str) -> CloseResult:

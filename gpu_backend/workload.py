@@ -60,6 +60,17 @@ class _Session:
     """Which system prompt it started from (in text mode, what it talks about)."""
 
 
+@dataclass
+class _Turn:
+    """A request in flight: its session, when it finishes, its output, and the length of the
+    session's history before its turn (what a refused begin goes back to)."""
+
+    session: _Session
+    due: int
+    output: list[int]
+    history_len: int
+
+
 @dataclass(frozen=True)
 class Action:
     """One thing the engine should do now."""
@@ -90,7 +101,9 @@ class ChatWorkload:
                 [rng.randrange(c.vocab_size) for _ in range(c.system_prompt_len)] for _ in range(c.system_prompts)
             ]
         self.sessions: dict[str, _Session] = {}
-        self.running: dict[str, tuple[int, _Session, list[int]]] = {}
+        self.running: dict[str, _Turn] = {}
+        self._pending: list[Action] = []
+        """Closes of sessions that ended outside a step (a turn that can never fit), for the next."""
         self._finished_at: deque = deque()
         self._next_session = 0
         self._next_request = 0
@@ -120,19 +133,17 @@ class ChatWorkload:
         """
         c, rng = self.config, self.rng
         self.step_no += 1
-        actions: list[Action] = []
-        for rid, (due, session, output) in list(self.running.items()):
-            if due <= self.step_no:
+        actions, self._pending = self._pending, []
+        for rid, turn in list(self.running.items()):
+            if turn.due <= self.step_no:
                 del self.running[rid]
-                actions.append(Action("finish", rid, session.sid, output_ids=output))
-                session.history.extend(output)
+                session = turn.session
+                actions.append(Action("finish", rid, session.sid, output_ids=turn.output))
+                session.history.extend(turn.output)
                 session.busy = False
                 session.turns_left -= 1
                 if session.turns_left <= 0:
-                    del self.sessions[session.sid]
-                    if session.closes:
-                        actions.append(Action("close", session_id=session.sid))
-                    self._open_session()
+                    self._end(session, actions)
         budget = c.max_running - len(self.running)
         if max_new is not None:
             budget = min(budget, max_new)
@@ -141,6 +152,7 @@ class ChatWorkload:
         for session in idle[: max(0, budget)]:
             self._next_request += 1
             rid = f"r{self._next_request}"
+            history_len = len(session.history)
             if self.conversations is not None:
                 session.history.extend(self.conversations.user_turn(session.kind))
                 output = self.conversations.reply(session.kind)
@@ -148,12 +160,27 @@ class ChatWorkload:
                 session.history.extend(rng.randrange(c.vocab_size) for _ in range(rng.randint(*c.turn_input_len)))
                 output = [rng.randrange(c.vocab_size) for _ in range(rng.randint(*c.turn_output_len))]
             session.busy = True
-            self.running[rid] = (self.step_no + rng.randint(*c.decode_steps), session, output)
+            self.running[rid] = _Turn(session, self.step_no + rng.randint(*c.decode_steps), output, history_len)
             actions.append(Action("begin", rid, session.sid, input_ids=list(session.history)))
         return actions
 
-    def abort(self, rid: str) -> None:
-        """The engine could not run ``rid`` (no slots): the session may try its turn again."""
-        entry = self.running.pop(rid, None)
-        if entry is not None:
-            entry[1].busy = False
+    def _end(self, session: _Session, actions: list[Action]) -> None:
+        """The session is done: closed (unless it is one never closed) and replaced."""
+        del self.sessions[session.sid]
+        if session.closes:
+            actions.append(Action("close", session_id=session.sid))
+        self._open_session()
+
+    def abort(self, rid: str, give_up: bool = False) -> None:
+        """The engine could not begin ``rid`` (no slots). Its turn is undone, so the session's
+        history is as it was before: it tries a new turn later, or with ``give_up`` (its request
+        can never fit) it ends, as if its turns had run out. Were the turn kept, each retry would
+        grow the history, and on a small pool no session would ever fit again."""
+        turn = self.running.pop(rid, None)
+        if turn is None:
+            return
+        session = turn.session
+        del session.history[turn.history_len :]
+        session.busy = False
+        if give_up:
+            self._end(session, self._pending)

@@ -108,3 +108,35 @@ def test_recorded_run_replays_to_the_same_tree():
     doc = replay(io.StringIO(record.getvalue()), capacity=600, clock=CounterClock())
     assert doc["tree"] == live_tree
     assert doc["stats"] == live_stats
+
+
+def test_a_refused_begin_leaves_the_session_as_it_was():
+    workload = ChatWorkload(SMALL)
+    before = {sid: list(s.history) for sid, s in workload.sessions.items()}
+    begins = [a for a in workload.step() if a.kind == "begin"]
+    assert begins and all(len(a.input_ids) > len(before[a.session_id]) for a in begins)
+    for action in begins:
+        workload.abort(action.rid)
+    assert {sid: s.history for sid, s in workload.sessions.items()} == before
+    assert not any(s.busy for s in workload.sessions.values())
+
+
+def test_the_demo_keeps_going_on_a_pool_smaller_than_its_conversations():
+    """A 512-token pool, and chats that grow past it: refused turns are not kept, and a session
+    whose conversation no longer fits in the whole pool ends (closed if it closes) instead of
+    retrying forever. Before, every history outgrew the pool and the engine stepped in vain."""
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
+
+    s = Scheduler(get_geometry("llama-3-8b"), 512, device="meta")
+    engine = Engine(s, WorkloadConfig(sessions=48, seed=0, max_running=8, text=True))
+    finished = []
+    for _ in range(6):
+        before = engine.requests_finished
+        for _ in range(1000):
+            engine._step()  # the loop's body, on this thread (the engine thread is not started)
+        finished.append(engine.requests_finished - before)
+        assert max(len(x.history) for x in engine.workload.sessions.values()) <= 512 + 128
+        check_invariants(s)
+    assert min(finished) >= 50, finished  # every 1000 steps, still finishing requests
+    assert s.closes > 0
