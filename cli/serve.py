@@ -42,7 +42,11 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless you give a --token).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
     token: Annotated[str | None, typer.Option(envvar="RADIXTOP_TOKEN", show_default=False,
-                                              help="Bearer token for actions; made up and printed if not given.")] = None,
+                                              help="Bearer token for actions (16 characters at least); made up "
+                                                   "and printed if not given.")] = None,
+    read_token: Annotated[str | None, typer.Option(envvar="RADIXTOP_READ_TOKEN", show_default=False,
+                                                   help="A second token that only reads (a bind that is not "
+                                                        "loopback needs a token for reads too).")] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
     audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
     name: Annotated[str | None, typer.Option(show_default=False, help="The target's name, as faces show it.")] = None,
@@ -75,7 +79,7 @@ def serve(
     def run_server(adapter, release) -> None:
         """Serve ``adapter`` until interrupted; errors become one line and an exit code."""
         try:
-            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log)
+            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token)
         except ValueError as exc:
             raise usage(str(exc)) from None
         except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import operator
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -69,10 +70,15 @@ MAX_MATCH_QUERY_CHARS = 65_000
 """httpx refuses a URL component over 64 KiB, so a match over HTTP takes ~10k-30k token ids."""
 
 
+MAX_BUSY_WAIT_S = 5.0
+"""The longest a 429's Retry-After is waited at once (within the client's timeout)."""
+
+
 class RadixtopClient(CacheAdapter):
     """Talks to ``radixtop serve``'s API and returns the same views and typed errors as the
-    adapter behind it. The token goes only into POST requests' Authorization header: the actions,
-    and ``plan_close`` (a dry-run close), which therefore needs the token too."""
+    adapter behind it. The token goes in every request's Authorization header: a server bound
+    to a public address needs it for reads too (its read-only token will do for them). A server
+    busy with heavy reads (429) is asked again after its Retry-After, within ``timeout``."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
         if not url.startswith(("http://", "https://")):
@@ -83,7 +89,7 @@ class RadixtopClient(CacheAdapter):
         self.name = self.url
         self.timeout = timeout
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout)
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=self._auth)
         self._batch_reads = True
 
     def __repr__(self) -> str:
@@ -114,16 +120,33 @@ class RadixtopClient(CacheAdapter):
                                 f"that is not JSON: {text!r}") from None
             raise AdapterError(f"{self.url}: HTTP {response.status_code} "
                                f"{response.reason_phrase}: {text}") from None
+        if response.status_code == 429:
+            message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+            raise AdapterError(f"{self.url} is busy: {message or 'too many requests'} (HTTP 429, still after "
+                               f"{self.timeout:g} s)")
         if not response.is_success:
             raise error_from_body(response.status_code, body)
         return body
 
+    def _send(self, method: str, path: str, stream: bool = False, **kwargs: Any) -> httpx.Response:
+        """One request, asked again while the server answers 429 (busy with heavy reads) and
+        ``timeout`` allows; then the 429 itself is the answer. ``stream``: the body is not read."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            with self._transport():
+                response = self._client.send(self._client.build_request(method, path, **kwargs), stream=stream)
+            if response.status_code != 429:
+                return response
+            wait = _retry_after(response)
+            if time.monotonic() + wait > deadline:
+                if stream:
+                    response.read()
+                return response
+            response.close()
+            time.sleep(wait)
+
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        if method == "POST":
-            kwargs["headers"] = self._auth
-        with self._transport():
-            response = self._client.request(method, path, **kwargs)
-        return self._reply(response)
+        return self._reply(self._send(method, path, **kwargs))
 
     def _view(self, build: Callable[[Any], V], body: Any) -> V:
         try:
@@ -215,8 +238,7 @@ class RadixtopClient(CacheAdapter):
                 results[i] = exc
         if not items:
             return results
-        with self._transport():
-            response = self._client.get("/v1/read", params={"reads": orjson.dumps(items).decode()})
+        response = self._send("GET", "/v1/read", params={"reads": orjson.dumps(items).decode()})
         if response.status_code == 404 and b'"not_found"' in response.content[:200]:  # no such route
             self._batch_reads = False
             return super().read_many(checked)
@@ -240,27 +262,30 @@ class RadixtopClient(CacheAdapter):
 
     def export(self) -> Iterator[dict[str, Any]]:
         """The server's NDJSON export, one dict per line as it arrives (a header, then nodes)."""
-        with self._transport(), self._client.stream("GET", "/v1/export") as response:
-            if not response.is_success:
-                response.read()
-                self._reply(response)
-            lines = (line for line in response.iter_lines() if line.strip())
-            header = self._view(json.loads, next(lines, "null"))
-            if not isinstance(header, dict) or not isinstance(header.get("node_count"), int):
-                raise WireError(f"{self.url}: the export does not start with a header line")
-            yield header
-            rows = 0
-            for line in lines:
-                yield export_row_from_dict(self._view(json.loads, line))
-                rows += 1
-            if rows != header["node_count"]:
-                raise AdapterError(f"the export from {self.url} ended after {rows} of "
-                                   f"{header['node_count']} nodes")
+        response = self._send("GET", "/v1/export", stream=True)
+        try:
+            with self._transport():
+                if not response.is_success:
+                    response.read()
+                    self._reply(response)
+                lines = (line for line in response.iter_lines() if line.strip())
+                header = self._view(json.loads, next(lines, "null"))
+                if not isinstance(header, dict) or not isinstance(header.get("node_count"), int):
+                    raise WireError(f"{self.url}: the export does not start with a header line")
+                yield header
+                rows = 0
+                for line in lines:
+                    yield export_row_from_dict(self._view(json.loads, line))
+                    rows += 1
+                if rows != header["node_count"]:
+                    raise AdapterError(f"the export from {self.url} ended after {rows} of "
+                                       f"{header['node_count']} nodes")
+        finally:
+            response.close()
 
     def export_columns(self) -> ExportColumns:
         """The server's columnar export (one response, int64 columns: no object per node)."""
-        with self._transport():
-            response = self._client.get("/v1/export", params={"format": "columns"})
+        response = self._send("GET", "/v1/export", params={"format": "columns"})
         if not response.is_success:
             self._reply(response)
         return self._view(decode_export_columns, response.content)
@@ -297,3 +322,11 @@ class RadixtopClient(CacheAdapter):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """A 429's Retry-After in seconds (1 if absent or a date), at most MAX_BUSY_WAIT_S."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 0.05), MAX_BUSY_WAIT_S)
+    except ValueError:
+        return 1.0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import json
 import logging
 import secrets
@@ -11,17 +9,18 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import anyio
 import orjson
+from anyio.lowlevel import RunVar
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -48,6 +47,14 @@ from radixtop.adapters.errors import (
     Unsupported,
 )
 from radixtop.adapters.http.audit import AuditLog, AuditUnavailable, Pending
+from radixtop.adapters.http.edge import (
+    MAX_HEAVY_READS,
+    Admission,
+    Bind,
+    Tokens,
+    check_token_strength,
+    is_loopback,
+)
 from radixtop.adapters.http.metrics import metrics_registry, render_metrics
 from radixtop.adapters.http.reads import _DIGITS, MAX_ID, encode_results, parse_node_id, parse_reads
 from radixtop.adapters.http.schemas import (
@@ -103,9 +110,26 @@ _TARGET_ERRORS = (501, 503, 504)  # what any call to the target can meet: unsupp
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """An operation's documented error answers: its own, and what any request can meet (a URL over
+    """An operation's documented error answers: its own, and what any request can meet (a Host
+    not this server's or a bad percent-encoding: 400; a page of another origin: 403; a URL over
     MAX_URL: 413; a bug: 500). Each with the error body."""
-    return {status: {"model": ErrorOut} for status in sorted({*statuses, 413, 500})}
+    return {status: {"model": ErrorOut} for status in sorted({*statuses, 400, 403, 413, 500})}
+
+
+PRIORITY_THREADS = 8
+"""Worker threads for actions and health, apart from the reads' (anyio's default 40)."""
+_PRIORITY: RunVar[anyio.CapacityLimiter] = RunVar("radixtop_priority_threads")
+
+
+async def first(fn: Callable[..., T], *args: Any) -> T:
+    """Run an adapter call for an action or /healthz in a thread of their own: never queued behind
+    reads that fill the default thread pool while they wait on the cache's owner."""
+    try:
+        limiter = _PRIORITY.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(PRIORITY_THREADS)
+        _PRIORITY.set(limiter)
+    return await anyio.to_thread.run_sync(partial(_call, fn, *args), limiter=limiter)
 
 
 # ----- parameters: bounds and shapes published in the schema, enforced here or by the adapter -----
@@ -209,22 +233,39 @@ class _Record:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
-    """The admin API over ``adapter``. Every POST needs ``Authorization: Bearer <token>`` and is
-    audited, allowed or refused; read-only is the adapter's to enforce, not the server's."""
+def _check_token_text(token: str, what: str = "token") -> None:
+    """ValueError unless ``token`` can travel in a header and match there."""
     if not token:
-        raise ValueError("the admin API needs a non-empty token")
+        raise ValueError(f"the admin API needs a non-empty {what}")
     if not (token.isascii() and token.isprintable()) or token != token.strip():
         # Anything else could never match: HTTP clients send header values as ASCII, and the
         # server strips the value it is sent.
-        raise ValueError("the admin API token must be printable ASCII, with no space at either end")
-    expected = token.encode()
+        raise ValueError(f"the admin API {what} must be printable ASCII, with no space at either end")
+
+
+def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str = "127.0.0.1",
+               port: int | None = None, read_token: str | None = None,
+               max_heavy_reads: int = MAX_HEAVY_READS) -> FastAPI:
+    """The admin API over ``adapter``, for a server bound to ``host`` (and ``port``, when known).
+    Every POST needs ``Authorization: Bearer <token>`` and is audited, allowed or refused; on a
+    bind that is not loopback every request but /healthz needs ``token`` or ``read_token`` (which
+    only reads); a loopback bind answers to loopback names only. Read-only is the adapter's to
+    enforce, not the server's. (``serve`` also refuses a short token; this factory does not.)"""
+    _check_token_text(token)
+    if read_token is not None:
+        _check_token_text(read_token, "read token")
+    if read_token is not None and read_token == token:
+        raise ValueError("the read token must differ from the action token")
+    bind, tokens = Bind(host, port), Tokens(token, read_token)
     registry = metrics_registry(adapter)
+    read_errors = () if bind.loopback else (401,)
     app = FastAPI(
         title="radixtop admin API",
         summary="Read and act on a radix KV cache: stats, tree, sessions, close, evict, flush.",
         version="1",
+        docs_url=None, redoc_url=None,  # their pages load scripts from a public CDN
     )
+    app.add_middleware(Admission, bind=bind, tokens=tokens, max_heavy_reads=max_heavy_reads)
     app.add_middleware(_Edge)
     default_openapi = app.openapi
 
@@ -254,7 +295,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         code = _STATUS_CODES.get(exc.status_code, "http_error")
         message, path = str(exc.detail), request.url.path[:100]
         if exc.status_code == 404:
-            message = f"no route {path!r} in this API (its routes are listed at /docs)"
+            message = f"no route {path!r} in this API (its routes are listed at /openapi.json)"
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {path!r}"
         return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
@@ -264,17 +305,6 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return _error_response(_internal(exc))  # a last resort: _Edge answers errors from the routes
 
     # ----- actions: authorised, then audited whatever happens -----
-
-    def token_error(request: Request) -> Unauthorized | None:
-        """Why the request does not carry the action token, or None if it does (one constant-time
-        comparison, whatever is sent)."""
-        header = request.headers.get("authorization")
-        if header is None:
-            return Unauthorized("missing 'Authorization: Bearer <token>' header")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            return Unauthorized("wrong token")
-        return None
 
     async def read_body(request: Request) -> bytes:
         """The whole body, at most MAX_BODY bytes, whether or not the action takes one: an oversized
@@ -300,17 +330,19 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         and its outcome after; a refusal, or a dry run, is journaled once, after."""
         record = _Record()
         client = request.client.host if request.client is not None else "unknown"
-        refused_token = token_error(request)
+        refused_token = tokens.action_refusal(request.headers)
         error: AdapterError | None = None
         pending: Pending | None = None
         try:
             if needs_token and refused_token is not None:
                 raise refused_token
+            if not needs_token and not bind.loopback and (refused := tokens.read_refusal(request.headers)):
+                raise refused
             body = await read_body(request)
             if needs_token:
                 intent = AuditEntry(time=time.time(), client=client, action=action, target=target, allowed=True)
                 try:
-                    pending = await run_in_threadpool(audit.begin, intent)
+                    pending = await first(audit.begin, intent)
                 except AuditUnavailable as exc:
                     raise AuditUnavailable(f"{exc.message}; nothing was done: an action that cannot be "
                                            "audited is not run") from None
@@ -329,9 +361,9 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
                      "allowed" if error is None else f"refused ({error.code})")
         try:
             if pending is not None:
-                await run_in_threadpool(audit.finish, pending, entry)
+                await first(audit.finish, pending, entry)
             elif not isinstance(error, AuditUnavailable):
-                await run_in_threadpool(audit.append, entry, refused_token is None)
+                await first(audit.append, entry, refused_token is None)
         except AuditUnavailable as exc:  # the action has run (or was refused): say so in the log
             logger.error("could not journal the outcome of %s %r from %s: %s", action, _short(target),
                          client, exc.message)
@@ -350,7 +382,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
             raise BadRequest('body must be JSON, such as {"tokens": 1000}') from None
 
     def in_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return run_in_threadpool(_call, fn, *args)
+        return first(fn, *args)
 
     dry_run_param = {"parameters": [{
         "name": "dry_run", "in": "query", "required": False,
@@ -411,24 +443,24 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
     # ----- reads -----
 
     @app.get("/v1/capabilities", response_model=CapabilitiesOut, summary="What this target can do",
-             responses=_errors(*_TARGET_ERRORS))
+             responses=_errors(*read_errors, *_TARGET_ERRORS))
     def capabilities() -> JSONResponse:
         return _json(_call(adapter.capabilities))
 
     @app.get("/v1/stats", response_model=StatsOut, summary="Cache totals (tokens and bytes)",
-             responses=_errors(*_TARGET_ERRORS))
+             responses=_errors(*read_errors, *_TARGET_ERRORS))
     def stats() -> JSONResponse:
         return _json(_call(adapter.stats).to_dict())  # with its byte figures
 
     @app.get("/v1/nodes/{node_id}", response_model=NodeDetailOut,
              summary="One node and a page of its token ids ('root' names the root)",
-             responses=_errors(404, 422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 404, 422, *_TARGET_ERRORS))
     def node(node_id: NodeId, token_offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
              token_limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 256) -> JSONResponse:
         return _json(_call(adapter.node, parse_node_id(node_id), token_offset, token_limit))
 
     @app.get("/v1/nodes/{node_id}/children", response_model=ChildrenPageOut,
-             summary="A page of a node's children", responses=_errors(404, 422, *_TARGET_ERRORS))
+             summary="A page of a node's children", responses=_errors(*read_errors, 404, 422, *_TARGET_ERRORS))
     def children(node_id: NodeId, offset: Offset = 0, limit: PageLimit = 100,
                  order: str = Query("bytes", description="bytes, recency or tokens",
                                     json_schema_extra={"enum": list(CHILD_ORDERS)})) -> JSONResponse:
@@ -436,7 +468,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     @app.get("/v1/nodes/{node_id}/subtree", response_model=SubtreeOut,
              summary="A node and its largest descendants, levels deep, read at one moment",
-             responses=_errors(404, 422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 429, 404, 422, *_TARGET_ERRORS))
     def subtree(node_id: NodeId, depth: Annotated[int, Query(ge=1, le=MAX_DEPTH)] = 3,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 10,
                 order: str = Query("bytes", description="bytes, recency or tokens",
@@ -446,12 +478,12 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
 
     @app.get("/v1/nodes/{node_id}/chain", response_model=ChainOut,
              summary="The run of single children below a node, in one read",
-             responses=_errors(404, 422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 429, 404, 422, *_TARGET_ERRORS))
     def chain(node_id: NodeId, limit: Annotated[int, Query(ge=1, le=MAX_CHAIN)] = 10_000) -> JSONResponse:
         return _json(_call(adapter.chain, parse_node_id(node_id), limit))
 
     @app.get("/v1/sessions", response_model=SessionsPageOut, summary="A page of sessions",
-             responses=_errors(422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 429, 422, *_TARGET_ERRORS))
     def sessions(order: str = Query("exclusive_bytes",
                                     description=", ".join(SESSION_ORDERS) + " (each biggest, newest or "
                                                 "open first; ids A to Z)",
@@ -464,19 +496,20 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return _json(_call(adapter.sessions, order, offset, limit, contains, reverse))
 
     @app.get("/v1/sessions/{session_id:anytext}", response_model=SessionDetailOut,
-             summary="One session and the nodes it holds", responses=_errors(404, 422, *_TARGET_ERRORS))
+             summary="One session and the nodes it holds",
+             responses=_errors(*read_errors, 429, 404, 422, *_TARGET_ERRORS))
     def session(session_id: SessionId) -> JSONResponse:
         return _json(_call(adapter.session, session_id))
 
     @app.get("/v1/match", response_model=MatchOut,
              summary="Longest cached prefix of a token list (read-only)",
-             responses=_errors(422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 429, 422, *_TARGET_ERRORS))
     def match(tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
                                   json_schema_extra={"pattern": TOKENS_PATTERN})) -> JSONResponse:
         return _json(_call(adapter.match, parse_tokens(tokens)))
 
     @app.get("/v1/changes", response_model=ChangesOut, summary="Node ids changed since a version",
-             responses=_errors(422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 422, *_TARGET_ERRORS))
     def changes(since: Annotated[int, Query(ge=0, le=MAX_ID)]) -> JSONResponse:
         return _json(_call(adapter.changes, since))
 
@@ -487,14 +520,14 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
                          "\"node_id\": \"root\"}]``. Ops: " + ", ".join(READ_PARAMS) + ". Answers each "
                          "read's result (``ok``) or error (``error``, ``status``) in order; an adapter "
                          "that owns its cache's thread reads them all in one step of it.",
-             responses=_errors(422, *_TARGET_ERRORS))
+             responses=_errors(*read_errors, 429, 422, *_TARGET_ERRORS))
     def read(reads: str = Query(description=f"A JSON list of 1 to {MAX_READS} reads.",
                                 max_length=MAX_URL)) -> JSONResponse:
         parsed = parse_reads(reads)
         return _json(encode_results(parsed, _call(adapter.read_many, parsed)))
 
     @app.get("/v1/export", summary="The whole tree as NDJSON: a header line, then one line per node",
-             response_class=StreamingResponse, responses={**_errors(422, *_TARGET_ERRORS), 200: {
+             response_class=StreamingResponse, responses={**_errors(*read_errors, 429, 422, *_TARGET_ERRORS), 200: {
                  "description": "ndjson: a JSON header line, then one JSON line per node; columns: a JSON "
                                 "header line, then raw little-endian int64 columns, then the holders as JSON",
                  "content": {"application/x-ndjson": {"schema": {"type": "string"}},
@@ -523,23 +556,23 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog) -> FastAPI:
         return StreamingResponse(_ndjson(header, chunks), media_type="application/x-ndjson")
 
     @app.get("/v1/audit", response_model=AuditPageOut, summary="Audited actions, newest first",
-             responses=_errors(422))
+             responses=_errors(*read_errors, 422))
     def audit_page(limit: PageLimit = 100, offset: Offset = 0) -> JSONResponse:
         entries = _call(audit.tail, limit, offset)
         return _json({"offset": offset, "limit": limit, "entries": entries})
 
     @app.get("/healthz", response_model=HealthOut, summary="Whether the target answers",
              responses=_errors(503))
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:
         try:
-            st = _call(adapter.stats)
+            st = await first(adapter.stats)
         except (TargetUnreachable, TargetTimeout) as exc:
             return _json(error_to_body(exc), 503)
-        read_only = _call(adapter.capabilities).read_only
+        read_only = (await first(adapter.capabilities)).read_only
         return _json({"status": "ok", "target": st.target, "version": st.version, "read_only": read_only})
 
     @app.get("/metrics", summary="Prometheus metrics (read from the target at scrape time)",
-             response_class=Response, responses={**_errors(503, 504), 200: {
+             response_class=Response, responses={**_errors(*read_errors, 503, 504), 200: {
                  "description": "The Prometheus text exposition format",
                  "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
@@ -645,31 +678,29 @@ def http_protocol() -> type:
     return JsonRefusalProtocol
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-          audit_path: Path | str | None = None, log: Callable[[str], Any] = print) -> None:
+          audit_path: Path | str | None = None, log: Callable[[str], Any] = print,
+          read_token: str | None = None) -> None:
     """Run the admin API until interrupted (Ctrl-C returns normally). Without a token it listens
-    on loopback only and makes one up, printed once here (nowhere else). A port that cannot be
-    bound raises OSError before anything is printed."""
+    on loopback only and makes one up, printed once here (nowhere else); a token given must be
+    at least MIN_TOKEN_LENGTH characters, and so must ``read_token`` (reads on a bind that is not
+    loopback need either). A bad token or audit log path raises ValueError and a port that cannot
+    be bound OSError, before anything is printed."""
     if token is None and not is_loopback(host):
         raise ValueError(f"refusing to serve the admin API on {host!r} without an explicit token: "
                          "it can close sessions and evict; pass a token, or use 127.0.0.1")
     generated = token is None
     if token is None:
         token = secrets.token_urlsafe(24)
+    for value, what in ((token, "token"), (read_token, "read token")):
+        if value is not None:
+            _check_token_text(value, what)
+            check_token_strength(value, what)
     import uvicorn
 
     audit = AuditLog(audit_path)
     try:
-        app = create_app(adapter, token, audit)
+        app = create_app(adapter, token, audit, host=host, port=port, read_token=read_token)
         sock = _bind(host, port)
         shown = f"[{host}]" if ":" in host else host
         log(f"radixtop admin API for {adapter.name} on http://{shown}:{port}"

@@ -39,6 +39,9 @@ V = TypeVar("V")
 NOT_FOUND = "not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 PAYLOAD_TOO_LARGE = "payload_too_large"
+BAD_HOST = "bad_host"  # 400: a Host the server is not bound to (DNS rebinding)
+CROSS_ORIGIN = "cross_origin"  # 403: a request from a web page of another origin
+BUSY = "busy"  # 429: heavy reads at their limit; Retry-After says when to ask again
 
 
 class WireError(AdapterError):

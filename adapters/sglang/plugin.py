@@ -177,7 +177,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     """Serve the admin API over ``scheduler.tree_cache`` (what the ``__init__`` hook does).
     Returns None on a TP rank other than the first."""
     from radixtop.adapters.http.audit import AuditLog
-    from radixtop.adapters.http.server import _bind, create_app, http_protocol, is_loopback
+    from radixtop.adapters.http.server import _bind, check_token_strength, create_app, http_protocol, is_loopback
 
     if int(getattr(scheduler, "tp_rank", 0) or 0) != 0:
         return None
@@ -201,7 +201,8 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    app = create_app(adapter, token, AuditLog(os.environ.get("RADIXTOP_AUDIT") or None))
+    app = create_app(adapter, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
+                     host=host, port=port, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
     import uvicorn
 
     sock = _bind(host, port)

@@ -57,6 +57,7 @@ from tests.support import REPO
 from tests.support.live_server import free_port
 
 TOKEN = "s3cret-api-token-for-tests"
+LOOPBACK = "http://127.0.0.1"  # the Host a loopback server answers to (TestClient sends "testserver")
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -68,7 +69,7 @@ def engine():
 
 
 def make_client(adapter, audit: AuditLog | None = None) -> TestClient:
-    return TestClient(create_app(adapter, TOKEN, audit or AuditLog(None)), raise_server_exceptions=False)
+    return TestClient(create_app(adapter, TOKEN, audit or AuditLog(None)), base_url=LOOPBACK, raise_server_exceptions=False)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from tests.contract.suite import ageless, build_engine, comparable, known_reads
 from tests.support.live_server import running_server
 
 TOKEN = "read-route-test-token"
+LOOPBACK = "http://127.0.0.1"  # the Host a loopback server answers to (TestClient sends "testserver")
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def engine():
 
 @pytest.fixture
 def client(engine, audit):
-    return TestClient(create_app(BundledAdapter(engine), TOKEN, audit), raise_server_exceptions=False)
+    return TestClient(create_app(BundledAdapter(engine), TOKEN, audit), base_url=LOOPBACK, raise_server_exceptions=False)
 
 
 def read(client, reads, **kwargs) -> httpx.Response:
@@ -228,7 +229,7 @@ def test_node_ids_and_bounds_the_routes_take_are_taken(client):
 
 def test_needs_no_token_and_is_never_audited(engine, tmp_path):
     audit = AuditLog(tmp_path / "audit.jsonl")
-    client = TestClient(create_app(BundledAdapter(engine), TOKEN, audit), raise_server_exceptions=False)
+    client = TestClient(create_app(BundledAdapter(engine), TOKEN, audit), base_url=LOOPBACK, raise_server_exceptions=False)
     good = [{"op": "stats"}, {"op": "session", "session_id": "nobody"}]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {TOKEN}"}):
         assert read(client, good, headers=headers).status_code == 200
@@ -241,7 +242,7 @@ def test_needs_no_token_and_is_never_audited(engine, tmp_path):
 
 
 def test_a_read_only_target_answers_it(engine, audit):
-    client = TestClient(create_app(BundledAdapter(engine, read_only=True), TOKEN, audit))
+    client = TestClient(create_app(BundledAdapter(engine, read_only=True), TOKEN, audit), base_url=LOOPBACK)
     results = read(client, [{"op": "capabilities"}, {"op": "stats"}, {"op": "sessions"}]).json()["results"]
     assert results[0]["ok"]["read_only"] is True and all("ok" in r for r in results)
 
@@ -303,7 +304,7 @@ def test_http_adapter_reads_one_by_one_from_a_server_without_the_route(engine):
     local = BundledAdapter(engine)
     app = create_app(local, TOKEN, AuditLog(None))
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/read"]
-    assert TestClient(app).get("/v1/read", params={"reads": '[{"op":"stats"}]'}).status_code == 404
+    assert TestClient(app, base_url=LOOPBACK).get("/v1/read", params={"reads": '[{"op":"stats"}]'}).status_code == 404
     check_over(app, local, batched=False)
 
 

@@ -440,11 +440,11 @@ def test_the_largest_integers_are_answered(api, target, field_name):
 # ----- requests below the app: malformed HTTP, a client that goes away, a server error -----
 
 MALFORMED = {
-    "negative-content-length": b"POST /v1/evict HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n",
-    "header-without-colon": b"GET /v1/stats HTTP/1.1\r\nHost: t\r\nno-colon-here\r\n\r\n",
-    "unknown-http-version": b"GET /v1/stats HTTP/9.9\r\nHost: t\r\n\r\n",
-    "raw-byte-in-path": b"GET /v1/nodes/\xff HTTP/1.1\r\nHost: t\r\n\r\n",
-    "two-content-lengths": b"GET /v1/stats HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    "negative-content-length": b"POST /v1/evict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -1\r\n\r\n",
+    "header-without-colon": b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nno-colon-here\r\n\r\n",
+    "unknown-http-version": b"GET /v1/stats HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n",
+    "raw-byte-in-path": b"GET /v1/nodes/\xff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "two-content-lengths": b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
     "tls-hello": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
 }
 
@@ -460,7 +460,7 @@ def test_malformed_http_is_400_with_the_error_body(api, data):
 def test_a_client_that_goes_away_mid_body_is_audited_as_refused(api):
     parts = urlsplit(api.url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/evict HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + TOKEN.encode()
+        sock.sendall(b"POST /v1/evict HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + TOKEN.encode()
                      + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"tok")
     deadline = time.monotonic() + 30
     while True:
@@ -499,7 +499,7 @@ from radixtop.adapters.bundled import BundledAdapter
 from radixtop.adapters.http.server import serve
 from tests.contract.suite import build_engine
 engine = build_engine()
-serve(BundledAdapter(engine), port=int(sys.argv[1]), token="t", log=lambda line: print(line, flush=True))
+serve(BundledAdapter(engine), port=int(sys.argv[1]), token="t" * 16, log=lambda line: print(line, flush=True))
 engine.stop()
 """
 

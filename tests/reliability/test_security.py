@@ -33,7 +33,7 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
 
 from radixtop.adapters.bundled import BundledAdapter
 from radixtop.adapters.errors import ReadOnly
-from radixtop.adapters.http import server as http_server
+from radixtop.adapters.http import edge as http_edge
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
@@ -47,6 +47,7 @@ from tests.support.live_server import free_port, running_server
 
 ROOT = REPO
 TOKEN = "radixtop-security-Q7v2Lm9xR4kT8nW3"
+LOOPBACK = "http://127.0.0.1"  # the Host a loopback server answers to (TestClient sends "testserver")
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NEAR_MISS = TOKEN[:-1] + "Z"  # same length, last character wrong
 WRONG_TOKENS = {"near_miss": NEAR_MISS, "prefix": TOKEN[:10], "longer": TOKEN + "0", "empty": "",
@@ -81,7 +82,7 @@ REQUIRED_QUERY = {"/v1/changes": "?since=0",
 
 
 def make_client(adapter, audit: AuditLog | None = None) -> TestClient:
-    return TestClient(create_app(adapter, TOKEN, audit or AuditLog(None)), raise_server_exceptions=False)
+    return TestClient(create_app(adapter, TOKEN, audit or AuditLog(None)), base_url=LOOPBACK, raise_server_exceptions=False)
 
 
 @pytest.fixture
@@ -128,7 +129,7 @@ def test_every_action_compares_the_token_with_compare_digest(engine, monkeypatch
         compared.append((given, expected))
         return real(given, expected)
 
-    monkeypatch.setattr(http_server.hmac, "compare_digest", recording)
+    monkeypatch.setattr(http_edge.hmac, "compare_digest", recording)
     client = make_client(BundledAdapter(engine))
     before = cache_state(engine)
     sent = [(f"Bearer {t}", t.encode()) for t in WRONG_TOKENS.values()] + [(h, None) for h in NON_ASCII.values()]
@@ -180,7 +181,7 @@ def test_non_ascii_and_control_bytes_over_a_real_server_are_never_a_500(engine):
                               (b"Bearer " + TOKEN.encode() + b"\xc3", 401), (b"Bearer \x00" + TOKEN.encode(), 400),
                               (b"Bearer " + TOKEN.encode() + b"\x7f", 400)]:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-                sock.sendall(b"POST /v1/flush HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n"
+                sock.sendall(b"POST /v1/flush HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n"
                              b"Authorization: " + value + b"\r\n\r\n")
                 reply = b""
                 while chunk := sock.recv(65536):
@@ -385,9 +386,10 @@ def read_only_server(tmp_path_factory) -> Iterator[Served]:
 
 
 def remote_state(url: str) -> tuple:
-    stats = httpx.get(f"{url}/v1/stats").json()
-    export = httpx.get(f"{url}/v1/export").text
-    sessions = httpx.get(f"{url}/v1/sessions", params={"limit": 1000, "order": "id"}).json()["sessions"]
+    """(A public bind: reads need the token too.)"""
+    stats = httpx.get(f"{url}/v1/stats", headers=AUTH).json()
+    export = httpx.get(f"{url}/v1/export", headers=AUTH).text
+    sessions = httpx.get(f"{url}/v1/sessions", params={"limit": 1000, "order": "id"}, headers=AUTH).json()["sessions"]
     return stats, export, [(s["id"], s["state"]) for s in sessions]
 
 
@@ -436,9 +438,9 @@ def test_the_adapter_refuses_before_the_engine_sees_an_action(engine, monkeypatc
 
 def test_read_only_server_refuses_every_route_over_http(read_only_server):
     url = read_only_server.url
-    assert RadixtopClient(url).capabilities().read_only
+    assert RadixtopClient(url, token=TOKEN).capabilities().read_only
     before = remote_state(url)
-    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    paths = httpx.get(f"{url}/openapi.json", headers=AUTH).json()["paths"]
     assert {p for p, ops in paths.items() if "post" in ops} == set(ACTION_REQUESTS)
     for path, body in CHANGING:
         response = httpx.post(url + path, json=body, headers=AUTH)
@@ -446,7 +448,7 @@ def test_read_only_server_refuses_every_route_over_http(read_only_server):
         REPORT["read_only_refusals"] += 1
     for path, ops in paths.items():
         if "get" in ops:
-            assert httpx.get(url + concrete(path)).status_code == 200, path
+            assert httpx.get(url + concrete(path), headers=AUTH).status_code == 200, path
     assert remote_state(url) == before
     refused = [e for e in audit_entries(read_only_server.audit) if e["error"] and e["error"].startswith("read_only:")]
     assert len(refused) >= len(CHANGING) and not any(e["allowed"] for e in refused)
@@ -501,6 +503,60 @@ async def test_the_dashboard_over_http_cannot_act_on_a_read_only_server(read_onl
     assert remote_state(url) == before
 
 
+# ----- a public bind: a token for reads too; a loopback bind: its own Host only (issue 17, item 8) -----
+
+
+def test_a_public_bind_needs_the_token_for_reads_too(read_only_server):
+    """`--host 0.0.0.0 --token ...` protected only the POSTs: anyone who could reach the port read
+    cached prompts, session holders and the audit journal with client IPs."""
+    url = read_only_server.url
+    for path in ("/v1/stats", "/v1/sessions", "/v1/sessions/a", "/v1/export", "/v1/audit", "/metrics",
+                 "/v1/nodes/root/children", "/openapi.json"):
+        for headers in ({}, {"Authorization": f"Bearer {NEAR_MISS}"}):
+            response = httpx.get(url + path, headers=headers)
+            assert response.status_code == 401 and error_code(response) == "unauthorized", (path, response.text)
+        assert httpx.get(url + path, headers=AUTH).status_code == 200, path
+        REPORT["public_reads_refused"] += 1
+    assert httpx.get(f"{url}/healthz").status_code == 200  # a probe's
+    assert RadixtopClient(url, token=TOKEN).stats().capacity_tokens == 256
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_short_token_is_one_line_at_start(tmp_path, host):
+    """`--token a` was accepted, on a public bind too."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    for variable, value in (("RADIXTOP_TOKEN", "a"), ("RADIXTOP_TOKEN", "fifteen-chars-x")):
+        result = CliRunner().invoke(cli_app, ["serve", "--trace", str(trace), "--model", "tiny", "--capacity", "256",
+                                              "--device", "cpu", "--host", host, "--port", str(free_port())],
+                                    env={variable: value})
+        assert result.exit_code == 2 and "at least 16 characters" in result.stderr, result.output
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+        assert "fifteen" not in result.stderr  # the token itself is not repeated
+        REPORT["short_tokens_refused"] += 1
+
+
+def test_a_loopback_server_answers_neither_a_rebinding_page_nor_another_origin(tmp_path):
+    """No Host check let a DNS-rebinding page read a loopback server; a page of another origin
+    could send a refused (but journaled) close; /docs loaded scripts from a CDN; %FF and %FE both
+    named session '\ufffd'."""
+    with radixtop_serve(tmp_path) as served, httpx.Client(base_url=served.url, timeout=30) as http:
+        for host in (f"rebind.evil.example:{served.port}", "rebind.evil.example"):
+            for method, path in (("GET", "/v1/stats"), ("GET", "/v1/audit"), ("POST", "/v1/flush")):
+                response = http.request(method, path, headers={"Host": host, **AUTH})
+                assert response.status_code == 400 and error_code(response) == "bad_host", (host, path, response.text)
+                REPORT["rebinding_hosts_refused"] += 1
+        assert http.get("/v1/stats", headers={"Host": f"localhost:{served.port}"}).status_code == 200
+        refused = http.post("/v1/sessions/%5B%2F%5D/close", headers={"Origin": "https://evil.example"})
+        assert refused.status_code == 403 and error_code(refused) == "cross_origin"
+        for path in ("/docs", "/redoc"):
+            assert http.get(path).status_code == 404
+        for escape in ("%FF", "%FE"):
+            assert http.get(f"/v1/sessions/{escape}").status_code == 400
+        assert http.get("/v1/audit").json()["entries"] == []  # none of it reached an action route
+    assert not [e for e in audit_entries(served.audit)]
+
+
 # ----- no CORS -----
 
 
@@ -517,7 +573,7 @@ def test_no_cors_headers_by_default(engine, read_only_server):
                  lambda p, **k: httpx.request(p[0], read_only_server.url + p[1], **k)):
         for path in ("/v1/flush", "/v1/evict", "/v1/sessions/b/close", "/v1/stats"):
             response = send(("OPTIONS", path), headers=preflight)
-            assert response.status_code in (400, 405), (path, response.status_code)
+            assert response.status_code in (400, 403, 405), (path, response.status_code)  # 403: cross_origin
             assert_no_cors(response)
         assert_no_cors(send(("GET", "/v1/stats"), headers=origin))
         assert_no_cors(send(("POST", "/v1/flush"), headers={**origin, **AUTH}))

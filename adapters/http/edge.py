@@ -1,0 +1,214 @@
+"""The admin API's edge, before any route: which requests it answers at all (the Host it is bound
+to, no page of another origin, a token for reads on a public bind, percent-encodings that name one
+thing) and how many heavy reads run at once."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized
+from radixtop.adapters.http.wire import BAD_HOST, BUSY, CROSS_ORIGIN, error_body, error_to_body
+
+MIN_TOKEN_LENGTH = 16
+MAX_HEAVY_READS = 4
+"""Heavy reads served at once by one server; more are answered 429 at once, never queued."""
+RETRY_AFTER_S = 1
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+HEAVY_READS = re.compile(r"/v1/(read|export|match|sessions(/.*)?|nodes/[^/]+/(subtree|chain))", re.S)
+"""Reads whose cost follows the cache (a page of sessions, a subtree, a batch, the export)."""
+UNGUARDED = frozenset({"/healthz"})
+"""Answered on a public bind without a token (a probe's)."""
+_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_token_strength(token: str, what: str = "token") -> str:
+    """``token`` if it is long enough to stand between a network and the cache; ValueError else."""
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"the admin API {what} must be at least {MIN_TOKEN_LENGTH} characters "
+                         f"(got {len(token)}): make one with `python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(24))'`")
+    return token
+
+
+class Tokens:
+    """The action token and an optional read-only token, compared in constant time. The action
+    token is compared once whatever is sent; the read token only when the action token did not
+    match."""
+
+    def __init__(self, action: str, read: str | None = None) -> None:
+        self._action = action.encode()
+        self._read = read.encode() if read else None
+
+    def _given(self, headers: Headers) -> tuple[bytes | None, Unauthorized | None]:
+        header = headers.get("authorization")
+        if header is None:
+            return None, Unauthorized("missing 'Authorization: Bearer <token>' header")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return None, Unauthorized("wrong token")
+        return given.strip().encode(), None
+
+    def action_refusal(self, headers: Headers) -> AdapterError | None:
+        """Why the request may not act (401, or 403 for the read token), or None."""
+        given, refusal = self._given(headers)
+        if given is None:
+            return refusal
+        if hmac.compare_digest(given, self._action):
+            return None
+        if self._read is not None and hmac.compare_digest(given, self._read):
+            return ReadOnly("this token only reads: actions need the action token")
+        return Unauthorized("wrong token")
+
+    def read_refusal(self, headers: Headers) -> AdapterError | None:
+        """Why the request may not read (401), or None: either token reads."""
+        refusal = self.action_refusal(headers)
+        return None if refusal is None or isinstance(refusal, ReadOnly) else refusal
+
+
+@dataclass(frozen=True)
+class Bind:
+    """Where the server listens: what ``Host`` it answers to and whether reads need a token.
+    A loopback bind answers to loopback names only (a DNS-rebinding page sends its own name);
+    any other bind needs a token for every request but /healthz, so it takes any Host."""
+
+    host: str
+    port: int | None = None
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    def names(self) -> frozenset[str]:
+        own = f"[{self.host}]" if ":" in self.host else self.host
+        return LOOPBACK_NAMES | {own.lower()}
+
+    def accepts(self, host: str | None) -> bool:
+        if not self.loopback:
+            return True
+        if not host:
+            return False
+        name, port = _split_host(host.lower())
+        return name in self.names() and (port is None or self.port is None or port == self.port)
+
+
+def _split_host(host: str) -> tuple[str, int | None]:
+    """A Host header's name and port (None if it has none); an IPv6 literal keeps its brackets.
+    A port that is not a number makes the name empty (no bind answers to it)."""
+    if host.startswith("["):
+        name, _, rest = host.partition("]")
+        name, port = name + "]", rest[1:] if rest.startswith(":") else None
+    else:
+        name, sep, port = host.partition(":")
+        port = port if sep else None
+    if port is not None and not port.isdigit():
+        return "", None
+    return name.rstrip("."), None if port is None else int(port)
+
+
+def _bad_percent(raw: bytes) -> bool:
+    """A %-escape that is not two hex digits, or escapes that do not decode as UTF-8: both
+    alias (%FF and %FE were both read as '\\ufffd')."""
+    if b"%" not in raw:
+        return False
+    if _BAD_ESCAPE.search(raw):
+        return True
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _refuse(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+def _refuse_error(exc: AdapterError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    return JSONResponse(error_to_body(exc), status_code=exc.http_status, headers=headers)
+
+
+class Admission:
+    """ASGI middleware: refuses what the API must not answer, before routing (nothing refused
+    here is journaled: no route ran), and holds heavy reads to ``max_heavy_reads`` at once.
+    Health and actions are never counted (their threads are their own: see ``server.first``)."""
+
+    def __init__(self, app: ASGIApp, bind: Bind, tokens: Tokens, max_heavy_reads: int = MAX_HEAVY_READS) -> None:
+        self.app, self.bind, self.tokens = app, bind, tokens
+        self.max_heavy_reads = max_heavy_reads
+        self.heavy_reads = 0  # only touched on the event loop: no lock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        if scope["method"] != "GET" or not HEAVY_READS.fullmatch(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        if self.heavy_reads >= self.max_heavy_reads:
+            busy = _refuse(429, BUSY, f"{self.max_heavy_reads} heavy reads are running: retry after "
+                           f"{RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
+            await busy(scope, receive, send)
+            return
+        self.heavy_reads += 1
+        try:
+            await self.app(scope, receive, send)  # a streamed export holds its slot to its end
+        finally:
+            self.heavy_reads -= 1
+
+    def refusal(self, scope: Scope) -> JSONResponse | None:
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if not self.bind.accepts(host):
+            shown = repr(host[:100]) if host else "none"
+            return _refuse(400, BAD_HOST, f"Host {shown} is not this server's: a server on {self.bind.host} "
+                           "answers to localhost, 127.0.0.1 and [::1] (a defence against DNS rebinding)")
+        origin = headers.get("origin")
+        if origin is not None and _authority(origin) != (host or "").lower():
+            return _refuse(403, CROSS_ORIGIN, f"a request from a web page of another origin "
+                           f"({origin[:100]!r}) is refused: this API serves its own clients, not pages")
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        if _bad_percent(raw_path) or _bad_percent(scope.get("query_string") or b""):
+            return _refuse(400, "bad_request", "the URL is not valid percent-encoded UTF-8 (an escape is "
+                           "% and two hex digits, and the bytes they make must be UTF-8)")
+        if not self.bind.loopback and scope["method"] != "POST" and scope["path"] not in UNGUARDED:
+            # (the action routes check their own token, and journal a refusal)
+            refused = self.tokens.read_refusal(headers)
+            if refused is not None:
+                return _refuse_error(refused)
+        return None
+
+
+def _authority(origin: str) -> Any:
+    """An Origin's host[:port] as a Host header carries it (no default port), lower case."""
+    try:
+        parts = urlsplit(origin.strip())
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    default = {"http": ":80", "https": ":443"}[parts.scheme]
+    netloc = parts.netloc.lower()
+    return netloc[: -len(default)] if netloc.endswith(default) else netloc
