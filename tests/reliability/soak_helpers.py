@@ -150,7 +150,7 @@ def pool_census(s: Scheduler) -> int:
     allocator, cache = s.pool.allocator, s.cache
     assert allocator.page_size == 1, "the census counts slots as pages"
     nodes = list(cache.iter_nodes())
-    free = np.concatenate([allocator._free_pages, *allocator._release])
+    free = allocator.free_slots()
     tree = [n.value for n in nodes]
     own = [r.slots[r.cache_protected_len:] for r in s.running.values()]
     every = np.sort(np.concatenate([free, *tree, *own]).astype(np.int64))
