@@ -9,7 +9,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -56,6 +56,7 @@ from radixtop.adapters.http.edge import (
     is_loopback,
 )
 from radixtop.adapters.http.metrics import metrics_registry, render_metrics
+from radixtop.adapters.http.protocol import MAX_URL, PayloadTooLarge, http_protocol, url_too_long
 from radixtop.adapters.http.reads import _DIGITS, MAX_ID, encode_results, parse_node_id, parse_reads
 from radixtop.adapters.http.schemas import (
     AuditPageOut,
@@ -92,18 +93,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_BODY = 64 * 1024
-MAX_URL = 65_535  # httptools cannot parse a longer request target; the app holds to the same limit
 EXPORT_CHUNK_ROWS = 1000
 NODE_ID_PATTERN = r"^(root|[0-9]{1,19})$"
 TOKENS_PATTERN = r"^\s*([0-9]{1,19}\s*(,\s*[0-9]{1,19}\s*)*)?$"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _STATUS_CODES = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED, 413: PAYLOAD_TOO_LARGE}
-
-
-class PayloadTooLarge(AdapterError):
-    code = PAYLOAD_TOO_LARGE
-    http_status = 413
 
 
 _TARGET_ERRORS = (501, 503, 504)  # what any call to the target can meet: unsupported, unreachable, timeout
@@ -596,7 +591,7 @@ class _Edge:
             await self.app(scope, receive, send)
             return
         if _url_length(scope) > MAX_URL:
-            await _error_response(_url_too_long())(scope, receive, send)
+            await _error_response(url_too_long())(scope, receive, send)
             return
         started = False
 
@@ -617,10 +612,6 @@ def _url_length(scope: Scope) -> int:
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
     return len(path) + (1 + len(query) if query else 0)
-
-
-def _url_too_long() -> PayloadTooLarge:
-    return PayloadTooLarge(f"request URL over {MAX_URL} bytes (a match over HTTP takes ~10k-30k token ids)")
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -650,32 +641,6 @@ def _ndjson(header: str, chunks: Iterator[str]) -> Iterator[str]:
 
 
 # ----- running it -----
-
-
-@cache
-def http_protocol() -> type:
-    """uvicorn's httptools protocol, whose own refusals carry the API's error body: 413 for a URL
-    over MAX_URL (httptools cannot parse one, so the app never sees it), 400 for a request it
-    cannot parse at all. uvicorn answers both in plain text."""
-    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-
-    class JsonRefusalProtocol(HttpToolsProtocol):
-        def send_400_response(self, msg: str) -> None:
-            if len(getattr(self, "url", b"")) > MAX_URL:
-                status, error = 413, _url_too_long()
-            else:
-                status, error = 400, BadRequest("invalid HTTP request: not well-formed HTTP/1.1")
-            content = json.dumps(error_to_body(error)).encode()
-            head = [STATUS_LINE[status]]
-            for name, value in self.server_state.default_headers:
-                head += [name, b": ", value, b"\r\n"]
-            head += [b"content-type: application/json\r\n",
-                     b"content-length: " + str(len(content)).encode() + b"\r\n",
-                     b"connection: close\r\n\r\n", content]
-            self.transport.write(b"".join(head))
-            self.transport.close()
-
-    return JsonRefusalProtocol
 
 
 def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 import httpx
@@ -501,6 +504,157 @@ async def test_the_dashboard_over_http_cannot_act_on_a_read_only_server(read_onl
         REPORT["dashboard_refusals"] += 6
     adapter.close()
     assert remote_state(url) == before
+
+
+# ----- slow and endless requests (issue 17, item 7) -----
+
+SLOW_SERVE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
+from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.http.server import serve
+from tests.contract.suite import build_engine
+engine = build_engine()
+serve(BundledAdapter(engine), port=int(sys.argv[1]), token=sys.argv[3], log=lambda line: print(line, flush=True))
+engine.stop()
+"""
+
+
+@contextmanager
+def limited_serve(max_files: int) -> Iterator[tuple[subprocess.Popen, str, IO[bytes]]]:
+    """``serve`` in a child whose open files are limited to ``max_files``; its stderr in a file."""
+    port = free_port()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, str(port), str(max_files), TOKEN], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            assert str(port) in proc.stdout.readline()
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "serve did not answer"
+                time.sleep(0.05)
+            yield proc, url, err
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def answered_or_closed(sock: socket.socket) -> bool:
+    """Whether the server answered this connection or closed it (rather than still holding it)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) is not None
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_half_sent_requests_cannot_take_every_file_or_hold_a_connection(engine):
+    """1,100 half-sent requests exhausted a 1,024-file limit: /healthz failed until they went.
+    Here 300 against 256 files: the server keeps well below its limit, still answers, and closes
+    each half-sent request once its head has taken too long."""
+    with limited_serve(256) as (proc, url, err):
+        port = int(url.rsplit(":", 1)[1])
+        slow = []
+        for _ in range(300):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            slow.append(sock)
+        time.sleep(1)
+        held = open_files(proc.pid)
+        started = time.monotonic()
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+        assert httpx.post(f"{url}/v1/flush", headers=AUTH, timeout=10).status_code == 200
+        answer_s = time.monotonic() - started
+        assert held < 256 - 32, f"{held} files open of 256"
+        deadline = time.monotonic() + 20  # the head timeout (10 s) and some
+        while not all(answered_or_closed(sock) for sock in slow):
+            assert time.monotonic() < deadline, "half-sent requests still held after 20 s"
+            time.sleep(0.5)
+        for sock in slow:
+            sock.close()
+        err.seek(0)
+        logged = err.read().count(b"\n")
+    assert logged < 20, f"{logged} lines logged"
+    REPORT["half_sent_requests"] += len(slow)
+    print(f"\nslowloris: 300 half-sent requests, {held} files open of 256, health and flush in {answer_s:.2f} s, "
+          f"{logged} lines logged")
+
+
+def test_an_endless_header_is_refused_early(engine):
+    """One connection streaming a header grew the server past 1 GB and kept its loop busy."""
+    with limited_serve(1024) as (proc, url, _):
+        port = int(url.rsplit(":", 1)[1])
+        before = rss_mib(proc.pid)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: ")
+            try:
+                while sent < 64 * 2**20:
+                    sock.sendall(b"a" * 65536)
+                    sent += 65536
+            except OSError:
+                pass  # the server closed the connection
+            reply = b""
+            try:
+                while chunk := sock.recv(65536):
+                    reply += chunk
+            except OSError:
+                pass
+        # (what the client could push before it saw the close includes the kernel's buffers)
+        assert sent < 16 * 2**20, f"{sent / 2**20:.0f} MiB of one header were taken"
+        assert reply.startswith(b"HTTP/1.1 431 "), reply[:200]
+        assert b'"payload_too_large"' in reply
+        assert rss_mib(proc.pid) - before < 20
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+    REPORT["endless_headers_refused"] += 1
+
+
+def test_accept_errors_are_logged_a_bounded_number_of_times():
+    """Out of files, the event loop logged every failed accept: 3.3M lines."""
+    from radixtop.adapters.http.server import http_protocol
+
+    http_protocol()  # what installs the filter, as serve and the plugin call it
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep()
+    loop_log = logging.getLogger("asyncio")
+    loop_log.addHandler(handler)
+    try:
+        for _ in range(10_000):
+            loop_log.error("socket.accept() out of system resource", exc_info=OSError(24, "Too many open files"))
+        loop_log.error("something else the loop says")
+    finally:
+        loop_log.removeHandler(handler)
+    messages = [r.getMessage() for r in records]
+    assert 1 <= sum("out of system resource" in m for m in messages) <= 2, len(messages)
+    assert "something else the loop says" in messages
 
 
 # ----- a public bind: a token for reads too; a loopback bind: its own Host only (issue 17, item 8) -----
