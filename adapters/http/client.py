@@ -15,6 +15,7 @@ import orjson
 
 from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_reads
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+from radixtop.adapters.http.proxy import transport_for
 from radixtop.adapters.http.reads import parse_read
 from radixtop.adapters.http.wire import (
     WireError,
@@ -89,7 +90,9 @@ class RadixtopClient(CacheAdapter):
         self.name = self.url
         self.timeout = timeout
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=self._auth)
+        # (never through a proxy to a loopback server; others as curl: see proxy.proxy_for)
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=self._auth,
+                                    transport=transport_for(self.url))
         self._batch_reads = True
 
     def __repr__(self) -> str:

@@ -35,6 +35,7 @@ from radixtop.adapters.errors import (
     Unauthorized,
     Unsupported,
 )
+from radixtop.adapters.http.proxy import transport_for
 from radixtop.adapters.model import (
     Capabilities,
     ChainView,
@@ -154,7 +155,8 @@ class SGLangRoutesAdapter(CacheAdapter):
         self.name = name or f"SGLang at {url}{self._rank_note}"
         self.settle_s = settle_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=url, timeout=timeout, headers=headers)
+        # never through a proxy to a loopback server (the key would go with it); others as curl
+        self._client = httpx.Client(base_url=url, timeout=timeout, headers=headers, transport=transport_for(url))
         self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
         self._loads_route = "/v1/loads"
