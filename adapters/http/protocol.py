@@ -23,7 +23,7 @@ REQUEST_TIMEOUT_S = 10.0
 connection), or the connection is closed (408 while the head is incomplete)."""
 MAX_CONNECTIONS = 1024
 LOG_EVERY_S = 10.0
-"""A repeated log line (an accept failing, a malformed request) is written at most this often."""
+"""A failed accept is logged at most this often."""
 
 
 def max_connections() -> int:
@@ -78,11 +78,10 @@ def http_protocol() -> type:
     oldest one waiting for a request makes room, else the new one is answered 503). Its own
     refusals carry the API's error body: 413 for a URL over MAX_URL (httptools cannot parse one,
     so the app never sees it), 400 for a request it cannot parse at all. Also bounds how often
-    the event loop logs a failed accept and uvicorn a malformed request."""
+    the event loop logs a failed accept (out of files, it tried and logged again at once)."""
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     logging.getLogger("asyncio").addFilter(_Throttle(("accept",)))
-    logging.getLogger("uvicorn.error").addFilter(_Throttle(("Invalid HTTP request received",)))
     cap = max_connections()
 
     class BoundedProtocol(HttpToolsProtocol):
