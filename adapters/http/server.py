@@ -245,10 +245,12 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
     Every POST needs ``Authorization: Bearer <token>`` and is audited, allowed or refused; on a
     bind that is not loopback every request but /healthz needs ``token`` or ``read_token`` (which
     only reads); a loopback bind answers to loopback names only. Read-only is the adapter's to
-    enforce, not the server's. (``serve`` also refuses a short token; this factory does not.)"""
+    enforce, not the server's. (``serve`` also refuses a short action token; this factory, used
+    by tests, does not.)"""
     _check_token_text(token)
-    if read_token is not None:
+    if read_token is not None:  # (new, so no test relies on a short one: held to serve's rule here)
         _check_token_text(read_token, "read token")
+        check_token_strength(read_token, "read token")
     if read_token is not None and read_token == token:
         raise ValueError("the read token must differ from the action token")
     bind, tokens = Bind(host, port), Tokens(token, read_token)

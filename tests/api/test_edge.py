@@ -264,3 +264,11 @@ def test_the_client_waits_out_a_busy_server(engine):
         time.sleep(1.5)
         adapter.gate.set()
         assert patient.result().total >= 1 and first.result().status_code == 200
+
+
+def test_a_short_read_token_is_refused_wherever_the_app_is_made(engine):
+    """The SGLang plugin makes the app itself (RADIXTOP_READ_TOKEN): the rule holds there too."""
+    with pytest.raises(ValueError, match="read token must be at least 16 characters"):
+        create_app(BundledAdapter(engine), TOKEN, AuditLog(None), host="0.0.0.0", read_token="short")
+    with pytest.raises(ValueError, match="must differ"):
+        create_app(BundledAdapter(engine), TOKEN, AuditLog(None), host="0.0.0.0", read_token=TOKEN)
