@@ -149,7 +149,7 @@ def _refuse_error(exc: AdapterError) -> JSONResponse:
 class Admission:
     """ASGI middleware: refuses what the API must not answer, before routing (nothing refused
     here is journaled: no route ran), and holds heavy reads to ``max_heavy_reads`` at once.
-    Health and actions are never counted (their threads are their own: see ``server.first``)."""
+    Health and actions are never counted (their threads are their own: see ``server.ahead_of_reads``)."""
 
     def __init__(self, app: ASGIApp, bind: Bind, tokens: Tokens, max_heavy_reads: int = MAX_HEAVY_READS) -> None:
         self.app, self.bind, self.tokens = app, bind, tokens

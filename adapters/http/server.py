@@ -116,7 +116,7 @@ PRIORITY_THREADS = 8
 _PRIORITY: RunVar[anyio.CapacityLimiter] = RunVar("radixtop_priority_threads")
 
 
-async def first(fn: Callable[..., T], *args: Any) -> T:
+async def ahead_of_reads(fn: Callable[..., T], *args: Any) -> T:
     """Run an adapter call for an action or /healthz in a thread of their own: never queued behind
     reads that fill the default thread pool while they wait on the cache's owner."""
     try:
@@ -339,7 +339,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
             if needs_token:
                 intent = AuditEntry(time=time.time(), client=client, action=action, target=target, allowed=True)
                 try:
-                    pending = await first(audit.begin, intent)
+                    pending = await ahead_of_reads(audit.begin, intent)
                 except AuditUnavailable as exc:
                     raise AuditUnavailable(f"{exc.message}; nothing was done: an action that cannot be "
                                            "audited is not run") from None
@@ -358,9 +358,9 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
                      "allowed" if error is None else f"refused ({error.code})")
         try:
             if pending is not None:
-                await first(audit.finish, pending, entry)
+                await ahead_of_reads(audit.finish, pending, entry)
             elif not isinstance(error, AuditUnavailable):
-                await first(audit.append, entry, refused_token is None)
+                await ahead_of_reads(audit.append, entry, refused_token is None)
         except AuditUnavailable as exc:  # the action has run (or was refused): say so in the log
             logger.error("could not journal the outcome of %s %r from %s: %s", action, _short(target),
                          client, exc.message)
@@ -379,7 +379,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
             raise BadRequest('body must be JSON, such as {"tokens": 1000}') from None
 
     def in_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return first(fn, *args)
+        return ahead_of_reads(fn, *args)
 
     dry_run_param = {"parameters": [{
         "name": "dry_run", "in": "query", "required": False,
@@ -562,10 +562,10 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
              responses=_errors(503))
     async def healthz() -> JSONResponse:
         try:
-            st = await first(adapter.stats)
+            st = await ahead_of_reads(adapter.stats)
         except (TargetUnreachable, TargetTimeout) as exc:
             return _json(error_to_body(exc), 503)
-        read_only = (await first(adapter.capabilities)).read_only
+        read_only = (await ahead_of_reads(adapter.capabilities)).read_only
         return _json({"status": "ok", "target": st.target, "version": st.version, "read_only": read_only})
 
     @app.get("/metrics", summary="Prometheus metrics (read from the target at scrape time)",
