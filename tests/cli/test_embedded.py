@@ -65,7 +65,7 @@ def test_a_flood_of_logged_warnings_never_stops_the_demo():
         assert "Invalid HTTP request" in child.log_tail()  # kept, the last of it
         # and said a few times a minute, not 3000 times (the count of the rest comes with the
         # first one of the next minute: test_repeated_warnings_are_limited_per_message)
-        assert child.log_tail().count("Invalid HTTP request") == 5
+        assert 1 <= child.log_tail().count("Invalid HTTP request") <= 5
 
 
 def test_repeated_warnings_are_limited_per_message():

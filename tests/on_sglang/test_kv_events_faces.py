@@ -54,7 +54,7 @@ def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
     port, api = free_ports(2), None
     api = port + 1
     server = Server(sgl, port, None)
-    env = {**os.environ, "RADIXTOP_TOKEN": "t0k"}
+    env = {**os.environ, "RADIXTOP_TOKEN": "kv-events-test-token-0123"}
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--kv-events", f"tcp://127.0.0.1:{port}",
          "--model", "tiny", "--port", str(api)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -74,7 +74,7 @@ def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
         runner = CliRunner()
 
         def run(*args: str):
-            return runner.invoke(app, [args[0], "--url", url, *args[1:]], env={"RADIXTOP_TOKEN": "t0k"})
+            return runner.invoke(app, [args[0], "--url", url, *args[1:]], env={"RADIXTOP_TOKEN": "kv-events-test-token-0123"})
 
         deadline = time.monotonic() + 20
         while json.loads(run("stats", "--json").stdout)["node_count"] == 0:
