@@ -86,11 +86,12 @@ class Tokens:
 @dataclass(frozen=True)
 class Bind:
     """Where the server listens: what ``Host`` it answers to and whether reads need a token.
-    A loopback bind answers to loopback names only (a DNS-rebinding page sends its own name);
-    any other bind needs a token for every request but /healthz, so it takes any Host."""
+    A loopback bind answers to loopback names only (a DNS-rebinding page sends its own name),
+    on any port (an SSH tunnel forwards from another one; a page cannot choose the port its
+    browser names); any other bind needs a token for every request but /healthz, so it takes
+    any Host."""
 
     host: str
-    port: int | None = None
 
     @property
     def loopback(self) -> bool:
@@ -105,13 +106,13 @@ class Bind:
             return True
         if not host:
             return False
-        name, port = _split_host(host.lower())
-        return name in self.names() and (port is None or self.port is None or port == self.port)
+        name, _ = _split_host(host.lower())
+        return name in self.names()
 
 
 def _split_host(host: str) -> tuple[str, int | None]:
     """A Host header's name and port (None if it has none); an IPv6 literal keeps its brackets.
-    A port that is not a number makes the name empty (no bind answers to it)."""
+    A port that is not a number makes the name empty (no bind answers to that Host)."""
     if host.startswith("["):
         name, _, rest = host.partition("]")
         name, port = name + "]", rest[1:] if rest.startswith(":") else None

@@ -239,9 +239,8 @@ def _check_token_text(token: str, what: str = "token") -> None:
 
 
 def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str = "127.0.0.1",
-               port: int | None = None, read_token: str | None = None,
-               max_heavy_reads: int = MAX_HEAVY_READS) -> FastAPI:
-    """The admin API over ``adapter``, for a server bound to ``host`` (and ``port``, when known).
+               read_token: str | None = None, max_heavy_reads: int = MAX_HEAVY_READS) -> FastAPI:
+    """The admin API over ``adapter``, for a server bound to ``host``.
     Every POST needs ``Authorization: Bearer <token>`` and is audited, allowed or refused; on a
     bind that is not loopback every request but /healthz needs ``token`` or ``read_token`` (which
     only reads); a loopback bind answers to loopback names only. Read-only is the adapter's to
@@ -253,7 +252,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
         check_token_strength(read_token, "read token")
     if read_token is not None and read_token == token:
         raise ValueError("the read token must differ from the action token")
-    bind, tokens = Bind(host, port), Tokens(token, read_token)
+    bind, tokens = Bind(host), Tokens(token, read_token)
     registry = metrics_registry(adapter)
     read_errors = () if bind.loopback else (401,)
     app = FastAPI(
@@ -667,7 +666,7 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
 
     audit = AuditLog(audit_path)
     try:
-        app = create_app(adapter, token, audit, host=host, port=port, read_token=read_token)
+        app = create_app(adapter, token, audit, host=host, read_token=read_token)
         sock = _bind(host, port)
         shown = f"[{host}]" if ":" in host else host
         log(f"radixtop admin API for {adapter.name} on http://{shown}:{port}"

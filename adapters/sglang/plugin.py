@@ -202,7 +202,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
     app = create_app(adapter, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
-                     host=host, port=port, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
+                     host=host, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
     import uvicorn
 
     sock = _bind(host, port)
