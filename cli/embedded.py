@@ -155,6 +155,10 @@ class DemoChild:
             try:
                 self.start()
             except RuntimeError as exc:
+                if self._stopping.is_set():
+                    return
+                if self.proc.poll() is not None:  # it died again while starting: one more death
+                    continue
                 self.ended = True
                 notify(f"the demo engine exited ({how}) and could not be restarted: {exc}. "
                        "Quit and run radixtop again.")

@@ -110,6 +110,9 @@ def test_a_killed_demo_is_restarted_and_says_so():
                 assert time.monotonic() < deadline, notes
                 time.sleep(0.2)
         assert child.pid != first
+        while not notes:  # the watcher says so once it has seen the new child answer too
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         assert any("restarted" in note and "signal 9" in note for note in notes), notes
         client.close()
     assert not _alive(first)  # reaped, not a zombie
