@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import resource
-import threading
-import time
 from functools import cache
 
 from radixtop.adapters.errors import AdapterError, BadRequest
+from radixtop.adapters.http.logs import RepeatLimit
 from radixtop.adapters.http.wire import PAYLOAD_TOO_LARGE, error_body, error_to_body
 
 MAX_URL = 65_535  # httptools cannot parse a longer request target; the app holds to the same limit
@@ -44,31 +42,9 @@ def url_too_long() -> PayloadTooLarge:
     return PayloadTooLarge(f"request URL over {MAX_URL} bytes (a match over HTTP takes ~10k-30k token ids)")
 
 
-class _Throttle(logging.Filter):
-    """Lets a record whose message contains one of ``phrases`` through once per ``every`` seconds;
-    the next one that passes says how many were held back."""
-
-    def __init__(self, phrases: tuple[str, ...], every: float = LOG_EVERY_S) -> None:
-        super().__init__()
-        self.phrases, self.every = phrases, every
-        self._lock = threading.Lock()
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        phrase = next((p for p in self.phrases if p in message), None)
-        if phrase is None:
-            return True
-        now = time.monotonic()
-        with self._lock:
-            last, held = self._last.get(phrase, (-math.inf, 0))
-            if now - last < self.every:
-                self._last[phrase] = (last, held + 1)
-                return False
-            self._last[phrase] = (now, 0)
-        if held:
-            record.msg, record.args = f"{message} ({held} more like it in {now - last:.0f} s)", None
-        return True
+def _failed_accept(record: logging.LogRecord) -> str | None:
+    """What the event loop's failed accepts have in common (each one's text names its socket)."""
+    return "accept" if "accept" in record.getMessage() else None
 
 
 @cache
@@ -81,7 +57,7 @@ def http_protocol() -> type:
     the event loop logs a failed accept (out of files, it tried and logged again at once)."""
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-    logging.getLogger("asyncio").addFilter(_Throttle(("accept",)))
+    logging.getLogger("asyncio").addFilter(RepeatLimit(burst=1, window=LOG_EVERY_S, key=_failed_accept))
     cap = max_connections()
 
     class BoundedProtocol(HttpToolsProtocol):

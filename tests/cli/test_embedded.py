@@ -15,8 +15,8 @@ import pytest
 
 from radixtop.adapters.errors import AdapterError, TargetUnreachable, Unauthorized
 from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.http.logs import RepeatLimit
 from radixtop.cli.embedded import demo_server, wait_healthy
-from radixtop.cli.logs import RepeatLimit
 
 
 def test_the_demo_engine_runs_in_its_own_process_and_goes_with_the_block():
