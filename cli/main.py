@@ -219,10 +219,11 @@ def replay(
     print_replay_summary(doc, geometry.bytes_per_token)
 
 
-from radixtop.cli import remote, serve  # noqa: E402  (commands defined in their own modules)
+from radixtop.cli import fleet, remote, serve  # noqa: E402  (commands defined in their own modules)
 
 app.add_typer(serve.app)
 app.add_typer(remote.app)
+app.add_typer(fleet.app)
 
 
 def main() -> None:

@@ -1,0 +1,176 @@
+"""One poll of a fleet: discover the workers, then read every worker at once, each within its own
+deadline, so a worker that hangs or refuses costs its row a reason and never the view its time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
+
+from radixtop.adapters.errors import AdapterError, TargetTimeout
+from radixtop.adapters.fleet.dump import duplicates
+from radixtop.adapters.fleet.model import FleetView, WorkerRow, by_pressure
+from radixtop.adapters.fleet.sources import Source, WorkerSpec
+from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
+
+MAX_THREADS = 32
+PLUGIN_PREFIX = "sglang dp"
+"""How the radixtop plugin names itself (``sglang dp<rank> <model>``): a URL guessed by the port
+rule is believed only when the server there says so."""
+
+
+def _row_from_source(spec: WorkerSpec, why: str) -> WorkerRow:
+    """What the source alone knows (SMG's loads, Dynamo's dump): reachable unless it says not."""
+    reachable = not spec.down and spec.source != "none"
+    figures = spec.capacity_tokens is not None or spec.running_requests is not None or spec.indexed_tokens is not None
+    return WorkerRow(
+        spec.worker, spec.dp_rank, spec.radixtop_url, spec.source if figures else "none", reachable and figures,
+        why="; ".join(w for w in (spec.down, why) if w), model=spec.model, healthy=spec.healthy,
+        capacity_tokens=spec.capacity_tokens, protected_tokens=spec.protected_tokens,
+        running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
+
+
+def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float) -> WorkerRow:
+    client = RadixtopClient(url, token=token, timeout=timeout)
+    try:
+        s = client.stats()
+    finally:
+        client.close()
+    if spec.by_rule and not s.target.startswith(f"{PLUGIN_PREFIX}{spec.dp_rank or 0}"):
+        raise AdapterError(f"{url} is a radixtop ({s.target!r}) but not this worker's plugin; give its URL "
+                           "with --map")
+    return WorkerRow(
+        spec.worker, spec.dp_rank, url, "radixtop", True, why=spec.down, model=spec.model or s.geometry.name,
+        healthy=spec.healthy, capacity_tokens=s.capacity_tokens, free_tokens=s.free_tokens,
+        evictable_tokens=s.evictable_tokens, protected_tokens=s.protected_tokens,
+        bytes_per_token=s.bytes_per_token or None, open_sessions=s.open_sessions, prompt_tokens=s.prompt_tokens,
+        cached_tokens=s.cached_tokens, running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
+
+
+def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str) -> WorkerRow:
+    """SGLang's own routes: capacity and protected always; free and evictable apart only with its
+    KV gauges in /metrics; the hit rate only with --enable-metrics; no sessions."""
+    adapter = SGLangRoutesAdapter(spec.engine_url or spec.worker, api_key=api_key, dp_rank=spec.dp_rank,
+                                  timeout=timeout)
+    try:
+        t = adapter.read()
+    finally:
+        adapter.close()
+    missing = [] if t.split else ["free and evictable apart (no KV gauges in /metrics)"]
+    if not t.metrics:
+        missing.append("the hit rate (no /metrics: --enable-metrics)")
+    notes = [w for w in (spec.down, why) if w]
+    if missing:
+        notes.append("unknown: " + ", ".join(missing))
+    return WorkerRow(
+        spec.worker, spec.dp_rank, None, "sglang", True, why="; ".join(notes), model=spec.model,
+        healthy=spec.healthy, capacity_tokens=t.capacity, free_tokens=t.free if t.split else None,
+        evictable_tokens=t.evictable if t.split else None, protected_tokens=t.protected,
+        prompt_tokens=t.prompt if t.metrics else None, cached_tokens=t.cached if t.metrics else None,
+        running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
+
+
+def read_worker(spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> WorkerRow:
+    """The worker's radixtop where it has one; else its engine's routes; else its source's figures."""
+    why = ""
+    if spec.radixtop_url:
+        try:
+            return read_radixtop(spec, spec.radixtop_url, tokens.get(spec.radixtop_url)
+                                 or tokens.get(spec.worker), timeout)
+        except AdapterError as exc:
+            why = f"radixtop: {exc.message}"
+    if spec.engine_url:
+        try:
+            return read_sglang(spec, tokens.get(spec.engine_url), timeout, why)
+        except AdapterError as exc:
+            row = _row_from_source(spec, "; ".join(w for w in (why, f"engine: {exc.message}") if w))
+            return replace(row, reachable=False)
+    if not spec.radixtop_url and not why:
+        why = "no radixtop URL known (give one with --map)"
+    return _row_from_source(spec, why)
+
+
+def _timed_out(spec: WorkerSpec, seconds: float) -> WorkerRow:
+    row = _row_from_source(spec, f"no answer within {seconds:g} s")
+    return replace(row, reachable=False)
+
+
+def poll_fleet(source: Source, tokens: dict[str, str] | None = None, timeout: float = 2.0,
+               bytes_per_token: int | None = None) -> FleetView:
+    """Discover, then read every worker concurrently. Each read's requests time out after
+    ``timeout``; the whole poll waits at most about twice that (a radixtop try, then the engine)
+    and gives a row that is still out a reason instead of its figures."""
+    started, taken_at = time.monotonic(), time.time()
+    tokens = tokens or {}
+    found = source.discover()
+    if found.error:
+        return FleetView(source.label, (), taken_at, time.monotonic() - started, error=found.error,
+                         notes=found.notes)
+    rows: dict[int, WorkerRow] = {}
+    budget = 2 * timeout + 0.5
+    pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(found.specs))),
+                              thread_name_prefix="radixtop-fleet")
+    try:
+        futures: dict[Future, int] = {pool.submit(read_worker, spec, tokens, timeout): i
+                                      for i, spec in enumerate(found.specs)}
+        deadline = time.monotonic() + budget
+        pending = set(futures)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            for f in done:
+                i = futures[f]
+                try:
+                    rows[i] = f.result()
+                except Exception as exc:  # a bug in one read must not hide the others
+                    kind = "timed out" if isinstance(exc, TargetTimeout) else type(exc).__name__
+                    rows[i] = replace(_row_from_source(found.specs[i], f"{kind}: {exc}"), reachable=False)
+        for f in pending:
+            i = futures[f]
+            rows[i] = _timed_out(found.specs[i], budget)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # reads still out end by their own timeouts
+    ordered = [rows[i] for i in range(len(found.specs))]
+    dups = None
+    if found.dump is not None:
+        bpt = bytes_per_token or _one_bytes_per_token(ordered)
+        dups = duplicates(found.dump, bpt)
+    return FleetView(source.label, by_pressure(ordered), taken_at, time.monotonic() - started,
+                     duplicates=dups, notes=found.notes)
+
+
+def _one_bytes_per_token(rows: list[WorkerRow]) -> int | None:
+    """The bytes per token every row that knows them agrees on (one model), else None."""
+    seen = {r.bytes_per_token for r in rows if r.bytes_per_token}
+    return seen.pop() if len(seen) == 1 else None
+
+
+class FleetPoller:
+    """Polls one source for many readers (the API's /v1/fleet, a dashboard): one poll at a time,
+    and a poll younger than ``max_age`` seconds is answered again rather than repeated."""
+
+    def __init__(self, source: Source, tokens: dict[str, str] | None = None, timeout: float = 2.0,
+                 bytes_per_token: int | None = None, max_age: float = 1.0):
+        self.source, self.tokens, self.timeout = source, tokens or {}, timeout
+        self.bytes_per_token, self.max_age = bytes_per_token, max_age
+        self._lock = threading.Lock()
+        self._last: tuple[float, FleetView] | None = None
+
+    def poll(self) -> FleetView:
+        with self._lock:
+            if self._last is not None and time.monotonic() - self._last[0] < self.max_age:
+                return self._last[1]
+            view = poll_fleet(self.source, self.tokens, self.timeout, self.bytes_per_token)
+            self._last = (time.monotonic(), view)
+            return view
+
+    def token_for(self, row: WorkerRow) -> str | None:
+        """The token for actions on ``row``'s radixtop (the tokens file's entry for that URL, or
+        for the worker)."""
+        if row.radixtop_url and row.radixtop_url in self.tokens:
+            return self.tokens[row.radixtop_url]
+        return self.tokens.get(row.worker)

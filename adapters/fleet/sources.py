@@ -1,0 +1,254 @@
+"""Where a fleet's workers come from: SMG (``GET /workers``, ``/get_loads``), Dynamo's KV indexer
+(``GET /workers``, ``/dump``) or a fleet file. Each source answers one ``Discovery``: the workers
+and DP ranks to read, with what the source itself knows of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unauthorized
+from radixtop.adapters.fleet.config import FleetEntry, host_of, normal_url, plugin_url
+from radixtop.adapters.fleet.dump import DumpError, ParsedDump, parse_dump
+from radixtop.adapters.http.proxy import transport_for
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker and DP rank to read, and what its source said of it."""
+
+    worker: str
+    dp_rank: int | None
+    radixtop_url: str | None = None
+    by_rule: bool = False
+    """The radixtop URL is a guess by the plugin's port rule (checked before it is believed)."""
+    engine_url: str | None = None
+    """SGLang's own routes, read where there is no radixtop."""
+    model: str = ""
+    healthy: bool | None = None
+    running_requests: int | None = None
+    capacity_tokens: int | None = None
+    protected_tokens: int | None = None
+    indexed_tokens: int | None = None
+    down: str = ""
+    """Why the source says the worker is not serving (empty: it does not say so)."""
+    source: str = "none"
+    """What the source's own figures are (``smg``, ``dynamo``, or ``none``)."""
+
+
+@dataclass(frozen=True)
+class Discovery:
+    specs: tuple[WorkerSpec, ...]
+    error: str = ""
+    dump: ParsedDump | None = None
+    """Dynamo's dump, parsed (the duplicates are counted once the bytes per token are known)."""
+    notes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """How a worker finds its radixtop: explicit entries (``--map``) first, then the plugin's
+    port rule on the worker's host (``plugin_port``; None: no rule)."""
+
+    entries: dict[str, str] = field(default_factory=dict)
+    plugin_port: int | None = None
+
+    def radixtop_for(self, worker: str, dp_rank: int | None, host_url: str | None) -> tuple[str | None, bool]:
+        """(radixtop URL, by_rule) for a worker; ``host_url``: where the rule looks (its host)."""
+        rank = dp_rank or 0
+        for key in (f"{worker}@{rank}", worker if dp_rank is None or rank == 0 else None):
+            if key and key in self.entries:
+                return self.entries[key], False
+        if dp_rank is not None and worker in self.entries and rank:
+            base = self.entries[worker]  # a worker's entry names rank 0; rank r is that port + r
+            head, _, port = base.rpartition(":")
+            if port.isdigit():
+                return f"{head}:{int(port) + rank}", False
+        if self.plugin_port and host_url:
+            return plugin_url(host_url, dp_rank, self.plugin_port), True
+        return None, False
+
+
+def _unambiguous(specs: list[WorkerSpec]) -> tuple[list[WorkerSpec], list[str]]:
+    """Drop rule-made radixtop URLs that two workers would share (two SGLang servers on one host
+    with the default RADIXTOP_PORT): neither is believed; say so once."""
+    seen: dict[str, int] = {}
+    for s in specs:
+        if s.by_rule and s.radixtop_url:
+            seen[s.radixtop_url] = seen.get(s.radixtop_url, 0) + 1
+    clash = {u for u, n in seen.items() if n > 1}
+    if not clash:
+        return specs, []
+    notes = [f"{u} would be the radixtop plugin of {seen[u]} workers (one RADIXTOP_PORT per host); "
+             "give each worker its radixtop URL with --map" for u in sorted(clash)]
+    return [replace(s, radixtop_url=None, by_rule=False) if s.radixtop_url in clash and s.by_rule else s
+            for s in specs], notes
+
+
+class Source:
+    """A fleet source; ``discover`` never raises for the source's own failure (it is ``error``)."""
+
+    label = ""
+
+    def discover(self) -> Discovery:
+        raise NotImplementedError
+
+
+def _client(url: str, timeout: float, token: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, timeout=timeout, headers=headers, transport=transport_for(url))
+
+
+def _get(client: httpx.Client, path: str, what: str) -> Any:
+    url = f"{client.base_url}".rstrip("/") + path
+    try:
+        response = client.get(path)
+    except httpx.TimeoutException:
+        raise TargetTimeout(f"{what} at {url} did not answer within {client.timeout.read:g} s") from None
+    except httpx.TransportError as exc:
+        raise TargetUnreachable(f"cannot reach {what} at {url}: {str(exc) or type(exc).__name__}") from None
+    if response.status_code in (401, 403):
+        raise Unauthorized(f"{what} at {url} refused the request (HTTP {response.status_code}): put its API key "
+                           "in the tokens file")
+    if not response.is_success:
+        raise AdapterError(f"{what} at {url}: HTTP {response.status_code} {response.text[:200]}")
+    try:
+        return response.json()
+    except ValueError:
+        raise AdapterError(f"{what} at {url} answered something that is not JSON") from None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class FleetFileSource(Source):
+    """Workers listed in a file: radixtop servers, or SGLang workers with or without radixtop."""
+
+    def __init__(self, path: Path, entries: list[FleetEntry], mapping: Mapping):
+        self.label = f"fleet {path}"
+        self.entries, self.mapping = entries, mapping
+
+    def discover(self) -> Discovery:
+        specs: list[WorkerSpec] = []
+        for e in self.entries:
+            if e.kind == "radixtop":
+                specs.append(WorkerSpec(e.url, None, e.url))
+                continue
+            ranks: list[int | None] = [None] if e.dp_size == 1 else list(range(e.dp_size))
+            for rank in ranks:
+                if e.radixtop_url:
+                    url = e.radixtop_url
+                    if rank:
+                        head, _, port = url.rpartition(":")
+                        url = f"{head}:{int(port) + rank}" if port.isdigit() else url
+                    specs.append(WorkerSpec(e.url, rank, url, engine_url=e.url))
+                else:
+                    url, by_rule = self.mapping.radixtop_for(e.url, rank, e.url)
+                    specs.append(WorkerSpec(e.url, rank, url, by_rule, engine_url=e.url))
+        specs, notes = _unambiguous(specs)
+        return Discovery(tuple(specs), notes=tuple(notes))
+
+
+class SmgSource(Source):
+    """SGLang's model gateway: its registered workers (``GET /workers``: url, dp_rank, health,
+    model) and their engines' loads (``GET /get_loads``: per worker and DP rank)."""
+
+    def __init__(self, url: str, mapping: Mapping, token: str | None = None, timeout: float = 3.0):
+        self.url = normal_url(url)
+        self.label = f"smg {self.url}"
+        self.mapping, self.token, self.timeout = mapping, token, timeout
+
+    def discover(self) -> Discovery:
+        with _client(self.url, self.timeout, self.token) as client:
+            try:
+                body = _get(client, "/workers", "SMG")
+                workers = body["workers"]
+                if not isinstance(workers, list):
+                    raise TypeError("workers is not a list")
+            except AdapterError as exc:
+                return Discovery((), error=exc.message)
+            except (KeyError, TypeError) as exc:
+                return Discovery((), error=f"unexpected /workers body from SMG at {self.url}: {exc!r}")
+            notes: list[str] = []
+            loads: dict[tuple[str, int], dict[str, Any]] = {}
+            try:
+                for load in _get(client, "/get_loads", "SMG").get("loads") or []:
+                    loads[(normal_url(str(load.get("worker", ""))), int(load.get("dp_rank") or 0))] = load
+            except (AdapterError, AttributeError, TypeError, ValueError) as exc:
+                notes.append(f"SMG's /get_loads: {getattr(exc, 'message', exc)}")
+        specs: list[WorkerSpec] = []
+        for w in workers:
+            if not isinstance(w, dict) or not w.get("url"):
+                continue
+            base = normal_url(str(w.get("dp_base_url") or w["url"]))
+            rank = _int(w.get("dp_rank"))
+            ranks: list[int | None] = [rank] if rank is not None else (
+                sorted({r for (u, r) in loads if u == base}) if len({r for (u, r) in loads if u == base}) > 1
+                else [None])
+            healthy = w.get("is_healthy") if isinstance(w.get("is_healthy"), bool) else None
+            model = str(w.get("model_id") or "")
+            for r in ranks:
+                load = loads.get((base, r or 0), {})
+                url, by_rule = self.mapping.radixtop_for(base, r, base)
+                specs.append(WorkerSpec(
+                    base, r, url, by_rule, engine_url=base, model=model, healthy=healthy,
+                    running_requests=_int(load.get("num_running_reqs")),
+                    capacity_tokens=_int(load.get("max_total_num_tokens")),
+                    protected_tokens=_int(load.get("num_used_tokens")),
+                    down="" if healthy is not False else "SMG marks it unhealthy", source="smg"))
+        specs, clash = _unambiguous(specs)
+        return Discovery(tuple(specs), notes=tuple(notes + clash))
+
+
+class DynamoSource(Source):
+    """Dynamo's standalone KV indexer: its workers (``GET /workers``: instance_id, ZMQ endpoint
+    per DP rank, listener status) and what each caches (``GET /dump``), hence the duplicates."""
+
+    def __init__(self, url: str, mapping: Mapping, token: str | None = None, timeout: float = 3.0):
+        self.url = normal_url(url)
+        self.label = f"dynamo {self.url}"
+        self.mapping, self.token, self.timeout = mapping, token, timeout
+
+    def discover(self) -> Discovery:
+        with _client(self.url, max(self.timeout, 1.0), self.token) as client:
+            try:
+                workers = _get(client, "/workers", "Dynamo's indexer")
+                if not isinstance(workers, list):
+                    raise TypeError("/workers is not a list")
+            except AdapterError as exc:
+                return Discovery((), error=exc.message)
+            except TypeError as exc:
+                return Discovery((), error=f"unexpected /workers body from Dynamo at {self.url}: {exc}")
+            notes: list[str] = []
+            parsed = None
+            try:
+                parsed = parse_dump(_get(client, "/dump", "Dynamo's indexer"))
+            except (AdapterError, DumpError) as exc:
+                notes.append(f"Dynamo's /dump: {getattr(exc, 'message', exc)}")
+        specs: list[WorkerSpec] = []
+        for w in workers:
+            if not isinstance(w, dict) or w.get("instance_id") is None:
+                continue
+            wid = str(w["instance_id"])
+            endpoints = w.get("endpoints") if isinstance(w.get("endpoints"), dict) else {"0": ""}
+            listeners = w.get("listeners") if isinstance(w.get("listeners"), dict) else {}
+            ranks = sorted(int(k) for k in endpoints if str(k).isdigit()) or [0]
+            for r in ranks:
+                endpoint = str(endpoints.get(str(r)) or "")
+                host = host_of(endpoint)
+                status = str((listeners.get(str(r)) or {}).get("status") or w.get("status") or "")
+                url, by_rule = self.mapping.radixtop_for(wid, r if len(ranks) > 1 else None,
+                                                         f"http://{host}" if host else None)
+                who = wid if not r else f"{wid}@{r}"
+                specs.append(WorkerSpec(
+                    wid, r if len(ranks) > 1 else None, url, by_rule, model=str(w.get("model_name") or ""),
+                    indexed_tokens=parsed.indexed_tokens.get(who, 0) if parsed else None,
+                    down="" if status in ("", "active") else f"the indexer's listener for {endpoint or 'it'} "
+                                                                f"is {status}",
+                    source="dynamo"))
+        specs, clash = _unambiguous(specs)
+        return Discovery(tuple(specs), dump=parsed, notes=tuple(notes + clash))

@@ -1,0 +1,152 @@
+"""`radixtop fleet`: every worker and DP rank behind SMG, Dynamo's KV indexer or a fleet file, in
+one table (or JSON, or the dashboard's fleet view, whose Enter opens that worker's dashboard)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from radixtop.adapters.units import inert
+from radixtop.cli.options import Json
+
+app = typer.Typer()
+
+EXIT_USAGE, EXIT_UNREACHABLE = 2, 3
+
+SmgUrl = Annotated[str | None, typer.Option("--smg", show_default=False,
+                                            help="SGLang's model gateway (SMG): its /workers and /get_loads.")]
+DynamoUrl = Annotated[str | None, typer.Option("--dynamo", show_default=False,
+                                               help="Dynamo's KV indexer: its /workers and /dump.")]
+FleetFile = Annotated[Path | None, typer.Option("--fleet", show_default=False,
+                                                help="A file of workers, one a line: a radixtop URL, or "
+                                                     "sglang=URL, then radixtop=URL and dp=N if need be.")]
+MapFile = Annotated[Path | None, typer.Option("--map", show_default=False,
+                                              help="Lines of WORKER RADIXTOP_URL: each worker's radixtop "
+                                                   "(WORKER: an engine URL or a Dynamo instance id, @DP for one rank).")]
+TokensFile = Annotated[Path | None, typer.Option("--tokens", envvar="RADIXTOP_FLEET_TOKENS", show_default=False,
+                                                 help="Lines of URL TOKEN (mode 0600): radixtop tokens and "
+                                                      "engines' API keys. Tokens never go on the command line.")]
+RadixtopPort = Annotated[int, typer.Option("--radixtop-port", min=0, max=65535,
+                                           help="Where an SGLang worker's radixtop plugin listens when --map "
+                                                "does not say: the worker's host, this port + the DP rank "
+                                                "(the plugin's RADIXTOP_PORT); 0: do not guess.")]
+FleetTimeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds each worker may take to answer.")]
+
+
+def open_poller(smg: str | None, dynamo: str | None, fleet: Path | None, map_file: Path | None = None,
+                tokens_file: Path | None = None, radixtop_port: int = 30100, timeout: float = 2.0,
+                model: str | None = None) -> Any:
+    """A ``FleetPoller`` for exactly one of ``smg``, ``dynamo``, ``fleet``; BadRequest (one line)
+    for a bad combination or file."""
+    from radixtop.adapters.errors import BadRequest
+    from radixtop.adapters.fleet.config import read_fleet_file, read_map_file, read_tokens_file
+    from radixtop.adapters.fleet.probe import FleetPoller
+    from radixtop.adapters.fleet.sources import DynamoSource, FleetFileSource, Mapping, SmgSource
+
+    if sum(x is not None for x in (smg, dynamo, fleet)) != 1:
+        raise BadRequest("give one of --smg URL, --dynamo URL or --fleet FILE")
+    mapping = Mapping(read_map_file(map_file) if map_file else {}, radixtop_port or None)
+    tokens = read_tokens_file(tokens_file) if tokens_file else {}
+    bytes_per_token = None
+    if model:
+        from radixtop.gpu_backend.kv_geometry import get_geometry
+
+        try:
+            bytes_per_token = get_geometry(model).bytes_per_token
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    if smg is not None:
+        from radixtop.adapters.fleet.config import normal_url
+
+        source: Any = SmgSource(smg, mapping, tokens.get(normal_url(smg)), timeout)
+    elif dynamo is not None:
+        from radixtop.adapters.fleet.config import normal_url
+
+        source = DynamoSource(dynamo, mapping, tokens.get(normal_url(dynamo)), timeout)
+    else:
+        assert fleet is not None
+        source = FleetFileSource(fleet, read_fleet_file(fleet), mapping)
+    return FleetPoller(source, tokens, timeout, bytes_per_token)
+
+
+def _exit(message: str, code: int) -> typer.Exit:
+    typer.echo(f"radixtop: {inert(message)}", err=True)
+    return typer.Exit(code)
+
+
+def print_fleet(view: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from radixtop.adapters.fleet.format import COLUMNS, cells, duplicate_cells, reasons, summary
+
+    console = Console(markup=False, highlight=False, emoji=False)
+    table = Table(title=inert(summary(view)), show_header=True, title_justify="left")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("worker", "from", "state") else "right",
+                         overflow="fold", no_wrap=col != "worker")
+    down = {r.key for r in view.rows if not r.reachable}
+    for row in view.rows:
+        table.add_row(*(inert(c) for c in cells(row)), style=None if row.reachable else "red")
+    console.print(table)
+    for line in reasons(view):
+        console.print(Text(inert(line), style="red" if line.split(": ", 1)[0] in down else "yellow"))
+    dups = duplicate_cells(view)
+    if dups:
+        t = Table(title="prefixes cached on more than one worker (Dynamo's dump)", title_justify="left")
+        for col in ("prefix (last block)", "tokens", "cached on", "duplicated"):
+            t.add_column(col, justify="right" if col in ("tokens", "duplicated") else "left")
+        for c in dups:
+            t.add_row(*(inert(x) for x in c))
+        console.print(t)
+    for note in view.notes:
+        console.print(Text(f"note: {inert(note)}", style="yellow"))
+    console.print(Text("? = unknown (the worker cannot tell; never a 0). pressure = protected / capacity.",
+                       style="dim"))
+
+
+@app.command()
+def fleet(
+    smg: SmgUrl = None,
+    dynamo: DynamoUrl = None,
+    fleet_file: FleetFile = None,
+    map_file: MapFile = None,
+    tokens: TokensFile = None,
+    radixtop_port: RadixtopPort = 30100,
+    model: Annotated[str | None, typer.Option(show_default=False, help="KV geometry preset for the bytes of "
+                                              "Dynamo's duplicates where no worker's radixtop says them.")] = None,
+    timeout: FleetTimeout = 2.0,
+    as_json: Json = False,
+    tui: Annotated[bool, typer.Option("--tui", help="The dashboard's fleet view (Enter opens a worker's "
+                                      "dashboard).")] = False,
+    interval: Annotated[float, typer.Option(min=0.5, max=60, help="--tui: seconds between polls.")] = 2.0,
+) -> None:
+    """One row per worker and DP rank (capacity, free/evictable/protected, sessions, hit rate,
+    reachable or why not), the most pressed first; from Dynamo, the prefixes cached twice."""
+    from radixtop.adapters.errors import BadRequest
+
+    if as_json and tui:
+        raise _exit("give --json or --tui, not both", EXIT_USAGE)
+    try:
+        poller = open_poller(smg, dynamo, fleet_file, map_file, tokens, radixtop_port, timeout, model)
+    except BadRequest as exc:
+        raise _exit(exc.message, EXIT_USAGE) from None
+    if tui:
+        from radixtop.cli.fleet_tui import run_fleet_dashboard
+
+        run_fleet_dashboard(poller, interval)
+        return
+    view = poller.poll()
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(view.to_dict(), separators=(",", ":")))
+    else:
+        print_fleet(view)
+    if view.error:
+        if not as_json:
+            typer.echo(f"radixtop: {inert(view.error)}", err=True)
+        raise typer.Exit(EXIT_UNREACHABLE)
