@@ -108,6 +108,41 @@ def print_fleet(view: Any) -> None:
                        style="dim"))
 
 
+def open_worker(row: Any, poller: Any) -> tuple[Any, str]:
+    """(adapter, label) for a row's own dashboard: its radixtop, with the token the tokens file
+    gives that URL (actions need it); or SGLang's own routes (totals, close, flush)."""
+    if row.source == "radixtop":
+        from radixtop.adapters.http.client import RadixtopClient
+
+        return RadixtopClient(row.radixtop_url, token=poller.token_for(row), timeout=poller.timeout), row.radixtop_url
+    from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
+
+    adapter = SGLangRoutesAdapter(row.worker, api_key=poller.tokens.get(row.worker), dp_rank=row.dp_rank,
+                                  timeout=poller.timeout)
+    return adapter, adapter.name
+
+
+def run_fleet_dashboard(poller: Any, interval: float) -> None:
+    """The fleet view; Enter opens that worker's dashboard, whose q comes back to the fleet (the
+    cursor on the same worker); q in the fleet view ends."""
+    from radixtop.adapters.errors import AdapterError
+    from radixtop.inspector.app import run_dashboard
+    from radixtop.inspector.fleet_view import FleetApp
+
+    key: str | None = None
+    while True:
+        row = FleetApp(poller.poll, interval, cursor_key=key).run()
+        if row is None:
+            return
+        key = row.key
+        try:
+            adapter, label = open_worker(row, poller)
+        except AdapterError as exc:
+            typer.echo(f"radixtop: {inert(exc.message)}", err=True)
+            continue
+        run_dashboard(adapter, label, 1.0, on_exit=adapter.close)
+
+
 @app.command()
 def fleet(
     smg: SmgUrl = None,
@@ -135,8 +170,6 @@ def fleet(
     except BadRequest as exc:
         raise _exit(exc.message, EXIT_USAGE) from None
     if tui:
-        from radixtop.cli.fleet_tui import run_fleet_dashboard
-
         run_fleet_dashboard(poller, interval)
         return
     view = poller.poll()
@@ -150,3 +183,23 @@ def fleet(
         if not as_json:
             typer.echo(f"radixtop: {inert(view.error)}", err=True)
         raise typer.Exit(EXIT_UNREACHABLE)
+
+
+def watch_fleet(spec: str | None, map_file: Path | None, tokens_file: Path | None) -> Any:
+    """For ``radixtop serve --fleet SPEC`` (``smg=URL``, ``dynamo=URL`` or a fleet file): the
+    poll that ``GET /v1/fleet`` answers, or None. ValueError (one line) for a bad spec or file."""
+    from radixtop.adapters.errors import BadRequest
+
+    if spec is None:
+        if map_file is not None or tokens_file is not None:
+            raise ValueError("--fleet-map and --fleet-tokens go with --fleet")
+        return None
+    kind, sep, rest = spec.partition("=")
+    try:
+        if sep and kind == "smg":
+            return open_poller(rest, None, None, map_file, tokens_file).poll
+        if sep and kind == "dynamo":
+            return open_poller(None, rest, None, map_file, tokens_file).poll
+        return open_poller(None, None, Path(spec), map_file, tokens_file).poll
+    except BadRequest as exc:
+        raise ValueError(f"--fleet: {exc.message}") from None

@@ -50,6 +50,13 @@ def serve(
     read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
     audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
     name: Annotated[str | None, typer.Option(show_default=False, help="The target's name, as faces show it.")] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", show_default=False, help="Also watch a fleet: GET /v1/fleet "
+                                              "answers its rows (smg=URL, dynamo=URL, or a fleet file).")] = None,
+    fleet_map: Annotated[Path | None, typer.Option("--fleet-map", show_default=False,
+                                                   help="With --fleet: each worker's radixtop (as radixtop fleet --map).")] = None,
+    fleet_tokens: Annotated[Path | None, typer.Option("--fleet-tokens", envvar="RADIXTOP_FLEET_TOKENS",
+                                                      show_default=False, help="With --fleet: URL TOKEN lines (mode "
+                                                      "0600) for the workers' radixtop and engines.")] = None,
     kv_events: KvEvents = None,
     kv_replay: KvReplay = None,
     dp_rank: DpRank = 0,
@@ -76,10 +83,18 @@ def serve(
         typer.echo(f"radixtop: {message}", err=True)
         return typer.Exit(2)
 
+    from radixtop.cli.fleet import watch_fleet
+
+    try:
+        fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)
+    except ValueError as exc:
+        raise usage(str(exc)) from None
+
     def run_server(adapter, release) -> None:
         """Serve ``adapter`` until interrupted; errors become one line and an exit code."""
         try:
-            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token)
+            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token,
+                       fleet=fleet_poll)
         except ValueError as exc:
             raise usage(str(exc)) from None
         except OSError as exc:

@@ -239,13 +239,15 @@ def _check_token_text(token: str, what: str = "token") -> None:
 
 
 def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str = "127.0.0.1",
-               read_token: str | None = None, max_heavy_reads: int = MAX_HEAVY_READS) -> FastAPI:
+               read_token: str | None = None, max_heavy_reads: int = MAX_HEAVY_READS,
+               fleet: Callable[[], Any] | None = None) -> FastAPI:
     """The admin API over ``adapter``, for a server bound to ``host``.
     Every POST needs ``Authorization: Bearer <token>`` and is audited, allowed or refused; on a
     bind that is not loopback every request but /healthz needs ``token`` or ``read_token`` (which
     only reads); a loopback bind answers to loopback names only. Read-only is the adapter's to
     enforce, not the server's. (``serve`` also refuses a short action token; this factory, used
-    by tests, does not.)"""
+    by tests, does not.) ``fleet``: where ``GET /v1/fleet`` gets the fleet view it answers (a
+    ``FleetPoller.poll``); None: that route answers 501."""
     _check_token_text(token)
     if read_token is not None:  # (new, so no test relies on a short one: held to serve's rule here)
         _check_token_text(read_token, "read token")
@@ -575,6 +577,17 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
         content, media_type = _call(render_metrics, registry)
         return Response(content, media_type=media_type)
 
+    # ----- the fleet: other workers' caches, aggregated (radixtop serve --fleet) -----
+
+    @app.get("/v1/fleet", summary="Every worker and DP rank of the fleet this server watches (a poll "
+             "at most a second old); from Dynamo, the prefixes cached twice",
+             responses=_errors(*read_errors, 501))
+    def fleet_view() -> JSONResponse:
+        if fleet is None:
+            raise Unsupported("this server watches no fleet: start it with radixtop serve --fleet "
+                              "smg=URL, dynamo=URL or a fleet file")
+        return _json(_call(fleet).to_dict())
+
     return app
 
 
@@ -646,7 +659,7 @@ def _ndjson(header: str, chunks: Iterator[str]) -> Iterator[str]:
 
 def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
           audit_path: Path | str | None = None, log: Callable[[str], Any] = print,
-          read_token: str | None = None) -> None:
+          read_token: str | None = None, fleet: Callable[[], Any] | None = None) -> None:
     """Run the admin API until interrupted (Ctrl-C returns normally). Without a token it listens
     on loopback only and makes one up, printed once here (nowhere else); a token given must be
     at least MIN_TOKEN_LENGTH characters, and so must ``read_token`` (reads on a bind that is not
@@ -666,7 +679,7 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
 
     audit = AuditLog(audit_path)
     try:
-        app = create_app(adapter, token, audit, host=host, read_token=read_token)
+        app = create_app(adapter, token, audit, host=host, read_token=read_token, fleet=fleet)
         sock = _bind(host, port)
         shown = f"[{host}]" if ":" in host else host
         log(f"radixtop admin API for {adapter.name} on http://{shown}:{port}"
