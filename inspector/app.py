@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -335,7 +334,7 @@ class RadixtopApp(ActionFlows, App[None]):
             parts[0] += (f" {page.total:,} of {page.all_sessions:,}" if page.contains and page.all_sessions is not None
                          else f" {page.total:,}")
         if table.filter_text:
-            parts.append(f"filter {escape(repr(table.filter_text))}")
+            parts.append(f"filter {literal(repr(table.filter_text))}")
         if table.marked:
             parts.append(f"{len(table.marked)} marked")
         if page is not None:
@@ -446,7 +445,7 @@ class RadixtopApp(ActionFlows, App[None]):
                     if shown not in keys.setdefault(b.id, []):
                         keys[b.id].append(shown)
                     described.setdefault(b.id, b.description)
-        lines = [f"[b]{escape(' '.join(keys[i])):>16}[/]  {escape(described[i])}  [dim]({i})[/]" for i in keys]
+        lines = [f"[b]{literal(' '.join(keys[i]).rjust(16))}[/]  {literal(described[i])}  [dim]({i})[/]" for i in keys]
         self.push_screen(HelpScreen("\n".join(lines)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -493,6 +492,12 @@ class RadixtopApp(ActionFlows, App[None]):
             self.notify(f"{match.matched_tokens} of {match.query_tokens} tokens cached{where}", title="search")
 
         self.call_from_thread(show)
+
+
+def literal(text: str) -> str:
+    """``text`` shown as written inside Textual markup: every ``[`` escaped (Rich's ``escape``
+    leaves a ``[`` that opens no tag, and Textual then reads ``[b][[/]`` as the text ``[[/]``)."""
+    return text.replace("[", "\\[")
 
 
 def binding_ids() -> list[str]:

@@ -558,6 +558,24 @@ async def test_keys_as_people_write_them_quit_and_help(engine):
     assert app.return_code in (0, None)
 
 
+async def test_the_help_shows_bracket_keys_as_typed(engine):
+    """[ and ] page the detail's token ids: the help shows each as typed, in the keys' column, not
+    as markup left over ('[[/]' was shown for [)."""
+    from tests.dashboard.test_snapshots import screen_lines
+
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        lines = screen_lines(app)
+        prev = next(line for line in lines if "(detail.prev)" in line)
+        nxt = next(line for line in lines if "(detail.next)" in line)
+        assert "[/]" not in prev and " [  Previous token ids" in prev, prev
+        assert " ]  Next token ids" in nxt, nxt
+        assert prev.index("Previous") == nxt.index("Next")  # the same column
+
+
 async def test_ctrl_c_quits_when_nothing_is_running(engine):
     app = RadixtopApp(BundledAdapter(engine), interval=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
