@@ -1,0 +1,182 @@
+"""`radixtop fleet --fleet FILE` over real `radixtop serve` workers (the bundled demo engine in
+child processes), one that refuses and one that accepts and never answers: the view comes back
+within its deadline with a row saying why for each; /v1/fleet aggregates the same; a worker's own
+dashboard opens with its token from the tokens file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from radixtop.adapters.errors import Unauthorized
+from radixtop.adapters.fleet.config import read_fleet_file
+from radixtop.adapters.fleet.probe import FleetPoller
+from radixtop.adapters.fleet.sources import FleetFileSource, Mapping
+from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.http.server import create_app
+from radixtop.cli.embedded import demo_server
+from radixtop.cli.fleet import open_poller, open_worker
+from tests.support.live_server import free_port
+
+LOOPBACK = "http://127.0.0.1"  # the Host a loopback server answers to
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with demo_server("fleet a", "tiny", 4096, 8, 1, 40.0) as a, demo_server("fleet b", "tiny", 2048, 8, 2, 40.0) as b:
+        for child in (a, b):
+            client = RadixtopClient(child.url, timeout=10)
+            deadline = time.monotonic() + 60
+            while client.stats().prompt_tokens == 0 or not client.stats().open_sessions:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            client.close()
+        yield a, b
+
+
+@pytest.fixture
+def hanging():
+    """A port that accepts connections (the kernel's backlog) and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def fleet_file(tmp_path, *urls: str):
+    path = tmp_path / "fleet.txt"
+    path.write_text("# workers\n" + "\n".join(urls) + "\n")
+    return path
+
+
+def radixtop(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_rows_for_every_worker_within_the_deadline_and_why_for_the_ones_down(workers, hanging, tmp_path):
+    a, b = workers
+    refused = f"http://127.0.0.1:{free_port()}"
+    path = fleet_file(tmp_path, a.url, b.url, refused, hanging)
+    started = time.monotonic()
+    done = radixtop("fleet", "--fleet", str(path), "--json", "--timeout", "1")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["workers"] == 4 and doc["reachable"] == 2
+    assert doc["elapsed_s"] < 3.0, doc["elapsed_s"]  # the hanging worker costs its deadline, not more
+    assert elapsed < 15
+    rows = {r["worker"]: r for r in doc["rows"]}
+    for child, capacity in ((a, 4096), (b, 2048)):
+        r = rows[child.url]
+        assert r["source"] == "radixtop" and r["reachable"] and r["why"] == ""
+        assert r["capacity_tokens"] == capacity
+        assert r["free_tokens"] + r["evictable_tokens"] + r["protected_tokens"] == capacity
+        assert r["bytes_per_token"] == 256 and r["capacity_bytes"] == capacity * 256
+        assert r["open_sessions"] > 0 and 0 <= r["hit_rate"] <= 1
+    assert "Connection refused" in rows[refused]["why"]
+    assert "within 1 s" in rows[hanging]["why"]
+    for url in (refused, hanging):
+        r = rows[url]
+        assert not r["reachable"] and r["source"] == "none"
+        for name in ("capacity_tokens", "free_tokens", "evictable_tokens", "protected_tokens", "open_sessions",
+                     "hit_rate", "pressure"):
+            assert r[name] is None, name  # unknown, never 0
+    order = [r["worker"] for r in doc["rows"]]
+    assert set(order[2:]) == {refused, hanging}  # unreachable last
+    pressures = [r["pressure"] for r in doc["rows"][:2]]
+    assert pressures == sorted(pressures, reverse=True)
+
+
+def test_the_table_says_unknown_and_why(workers, tmp_path):
+    a, _ = workers
+    refused = f"http://127.0.0.1:{free_port()}"
+    done = radixtop("fleet", "--fleet", str(fleet_file(tmp_path, a.url, refused)), "--timeout", "1",
+                    env={"COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "2 worker rows · 1 reachable" in out
+    assert f"{refused}: radixtop: cannot reach {refused}" in out
+    line = next(x for x in out.splitlines() if refused in x and "down" in x)
+    assert line.count("?") >= 8 and " 0 " not in line
+
+
+def test_a_source_that_is_down_exits_3_and_bad_files_exit_2(tmp_path):
+    done = radixtop("fleet", "--smg", f"http://127.0.0.1:{free_port()}", "--json", "--timeout", "1")
+    assert done.returncode == 3
+    assert "cannot reach SMG" in json.loads(done.stdout)["error"]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("sglang=http://h:1 dp=0\n")
+    done = radixtop("fleet", "--fleet", str(bad))
+    assert done.returncode == 2 and "bad.txt:1: dp= wants" in done.stderr
+    done = radixtop("fleet", "--fleet", str(bad), "--smg", "http://x")
+    assert done.returncode == 2 and "give one of --smg" in done.stderr
+
+
+def test_the_tokens_file_must_be_private_and_its_tokens_are_never_printed(workers, tmp_path):
+    a, _ = workers
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{a.url} {a.token}\n")
+    tokens.chmod(0o644)
+    done = radixtop("fleet", "--fleet", str(fleet_file(tmp_path, a.url)), "--tokens", str(tokens))
+    assert done.returncode == 2 and "mode 0644" in done.stderr and "chmod 600" in done.stderr
+    assert a.token not in done.stderr + done.stdout
+    tokens.chmod(0o600)
+    done = radixtop("fleet", "--fleet", str(fleet_file(tmp_path, a.url)), "--tokens", str(tokens), "--json")
+    assert done.returncode == 0 and a.token not in done.stdout
+
+
+def test_a_workers_dashboard_opens_with_its_own_token_and_actions_need_it(workers, tmp_path):
+    a, b = workers
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# one worker's token only\n{a.url} {a.token}\n")
+    tokens.chmod(0o600)
+    poller = open_poller(None, None, fleet_file(tmp_path, a.url, b.url), tokens_file=tokens, timeout=5)
+    rows = {r.worker: r for r in poller.poll().rows}
+    adapter, label = open_worker(rows[a.url], poller)
+    try:
+        assert label == a.url
+        session = adapter.sessions(limit=1).sessions[0].id
+        assert adapter.plan_close(session).session_id == session
+        assert adapter.close_session(session).session_id == session  # its token: the action runs
+    finally:
+        adapter.close()
+    adapter, _ = open_worker(rows[b.url], poller)
+    try:
+        session = adapter.sessions(limit=1).sessions[0].id
+        with pytest.raises(Unauthorized):  # no token for b in the file: b refuses actions
+            adapter.close_session(session)
+    finally:
+        adapter.close()
+
+
+def test_v1_fleet_aggregates_and_answers_501_without_a_fleet(workers, tmp_path):
+    a, b = workers
+    refused = f"http://127.0.0.1:{free_port()}"
+    path = fleet_file(tmp_path, a.url, b.url, refused)
+    poller = FleetPoller(FleetFileSource(path, read_fleet_file(path), Mapping()), timeout=2)
+    own = RadixtopClient(a.url, timeout=5)
+    try:
+        with TestClient(create_app(own, "t" * 20, AuditLog(None), fleet=poller.poll), base_url=LOOPBACK) as http:
+            doc = http.get("/v1/fleet").json()
+            assert doc["workers"] == 3 and doc["reachable"] == 2
+            assert {r["worker"] for r in doc["rows"]} == {a.url, b.url, refused}
+        with TestClient(create_app(own, "t" * 20, AuditLog(None)), base_url=LOOPBACK) as http:
+            reply = http.get("/v1/fleet")
+            assert reply.status_code == 501 and "watches no fleet" in reply.json()["error"]["message"]
+    finally:
+        own.close()
+
+
+def test_serve_takes_fleet_options_only_together():
+    done = radixtop("serve", "--fleet-map", "/nonexistent")
+    assert done.returncode == 2 and "go with --fleet" in done.stderr
