@@ -510,6 +510,63 @@ async def test_sessions_are_sorted_filtered_and_paged_over_all_of_them():
         engine.stop()
 
 
+SORT_KEYS = {  # what each sessions column shows, as a value to compare
+    "session": lambda s: s.id, "state": lambda s: s.state == "open", "tagged": lambda s: s.tagged_nodes,
+    "exclusive": lambda s: s.exclusive_bytes, "shared": lambda s: s.shared_bytes,
+    "fair": lambda s: s.fair_share_bytes, "locked": lambda s: s.locked_tokens,
+    "active": lambda s: s.last_activity_age_s,
+}
+
+
+async def test_the_sort_arrow_means_the_same_direction_for_every_column(engine):
+    """For every column, sorted and reversed: ▼ over a column whose values fall down the table,
+    ▲ over one whose values rise (ids A to Z rise: they get ▲, as sizes falling get ▼)."""
+    from radixtop.inspector.sessions_view import COLUMNS
+
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(240, 48)) as pilot:  # wide enough for every column
+        await settle(pilot, app)
+        table = app.query_one(SessionsTable)
+        table.focus()
+        assert len(table._visible_columns(table.size.width)) == len(COLUMNS)
+        seen = set()
+        for _ in range(2 * len(COLUMNS)):
+            for _reverse in range(2):
+                await settle(pilot, app)
+                title = COLUMNS[table.sort_column].title
+                header = screen_text(app)
+                arrow = "▼" if f"{title}▼" in header else "▲" if f"{title}▲" in header else None
+                assert arrow is not None, (title, header)
+                values = [SORT_KEYS[title](s) for s in table.rows]
+                assert len(set(values)) > 1 or title == "state", (title, values)  # (a real order to check)
+                wanted = sorted(values, reverse=arrow == "▼")
+                assert values == wanted, (title, arrow, values)
+                seen.add((title, arrow))
+                await pilot.press("r")
+            await pilot.press("s")
+        assert {t for t, _ in seen} == {c.title for c in COLUMNS}
+        assert ("session", "▲") in seen and ("exclusive", "▼") in seen  # the defaults: A to Z, largest first
+
+
+async def test_hidden_columns_are_not_in_the_sort_cycle(engine):
+    """At 80 columns the sessions pane shows a few columns: s cycles through those only (a
+    sort by a column you cannot see reads as no order at all)."""
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        table = app.query_one(SessionsTable)
+        table.focus()
+        visible = table._visible_columns(table.size.width)
+        assert len(visible) < 8  # some are hidden at this width
+        visited = set()
+        for _ in range(2 * len(visible)):
+            await pilot.press("s")
+            await pilot.pause()
+            assert table.sort_column in visible, (table.sort_column, visible)
+            visited.add(table.sort_column)
+        assert visited == set(visible)
+
+
 async def test_escape_in_the_filter_box_clears_the_filter_not_the_marks(engine):
     app = RadixtopApp(BundledAdapter(engine), interval=0.2)
     async with app.run_test(size=(160, 48)) as pilot:
