@@ -210,8 +210,9 @@ class CacheTree(RowsView):
 
     @staticmethod
     def _shown_columns(width: int) -> Sequence[int]:
-        """Narrow views keep tokens and subtree bytes; 160 columns give the tree 94."""
-        return _NARROW if width < 64 else (0, 1, 2) if width < 94 else range(len(_COLUMNS))
+        """Narrow views keep tokens and subtree bytes; 160 columns give the tree 94, 92 beside a
+        scrollbar: every column still fits (50 cells), and 42 are left for the node and its text."""
+        return _NARROW if width < 64 else (0, 1, 2) if width < 90 else range(len(_COLUMNS))
 
     def _columns(self, node: NodeView, width: int) -> str:
         return "".join(" " + str(_COLUMNS[i][2](node)).rjust(_COLUMNS[i][1])  # type: ignore[operator]

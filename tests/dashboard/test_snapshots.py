@@ -218,3 +218,23 @@ async def test_tree_columns_are_named_and_a_folded_chain_shows_the_whole_chain(p
         assert "2h" not in chain and " 2 " in chain  # holders: a count under "holders", not "2h"
         single = next(line for line in lines if "#1002" in line)
         assert "#1002 ┄" in single
+
+
+async def test_the_used_column_is_whole_when_a_scrollbar_shows(prepared_app):
+    """More rows than the pane holds: a scrollbar shows, and the rows fit the width left beside
+    it, so the last column (used: how long since a node was used) is not cut; at 160 columns
+    the scrollbar's two cells do not cost the locks, holders and used columns either."""
+    from radixtop.inspector.tree_view import CacheTree
+
+    many = [*ROWS, *(Row("node", 0, node(2000 + i, 0, 1, 8, 8, 0), 0) for i in range(80))]
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.apply_snapshot(snapshot(1, many, SESSIONS))
+        await pilot.pause()
+        tree = app.query_one(CacheTree)
+        assert tree.scrollbar_size_vertical > 0 and tree.show_vertical_scrollbar  # a scrollbar shows
+        lines = screen_lines(app)
+        header = next(line for line in lines if "largest subtree first" in line)
+        assert "locks holders  used" in header, header
+        rows = [line for line in lines if "#20" in line]
+        assert len(rows) > 20 and all(" 12s" in line for line in rows), rows[:3]  # access 12 s ago, whole
