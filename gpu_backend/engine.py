@@ -11,6 +11,7 @@ from typing import IO, Any, TypeVar
 from radixtop.gpu_backend.owner_queue import OwnerError, OwnerQueue, OwnerStopped
 from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler
 from radixtop.gpu_backend.trace import op_to_json
+from radixtop.gpu_backend.trace_playback import TracePlayback
 from radixtop.gpu_backend.workload import ChatWorkload, WorkloadConfig
 
 logger = logging.getLogger(__name__)
@@ -28,12 +29,13 @@ class Engine:
     def __init__(
         self,
         scheduler: Scheduler,
-        workload: WorkloadConfig | None = None,
+        workload: WorkloadConfig | TracePlayback | None = None,
         step_interval: float = 0.0,
         record_to: IO[str] | None = None,
     ):
         self.scheduler = scheduler
-        self.workload = ChatWorkload(workload) if workload is not None else None
+        # The demo's chat workload from its config, or a trace played in real time as it is.
+        self.workload = ChatWorkload(workload) if isinstance(workload, WorkloadConfig) else workload
         self.step_interval = step_interval
         self.record_to = record_to
         self._stop = threading.Event()
@@ -135,6 +137,8 @@ class Engine:
                 self._wake.clear()
 
     def _arrival_budget(self) -> int | None:
+        if not isinstance(self.workload, ChatWorkload):
+            return None  # a trace playback starts what its clock says
         rate = self.workload.config.arrival_rate
         now = time.monotonic()
         elapsed, self._last_step = now - self._last_step, now
