@@ -1,0 +1,94 @@
+"""`radixtop fleet --smg` over a real SMG (PyPI `smg`) routing to a real SGLang CPU server that
+runs radixtop's plugin: the worker found through SMG's /workers, its radixtop by the plugin's port
+rule (checked: a radixtop that is not the worker's plugin is not believed), or, without it,
+SGLang's own routes with what they cannot tell marked unknown."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtop.adapters.fleet.probe import poll_fleet
+from radixtop.adapters.fleet.sources import Mapping, SmgSource
+from radixtop.cli.embedded import demo_server
+from tests.fleet.engines import smg
+from tests.on_sglang.server import BYTES_PER_TOKEN, launch
+from tests.support.live_server import free_port
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fleet-smg")
+    srv = launch(work, sessions=True, metrics=True)
+    try:
+        for i in range(4):  # a shared prefix, four sessions
+            srv.generate(list(range(10, 150)) + [200 + i] * 20, max_new_tokens=4, session_id=f"fleet-{i}")
+        with smg([srv.url], work / "smg.log") as gateway:
+            yield srv, gateway
+    finally:
+        srv.stop()
+
+
+def admin_port(srv) -> int:
+    return int(srv.admin_url.rsplit(":", 1)[1])
+
+
+def test_the_worker_through_smg_and_its_plugin_by_the_port_rule(fleet):
+    srv, gateway = fleet
+    view = poll_fleet(SmgSource(gateway, Mapping({}, admin_port(srv))), timeout=5)
+    assert not view.error and len(view.rows) == 1
+    row = view.rows[0]
+    assert row.worker == srv.url and row.dp_rank is None
+    assert row.source == "radixtop" and row.radixtop_url == srv.admin_url and row.reachable, row.why
+    assert row.healthy is True and row.running_requests == 0  # SMG's health, SMG's /get_loads
+    assert row.capacity_tokens == 4096 and row.bytes_per_token == BYTES_PER_TOKEN
+    assert row.free_tokens + row.evictable_tokens + row.protected_tokens == 4096
+    assert row.evictable_tokens > 0 and row.open_sessions == 4
+    assert row.model.endswith("tiny-llama")
+
+
+def test_without_radixtop_the_engines_own_figures_and_unknowns(fleet):
+    srv, gateway = fleet
+    view = poll_fleet(SmgSource(gateway, Mapping({}, None)), timeout=5)
+    row = view.rows[0]
+    assert row.source == "sglang" and row.reachable and row.radixtop_url is None
+    assert row.capacity_tokens == 4096 and row.protected_tokens is not None
+    assert row.open_sessions is None  # SGLang's routes list no sessions: unknown, not 0
+    assert row.prompt_tokens and row.prompt_tokens > 0  # --enable-metrics: the counters are there
+    if row.free_tokens is None:  # its KV gauges come after a batch (or within 30 s idle)
+        assert row.evictable_tokens is None and "free and evictable apart" in row.why
+    else:
+        assert row.free_tokens + row.evictable_tokens + row.protected_tokens == 4096
+
+
+def test_a_dead_radixtop_falls_back_to_the_engine_and_says_why(fleet, tmp_path):
+    srv, gateway = fleet
+    dead = f"http://127.0.0.1:{free_port()}"
+    view = poll_fleet(SmgSource(gateway, Mapping({srv.url: dead}, None)), timeout=2)
+    row = view.rows[0]
+    assert row.source == "sglang" and row.reachable and row.radixtop_url is None
+    assert f"radixtop: cannot reach {dead}" in row.why
+
+
+def test_a_radixtop_that_is_not_the_workers_plugin_is_not_believed(fleet):
+    srv, gateway = fleet
+    with demo_server("not the plugin", "tiny", 1024, 4, 0, 10.0) as other:
+        port = int(other.url.rsplit(":", 1)[1])
+        view = poll_fleet(SmgSource(gateway, Mapping({}, port)), timeout=5)
+    row = view.rows[0]
+    assert row.source == "sglang"
+    assert "is a radixtop ('not the plugin') but not this worker's plugin" in row.why
+
+
+def test_the_cli_over_smg(fleet):
+    import json
+    import subprocess
+    import sys
+
+    srv, gateway = fleet
+    done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "fleet", "--smg", gateway,
+                           "--radixtop-port", str(admin_port(srv)), "--json"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["source"] == f"smg {gateway}" and doc["rows"][0]["source"] == "radixtop"
+    assert doc["rows"][0]["open_sessions"] == 4
