@@ -61,14 +61,15 @@ class RadixtopApp(ActionFlows, App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "radixtop"
     BINDINGS = [
-        # In the footer in this order: the actions first (at 80 columns they must stay visible).
+        # In the footer in this order: the actions first, then how to find every other key (at 80
+        # columns these must stay visible; what follows may be cut).
         Binding("c", "close_sessions", "Close", id="app.close"),
         Binding("E", "evict", "Evict", id="app.evict"),
         Binding("F", "flush", "Flush", id="app.flush"),
         Binding("f", "filter_sessions", "Filter", id="app.filter"),
+        Binding("question_mark", "help", "Help", id="app.help"),
         Binding("slash", "search", "Search", id="app.search"),
         Binding("p", "pause", "Pause", id="app.pause"),
-        Binding("question_mark", "help", "Help", id="app.help"),
         Binding("q", "quit", "Quit", id="app.quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
         Binding("plus,equals_sign", "faster", "Faster", show=False, id="app.faster"),
