@@ -76,7 +76,12 @@ def _exit(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+DROPPED_WHEN_NARROW = ("reqs", "from", "dp", "hit", "sessions")
+"""Columns left out, in this order, while the table is wider than the terminal (--json has all)."""
+
+
 def print_fleet(view: Any) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -84,13 +89,24 @@ def print_fleet(view: Any) -> None:
     from radixtop.adapters.fleet.format import COLUMNS, cells, duplicate_cells, reasons, summary
 
     console = Console(markup=False, highlight=False, emoji=False)
-    table = Table(title=inert(summary(view)), show_header=True, title_justify="left")
-    for col in COLUMNS:
+    console.print(Text(inert(summary(view)), style="bold"))
+    rows = [[inert(c) for c in cells(row)] for row in view.rows]
+    for r in rows:
+        r[0] = r[0].removeprefix("http://")
+    widths = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(COLUMNS)]
+    shown = list(range(len(COLUMNS)))
+    for name in DROPPED_WHEN_NARROW:
+        if sum(widths[i] + 3 for i in shown) <= console.width:
+            break
+        shown.remove(COLUMNS.index(name))
+    table = Table(show_header=True, box=box.SIMPLE_HEAD, pad_edge=False)
+    for i in shown:
+        col = COLUMNS[i]
         table.add_column(col, justify="left" if col in ("worker", "from", "state") else "right",
-                         overflow="fold", no_wrap=col != "worker")
+                         overflow="fold" if col == "worker" else "ellipsis", no_wrap=col != "worker")
     down = {r.key for r in view.rows if not r.reachable}
-    for row in view.rows:
-        table.add_row(*(inert(c) for c in cells(row)), style=None if row.reachable else "red")
+    for row, texts in zip(view.rows, rows):
+        table.add_row(*(texts[i] for i in shown), style=None if row.reachable else "red")
     console.print(table)
     for line in reasons(view):
         console.print(Text(inert(line), style="red" if line.split(": ", 1)[0] in down else "yellow"))
