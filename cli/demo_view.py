@@ -88,20 +88,32 @@ def pick_device(device: str, pool_bytes: int) -> str:
 
 
 def run_demo(geometry, capacity: int, workload, device: str, refresh: float, duration: float,
-             record_to=None) -> None:
+             record_to=None, prepare=None) -> None:
+    """The live view until Ctrl-C or ``duration``; ``prepare(scheduler)``, when given, loads a
+    trace and returns the workload (a real-time playback, or None when it was applied at once)."""
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.trace_playback import TracePlayback
 
     device = pick_device(device, capacity * geometry.bytes_per_token)
     scheduler = Scheduler(geometry, capacity, device=device)
+    if prepare is not None:
+        workload = prepare(scheduler)
     engine = Engine(scheduler, workload, step_interval=0.01, record_to=record_to).start()
-    title = f"{geometry.name} on {device}" + (" (geometry only)" if device == "meta" else "")
+    base = f"{geometry.name} on {device}" + (" (geometry only)" if device == "meta" else "")
+
+    def title() -> str:
+        if not isinstance(workload, TracePlayback):
+            return base
+        played = f"trace at {workload.trace_time():,.0f} s (x{workload.speed:g})"
+        return f"{base} · {played}" + (" · trace done" if workload.done else "")
+
     deadline = time.monotonic() + duration if duration > 0 else None
     try:
-        with Live(render(engine.call(_snapshot), title), refresh_per_second=4) as live:
+        with Live(render(engine.call(_snapshot), title()), refresh_per_second=4) as live:
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(refresh)
-                live.update(render(engine.call(_snapshot), title))
+                live.update(render(engine.call(_snapshot), title()))
     except KeyboardInterrupt:
         pass
     finally:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, Json, Model, PageSize
+from radixtop.cli.options import Capacity, Json, Model, PageSize, Scale, TraceFormat
 from radixtop.cli.targets import (
     DpRank,
     KvEvents,
@@ -150,11 +150,19 @@ def demo(
     refresh: Annotated[float, typer.Option(min=0.05, help="Seconds between screen refreshes.")] = 0.5,
     duration: Annotated[float, typer.Option(help="Stop after this many seconds (0: until Ctrl-C).")] = 0.0,
     record: Annotated[Path | None, typer.Option(help="Write what the engine does as a trace (JSON lines).")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Play this trace instead of the chat workload.")] = None,
+    fmt: TraceFormat = "radixtop",
+    scale: Scale = 1,
+    speed: Annotated[float, typer.Option("--speed", min=0, help="A --format trace in real time at this many "
+                                         "times its own pace (0: all of it at once).")] = 1.0,
 ) -> None:
-    """The embedded demo engine's live text view (the dashboard replaces it)."""
+    """The embedded demo engine's live text view (the dashboard replaces it): its chat workload,
+    or a trace (--trace), a public one (--format) in real time."""
     from radixtop.cli.demo_view import run_demo
+    from radixtop.cli.serve import start_trace
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.kv_pool import KVPoolError
+    from radixtop.gpu_backend.trace import TraceError
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     try:
@@ -169,10 +177,19 @@ def demo(
         record_to = record.open("w", encoding="utf-8") if record else None
     except OSError as exc:
         raise fail(f"cannot write {record}: {exc.strerror or exc}", 2) from None
+    if trace is None and (fmt != "radixtop" or scale != 1):
+        raise fail("--format and --scale go with --trace", 2)
+    prepare = None if trace is None else (lambda scheduler: start_trace(scheduler, trace, fmt, scale, speed))
     try:
         run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration,
-                 record_to=record_to)
+                 record_to=record_to, prepare=prepare)
     except KVPoolError as exc:  # raised as the pool is made, before the view starts
+        raise fail(str(exc), 2) from None
+    except OSError as exc:
+        raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
+    except TraceError as exc:
+        raise fail(f"{trace}: {exc}", 1) from None
+    except ValueError as exc:
         raise fail(str(exc), 2) from None
     finally:
         if record_to:
@@ -181,29 +198,68 @@ def demo(
 
 @app.command()
 def replay(
-    trace: Annotated[Path, typer.Argument(help="JSON-lines trace, one op a line ('-' for stdin).")],
-    capacity: Capacity = 65536,
+    trace: Annotated[Path, typer.Argument(help="The trace: JSON-lines ops ('-' for stdin), or a public "
+                                          "trace in --format.")],
+    capacity: Annotated[str, typer.Option("--capacity", help="KV pool size in tokens (64k = 65,536); "
+                                          "with --compare, a comma-separated list.")] = "65536",
     page_size: PageSize = 1,
-    eviction_policy: EvictionPolicy = "lru",
-    close_policy: ClosePolicy = "free",
+    eviction_policy: Annotated[str, typer.Option("--eviction-policy", "--policy", help="lru, lfu, fifo, mru, "
+                                                 "filo or priority; with --compare, a list (lru,lfu).")] = "lru",
+    close_policy: Annotated[str, typer.Option("--close-policy", help="free or deref (see `radixtop serve "
+                                              "--help`); with --compare, a list.")] = "free",
     model: Model = "tiny",
     as_json: Json = False,
+    fmt: TraceFormat = "radixtop",
+    scale: Scale = 1,
+    compare: Annotated[bool, typer.Option("--compare", help="Replay under every combination of the listed "
+                                          "capacities and policies; print hit rate, evictions and memory "
+                                          "side by side, and per session.")] = False,
+    sessions: Annotated[int, typer.Option("--sessions", min=0, help="Sessions shown per table (the ones "
+                                          "with the most prompt tokens; --json has all).")] = 10,
 ) -> None:
-    """Apply a trace to a fresh bundled cache and print what happened."""
+    """Apply a trace to a fresh bundled cache and print what happened: radixtop's own ops, or a
+    public trace (Mooncake, kv-cache-tester) turned into them; --compare runs it under several
+    settings side by side."""
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.trace import TraceError, read_lines
     from radixtop.gpu_backend.trace import replay as run_replay
+    from radixtop.gpu_backend.trace_compare import parse_capacity, split_list
+    from radixtop.gpu_backend.trace_formats import FORMATS
 
-    if capacity % page_size:
-        raise fail(f"--capacity {capacity} is not a multiple of --page-size {page_size}", 2)
+    if fmt not in FORMATS:
+        raise fail(f"unknown --format {fmt!r}; use {', '.join(FORMATS)}", 2)
     try:
-        geometry = get_geometry(model)
+        capacities = [parse_capacity(c) for c in split_list(capacity, "--capacity")]
+        evictions = split_list(eviction_policy, "--eviction-policy")
+        closes = split_list(close_policy, "--close-policy")
+        geometry = get_geometry(model, page_size)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    for cap in capacities:
+        if cap % page_size:
+            raise fail(f"--capacity {cap} is not a multiple of --page-size {page_size}", 2)
+    if not compare and len(capacities) * len(evictions) * len(closes) > 1:
+        raise fail("several capacities or policies need --compare", 2)
+    if compare or fmt != "radixtop":
+        from radixtop.cli.trace_replay import run_replay as run_figures
+
+        try:
+            run_figures(trace, fmt, scale, capacities, evictions, closes, geometry, as_json, sessions)
+        except OSError as exc:
+            raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
+        except TraceError as exc:
+            raise fail(f"{trace}: {exc}", 1) from None
+        except ValueError as exc:
+            raise fail(str(exc), 2) from None
+        return
+    capacity_tokens = capacities[0]
+    try:
         if str(trace) == "-":
-            doc = run_replay(read_lines(sys.stdin.buffer), capacity, page_size, eviction_policy,
-                             close_policy, geometry)
+            doc = run_replay(read_lines(sys.stdin.buffer), capacity_tokens, page_size, evictions[0],
+                             closes[0], geometry)
         else:
             with trace.open("rb") as stream:  # bytes: read_trace names a line that is not UTF-8
-                doc = run_replay(read_lines(stream), capacity, page_size, eviction_policy, close_policy,
+                doc = run_replay(read_lines(stream), capacity_tokens, page_size, evictions[0], closes[0],
                                  geometry)
     except OSError as exc:
         raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None

@@ -22,6 +22,14 @@ ClosePolicy = Annotated[
 ]
 Model = Annotated[str, typer.Option("--model", help="KV geometry preset (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny).")]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+TraceFormat = Annotated[str, typer.Option(
+    "--format", help="The trace's format: radixtop (JSON-lines ops), mooncake (Mooncake FAST'25 JSONL) "
+    "or kv-cache-tester (a trace_*.json, or a directory of them).",
+)]
+Scale = Annotated[int, typer.Option(
+    "--scale", min=1, help="Divide every length of a --format trace by this (a divisor of its block "
+    "size: Mooncake's 512-token blocks at --scale 8 are 64 tokens).",
+)]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 Url = Annotated[str, typer.Option("--url", envvar="RADIXTOP_URL", help="radixtop server to talk to.")]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize
+from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize, Scale, TraceFormat
 from radixtop.cli.targets import (
     DpRank,
     KvEvents,
@@ -39,6 +39,10 @@ def serve(
     random_ids: Annotated[bool, typer.Option("--random-ids", help="Demo workload: random token ids instead of "
                                              "words (each seed its own system prompts).")] = False,
     trace: Annotated[Path | None, typer.Option(help="Replay this trace instead of running the demo workload.")] = None,
+    fmt: TraceFormat = "radixtop",
+    scale: Scale = 1,
+    speed: Annotated[float, typer.Option("--speed", min=0, help="A --format trace in real time at this many "
+                                         "times its own pace (0: all of it at once, before serving).")] = 1.0,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless you give a --token).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
     token: Annotated[str | None, typer.Option(envvar="RADIXTOP_TOKEN", show_default=False,
@@ -74,7 +78,7 @@ def serve(
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.scheduler import Scheduler
-    from radixtop.gpu_backend.trace import Replayer, TraceError, read_lines, read_trace
+    from radixtop.gpu_backend.trace import TraceError
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
@@ -132,22 +136,53 @@ def serve(
                                       text=not random_ids)
     except ValueError as exc:
         raise usage(str(exc)) from None
+    if trace is None and (fmt != "radixtop" or scale != 1):
+        raise usage("--format and --scale go with --trace")
     if trace is not None:
         try:
-            with trace.open("rb") as stream:
-                replayer = Replayer(scheduler)
-                for op in read_trace(read_lines(stream)):
-                    replayer.apply(op)
+            workload = start_trace(scheduler, trace, fmt, scale, speed)
         except OSError as exc:
             raise usage(f"cannot read trace {trace}: {exc.strerror or exc}") from None
         except TraceError as exc:
             typer.echo(f"radixtop: {trace}: {exc}", err=True)
             raise typer.Exit(1) from None
+        except ValueError as exc:
+            raise usage(str(exc)) from None
     engine = Engine(scheduler, workload, step_interval=0.01).start()
     name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
     from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
 
     # The demo talks in real words (its own small vocabulary): its previews show text. A trace's
     # ids have no tokenizer here.
-    demo_tokenizer = DEMO_TOKENIZER if workload is not None and workload.text else None
+    demo_tokenizer = DEMO_TOKENIZER if isinstance(workload, WorkloadConfig) and workload.text else None
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
+
+
+def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float):
+    """Apply ``trace`` to ``scheduler`` at once (a radixtop trace, or ``speed`` 0) and return None,
+    or return the TracePlayback that plays it in real time as the engine's workload."""
+    from radixtop.gpu_backend.trace import Replayer, read_lines, read_trace
+    from radixtop.gpu_backend.trace_formats import FORMATS, load_trace, scaled_block, timed_ops
+    from radixtop.gpu_backend.trace_playback import TracePlayback
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown --format {fmt!r}; use {', '.join(FORMATS)}")
+    replayer = Replayer(scheduler)
+    if fmt == "radixtop":
+        if scale != 1:
+            raise ValueError("--scale goes with --format mooncake or kv-cache-tester")
+        with trace.open("rb") as stream:
+            for op in read_trace(read_lines(stream)):
+                replayer.apply(op)
+        return None
+    parsed = load_trace(trace, fmt)
+    scaled_block(parsed.block_size, scale)  # a bad --scale is refused before anything runs
+    ops = timed_ops(parsed, scale)
+    if speed > 0:
+        return TracePlayback(ops, speed)
+    from radixtop.gpu_backend.trace_compare import FiguresReplayer
+
+    figures = FiguresReplayer(scheduler, {})  # refuses what does not fit, as the engine does
+    for timed in ops:
+        figures.apply(timed.op)
+    return None

@@ -228,7 +228,8 @@ def read_kv_cache_tester(docs: Iterable[tuple[str, bytes | str]]) -> ParsedTrace
             doc = json.loads(text)
         except (ValueError, RecursionError) as exc:
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-            raise TraceFormatError(name, f"not valid JSON ({msg})") from None
+            raise TraceFormatError(name, f"not valid JSON ({msg}; a kv-cache-tester trace is one JSON "
+                                         "document)") from None
         if not isinstance(doc, dict) or "requests" not in doc:
             raise TraceFormatError(name, "not a kv-cache-tester trace (a JSON object with 'requests')")
         size = doc.get("block_size", 64)

@@ -1,0 +1,121 @@
+"""`radixtop replay` of public traces (--format) and of one trace under several settings (--compare)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from radixtop.adapters.units import human_bytes
+
+
+def load_ops(trace: Path, fmt: str, scale: int):
+    """(info, make_ops): what the trace is, and a function giving a fresh iterator of its ops
+    (each call replays the conversion, so several settings see identical ops)."""
+    from radixtop.gpu_backend.trace import read_lines, read_trace
+    from radixtop.gpu_backend.trace_formats import load_trace, scaled_block, timed_ops
+
+    if fmt == "radixtop":
+        if scale != 1:
+            raise ValueError("--scale goes with --format mooncake or kv-cache-tester (a radixtop trace has its tokens)")
+        if str(trace) == "-":
+            ops = list(read_trace(read_lines(sys.stdin.buffer)))
+        else:
+            with trace.open("rb") as stream:
+                ops = list(read_trace(read_lines(stream)))
+        return {"format": fmt, "ops": len(ops)}, lambda: iter(ops)
+    if str(trace) == "-":
+        raise ValueError(f"--format {fmt} reads a file or directory, not stdin")
+    parsed = load_trace(trace, fmt)
+    block = scaled_block(parsed.block_size, scale)
+    info = {"format": fmt, "requests": len(parsed.requests), "sessions": parsed.sessions,
+            "duration_s": parsed.duration, "block_size": parsed.block_size, "scale": scale,
+            "block_tokens": block}
+    return info, lambda: (timed.op for timed in timed_ops(parsed, scale))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _label(settings: dict[str, Any], vary_close: bool) -> str:
+    cap = settings["capacity"]
+    size = f"{cap // 1024**2}m" if cap % 1024**2 == 0 else f"{cap // 1024}k" if cap % 1024 == 0 else f"{cap:,}"
+    return f"{settings['eviction_policy']} · {size}" + (f" · {settings['close_policy']}" if vary_close else "")
+
+
+def _describe(info: dict[str, Any]) -> str:
+    if info["format"] == "radixtop":
+        return f"radixtop trace, {info['ops']:,} ops"
+    return (f"{info['format']} trace: {info['requests']:,} requests in {info['sessions']:,} sessions over "
+            f"{info['duration_s']:,.0f} s; {info['block_size']}-token blocks at scale {info['scale']} "
+            f"= {info['block_tokens']} tokens")
+
+
+def print_runs(info: dict[str, Any], runs: list, top_sessions: int, console: Console | None = None) -> None:
+    """The totals of each run side by side, then the sessions with the most prompt tokens."""
+    console = console or Console()
+    vary_close = len({r.settings["close_policy"] for r in runs}) > 1
+    labels = [_label(r.settings, vary_close) for r in runs]
+    console.print(_describe(info))
+    table = Table(title="replay" if len(runs) == 1 else "replay, side by side")
+    table.add_column("")
+    for label in labels:
+        table.add_column(label, justify="right")
+    rows = [
+        ("requests (refused)", lambda r: f"{r.requests:,} ({r.refused:,})"),
+        ("cache hit rate", lambda r: _pct(r.hit_rate)),
+        ("cached / prompt tokens", lambda r: f"{r.cached_tokens:,} / {r.prompt_tokens:,}"),
+        ("lost to eviction", lambda r: f"{r.lost_tokens:,} tokens"),
+        ("evicted", lambda r: f"{r.evicted_tokens:,} tokens"),
+        ("closes freed", lambda r: f"{r.close_freed_tokens:,} tokens"),
+        ("peak memory", lambda r: f"{r.peak_used_tokens:,} tok ({human_bytes(r.peak_used_tokens * r.bytes_per_token)})"),
+        ("time applying ops", lambda r: f"{r.ops_s:.2f} s ({r.ops / r.ops_s:,.0f} ops/s)" if r.ops_s else "-"),
+    ]
+    for name, cell in rows:
+        table.add_row(name, *(cell(r) for r in runs))
+    console.print(table)
+    if top_sessions <= 0 or not runs[0].sessions:
+        return
+    first = runs[0].sessions
+    chosen = sorted(first, key=lambda sid: (-first[sid].prompt_tokens, sid))[:top_sessions]
+    per = Table(title=f"sessions: the {len(chosen)} of {len(first):,} with the most prompt tokens "
+                "(hit rate / lost to eviction / freed by its close)")
+    per.add_column("session")
+    per.add_column("requests", justify="right")
+    for label in labels:
+        per.add_column(label, justify="right")
+    for sid in chosen:
+        cells = []
+        for run in runs:
+            s = run.sessions.get(sid)
+            cells.append("-" if s is None else
+                         f"{_pct(s.hit_rate)} / {s.lost_tokens:,} / {human_bytes(s.close_freed_tokens * run.bytes_per_token)}")
+        per.add_row(sid, f"{first[sid].requests:,}", *cells)
+    console.print(per)
+
+
+def run_replay(trace: Path, fmt: str, scale: int, capacities: list[int], eviction_policies: list[str],
+               close_policies: list[str], geometry, as_json: bool, top_sessions: int) -> None:
+    """A replay with figures (one setting) or a comparison (several); prints or raises ValueError,
+    OSError, TraceError for the command to turn into an exit code."""
+    from radixtop.gpu_backend.trace_compare import compare, replay_figures
+
+    info, make_ops = load_ops(trace, fmt, scale)
+    if len(capacities) * len(eviction_policies) * len(close_policies) == 1:
+        figures, results = replay_figures(make_ops(), geometry, capacities[0], eviction_policies[0],
+                                          close_policies[0], keep_results=as_json)
+        runs = [figures]
+        docs = [{**figures.as_dict(), "results": results}]
+    else:
+        runs = compare(make_ops, geometry, capacities, eviction_policies, close_policies)
+        docs = [r.as_dict() for r in runs]
+    if as_json:
+        typer.echo(json.dumps({"trace": info, "runs": docs}, separators=(",", ":")))
+        return
+    print_runs(info, runs, top_sessions)
