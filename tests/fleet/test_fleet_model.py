@@ -1,0 +1,139 @@
+"""The fleet's files, its order and its unknowns, and Dynamo's dump as recorded from a real
+indexer (ai-dynamo-runtime 1.6.1, two SGLang workers sharing a 64-token prefix, page size 16)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from radixtop.adapters.errors import BadRequest
+from radixtop.adapters.fleet.config import (
+    plugin_url,
+    read_fleet_file,
+    read_map_file,
+    read_tokens_file,
+)
+from radixtop.adapters.fleet.dump import DumpError, duplicates, parse_dump
+from radixtop.adapters.fleet.format import cells
+from radixtop.adapters.fleet.model import WorkerRow, by_pressure
+from radixtop.adapters.fleet.sources import FleetFileSource, Mapping
+
+RECORDED_DUMP = {"tiny:default": {"block_size": 16, "events": [
+    {"worker_id": 1, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 0, "data": {
+        "stored": {"parent_hash": None, "start_position": None, "blocks": [
+            {"block_hash": 3783480490812179100, "tokens_hash": 10823191264391160519, "mm_extra_info": None},
+            {"block_hash": 12923641463965985616, "tokens_hash": 1219978239041041138, "mm_extra_info": None},
+            {"block_hash": 8220981200828417142, "tokens_hash": 11579058346470406089, "mm_extra_info": None},
+            {"block_hash": 4172160871627067949, "tokens_hash": 15355247268704632839, "mm_extra_info": None}]}},
+        "dp_rank": 0}},
+    {"worker_id": 2, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 1, "data": {
+        "stored": {"parent_hash": None, "start_position": None, "blocks": [
+            {"block_hash": 3783480490812179100, "tokens_hash": 10823191264391160519, "mm_extra_info": None},
+            {"block_hash": 12923641463965985616, "tokens_hash": 1219978239041041138, "mm_extra_info": None},
+            {"block_hash": 8220981200828417142, "tokens_hash": 11579058346470406089, "mm_extra_info": None},
+            {"block_hash": 4172160871627067949, "tokens_hash": 15355247268704632839, "mm_extra_info": None}]}},
+        "dp_rank": 0}},
+    {"worker_id": 2, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 2, "data": {
+        "stored": {"parent_hash": 4172160871627067949, "start_position": None, "blocks": [
+            {"block_hash": 15782441568240330313, "tokens_hash": 7979209851148607085, "mm_extra_info": None}]}},
+        "dp_rank": 0}},
+    {"worker_id": 1, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 3, "data": {
+        "stored": {"parent_hash": 4172160871627067949, "start_position": None, "blocks": [
+            {"block_hash": 10454497560973899929, "tokens_hash": 13738416445109219417, "mm_extra_info": None},
+            {"block_hash": 3345782799051647241, "tokens_hash": 4354402608361660412, "mm_extra_info": None}]}},
+        "dp_rank": 0}}]}}
+
+
+def test_the_recorded_dump_per_worker_and_its_duplicate():
+    parsed = parse_dump(RECORDED_DUMP)
+    assert parsed.indexed_tokens == {"1": 96, "2": 80}
+    d = duplicates(parsed, 256)
+    assert d.duplicated_tokens == 64 and d.duplicated_bytes == 64 * 256
+    (p,) = d.prefixes
+    assert (p.block_hash, p.blocks, p.tokens, p.holders) == (4172160871627067949, 4, 64, ("1", "2"))
+    assert duplicates(parsed, None).duplicated_bytes is None  # bytes unknown: said, not 0
+
+
+def test_a_host_tier_copy_is_not_a_second_copy_in_a_pool():
+    doc = {"m:g": {"block_size": 16, "events": [
+        {**e, "storage_tier": "host_pinned"} if e["worker_id"] == 2 else e
+        for e in RECORDED_DUMP["tiny:default"]["events"]]}}
+    assert duplicates(parse_dump(doc), 256).duplicated_tokens == 0
+
+
+def test_a_dump_in_another_shape_is_refused():
+    with pytest.raises(DumpError):
+        parse_dump([])
+    with pytest.raises(DumpError):
+        parse_dump({"m:g": {"events": []}})
+
+
+def test_fleet_file_lines(tmp_path):
+    path = tmp_path / "fleet.txt"
+    path.write_text("# radixtop servers\nhttp://a:8765/\nb:8765  # no scheme: http\n"
+                    "sglang=http://c:30000 radixtop=http://c:30100 dp=2\nsglang=http://d:30000\n")
+    entries = read_fleet_file(path)
+    assert [(e.url, e.kind, e.radixtop_url, e.dp_size) for e in entries] == [
+        ("http://a:8765", "radixtop", None, 1), ("http://b:8765", "radixtop", None, 1),
+        ("http://c:30000", "sglang", "http://c:30100", 2), ("http://d:30000", "sglang", None, 1)]
+    specs = FleetFileSource(path, entries, Mapping({}, 30100)).discover().specs
+    assert [(s.worker, s.dp_rank, s.radixtop_url, s.by_rule) for s in specs] == [
+        ("http://a:8765", None, "http://a:8765", False), ("http://b:8765", None, "http://b:8765", False),
+        ("http://c:30000", 0, "http://c:30100", False), ("http://c:30000", 1, "http://c:30101", False),
+        ("http://d:30000", None, "http://d:30100", True)]
+    for bad, said in (("ftp://x", "not an http"), ("sglang=http://x dp=two", "dp= wants"), ("x=1", "expected URL")):
+        path.write_text(bad + "\n")
+        with pytest.raises(BadRequest, match=said):
+            read_fleet_file(path)
+
+
+def test_the_port_rule_is_dropped_where_two_workers_would_share_one_plugin(tmp_path):
+    path = tmp_path / "fleet.txt"
+    path.write_text("sglang=http://h:30000\nsglang=http://h:30001\nsglang=http://k:30000\n")
+    found = FleetFileSource(path, read_fleet_file(path), Mapping({}, 30100)).discover()
+    assert [s.radixtop_url for s in found.specs] == [None, None, "http://k:30100"]
+    assert "http://h:30100 would be the radixtop plugin of 2 workers" in found.notes[0]
+
+
+def test_map_file_and_plugin_url(tmp_path):
+    path = tmp_path / "map.txt"
+    path.write_text("http://h:30000 http://h:31000\nhttp://h:30001@1 http://h:32001\n7 http://k:30100\n7@1 k:30201\n")
+    m = read_map_file(path)
+    assert m == {"http://h:30000": "http://h:31000", "http://h:30001@1": "http://h:32001",
+                 "7": "http://k:30100", "7@1": "http://k:30201"}
+    mapping = Mapping(m, 30100)
+    assert mapping.radixtop_for("http://h:30000", 2, "http://h:30000") == ("http://h:31002", False)
+    assert mapping.radixtop_for("http://h:30001", 1, "http://h:30001") == ("http://h:32001", False)
+    assert mapping.radixtop_for("7", 1, None) == ("http://k:30201", False)
+    assert mapping.radixtop_for("8", None, "http://10.0.0.8") == ("http://10.0.0.8:30100", True)
+    assert plugin_url("http://[::1]:30000", 3) == "http://[::1]:30103"
+
+
+def test_tokens_file_mode_owner_and_lines(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text("# radixtop tokens\nhttp://a:8765 secret-token-aaaaaaaa\nb:1 k\n")
+    path.chmod(0o640)
+    with pytest.raises(BadRequest, match="mode 0640"):
+        read_tokens_file(path)
+    path.chmod(0o600)
+    assert read_tokens_file(path) == {"http://a:8765": "secret-token-aaaaaaaa", "http://b:1": "k"}
+    link = tmp_path / "link"
+    os.symlink(path, link)
+    with pytest.raises(BadRequest, match="cannot read the tokens file"):
+        read_tokens_file(link)
+    path.write_text("http://a:8765 secret-token-aaaaaaaa extra\n")
+    with pytest.raises(BadRequest) as err:
+        read_tokens_file(path)
+    assert "secret" not in err.value.message  # a bad line is named by number, never echoed
+
+
+def test_order_by_pressure_and_unknown_is_never_zero():
+    def r(name, protected=None, free=None, reachable=True):
+        return WorkerRow(name, None, None, "sglang", reachable, capacity_tokens=1000 if protected is not None else None,
+                         protected_tokens=protected, free_tokens=free)
+    rows = [r("down", reachable=False), r("unknown"), r("low", 100, 800), r("high", 700, 0), r("mid", 100, 10)]
+    assert [x.worker for x in by_pressure(rows)] == ["high", "mid", "low", "unknown", "down"]
+    unknown = cells(r("unknown"))
+    assert unknown[3:10] == ("?",) * 7 and "0" not in unknown[3:10]
+    assert r("unknown").to_dict()["hit_rate"] is None and r("unknown").to_dict()["free_bytes"] is None
