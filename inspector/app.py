@@ -115,6 +115,8 @@ class RadixtopApp(ActionFlows, App[None]):
         self._quit_asked = False
         self._sessions_error: str | None = None  # said once, until the sessions read works again
         self._figures: tuple[float, bool, bool] = (0.0, False, False)  # age, refreshing, current, as read
+        self._figures_read: tuple[float, int] = (0.0, 0)  # when the sessions were read, the cache's version then
+        self._polled_at = 0.0  # the latest snapshot's time
         self._polling = False
         self._poll_again = False
         self._poll_timer: Timer | None = None
@@ -219,6 +221,7 @@ class RadixtopApp(ActionFlows, App[None]):
             self.query_one(HeaderBar).down = False
             self.notify(f"reconnected to {self.target}", title="radixtop")
         self.stats = snap.stats
+        self._polled_at = snap.taken_at
         header = self.query_one(HeaderBar)
         header.paused = self.paused
         header.interval = self.interval
@@ -228,7 +231,9 @@ class RadixtopApp(ActionFlows, App[None]):
         if snap.sessions is not None:
             self.query_one(SessionsTable).set_page(snap.sessions)
             self._figures = (snap.sessions.figures_age_s, snap.sessions.refreshing, snap.sessions.figures_current)
-            self._title_sessions()
+            self._figures_read = (snap.taken_at, snap.stats.version)
+        if self.query_one(SessionsTable).page is not None:
+            self._title_sessions()  # every poll: the figures' age counts between reads of the sessions
         if snap.sessions_error is not None and snap.sessions_error != self._sessions_error:
             self.notify(f"sessions: {snap.sessions_error}", severity="error", title="radixtop", markup=False)
         self._sessions_error = snap.sessions_error if snap.sessions is None else None
@@ -339,7 +344,13 @@ class RadixtopApp(ActionFlows, App[None]):
         if table.marked:
             parts.append(f"{len(table.marked)} marked")
         if page is not None:
-            parts.append(figures_note(*self._figures))
+            # The sessions are read every few seconds, the stats every poll: the figures are as old
+            # as the target said, and as long again as since they were read; exact ("unchanged")
+            # only while the cache's version has not moved since.
+            age_s, refreshing, current = self._figures
+            read_at, version = self._figures_read
+            current = current and self.stats is not None and self.stats.version == version
+            parts.append(figures_note(age_s + max(0.0, self._polled_at - read_at), refreshing, current))
         title = " · ".join(parts)
         line = self.query_one("#sessions-title", Static)
         if line.content != title:

@@ -238,3 +238,34 @@ async def test_the_used_column_is_whole_when_a_scrollbar_shows(prepared_app):
         assert "locks holders  used" in header, header
         rows = [line for line in lines if "#20" in line]
         assert len(rows) > 20 and all(" 12s" in line for line in rows), rows[:3]  # access 12 s ago, whole
+
+
+async def test_the_figures_age_counts_the_time_since_the_table_was_read(prepared_app):
+    """The dashboard reads the sessions every few seconds and the stats every poll: between two
+    reads of the sessions the title's age keeps counting (it said 'figures 0s old' over rows read
+    4 s before), and 'unchanged since' holds only while the cache's version has not moved."""
+    from dataclasses import replace
+
+    app = prepared_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        def title() -> str:
+            return next(line for line in screen_lines(app) if "sessions 29" in line)
+
+        app.apply_snapshot(snapshot(1, sessions=SESSIONS, figures=(2.0, False)))  # read at t=1
+        await pilot.pause()
+        assert "figures 2s old" in title()
+        app.apply_snapshot(snapshot(5))  # t=5: a poll of the stats only
+        await pilot.pause()
+        assert "figures 6s old" in title(), title()
+        app.apply_snapshot(snapshot(6, sessions=SESSIONS, figures=(0.0, False)))  # a new read
+        await pilot.pause()
+        assert "figures 0s old" in title(), title()
+        # a still cache: exact while its version stays; once it moves, the figures are only old
+        app.apply_snapshot(snapshot(7, sessions=SESSIONS, figures=(60.0, False, True)))
+        still = replace(snapshot(9), stats=replace(stats(9), version=stats(7).version))
+        app.apply_snapshot(still)
+        await pilot.pause()
+        assert "unchanged since 62s ago" in title() or "unchanged since 1m ago" in title(), title()
+        app.apply_snapshot(snapshot(10))  # the version moved
+        await pilot.pause()
+        assert "figures 1m old" in title() and "unchanged" not in title(), title()
