@@ -99,6 +99,7 @@ class FiguresReplayer:
         self.figures = ReplayFigures(settings, bytes_per_token=scheduler.geometry.bytes_per_token)
         self.results: list[dict[str, Any]] | None = [] if keep_results else None
         self._session_of: dict[str, str | None] = {}
+        self._refused: set[str] = set()
         self._auto_id = 0
 
     def _session(self, sid: str | None) -> SessionFigures | None:
@@ -120,6 +121,7 @@ class FiguresReplayer:
             fig.refused += 1
             if session:
                 session.refused += 1
+            self._refused.add(rid)
             return {"hit": 0, "refused": True}
         reuse = f.get("reuse", 0)
         lost = max(0, reuse - hit)
@@ -135,10 +137,11 @@ class FiguresReplayer:
         return {"hit": hit}
 
     def _finish(self, rid: str, output: list[int]) -> dict[str, Any]:
-        if rid not in self._session_of:  # refused at its begin
+        if rid in self._refused:  # refused at its begin
+            self._refused.discard(rid)
             return {"refused": True}
         s = self.scheduler
-        sid = self._session_of.pop(rid)
+        sid = self._session_of.pop(rid, None)
         try:
             s.finish(rid, output)
         except OutOfSlotsError:  # retracted, as the engine does: its slots go back
@@ -167,7 +170,10 @@ class FiguresReplayer:
                 if not result.get("refused"):
                     result.update(self._finish(rid, f["output"]))
             elif op.op == "abort":
-                if self._session_of.pop(f["id"], 0) != 0:
+                if f["id"] in self._refused:
+                    self._refused.discard(f["id"])
+                else:
+                    self._session_of.pop(f["id"], None)
                     s.abort(f["id"])
                 result = {}
             elif op.op == "close":

@@ -11,6 +11,7 @@ import pytest
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
+from radixtop.gpu_backend.trace import TraceError, read_trace
 from radixtop.gpu_backend.trace_compare import compare, parse_capacity, replay_figures
 from radixtop.gpu_backend.trace_formats import (
     TraceFormatError,
@@ -294,6 +295,24 @@ def test_compare_runs_every_combination_and_is_reproducible():
     strip = lambda r: {k: v for k, v in r.as_dict().items() if k != "ops_s"}  # noqa: E731
     assert [strip(r) for r in runs] == [strip(r) for r in again]
     assert runs[0].evicted_tokens >= runs[2].evicted_tokens
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"op":"finish","id":"ghost","output":[1]}', '{"op":"abort","id":"ghost"}'],
+)
+def test_a_figures_replay_of_radixtop_ops_names_an_unknown_request(line):
+    with pytest.raises(TraceError, match="line 1: request 'ghost' is not running"):
+        replay_figures(read_trace([line]), TINY, 64)
+
+
+def test_a_refused_begin_skips_its_finish_and_its_abort():
+    ops = read_trace(['{"op":"begin","id":"a","input":[1,2,3,4,5,6,7,8,9]}', '{"op":"finish","id":"a","output":[]}',
+                      '{"op":"begin","id":"b","input":[1,2,3,4,5,6,7,8,9]}', '{"op":"abort","id":"b"}',
+                      '{"op":"request","input":[1,2],"output":[3]}'])
+    figures, results = replay_figures(ops, TINY, 8, keep_results=True)
+    assert figures.refused == 2 and figures.requests == 3 and figures.output_tokens == 1
+    assert [r.get("refused", False) for r in results] == [True, True, True, False, False]
 
 
 @pytest.mark.parametrize(("text", "tokens"), [("65536", 65536), ("64k", 65536), ("2M", 2 * 2**20), (" 16k ", 16384)])
