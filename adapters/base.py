@@ -22,6 +22,7 @@ from radixtop.adapters.model import (
     EXPORT_COLUMNS,
     MAX_SUBTREE_ROWS,
     SESSION_ORDERS,
+    UNKNOWN,
     Capabilities,
     ChainView,
     Changes,
@@ -149,7 +150,8 @@ class CacheAdapter(ABC):
         holders: dict[int, tuple[str, ...]] = {}
         for row in rows:
             for name in EXPORT_COLUMNS:
-                columns[name].append(row[name])
+                value = row[name]
+                columns[name].append(UNKNOWN if value is None else value)
             if row["holders"]:
                 holders[row["id"]] = tuple(row["holders"])
         return ExportColumns(header["version"], header["bytes_per_token"], columns, holders)

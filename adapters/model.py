@@ -134,15 +134,17 @@ class NodeView(_View):
     tokens: int
     first_tokens: tuple[int, ...]
     text: str | None
-    lock_ref: int
-    hit_count: int
+    lock_ref: int | None
+    """None: the target cannot tell (a tree kept from KV events, which carry no locks); never 0 for unknown."""
+    hit_count: int | None
     access_age_s: float
     created_age_s: float
     bytes: int
     subtree_tokens: int
     subtree_bytes: int
     num_children: int
-    holders: tuple[str, ...]
+    holders: tuple[str, ...] | None
+    """The sessions that hold the node; None: the target cannot tell (KV events without session ids)."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,8 @@ class NodeDetail(_View):
     token_offset: int
     path_tokens: int
     """Tokens from the root through this node."""
-    sessions_beneath: int
-    """Distinct sessions that hold this node or something below it."""
+    sessions_beneath: int | None
+    """Distinct sessions that hold this node or something below it (None: the target cannot tell)."""
     text: str | None = None
     """The page's token ids as text, where the target has a tokenizer (None: ids only)."""
 
@@ -345,6 +347,9 @@ class AuditEntry(_View):
 
 
 EXPORT_COLUMNS = ("id", "parent", "tokens", "lock_ref", "hit_count")
+UNKNOWN = -1
+"""An export column's value where the target cannot tell (``lock_ref`` and ``hit_count`` of a
+tree kept from KV events): the JSON rows say null."""
 
 
 @dataclass(frozen=True)

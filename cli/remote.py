@@ -101,7 +101,7 @@ def _node_label(n: Any):
     if n.text is None and n.tokens > 8:
         preview += " …"
     holders = (f" held by {', '.join(map(inert, n.holders[:3]))}{'…' if len(n.holders) > 3 else ''}"
-               if n.holders else "")
+               if n.holders else "")  # None (unknown) is said once, above the tree
     lock = f" lock_ref={n.lock_ref}" if n.lock_ref else ""
     return Text.assemble((f"#{n.id}", "bold"), f" {n.tokens} tok · {human_bytes(n.bytes)} · subtree "
                          f"{human_bytes(n.subtree_bytes)}{lock}{holders} · ", (preview, "dim"))
@@ -140,9 +140,18 @@ def tree(
         label = Text.assemble(("root", "bold"), f" · {human_bytes(top.subtree_bytes)} in the tree")
     else:
         label = _node_label(top)
+    shown = doc["children"][0]["node"] if top.id == 0 and doc["children"] else top  # the root has no locks
+    unknown = [what for what, gone in (("locks", shown.lock_ref is None), ("holders", shown.holders is None)) if gone]
+    if unknown:  # a tree kept from KV events: said once, not as a 0 on every node
+        label.append(f" · {' and '.join(unknown)} unknown (this target cannot tell)", style="dim")
     rich_tree = Tree(label)
     build(rich_tree, doc)
     _console().print(rich_tree)
+
+
+def _known(value: int | None) -> str:
+    """A figure the target may not know: "unknown", never a 0."""
+    return "unknown" if value is None else str(value)
 
 
 def _node_id(text: str) -> int:
@@ -239,9 +248,10 @@ def node(
         ("tokens", f"{n.tokens:,} ({human_bytes(n.bytes)})"),
         ("subtree", f"{n.subtree_tokens:,} tokens ({human_bytes(n.subtree_bytes)})"),
         ("path from root", f"{d.path_tokens:,} tokens"), ("children", str(n.num_children)),
-        ("lock_ref", str(n.lock_ref)), ("hit_count", str(n.hit_count)),
+        ("lock_ref", _known(n.lock_ref)), ("hit_count", _known(n.hit_count)),
         ("last access", f"{age(n.access_age_s)} ago"), ("created", f"{age(n.created_age_s)} ago"),
-        ("holders", ", ".join(map(inert, n.holders)) or "-"), ("sessions beneath", str(d.sessions_beneath)),
+        ("holders", "unknown" if n.holders is None else ", ".join(map(inert, n.holders)) or "-"),
+        ("sessions beneath", _known(d.sessions_beneath)),
         (f"token ids [{d.token_offset}:{d.token_offset + len(d.token_ids)}]", " ".join(map(str, d.token_ids))),
     ]
     if n.text is not None:

@@ -58,6 +58,9 @@ class ActionFlows:
             if row is None or row.node is None:
                 self.notify("no node highlighted", severity="warning")
                 return
+            if row.node.holders is None:
+                self.notify(f"this target cannot tell which sessions hold node #{row.node.id}", severity="warning")
+                return
             if not row.node.holders:
                 self.notify(f"no session holds node #{row.node.id}: nothing to close", severity="warning")
                 return

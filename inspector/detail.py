@@ -22,10 +22,11 @@ def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
         ("node", f"#{n.id}  parent {'-' if n.parent_id is None else '#' + str(n.parent_id)}  depth {n.depth}"),
         ("tokens", f"{n.tokens:,} · {human_bytes(n.bytes)}  (path {d.path_tokens:,})"),
         ("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children"),
-        ("lock_ref", f"{n.lock_ref}   hit_count {n.hit_count}"),
+        ("lock_ref", f"{_known(n.lock_ref)}   hit_count {_known(n.hit_count)}"),
         ("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago"),
-        ("holders", Text(inert(", ".join(n.holders)) or "-")),
-        ("beneath", f"{d.sessions_beneath} sessions hold something here or below"),
+        ("holders", Text("unknown" if n.holders is None else inert(", ".join(n.holders)) or "-")),
+        ("beneath", "unknown" if d.sessions_beneath is None
+         else f"{d.sessions_beneath} sessions hold something here or below"),
         (span, Text(("… " if d.token_offset else "") + ids + more, style="dim")),
     ]
     text = d.text if d.text is not None else n.text
@@ -62,3 +63,8 @@ class DetailPanel(Static):
     def show_message(self, text: Text) -> None:
         self._rows, self._shape = [], ()
         self.update(text)
+
+
+def _known(value: int | None) -> str:
+    """A figure the target may not know: "unknown", never a 0."""
+    return "unknown" if value is None else str(value)

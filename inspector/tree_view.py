@@ -38,8 +38,8 @@ _COLUMNS: tuple[tuple[str, int, object], ...] = (
     ("tokens", 7, lambda n: f"{n.tokens:,}"),
     ("bytes", 10, lambda n: human_bytes(n.bytes)),
     ("subtree", 10, lambda n: human_bytes(n.subtree_bytes)),
-    ("locks", 5, lambda n: str(n.lock_ref)),
-    ("holders", 7, lambda n: str(len(n.holders))),
+    ("locks", 5, lambda n: "?" if n.lock_ref is None else str(n.lock_ref)),  # ?: the target cannot tell
+    ("holders", 7, lambda n: "?" if n.holders is None else str(len(n.holders))),
     ("used", 5, lambda n: age(n.access_age_s)),
 )
 _NARROW = (0, 2)
@@ -49,7 +49,8 @@ def _chain_view(chain: Sequence[NodeView]) -> NodeView:
     """A folded chain as one node: all its tokens and bytes, the top's subtree (the chain and all
     below it: what the parent's page sorts it by), the top's locks, every holder, the latest use."""
     top = chain[0]
-    holders = tuple(dict.fromkeys(h for n in chain for h in n.holders))
+    holders = (None if any(n.holders is None for n in chain)
+               else tuple(dict.fromkeys(h for n in chain for h in n.holders or ())))
     return replace(top, tokens=sum(n.tokens for n in chain), bytes=sum(n.bytes for n in chain),
                    holders=holders, access_age_s=min(n.access_age_s for n in chain),
                    num_children=chain[-1].num_children)
@@ -206,7 +207,7 @@ class CacheTree(RowsView):
         style = share_style(node.subtree_bytes / self.total_bytes)
         if node.id in self.marked_ids:
             style = style + _MARK
-        return [Segment(left.ljust(left_width), style), Segment(cols, _DIM if node.lock_ref == 0 else Style())]
+        return [Segment(left.ljust(left_width), style), Segment(cols, _DIM if not node.lock_ref else Style())]
 
     @staticmethod
     def _shown_columns(width: int) -> Sequence[int]:

@@ -92,15 +92,15 @@ class NodeOut(Schema):
     tokens: int
     first_tokens: list[int]
     text: str | None
-    lock_ref: int
-    hit_count: int
+    lock_ref: int | None
+    hit_count: int | None
     access_age_s: float
     created_age_s: float
     bytes: int
     subtree_tokens: int
     subtree_bytes: int
     num_children: int
-    holders: list[str]
+    holders: list[str] | None
 
 
 class NodeDetailOut(Schema):
@@ -108,7 +108,7 @@ class NodeDetailOut(Schema):
     token_ids: list[int]
     token_offset: int
     path_tokens: int
-    sessions_beneath: int
+    sessions_beneath: int | None
     text: str | None = None
 
 

@@ -250,6 +250,10 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
         return self._mapped(run)
 
+    def call(self, fn: Callable[[], T], urgent: bool = False) -> T:
+        """``fn()`` on the scheduler thread, between its batches (for a reader beside this one)."""
+        return self._call(fn, urgent)
+
     def _call_steps(self, steps: Callable[[], Generator[None, None, T]]) -> T:
         """A read that may need more than a slice of the scheduler (sorting a node of 100k
         children, a first attribution): run in slices between its steps, where the adapter has

@@ -220,33 +220,30 @@ class StreamStatus:
     last_error: str | None
 
 
-class KvEventsAdapter(CacheAdapter):
-    """A read-only CacheAdapter over one DP rank's KV-event stream.
+class EventTreeAdapter(CacheAdapter):
+    """A read-only CacheAdapter over a tree kept from KV-event batches, whoever delivers them:
+    :class:`KvEventsAdapter` subscribes to a server's ZMQ stream; the SGLang plugin feeds the
+    batches its cache records in process (``adapters.sglang.core_events``).
 
-    A subscriber thread applies batches to a :class:`BlockTree` under a lock; every read takes
-    the lock, so a view is a consistent snapshot between two batches.
+    Batches are applied to a :class:`BlockTree` under a lock; every read takes the lock, so a
+    view is a consistent snapshot between two batches.
     """
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
+    def __init__(self, *, name: str, endpoint: str = "in process", replay_endpoint: str | None = None,
                  dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
-                 capacity_tokens: int = 0, medium: str = "GPU", bind: bool = False,
-                 name: str | None = None, tokenizer: Any = None, replay_timeout: float = 2.0):
-        """``endpoint``/``replay_endpoint``: the server's ``--kv-events-config`` ``endpoint`` and
-        ``replay_endpoint`` (rank 0's; the rank's port offset is applied here). ``bind``: bind
-        instead of connect, for a server whose publisher connects (a non-wildcard endpoint).
-        ``bytes_per_token`` (or ``geometry``) and ``capacity_tokens`` are not in the events:
+                 capacity_tokens: int = 0, medium: str = "GPU", tokenizer: Any = None):
+        """``bytes_per_token`` (or ``geometry``) and ``capacity_tokens`` are not in the events:
         give them, or bytes and free space read 0. ``medium``: the storage tier shown (events of
         other tiers are counted and skipped; events without a medium count as this one)."""
         self.dp_rank = dp_rank
-        self.endpoint = rank_endpoint(endpoint, dp_rank, local=not bind)
-        self.replay_endpoint = rank_endpoint(replay_endpoint, dp_rank) if replay_endpoint else None
-        self.name = name or f"kv-events rank {dp_rank} @ {self.endpoint}"
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.name = name
         self.geometry = geometry
         self.bytes_per_token = geometry.bytes_per_token if geometry else bytes_per_token
         self.capacity_tokens = capacity_tokens
         self.medium = medium
         self.tokenizer = tokenizer
-        self.replay_timeout = replay_timeout
         self._lock = threading.Condition()
         self._tree = BlockTree()
         self._counts: Counter[str] = Counter()
@@ -262,75 +259,13 @@ class KvEventsAdapter(CacheAdapter):
         self._sessions_seen = False  # a BlockStored with a session_id has been applied
         self._attribution: TreeAttribution | None = None
         self._attributed_at = 0.0
-        self._stop = threading.Event()
-        self._ctx = zmq.Context()
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.setsockopt(zmq.RCVHWM, SUB_HWM)
-        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        try:
-            (self._sub.bind if bind else self._sub.connect)(self.endpoint)
-        except zmq.ZMQError as exc:
-            self._sub.close()
-            self._ctx.term()
-            raise BadRequest(f"cannot {'bind' if bind else 'connect'} {self.endpoint}: {exc}") from None
-        self._thread = threading.Thread(target=self._run, name=f"kv-events-rank{dp_rank}", daemon=True)
-        self._thread.start()
 
-    @classmethod
-    def for_ranks(cls, endpoint: str, dp_size: int, replay_endpoint: str | None = None,
-                  **kwargs: Any) -> list[KvEventsAdapter]:
-        """One adapter (one tree) per DP rank ``0 .. dp_size-1``."""
-        return [cls(endpoint, replay_endpoint, dp_rank=rank, **kwargs) for rank in range(dp_size)]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        if not self._ctx.closed:
-            self._ctx.term()
-
-    def __enter__(self) -> KvEventsAdapter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ----- the subscriber thread -----
-
-    def _run(self) -> None:
-        sub = self._sub
-        try:
-            while not self._stop.is_set():
-                if not sub.poll(100):
-                    continue
-                while not self._stop.is_set():
-                    try:
-                        frames = sub.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    if len(frames) != 3:
-                        self._count("bad_batches")
-                        continue
-                    self._receive(int.from_bytes(frames[1], "big", signed=True), frames[2])
-        finally:
-            sub.close(linger=0)
+    source = "rebuilt from KV events"
+    """How the tree is known, for the capabilities' reason."""
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self._counts[key] += n
-
-    def _receive(self, seq: int, payload: bytes) -> None:
-        try:
-            if seq <= self._last_seq:  # sequences count from 0 again: a new publisher
-                self._restart()
-            if seq > self._last_seq + 1:
-                self._fill_gap(seq)
-            self._apply(seq, payload)
-        except Exception as exc:  # a bug here must not stop the stream; the tree is suspect
-            log.exception("kv-events: applying batch %d failed", seq)
-            with self._lock:
-                self._last_seq, self._complete = seq, False
-                self._last_error = f"batch {seq}: {type(exc).__name__}: {exc}"
 
     def _restart(self) -> None:
         with self._lock:
@@ -339,70 +274,22 @@ class KvEventsAdapter(CacheAdapter):
             self._sessions_seen = False
             self._last_seq, self._last_ts, self._complete = -1, None, True
 
-    def _fill_gap(self, end: int) -> None:
-        """Apply the missed batches up to ``end`` from the replay socket; what it lacks is missed.
-
-        The replay starts one batch early: if the publisher's batch at our last sequence is not
-        the one we applied (another ``ts``), a new publisher took the port and counted past our
-        sequence, so the tree restarts from its first batch."""
-        start = self._last_seq + 1
-        got = self._replay(max(start - 1, 0), end)
-        if start > 0 and got and got[0][0] == start - 1:
-            _, payload = got.pop(0)
-            try:
-                same = decode_batch(payload).ts == self._last_ts
-            except DecodeError:
-                same = True  # cannot tell: assume the same publisher
-            if not same:
-                self._restart()
-                start, got = 0, self._replay(0, end)
-        expected = start
-        for seq, payload in got:
-            if seq < expected:
-                continue
-            if seq > expected:
-                self._missed(seq - expected)
-            self._apply(seq, payload)
-            self._count("replayed_batches")
-            expected = seq + 1
-        if expected < end:
-            self._missed(end - expected)
-
     def _missed(self, n: int) -> None:
         with self._lock:
             self._counts["missed_batches"] += n
             self._complete = False
 
-    def _replay(self, start: int, end: int) -> list[tuple[int, bytes]]:
-        """The buffered batches ``start .. end-1`` (SGLang's and vLLM's ROUTER protocol: send the
-        start sequence as 8 big-endian bytes; get ``seq, payload`` frames, then seq -1; SGLang
-        0.5.23 puts the topic before the sequence, as its live stream does)."""
-        if self.replay_endpoint is None:
-            return []
-        self._count("replays")
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        got: list[tuple[int, bytes]] = []
-        try:
-            dealer.connect(self.replay_endpoint)
-            dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            deadline = time.monotonic() + self.replay_timeout
-            while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
-                if not dealer.poll(int(left * 1000) + 1):
-                    break
-                frames = dealer.recv_multipart()
-                if len(frames) not in (3, 4):  # SGLang 0.5.19+ sends the topic too: "", topic, seq, payload
-                    continue
-                seq = int.from_bytes(frames[-2], "big", signed=True)
-                if seq == END_SEQ:
-                    return got
-                if start <= seq < end:
-                    got.append((seq, frames[-1]))
-            with self._lock:
-                self._last_error = f"replay from {self.replay_endpoint} timed out"
-            return got
-        finally:
-            dealer.close(linger=0)
+    def apply(self, seq: int, payload: bytes) -> None:
+        """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every
+        batch in order (the plugin's in-process events)."""
+        self._apply(seq, payload)
+
+    def skipped(self, seq: int, error: str) -> None:
+        """Batch ``seq`` could not be applied: the tree may be incomplete from here on."""
+        with self._lock:
+            self._counts["bad_batches"] += 1
+            self._last_seq, self._complete, self._last_error = seq, False, error
+            self._lock.notify_all()
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:
@@ -505,11 +392,12 @@ class KvEventsAdapter(CacheAdapter):
         first = node.token_slice(0, FIRST_TOKENS)
         return NodeView(
             id=node.id, parent_id=node.parent.id if node.parent is not None else None, depth=depth,
-            tokens=node.tokens, first_tokens=first, text=decode_preview(self.tokenizer, first), lock_ref=0, hit_count=0,
+            tokens=node.tokens, first_tokens=first, text=decode_preview(self.tokenizer, first),
+            lock_ref=None, hit_count=None,  # not in the events: unknown
             access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
             bytes=node.tokens * bpt, subtree_tokens=node.subtree_tokens,
             subtree_bytes=node.subtree_tokens * bpt, num_children=len(node.children),
-            holders=tuple(sorted(node.holders)))
+            holders=tuple(sorted(node.holders)) if self._sessions_seen else None)
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
@@ -535,7 +423,7 @@ class KvEventsAdapter(CacheAdapter):
             while up is not None:
                 path_tokens += up.tokens
                 up = up.parent
-            beneath = self._attribute().beneath.get(node_id, 0) if self._sessions_seen else 0
+            beneath = self._attribute().beneath.get(node_id, 0) if self._sessions_seen else None
             return NodeDetail(node=self._view(node, node.depth(), time.time()),
                               token_ids=node.token_slice(token_offset, token_limit),
                               token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=beneath,
@@ -562,11 +450,13 @@ class KvEventsAdapter(CacheAdapter):
     def export(self) -> Iterator[dict[str, Any]]:
         with self._lock:  # copy first: rows are yielded after the lock is released
             version = self._tree.version
-            rows = [(n.id, n.parent.id, n.tokens, tuple(sorted(n.holders))) for n in self._tree.iter_nodes()]
+            sessions = self._sessions_seen
+            rows = [(n.id, n.parent.id, n.tokens, tuple(sorted(n.holders)) if sessions else None)
+                    for n in self._tree.iter_nodes()]
         yield {"version": version, "bytes_per_token": self.bytes_per_token, "node_count": len(rows),
                "root_id": ROOT_ID}
         for node_id, parent, tokens, holders in rows:
-            yield {"id": node_id, "parent": parent, "tokens": tokens, "lock_ref": 0, "hit_count": 0,
+            yield {"id": node_id, "parent": parent, "tokens": tokens, "lock_ref": None, "hit_count": None,
                    "holders": holders}
 
     # ----- sessions: who stored each block, where the stream says -----
@@ -642,3 +532,147 @@ class KvEventsAdapter(CacheAdapter):
 
     def flush(self) -> FlushResultView:
         self._refuse("flush")
+
+
+class KvEventsAdapter(EventTreeAdapter):
+    """The tree of one DP rank's KV-event stream, subscribed over ZMQ."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
+                 dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
+                 capacity_tokens: int = 0, medium: str = "GPU", bind: bool = False,
+                 name: str | None = None, tokenizer: Any = None, replay_timeout: float = 2.0):
+        """``endpoint``/``replay_endpoint``: the server's ``--kv-events-config`` ``endpoint`` and
+        ``replay_endpoint`` (rank 0's; the rank's port offset is applied here). ``bind``: bind
+        instead of connect, for a server whose publisher connects (a non-wildcard endpoint).
+        The rest as :class:`EventTreeAdapter`."""
+        endpoint = rank_endpoint(endpoint, dp_rank, local=not bind)
+        super().__init__(name=name or f"kv-events rank {dp_rank} @ {endpoint}", endpoint=endpoint,
+                         replay_endpoint=rank_endpoint(replay_endpoint, dp_rank) if replay_endpoint else None,
+                         dp_rank=dp_rank, bytes_per_token=bytes_per_token, geometry=geometry,
+                         capacity_tokens=capacity_tokens, medium=medium, tokenizer=tokenizer)
+        self.replay_timeout = replay_timeout
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, SUB_HWM)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        try:
+            (self._sub.bind if bind else self._sub.connect)(self.endpoint)
+        except zmq.ZMQError as exc:
+            self._sub.close()
+            self._ctx.term()
+            raise BadRequest(f"cannot {'bind' if bind else 'connect'} {self.endpoint}: {exc}") from None
+        self._thread = threading.Thread(target=self._run, name=f"kv-events-rank{dp_rank}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_ranks(cls, endpoint: str, dp_size: int, replay_endpoint: str | None = None,
+                  **kwargs: Any) -> list[KvEventsAdapter]:
+        """One adapter (one tree) per DP rank ``0 .. dp_size-1``."""
+        return [cls(endpoint, replay_endpoint, dp_rank=rank, **kwargs) for rank in range(dp_size)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if not self._ctx.closed:
+            self._ctx.term()
+
+    def __enter__(self) -> KvEventsAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- the subscriber thread -----
+
+    def _run(self) -> None:
+        sub = self._sub
+        try:
+            while not self._stop.is_set():
+                if not sub.poll(100):
+                    continue
+                while not self._stop.is_set():
+                    try:
+                        frames = sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if len(frames) != 3:
+                        self._count("bad_batches")
+                        continue
+                    self._receive(int.from_bytes(frames[1], "big", signed=True), frames[2])
+        finally:
+            sub.close(linger=0)
+
+    def _receive(self, seq: int, payload: bytes) -> None:
+        try:
+            if seq <= self._last_seq:  # sequences count from 0 again: a new publisher
+                self._restart()
+            if seq > self._last_seq + 1:
+                self._fill_gap(seq)
+            self._apply(seq, payload)
+        except Exception as exc:  # a bug here must not stop the stream; the tree is suspect
+            log.exception("kv-events: applying batch %d failed", seq)
+            with self._lock:
+                self._last_seq, self._complete = seq, False
+                self._last_error = f"batch {seq}: {type(exc).__name__}: {exc}"
+
+    def _fill_gap(self, end: int) -> None:
+        """Apply the missed batches up to ``end`` from the replay socket; what it lacks is missed.
+
+        The replay starts one batch early: if the publisher's batch at our last sequence is not
+        the one we applied (another ``ts``), a new publisher took the port and counted past our
+        sequence, so the tree restarts from its first batch."""
+        start = self._last_seq + 1
+        got = self._replay(max(start - 1, 0), end)
+        if start > 0 and got and got[0][0] == start - 1:
+            _, payload = got.pop(0)
+            try:
+                same = decode_batch(payload).ts == self._last_ts
+            except DecodeError:
+                same = True  # cannot tell: assume the same publisher
+            if not same:
+                self._restart()
+                start, got = 0, self._replay(0, end)
+        expected = start
+        for seq, payload in got:
+            if seq < expected:
+                continue
+            if seq > expected:
+                self._missed(seq - expected)
+            self._apply(seq, payload)
+            self._count("replayed_batches")
+            expected = seq + 1
+        if expected < end:
+            self._missed(end - expected)
+
+    def _replay(self, start: int, end: int) -> list[tuple[int, bytes]]:
+        """The buffered batches ``start .. end-1`` (SGLang's and vLLM's ROUTER protocol: send the
+        start sequence as 8 big-endian bytes; get ``seq, payload`` frames, then seq -1; SGLang
+        0.5.23 puts the topic before the sequence, as its live stream does)."""
+        if self.replay_endpoint is None:
+            return []
+        self._count("replays")
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        got: list[tuple[int, bytes]] = []
+        try:
+            dealer.connect(self.replay_endpoint)
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.replay_timeout
+            while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+                if not dealer.poll(int(left * 1000) + 1):
+                    break
+                frames = dealer.recv_multipart()
+                if len(frames) not in (3, 4):  # SGLang 0.5.19+ sends the topic too: "", topic, seq, payload
+                    continue
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq == END_SEQ:
+                    return got
+                if start <= seq < end:
+                    got.append((seq, frames[-1]))
+            with self._lock:
+                self._last_error = f"replay from {self.replay_endpoint} timed out"
+            return got
+        finally:
+            dealer.close(linger=0)

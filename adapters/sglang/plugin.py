@@ -9,7 +9,10 @@ Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
   (30100) plus the DP rank, from the first TP rank only (the others hold the same tree);
 * after ``Scheduler.process_input_requests`` (once per scheduler loop iteration, between batches,
   where SGLang applies its own control messages): drain the queue of reads and actions, so each
-  runs on the scheduler thread. A request the scheduler does not take within
+  runs on the scheduler thread;
+* before ``RustUnifiedTreeCore.__init__`` (SGLang 0.5.19+, where the module exists): the Rust
+  tree core records its KV events, from which radixtop keeps the tree Python cannot read
+  (``core_events``; ``RADIXTOP_CORE_EVENTS=0`` leaves the core as SGLang built it). A request the scheduler does not take within
   ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late. With
   ``--sleep-on-idle`` a queued request wakes the scheduler (``IdleWaker``).
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.sglang.inproc import SGLangAdapter
 from radixtop.gpu_backend.owner_queue import OwnerQueue
 
@@ -45,16 +49,18 @@ DEFAULT_PORT = 30100
 class Attached:
     """radixtop inside one scheduler process."""
 
-    adapter: SGLangAdapter
+    adapter: CacheAdapter  # SGLangAdapter, or CoreEventsAdapter over it
     owner: OwnerQueue
     url: str
     server: Any  # uvicorn.Server
     thread: threading.Thread
     waker: IdleWaker | None = None
+    core: Any = None  # CoreEvents: the Rust core's KV events, taken here each loop unless SGLang takes them
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        self.adapter.close()
 
 
 _ATTACHED: dict[int, Attached] = {}  # by id(scheduler)
@@ -95,6 +101,19 @@ def register() -> None:
 
     HookRegistry.register(f"{SCHEDULER}.__init__", _after_init, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.process_input_requests", _after_inputs, HookType.AFTER)
+    if os.environ.get("RADIXTOP_CORE_EVENTS", "1").strip() != "0" and _has_rust_core():
+        from radixtop.adapters.sglang.core_events import RUST_CORE, record_events
+
+        HookRegistry.register(f"{RUST_CORE}.__init__", record_events, HookType.BEFORE)
+
+
+def _has_rust_core() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("sglang.srt.mem_cache.rust_tree_core.adapter") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
@@ -112,6 +131,8 @@ def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
     if attached is not None:
         if attached.waker is not None:
             attached.waker.drained()
+        if attached.core is not None and not attached.core.sglang_takes:
+            attached.core.drain()
         attached.owner.step(max_items=64)
 
 
@@ -201,7 +222,8 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    app = create_app(adapter, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
+    served, core = _over_core_events(scheduler, adapter, dp_rank)
+    app = create_app(served, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
                      host=host, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
     import uvicorn
 
@@ -212,10 +234,27 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     thread.start()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
-    attached = Attached(adapter, owner, url, server, thread, waker)
+    attached = Attached(served, owner, url, server, thread, waker, core)
     _ATTACHED[id(scheduler)] = attached
-    log.info("radixtop admin API for %s on %s", adapter.name, url)
+    log.info("radixtop admin API for %s on %s%s", adapter.name, url,
+             " (the tree from the core's own KV events)" if core is not None else "")
     return attached
+
+
+def _over_core_events(scheduler: Any, adapter: SGLangAdapter, dp_rank: int) -> tuple[CacheAdapter, Any]:
+    """Where Python cannot read the tree but the core records KV events (the Rust core, through
+    the hook before its ``__init__``): the adapter that keeps the tree from them."""
+    if adapter.tree.has_nodes:
+        return adapter, None
+    from radixtop.adapters.sglang.core_events import CoreEvents, CoreEventsAdapter, records_events
+    from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+
+    if not records_events(scheduler.tree_cache):
+        return adapter, None
+    tree = EventTreeAdapter(name=adapter.name, dp_rank=dp_rank, geometry=adapter.geometry,
+                            capacity_tokens=int(adapter.allocator.size), tokenizer=adapter.tokenizer)
+    core = CoreEvents(scheduler.tree_cache, tree, getattr(scheduler, "kv_events_publisher", None))
+    return CoreEventsAdapter(adapter, core, sync_timeout=adapter.timeout), core
 
 
 def _open_sessions(scheduler: Any) -> list[str]:

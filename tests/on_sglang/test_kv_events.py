@@ -26,7 +26,7 @@ import pytest
 import zmq
 
 from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, Unsupported
-from radixtop.adapters.model import ROOT_ID
+from radixtop.adapters.model import ROOT_ID, UNKNOWN
 from radixtop.adapters.sglang.kv_events import KvEventsAdapter, rank_endpoint
 from radixtop.adapters.sglang.kv_events_decode import BlockTree, Cleared, DecodeError, Removed, Stored, decode_batch
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, SGLangUnavailableError, _parse, _pool_shape, import_sglang
@@ -778,7 +778,9 @@ def test_read_only_refusals_and_unknowns(sgl):
             assert st.protected_tokens == st.running_tokens == 0
             assert st.capacity_bytes == 1000 and st.total_bytes == 30
             child = adapter.children(ROOT_ID).children[0]
-            assert child.bytes == 30 and child.lock_ref == 0 and child.holders == ()
+            # not in the events, and no session_id in this stream: unknown, never 0 or none
+            assert child.bytes == 30 and child.lock_ref is None and child.hit_count is None
+            assert child.holders is None and adapter.node(child.id).sessions_beneath is None
             for read in (adapter.sessions, lambda: adapter.session("a"), lambda: adapter.plan_close("a")):
                 with pytest.raises(Unsupported):
                     read()
@@ -791,6 +793,9 @@ def test_read_only_refusals_and_unknowns(sgl):
                 adapter.children(ROOT_ID, 0, 10, "size")
             rows = list(adapter.export())
             assert rows[0]["node_count"] == 1 and rows[1]["tokens"] == 3
+            assert rows[1]["lock_ref"] is None and rows[1]["holders"] is None
+            columns = adapter.export_columns().columns
+            assert list(columns["lock_ref"]) == list(columns["hit_count"]) == [UNKNOWN]
     finally:
         server.close()
 

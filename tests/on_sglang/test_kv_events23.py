@@ -267,3 +267,57 @@ def test_the_default_rust_core_s_events(sgl):
             assert not adapter.capabilities().sessions and adapter.stats().open_sessions is None
     finally:
         server.close()
+
+
+class SchedulerPublishing:
+    """What SGLang's ``SchedulerKvEventsPublisher`` does where the operator configured a publisher:
+    each loop, take the cache's events and publish them as one batch."""
+
+    def __init__(self, server: Server):
+        self.server, self.enable_kv_cache_events = server, True
+        self.kv_event_publisher = server.publisher
+
+    def publish_kv_events(self) -> None:
+        self.server.publish()
+
+
+@pytest.mark.parametrize("sglang_publishes", [False, True], ids=["radixtop-takes", "sglang-takes"])
+def test_the_plugin_keeps_the_rust_cores_tree_in_process(sgl, sglang_publishes):
+    """The plugin's in-process path (adapters/sglang/core_events.py) over a real Rust-core cache:
+    the tree's tokens equal SGLang's own cached tokens after inserts, evictions and a flush; what
+    the events cannot tell is unknown. Where SGLang's own publisher takes the events, the batches
+    it publishes reach radixtop too (and still go out on the wire)."""
+    from radixtop.adapters.sglang.core_events import CoreEvents, CoreEventsAdapter, records_events
+    from radixtop.adapters.sglang.inproc import SGLangAdapter
+    from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+
+    port = free_ports(2)
+    server = Server(sgl, port, None, core="rust")
+    try:
+        assert records_events(server.cache)
+        sglang = SGLangAdapter(server.cache)  # no owner queue: this thread is the scheduler's
+        tree = EventTreeAdapter(name="t", geometry=sglang.geometry, capacity_tokens=int(sglang.allocator.size))
+        core = CoreEvents(server.cache, tree, SchedulerPublishing(server) if sglang_publishes else None)
+        adapter = CoreEventsAdapter(sglang, core)
+        assert core.sglang_takes == sglang_publishes
+        with KvEventsAdapter(f"tcp://*:{port}") as wire:
+            if sglang_publishes:
+                catch_up(wire, server)
+            for tokens, output in (([1, 2, 3, 4], [7, 8]), ([1, 2, 3, 5, 6], [9]), ([8, 8], [1])):
+                server.request(tokens, output)
+            cached = server.cache.evictable_size() + server.cache.protected_size()
+            assert adapter.node(ROOT_ID).node.subtree_tokens == cached == 9  # 1 2 3 (4 7 | 5 6), 8 8
+            assert adapter.match([1, 2, 3, 5, 6]).matched_tokens == 5
+            caps = adapter.capabilities()
+            assert caps.tree and caps.evict and caps.flush and not caps.sessions and "unknown" in caps.reason
+            kid = adapter.children(ROOT_ID).children[0]
+            assert kid.lock_ref is None and kid.holders is None and adapter.stats().node_count == 4
+            adapter.evict(3)
+            assert adapter.node(ROOT_ID).node.subtree_tokens == server.cache.evictable_size() < 9
+            if sglang_publishes:  # the same batches went out on the wire
+                assert wire.wait_for_seq(server.seq) and wire.stats().total_tokens == server.cache.evictable_size()
+            adapter.flush()
+            assert adapter.node(ROOT_ID).node.subtree_tokens == 0 and adapter.children(ROOT_ID).total == 0
+        adapter.close()
+    finally:
+        server.close()

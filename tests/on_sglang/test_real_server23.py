@@ -1,18 +1,19 @@
 """A real SGLang 0.5.23 server with its defaults: UnifiedRadixCache on the Rust tree core, which
-has no Python nodes. radixtop shows what it can (totals, evictions, evict and flush) and says
-what it cannot, never a 0 for an unknown count. Collected only beside sglang 0.5.23."""
+has no Python nodes. The plugin has the core record its KV events and keeps the tree from them in
+process (no --kv-events-config); totals come from SGLang's own counters. What the events cannot
+tell (locks, hit counts) is unknown, never 0. Collected only beside sglang 0.5.23."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from radixtop.adapters.errors import Unsupported
 from radixtop.adapters.http.client import RadixtopClient
 from tests.on_sglang.server import launch
-from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, flood, settle
+from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, flood, fresh, settle
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +26,55 @@ def rust(tmp_path_factory):
     srv.stop()
 
 
-def test_the_default_core_says_it_has_no_tree_and_why(rust):
-    _, client = rust
+def test_the_default_core_shows_its_tree_from_its_own_kv_events(rust):
+    """No --kv-events-config: the plugin has the Rust core record its KV events and takes them
+    in process. The tree holds exactly what SGLang counts as cached; locks are unknown, not 0."""
+    server, client = rust
+    prompts = [fresh(64) for _ in range(3)]
+    shared = fresh(48)
+    for p in prompts + [shared + fresh(16), shared + fresh(16)]:
+        server.generate(p, max_new_tokens=4)
+    settle(server, client)
     caps = client.capabilities()
-    assert not caps.tree and not caps.sessions and caps.evict and caps.flush
-    assert "Rust tree core" in caps.reason
-    with pytest.raises(Unsupported, match="Rust tree core"):
-        client.children(0)
+    assert caps.tree and caps.evict and caps.flush and not caps.close and caps.changes
+    assert "KV events" in caps.reason and "lock" in caps.reason
+    for p in prompts:
+        assert client.match(p).matched_tokens >= len(p) - 1
+    st, m = client.stats(), server.metrics()
+    root = client.node(0, 0, 1).node
+    assert st.node_count is not None and st.node_count >= 5
+    assert root.subtree_tokens == m["sglang:kv_evictable_tokens"] + st.protected_tokens > 0
+    page = client.children(0, 0, 100)
+    assert page.total >= 4 and all(c.lock_ref is None and c.hit_count is None for c in page.children)
+    branch = client.match(shared)
+    assert branch.matched_tokens == len(shared) and client.children(branch.node_id).total == 2
+
+
+def test_the_tree_follows_sglangs_own_evictions_and_flush(rust):
+    server, client = rust
+    flood(server)
+    settle(server, client)
+    m = server.metrics()
+    assert m["sglang:evicted_tokens_total"] > 0
+    assert client.node(0, 0, 1).node.subtree_tokens == m["sglang:kv_evictable_tokens"]
+    assert client.stats().node_count == len(list(client.export())) - 1
+    client.flush()
+    settle(server, client)
+    assert client.node(0, 0, 1).node.subtree_tokens == 0 and client.children(0).total == 0
+
+
+def test_radixtop_tree_prints_the_default_cores_tree(rust):
+    server, client = rust
+    prompt = fresh(80)
+    server.generate(prompt, max_new_tokens=4)
+    settle(server, client)
+    env = {"RADIXTOP_URL": server.admin_url, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "tree", "--depth", "2"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = client.match(prompt)
+    node = found.partial_node_id or found.node_id  # the prompt ends inside its node (output tokens follow)
+    assert f"#{node}" in done.stdout and "locks and holders unknown" in done.stdout
 
 
 def test_counts_it_cannot_know_are_unknown_and_the_rest_equal_sglangs(rust):
@@ -39,7 +82,8 @@ def test_counts_it_cannot_know_are_unknown_and_the_rest_equal_sglangs(rust):
     flood(server)
     settle(server, client)
     st, m = client.stats(), server.metrics()
-    assert st.node_count is None and st.open_sessions is None and st.closed_sessions is None
+    assert st.open_sessions is None and st.closed_sessions is None  # no session ids in this stream
+    assert st.node_count == client.stats().node_count > 0
     assert st.free_tokens == m["sglang:kv_available_tokens"]
     assert st.evictable_tokens == m["sglang:kv_evictable_tokens"]
     assert m["sglang:evicted_tokens_total"] > 0 and st.evicted_tokens == m["sglang:evicted_tokens_total"]
@@ -47,10 +91,11 @@ def test_counts_it_cannot_know_are_unknown_and_the_rest_equal_sglangs(rust):
 
 
 def test_radixtop_stats_prints_unknown_not_zero(rust):
-    server, _ = rust
+    server, client = rust
     env = {"RADIXTOP_URL": server.admin_url, "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "stats"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "nodes unknown" in done.stdout and "0 nodes" not in done.stdout
+    nodes = client.stats().node_count  # the events' tree; the server is idle, nothing changes
+    assert re.search(rf"(?m)(^| ){nodes:,} nodes", done.stdout), done.stdout
     assert "sessions open unknown" in done.stdout

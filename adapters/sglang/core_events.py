@@ -1,0 +1,252 @@
+"""The tree of a cache Python cannot read (SGLang's Rust tree core), kept from its own KV events.
+
+Since SGLang 0.5.19 every model runs on ``UnifiedRadixCache``, and its tree core defaults to Rust:
+no Python node to read. The core still records KV events (``BlockStored`` with token ids and the
+storing request's ``session_id``, ``BlockRemoved``, ``AllBlocksCleared``) when it is built with
+``enable_kv_cache_events``. The plugin turns that on for the Rust core only (a hook before
+``RustUnifiedTreeCore.__init__``; no ``--kv-events-config`` needed, no ZMQ), takes the recorded
+events on the scheduler thread (``take_events()``, what SGLang's own publisher does each loop;
+where the operator configured a publisher, SGLang takes them and radixtop reads what it
+publishes), and applies them on a thread of its own to an :class:`EventTreeAdapter`, the same
+tree the ZMQ adapter keeps. The scheduler's cost is the core's recording and one
+``take_events()`` a loop; the tree's upkeep and every read of it run off the scheduler thread.
+
+:class:`CoreEventsAdapter` serves the contract: the tree, matches, changes and sessions (where the
+events name them) from the events; totals, evict and flush from SGLang itself
+(:class:`SGLangAdapter`). What the events cannot tell (locks, hit counts, and holders where no
+request carried a session) is unknown, never 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from radixtop.adapters.base import CacheAdapter, Read, check_reads
+from radixtop.adapters.errors import TargetTimeout
+from radixtop.adapters.model import (
+    Capabilities,
+    ChainView,
+    Changes,
+    ChildrenPage,
+    ClosePlanView,
+    CloseResultView,
+    EvictResultView,
+    FlushResultView,
+    MatchView,
+    NodeDetail,
+    SessionDetail,
+    SessionsPage,
+    Stats,
+    SubtreeView,
+)
+from radixtop.adapters.sglang.inproc import SGLangAdapter
+from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+
+log = logging.getLogger("radixtop.sglang")
+
+RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore"
+"""The class whose ``__init__`` the plugin hooks to have the Rust core record KV events."""
+
+
+def record_events(core: Any, params: Any, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The hook before ``RustUnifiedTreeCore.__init__(self, params)``: the same params with
+    ``enable_kv_cache_events`` on (a table of LoRA names where SGLang gave none)."""
+    changes: dict[str, Any] = {"enable_kv_cache_events": True}
+    if getattr(params, "kv_event_lora_names", None) is None:
+        from sglang.srt.mem_cache.events import KvEventLoraNames
+
+        changes["kv_event_lora_names"] = KvEventLoraNames()
+    return (core, dataclasses.replace(params, **changes), *args), kwargs
+
+
+def records_events(cache: Any) -> bool:
+    """Whether ``cache``'s tree core records KV events (its recorder is enabled)."""
+    recorder = getattr(getattr(cache, "tree_core", None), "kv_events", None)
+    return bool(getattr(recorder, "enabled", False)) and callable(getattr(cache, "take_events", None))
+
+
+class CoreEvents:
+    """Takes the KV events a cache records (on the scheduler thread) and applies them to ``tree``
+    on a thread of radixtop's, as numbered batches encoded as SGLang's publisher sends them (so
+    one decoder serves this and the ZMQ stream).
+
+    ``publisher``: SGLang's own ``SchedulerKvEventsPublisher`` where the operator configured
+    one; SGLang takes the events then, and its publisher's ``publish`` is wrapped to hand each
+    batch here too."""
+
+    def __init__(self, cache: Any, tree: EventTreeAdapter, publisher: Any = None) -> None:
+        import msgspec
+        from sglang.srt.disaggregation.kv_events import KVEventBatch
+
+        self.cache = cache
+        self.tree = tree
+        self._batch = KVEventBatch
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._queue: queue.SimpleQueue[tuple[int, float, list[Any]] | None] = queue.SimpleQueue()
+        self._queued = 0  # batches handed to the queue (their sequence numbers are 0 .. this - 1)
+        self._sglang = publisher if publisher is not None and getattr(publisher, "enable_kv_cache_events",
+                                                                      False) else None
+        if self._sglang is not None:
+            inner = self._sglang.kv_event_publisher
+            original = inner.publish
+
+            def publish(batch: Any, *args: Any, **kwargs: Any) -> Any:
+                self._put(float(getattr(batch, "ts", 0.0) or time.time()), list(batch.events))
+                return original(batch, *args, **kwargs)
+
+            inner.publish = publish
+        self._thread = threading.Thread(target=self._run, name="radixtop-core-events", daemon=True)
+        self._thread.start()
+
+    @property
+    def sglang_takes(self) -> bool:
+        """SGLang's own publisher takes the events (radixtop reads what it publishes)."""
+        return self._sglang is not None
+
+    def _put(self, ts: float, events: list[Any]) -> None:
+        if events:
+            self._queue.put((self._queued, ts, events))
+            self._queued += 1
+
+    def drain(self) -> int:
+        """On the scheduler thread: take what the core recorded; returns how many batches have
+        been handed on so far (the tree has them all once its last sequence is this - 1)."""
+        if self._sglang is not None:
+            self._sglang.publish_kv_events()  # SGLang's own step: takes, publishes, and hands us the batch
+        else:
+            self._put(time.time(), self.cache.take_events())
+        return self._queued
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            seq, ts, events = item
+            try:
+                payload = self._encode(self._batch(ts=ts, events=events))
+            except Exception as exc:  # an event type msgspec cannot encode: the tree is suspect
+                log.exception("radixtop: encoding KV-event batch %d failed", seq)
+                self.tree.skipped(seq, f"batch {seq}: {type(exc).__name__}: {exc}")
+                continue
+            self.tree.apply(seq, payload)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(5)
+
+
+class CoreEventsAdapter(CacheAdapter):
+    """The contract over a cache whose tree is known from its own KV events (see the module)."""
+
+    def __init__(self, sglang: SGLangAdapter, core: CoreEvents, sync_timeout: float = 5.0) -> None:
+        self.sglang = sglang
+        self.core = core
+        self.events = core.tree
+        self.name = sglang.name
+        self.read_only = sglang.read_only
+        self.sync_timeout = sync_timeout
+        self._in_read_many = threading.local()
+
+    # ----- one moment: the tree has every event the core recorded before the read -----
+
+    def _sync(self) -> None:
+        if getattr(self._in_read_many, "on", False):
+            return
+        queued = self.sglang.call(self.core.drain)
+        if not self.events.wait_for_seq(queued - 1, self.sync_timeout):
+            raise TargetTimeout(f"the tree's KV events were not applied within {self.sync_timeout:g}s")
+
+    def _read(self, fn: Callable[[], Any]) -> Any:
+        self._sync()
+        return fn()
+
+    def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        checked = check_reads(reads)
+        self._sync()
+        self._in_read_many.on = True
+        try:
+            return [self._read_one(op, args) for op, args in checked]
+        finally:
+            self._in_read_many.on = False
+
+    # ----- what SGLang itself says -----
+
+    def capabilities(self) -> Capabilities:
+        own = self.sglang.capabilities()
+        events = self.events.capabilities()
+        unknown = "locks and hit counts" if events.sessions else "locks, hit counts and holders"
+        notes = [f"tree kept from the {self.sglang.tree.kind}'s own KV events, taken in process: "
+                 f"{unknown} are unknown"]
+        if events.sessions:
+            notes.append("sessions are those whose requests stored each block (session_id); close is SGLang's")
+        notes += [n for n in events.reason.rstrip(".").split("; ")[1:]]  # stream health: gaps, detached blocks
+        if own.read_only:
+            notes.insert(0, "read-only: actions are refused")
+        return Capabilities(tree=True, sessions=events.sessions, close=False, evict=own.evict, flush=own.flush,
+                            changes=True, read_only=own.read_only, reason="; ".join(notes))
+
+    def stats(self) -> Stats:
+        own = self.sglang.stats()
+        mine = self.events.stats()
+        return dataclasses.replace(own, node_count=mine.node_count, version=mine.version,
+                                   open_sessions=own.open_sessions if mine.open_sessions is None
+                                   else mine.open_sessions)
+
+    # ----- the tree, from the events -----
+
+    def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
+        return self._read(lambda: self.events.children(node_id, offset, limit, order))
+
+    def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
+        return self._read(lambda: self.events.chain(node_id, limit))
+
+    def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
+                min_bytes: int = 0) -> SubtreeView:
+        return self._read(lambda: self.events.subtree(node_id, depth, limit, order, min_bytes))
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
+        return self._read(lambda: self.events.node(node_id, token_offset, token_limit))
+
+    def match(self, tokens: list[int]) -> MatchView:
+        return self._read(lambda: self.events.match(tokens))
+
+    def changes(self, since: int) -> Changes:
+        return self._read(lambda: self.events.changes(since))
+
+    def export(self) -> Iterator[dict[str, Any]]:
+        self._sync()
+        return self.events.export()
+
+    def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
+                 reverse: bool = False) -> SessionsPage:
+        return self._read(lambda: self.events.sessions(order, offset, limit, contains, reverse))
+
+    def session(self, session_id: str) -> SessionDetail:
+        return self._read(lambda: self.events.session(session_id))
+
+    # ----- actions: SGLang's own -----
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        return self.sglang.plan_close(session_id)
+
+    def close_session(self, session_id: str) -> CloseResultView:
+        return self.sglang.close_session(session_id)
+
+    def close_session_planned(self, session_id: str) -> tuple[ClosePlanView | None, CloseResultView]:
+        return self.sglang.close_session_planned(session_id)
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        return self.sglang.evict(num_tokens)
+
+    def flush(self) -> FlushResultView:
+        return self.sglang.flush()
+
+    def close(self) -> None:
+        self.core.close()
