@@ -137,3 +137,11 @@ def test_order_by_pressure_and_unknown_is_never_zero():
     unknown = cells(r("unknown"))
     assert unknown[3:10] == ("?",) * 7 and "0" not in unknown[3:10]
     assert r("unknown").to_dict()["hit_rate"] is None and r("unknown").to_dict()["free_bytes"] is None
+
+
+def test_the_fleet_command_and_pollers_load_neither_torch_textual_nor_sglang():
+    from tests.support.modules import loaded_modules
+
+    mods = loaded_modules("import radixtop.adapters.fleet.probe, radixtop.cli.fleet")
+    assert "radixtop.adapters.fleet.probe" in mods and "httpx" in mods
+    assert not {"torch", "textual", "sglang", "uvicorn"} & mods

@@ -180,3 +180,59 @@ def test_v1_fleet_aggregates_and_answers_501_without_a_fleet(workers, tmp_path):
 def test_serve_takes_fleet_options_only_together():
     done = radixtop("serve", "--fleet-map", "/nonexistent")
     assert done.returncode == 2 and "go with --fleet" in done.stderr
+
+
+def test_radixtop_serve_fleet_answers_v1_fleet(workers, tmp_path):
+    a, b = workers
+    port = free_port()
+    path = fleet_file(tmp_path, a.url, b.url)
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--model", "tiny", "--capacity",
+                             "512", "--sessions", "2", "--arrival-rate", "1", "--port", str(port), "--fleet", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "RADIXTOP_TOKEN": "x" * 24})
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reply = httpx.get(f"http://127.0.0.1:{port}/v1/fleet", timeout=10, trust_env=False)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        doc = reply.json()
+        assert reply.status_code == 200 and doc["source"] == f"fleet {path}"
+        assert {r["worker"] for r in doc["rows"]} == {a.url, b.url} and doc["reachable"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stdout.close()
+
+
+async def test_enter_in_the_fleet_view_opens_that_workers_dashboard(workers, tmp_path):
+    """What `radixtop fleet --tui` does on Enter: the row, then that worker's own dashboard."""
+    from radixtop.inspector.app import RadixtopApp
+    from radixtop.inspector.fleet_view import FleetApp, FleetTable
+
+    a, b = workers
+    poller = open_poller(None, None, fleet_file(tmp_path, a.url, b.url), timeout=5)
+    fleet = FleetApp(poller.poll, auto_poll=False)
+    async with fleet.run_test(size=(160, 30)) as pilot:
+        for _ in range(300):
+            if fleet.polls:
+                break
+            await pilot.pause(0.02)
+        second = fleet.query_one(FleetTable).rows[1]
+        await pilot.press("down", "enter")
+    assert fleet.return_value == second
+    adapter, label = open_worker(second, poller)
+    app = RadixtopApp(adapter, label, interval=0.5)
+    try:
+        async with app.run_test(size=(160, 40)) as pilot:
+            for _ in range(300):
+                if app.polls:
+                    break
+                await pilot.pause(0.02)
+            assert app.stats is not None and app.stats.target == ("fleet a" if second.worker == a.url else "fleet b")
+    finally:
+        adapter.close()
