@@ -181,9 +181,10 @@ class DemoChild:
 
 @contextmanager
 def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, arrival_rate: float,
-                read_only: bool = False, start_timeout: float = 120.0, max_restarts: int = 3) -> Iterator[DemoChild]:
-    """A running `radixtop serve` child with the demo workload (its ``url`` and ``token``), until
-    the block ends."""
+                read_only: bool = False, start_timeout: float = 120.0, max_restarts: int = 3,
+                trace_args: tuple[str, ...] = ()) -> Iterator[DemoChild]:
+    """A running `radixtop serve` child with the demo workload, or the trace ``trace_args`` say
+    (``--trace PATH --format F ...``), and its ``url`` and ``token``, until the block ends."""
     token = secrets.token_urlsafe(24)
     port = _free_port()
     cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -191,6 +192,7 @@ def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, 
            "--seed", str(seed), "--arrival-rate", str(arrival_rate)]
     if read_only:
         cmd.append("--read-only")
+    cmd.extend(trace_args)
     child = DemoChild(cmd, {**os.environ, "RADIXTOP_TOKEN": token}, f"http://127.0.0.1:{port}", token,
                       start_timeout, max_restarts)
     try:

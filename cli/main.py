@@ -79,11 +79,21 @@ def tui(
     sglang_url: SGLangUrl = None,
     sglang_api_key: SGLangApiKey = None,
     tokenizer: TokenizerSpec = None,
+    trace: Annotated[Path | None, typer.Option(help="Embedded engine: play this trace instead of the "
+                                               "demo workload.")] = None,
+    fmt: TraceFormat = "radixtop",
+    scale: Scale = 1,
+    speed: Annotated[float, typer.Option("--speed", min=0, help="Embedded engine: a --format trace at this "
+                                         "many times its own pace (0: all of it at once).")] = 1.0,
 ) -> None:
-    """The dashboard: on the embedded demo engine, on a radixtop server or SGLang's radixtop
-    plugin (--url), on an SGLang/vLLM KV-event stream (--kv-events), or on a plain SGLang
-    server (--sglang-url)."""
+    """The dashboard: on the embedded demo engine (or a trace it plays, --trace), on a radixtop
+    server or SGLang's radixtop plugin (--url), on an SGLang/vLLM KV-event stream (--kv-events),
+    or on a plain SGLang server (--sglang-url)."""
     keys = _keymap(keymap)
+    if trace is not None and (url or kv_events or sglang_url):
+        raise fail("--trace plays on the embedded engine; it does not go with --url, --kv-events or --sglang-url", 2)
+    if trace is None and (fmt != "radixtop" or scale != 1):
+        raise fail("--format and --scale go with --trace", 2)
     if kv_events or sglang_url:
         from radixtop.inspector.app import run_dashboard
 
@@ -118,12 +128,14 @@ def tui(
         geometry = get_geometry(model or "llama-3-8b")
     except ValueError as exc:
         raise fail(str(exc), 2) from None
-    name = f"embedded demo · {geometry.name}"
+    name = f"embedded demo · {geometry.name}" + (f" · {trace.name}" if trace else "")
     typer.echo(f"radixtop: starting the embedded demo engine ({geometry.name}, {capacity or 65536:,} tokens)...",
                err=True)
+    trace_args = () if trace is None else ("--trace", str(trace.resolve()), "--format", fmt, "--scale",
+                                           str(scale), "--speed", repr(speed))
     try:
         with demo_server(name, geometry.name, capacity or 65536, sessions, seed, arrival_rate,
-                         read_only) as child:
+                         read_only, trace_args=trace_args) as child:
             adapter = RadixtopClient(child.url, token=child.token, timeout=timeout)
             run_dashboard(adapter, name, interval, keys, on_exit=adapter.close, notices=child.watch)
             if child.ended:

@@ -153,3 +153,30 @@ def test_demo_plays_a_trace_and_says_how_far_it_is():
     assert "trace at" in done.stdout and "(x50)" in done.stdout
     refused = radixtop("demo", "--format", "mooncake", "--duration", "1")
     assert refused.returncode == 2 and refused.stderr == "radixtop: --format and --scale go with --trace\n"
+
+
+def test_the_dashboards_embedded_engine_plays_a_trace(tmp_path):
+    """`radixtop tui --trace ...` starts its embedded engine as `serve --trace ...` (demo_server's
+    trace_args); a trace that cannot be read stops it at start with the one-line reason."""
+    from radixtop.cli.embedded import demo_server
+
+    args = ("--trace", MOONCAKE, "--format", "mooncake", "--scale", "8", "--speed", "200.0")
+    with demo_server("embedded demo · tiny · excerpt", "tiny", 65536, 4, 0, 0.0, trace_args=args) as child:
+        client = RadixtopClient(child.url, token=child.token, timeout=5)
+        try:
+            deadline = time.monotonic() + 60
+            while client.stats().closes < 26:  # 453 s of trace at x200: about 2.3 s
+                assert time.monotonic() < deadline, client.stats()
+                time.sleep(0.2)
+            stats = client.stats()
+            assert stats.prompt_tokens > stats.cached_tokens > 0 and stats.target.endswith("excerpt")
+        finally:
+            client.close()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    with pytest.raises(RuntimeError, match="bad.jsonl: line 1: missing field 'input_length'"):
+        with demo_server("x", "tiny", 4096, 4, 0, 0.0, trace_args=("--trace", str(bad), "--format", "mooncake"),
+                         max_restarts=0):
+            pass
+    refused = radixtop("tui", "--trace", MOONCAKE, "--url", "http://127.0.0.1:9")
+    assert refused.returncode == 2 and "--trace plays on the embedded engine" in refused.stderr
