@@ -180,3 +180,31 @@ def test_the_dashboards_embedded_engine_plays_a_trace(tmp_path):
             pass
     refused = radixtop("tui", "--trace", MOONCAKE, "--url", "http://127.0.0.1:9")
     assert refused.returncode == 2 and "--trace plays on the embedded engine" in refused.stderr
+
+
+def test_serve_at_speed_zero_applies_the_whole_trace_before_it_listens():
+    port = free_port()
+    token = "a-test-token-of-enough-characters"
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--trace", MOONCAKE, "--format", "mooncake",
+         "--scale", "8", "--speed", "0", "--model", "tiny", "--capacity", "6144", "--device", "meta",
+         "--port", str(port)],
+        env={**os.environ, "RADIXTOP_TOKEN": token}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    client = RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=5)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                stats = client.stats()
+                break
+            except Exception:  # not listening yet
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        # The first answer already has all of it: 26 sessions closed, and the 87,169-token request
+        # (10,897 at scale 8) refused by a 6,144-token pool instead of stopping the server.
+        assert stats.closes == 26 and stats.evicted_tokens > 0 and stats.prompt_tokens > 0
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
