@@ -236,3 +236,58 @@ async def test_enter_in_the_fleet_view_opens_that_workers_dashboard(workers, tmp
             assert app.stats is not None and app.stats.target == ("fleet a" if second.worker == a.url else "fleet b")
     finally:
         adapter.close()
+
+
+def test_radixtop_fleet_tui_in_a_terminal_opens_a_worker_and_comes_back(workers, tmp_path):
+    """`radixtop fleet --tui` in a pseudo-terminal: the fleet view; Enter: the worker's own
+    dashboard; q: the fleet view again; q: the end (exit 0)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    a, _ = workers
+    path = fleet_file(tmp_path, a.url, f"http://127.0.0.1:{free_port()}")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command as a user runs it
+        os.environ.update(TERM="xterm-256color", COLUMNS="150", LINES="40")
+        os.execv(sys.executable, [sys.executable, "-P", "-m", "radixtop.cli.main", "fleet", "--fleet", str(path),
+                                  "--tui", "--timeout", "1"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 150, 0, 0))
+
+    def screen_until(*words: str, timeout: float = 30.0) -> bytes:
+        seen, deadline = b"", time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    break
+            if all(w.encode() in seen for w in words):
+                return seen
+        raise AssertionError(f"never saw {words}; the screen had {seen[-2000:]!r}")
+
+    try:
+        screen_until("2 worker rows", "1 reachable")
+        os.write(fd, b"\r")  # the cursor is on the reachable worker (it sorts first)
+        screen_until("fleet a")  # its dashboard's header names it
+        os.write(fd, b"q")
+        screen_until("2 worker rows")
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, "radixtop fleet --tui did not end on q"
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    os.read(fd, 65536)
+                except OSError:
+                    pass
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
