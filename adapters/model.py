@@ -65,6 +65,35 @@ class Geometry(_View):
 
 
 @dataclass(frozen=True)
+class Bucket(_View):
+    """One component's pool as SGLang's own leak check reads it (its idle and busy memory checks:
+    ``available + evictable + protected + session_held + uncached == total``), by the same
+    names. ``component``: SGLang's pool name (``full``, ``swa``, ``mamba``); ``uncached``: the
+    slots running requests own beyond their cached prefix (None where the target cannot tell)."""
+
+    component: str
+    total: int
+    available: int
+    evictable: int
+    protected: int
+    session_held: int
+    uncached: int | None
+
+    @property
+    def unaccounted(self) -> int | None:
+        """``total`` less every bucket: 0 when they add up (SGLang's check passes); otherwise
+        tokens no bucket explains, a leak (or, negative, slots counted twice). None: unknown."""
+        if self.uncached is None:
+            return None
+        return self.total - (self.available + self.evictable + self.protected + self.session_held + self.uncached)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["unaccounted"] = self.unaccounted
+        return d
+
+
+@dataclass(frozen=True)
 class Stats(_View):
     """Cache totals. free + evictable + protected = capacity, in tokens and in bytes.
 
@@ -96,6 +125,9 @@ class Stats(_View):
     freed_by_close_tokens: int
     version: int
     geometry: Geometry
+    buckets: tuple[Bucket, ...] | None = None
+    """The pool by SGLang's leak-check buckets, one row per component; None: the target keeps no
+    such accounting (the figures above still add up to capacity)."""
 
     @property
     def capacity_bytes(self) -> int:

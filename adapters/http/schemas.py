@@ -59,6 +59,17 @@ class GeometryOut(Schema):
     bytes_per_token: int
 
 
+class BucketOut(Schema):
+    component: str = Field(description="SGLang's pool name: full, swa, mamba")
+    total: int
+    available: int
+    evictable: int
+    protected: int
+    session_held: int
+    uncached: int | None = Field(description="null: the target cannot tell")
+    unaccounted: int | None = Field(description="total less every bucket: 0 when they add up, else a leak")
+
+
 class StatsOut(Schema):
     target: str
     capacity_tokens: int
@@ -78,6 +89,8 @@ class StatsOut(Schema):
     freed_by_close_tokens: int
     version: int
     geometry: GeometryOut
+    buckets: list[BucketOut] | None = Field(default=None, description="SGLang's leak-check buckets per component; "
+                                                                        "null: the target keeps none")
     capacity_bytes: int
     free_bytes: int
     evictable_bytes: int
