@@ -100,6 +100,8 @@ class FiguresReplayer:
         self.results: list[dict[str, Any]] | None = [] if keep_results else None
         self._session_of: dict[str, str | None] = {}
         self._refused: set[str] = set()
+        self._uncached: set[str] = set()
+        """Sessions whose previous request was refused: it left nothing to reuse, nothing to lose."""
         self._auto_id = 0
 
     def _session(self, sid: str | None) -> SessionFigures | None:
@@ -122,8 +124,11 @@ class FiguresReplayer:
             if session:
                 session.refused += 1
             self._refused.add(rid)
+            if f.get("session") is not None:
+                self._uncached.add(f["session"])
             return {"hit": 0, "refused": True}
-        reuse = f.get("reuse", 0)
+        reuse = 0 if f.get("session") in self._uncached else f.get("reuse", 0)
+        self._uncached.discard(f.get("session"))
         lost = max(0, reuse - hit)
         fig.prompt_tokens += len(f["input"])
         fig.cached_tokens += hit
@@ -150,6 +155,7 @@ class FiguresReplayer:
             session = self._session(sid)
             if session:
                 session.refused += 1
+                self._uncached.add(sid)
             return {"refused": True}
         self.figures.output_tokens += len(output)
         return {}

@@ -277,6 +277,18 @@ def test_a_request_too_large_for_the_pool_is_refused_and_the_replay_goes_on():
     assert results[2]["op"] == "request" and "refused" not in results[2]
 
 
+def test_a_turn_after_a_refused_one_has_nothing_to_lose():
+    trace = read_mooncake([mooncake_line(0, [0, 1]), mooncake_line(1, [0, 1, 2], n_out=5000),
+                           mooncake_line(2, [0, 1, 2, 3])])
+    ops = [t.op for t in timed_ops(trace, 1, close_sessions=False)]
+    assert [op.fields["reuse"] for op in ops] == [0, 1024, 1536]
+    figures, _ = replay_figures(ops, TINY, 4096)  # the second's 5,000 output tokens never fit: retracted
+    (session,) = figures.sessions.values()
+    assert session.refused == 1 and session.cached_tokens == 1024 + 1024
+    # The third turn misses the second's third block, which was never cached: not a loss.
+    assert session.reuse_tokens == 1024 and session.lost_tokens == 0
+
+
 def test_deref_close_keeps_what_the_next_sub_agent_reuses():
     trace = load_trace(TESTER, "kv-cache-tester")
     free, deref = compare(lambda: (t.op for t in timed_ops(trace, 8)), TINY, [2**20], ["lru"], ["free", "deref"])
