@@ -38,13 +38,13 @@ def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 
 @contextmanager
-def smg(worker_urls: list[str], log: Path) -> Iterator[str]:
-    """A real `smg launch` routing to ``worker_urls``; yields its URL once every worker is
-    registered and healthy."""
+def smg(worker_urls: list[str], log: Path, *extra: str) -> Iterator[str]:
+    """A real `smg launch` routing to ``worker_urls`` (``extra``: more of its options); yields its
+    URL once every worker is registered and healthy."""
     port, metrics_port = free_port(), free_port()
     cmd = [str(fleet_executable("smg")), "launch", "--host", "127.0.0.1", "--port", str(port),
            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-           "--worker-urls", *worker_urls, "--policy", "cache_aware", "--load-monitor-interval", "1"]
+           "--worker-urls", *worker_urls, "--policy", "cache_aware", "--load-monitor-interval", "1", *extra]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -145,3 +145,29 @@ def test_the_fleet_command_and_pollers_load_neither_torch_textual_nor_sglang():
     mods = loaded_modules("import radixtop.adapters.fleet.probe, radixtop.cli.fleet")
     assert "radixtop.adapters.fleet.probe" in mods and "httpx" in mods
     assert not {"torch", "textual", "sglang", "uvicorn"} & mods
+
+
+def test_smg_dp_aware_entries_become_rows_per_rank_of_their_base_url():
+    """SMG --dp-aware over a worker with two DP ranks: entries ``url@0``, ``url@1`` with
+    ``dp_rank``, ``dp_size``, ``dp_base_url`` (not load-polled, so /get_loads lists none). The
+    fields as SMG 1.13 names them (its other fields as recorded from a real SMG)."""
+    from fastapi import FastAPI
+
+    from radixtop.adapters.fleet.probe import poll_fleet
+    from radixtop.adapters.fleet.sources import SmgSource
+    from tests.support.live_server import running_server
+
+    base = "http://10.9.9.9:30000"  # nothing answers there: the rows fall back to SMG's own figures
+    entries = [{"id": f"w{r}", "model_id": "m", "url": f"{base}@{r}", "worker_type": "regular",
+                "connection_mode": "http", "runtime_type": "sglang", "is_healthy": r == 0, "status": "ready",
+                "load": 0, "dp_rank": r, "dp_size": 2, "dp_base_url": base} for r in (0, 1)]
+    gateway = FastAPI()
+    gateway.get("/workers")(lambda: {"workers": entries, "total": 2, "stats": {}})
+    gateway.get("/get_loads")(lambda: {"timestamp": "", "version": "smg-1.13.0", "dp_rank_count": 0, "loads": []})
+    with running_server(gateway) as url:
+        view = poll_fleet(SmgSource(url, Mapping({base: "http://10.9.9.9:31000"}, None)), timeout=0.3)
+    rows = {r.key: r for r in view.rows}
+    assert set(rows) == {f"{base}@0", f"{base}@1"}
+    assert rows[f"{base}@1"].radixtop_url == "http://10.9.9.9:31001"  # the map's rank 0 port + 1
+    assert rows[f"{base}@1"].healthy is False and "SMG marks it unhealthy" in rows[f"{base}@1"].why
+    assert not any(r.reachable for r in rows.values())  # neither radixtop nor engine answers

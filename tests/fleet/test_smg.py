@@ -92,3 +92,20 @@ def test_the_cli_over_smg(fleet):
     doc = json.loads(done.stdout)
     assert doc["source"] == f"smg {gateway}" and doc["rows"][0]["source"] == "radixtop"
     assert doc["rows"][0]["open_sessions"] == 4
+
+
+def test_smg_dp_aware_over_one_rank_keeps_one_entry_and_one_row(fleet, tmp_path):
+    """SMG 1.13 --dp-aware splits a worker into ``url@rank`` entries only where the worker has
+    several DP ranks; over this one-rank server it lists the plain URL (the split shape is tested
+    in test_fleet_model.py from SMG's documented fields: a CPU server with --dp-size 2 is more than
+    these machines run beside the rest)."""
+    import httpx
+
+    srv, _ = fleet
+    with smg([srv.url], tmp_path / "smg-dp.log", "--dp-aware") as gateway:
+        (entry,) = httpx.get(f"{gateway}/workers", timeout=5, trust_env=False).json()["workers"]
+        assert entry["url"] == srv.url
+        view = poll_fleet(SmgSource(gateway, Mapping({}, admin_port(srv))), timeout=5)
+    (row,) = view.rows
+    assert (row.worker, row.dp_rank) == (srv.url, None)
+    assert row.source == "radixtop" and row.radixtop_url == srv.admin_url and row.open_sessions == 4
