@@ -107,3 +107,17 @@ def test_the_cli_over_dynamo(indexer):
                           env={**__import__("os").environ, "COLUMNS": "160"})
     assert "cached twice or more: 24.0 KiB in 2 prefixes" in done.stdout
     assert "1, 2, 2@1" in done.stdout
+
+
+def test_a_mapped_worker_reads_its_radixtop_and_keeps_what_the_indexer_says(indexer):
+    """With --map, instance 1's row comes from its radixtop (here a bundled demo server standing in
+    for it), with the indexer's tokens beside; the duplicates' bytes per token then come from it."""
+    from radixtop.cli.embedded import demo_server
+
+    with demo_server("instance one", "tiny", 2048, 4, 0, 10.0) as one:
+        view = poll_fleet(DynamoSource(indexer, Mapping({"1": one.url}, None)), timeout=3)
+    rows = {r.key: r for r in view.rows}
+    assert rows["1"].source == "radixtop" and rows["1"].radixtop_url == one.url
+    assert rows["1"].capacity_tokens == 2048 and rows["1"].indexed_tokens == 96
+    assert rows["2@0"].source == "dynamo"
+    assert view.duplicates.bytes_per_token == 256 and view.duplicates.duplicated_bytes == 96 * 256
