@@ -29,6 +29,7 @@ from radixtop.adapters.model import (
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
+    Diagnosis,
     EvictResultView,
     ExportColumns,
     FlushResultView,
@@ -134,6 +135,12 @@ class CacheAdapter(ABC):
 
     @abstractmethod
     def changes(self, since: int) -> Changes: ...
+
+    def diagnose(self, idle_after_s: float = 600.0) -> Diagnosis:
+        """The leak doctor (``adapters.doctor``): memory nobody can use now and what frees it;
+        ``idle_after_s``: a session unused this long that still holds memory is a finding. A read
+        (it changes nothing); an adapter that owns its cache's thread walks it there in slices."""
+        raise Unsupported(f"{self.name}: this target has no leak doctor")
 
     def export(self) -> Iterator[dict[str, Any]]:
         """The whole tree, a header then one row per node, parents before children."""

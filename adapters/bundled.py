@@ -27,6 +27,7 @@ from radixtop.adapters.base import (
     check_sessions_read,
     check_tokens,
 )
+from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_steps
 from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, TargetUnreachable, UnknownNode, UnknownSession
 from radixtop.adapters.model import (
     ROOT_ID,
@@ -36,6 +37,7 @@ from radixtop.adapters.model import (
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
+    Diagnosis,
     EvictResultView,
     ExportColumns,
     FlushResultView,
@@ -343,6 +345,20 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
         delta = self._call(read)
         return Changes(delta.since, delta.version, delta.resync, delta.added, delta.changed, delta.removed)
+
+    def diagnose(self, idle_after_s: float = IDLE_AFTER_S) -> Diagnosis:
+        check_idle_after(idle_after_s)
+        from radixtop.adapters.bundled_doctor import doctor_inputs
+
+        return self._call_steps(lambda s: diagnose_steps(doctor_inputs(self, s), idle_after_s))
+
+    def stats_on_owner(self, s: Scheduler) -> Stats:
+        """``stats()`` inline, for a pass already on the owner thread (the doctor's)."""
+        saved, self._step.owner = self._in_step(), (s,)
+        try:
+            return self.stats()
+        finally:
+            self._step.owner = saved
 
     def _export_snapshot(self):
         """Columns of the whole tree, parents first, copied on the owner thread in one step

@@ -365,6 +365,52 @@ class FlushResultView(_View):
     message: str = ""
 
 
+FINDING_KINDS = ("buckets", "leaked_lock", "starved_admission", "tombstone_tags", "idle_session")
+"""What the doctor checks, most serious first (see ``adapters.doctor``)."""
+
+
+@dataclass(frozen=True)
+class Finding(_View):
+    """One thing the doctor found: what it is, what it means, and the action that fixes it."""
+
+    kind: str
+    """One of FINDING_KINDS."""
+    summary: str
+    """One line, with its figures."""
+    meaning: str
+    action: str
+    """What fixes it: a close or an evict (with what it frees now), or, for a bug of the cache
+    itself, "report it" with the exact figures to report (in ``figures``)."""
+    tokens: int
+    """Tokens it concerns: unaccounted, pinned by leaked locks, held by the session, ..."""
+    bytes: int
+    node_ids: tuple[int, ...] = ()
+    session_id: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    """The exact figures (ints and strings), by the cache's own names."""
+
+
+@dataclass(frozen=True)
+class Diagnosis(_View):
+    """What ``CacheAdapter.diagnose`` found; no findings: healthy, as far as the checks that ran see."""
+
+    target: str
+    findings: tuple[Finding, ...]
+    checked: tuple[str, ...]
+    """The kinds checked (FINDING_KINDS order)."""
+    skipped: dict[str, str]
+    """Kinds not checked, and why (this target cannot tell)."""
+    idle_after_s: float
+    """A session idle this long that still holds memory is a finding."""
+    nodes_walked: int | None = None
+    """Nodes the lock and tombstone walk visited (None: no walk)."""
+    took_s: float = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+
 @dataclass(frozen=True)
 class AuditEntry(_View):
     time: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,10 @@ class Scheduler:
         # len(open_session_ids()), kept as sessions appear, close, reopen and lose their
         # tombstone, so that stats() never walks every session a long-lived server has seen.
         self.open_session_count = 0
+        # Requests refused for want of slots: (time.monotonic, rid, tokens it needed beyond its
+        # cached prefix), newest last. There is no waiting queue here (a refused turn is retried
+        # as a new request): the leak doctor reads recent refusals as the requests that wait.
+        self.refused: deque[tuple[float, str, int]] = deque(maxlen=64)
 
     # ----- requests -----
 
@@ -101,6 +106,7 @@ class Scheduler:
             own = self._alloc(len(input_ids) - match.prefix_len)
         except OutOfSlotsError:
             self.cache.dec_lock_ref(match.last_node)
+            self.refused.append((time.monotonic(), rid, len(input_ids) - match.prefix_len))
             raise
         req.slots = np.concatenate([match.device_indices, own]) if len(own) else match.device_indices
         self._write(req.slots[match.prefix_len : len(input_ids)], input_ids[match.prefix_len :])

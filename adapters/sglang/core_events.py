@@ -36,6 +36,7 @@ from radixtop.adapters.model import (
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
+    Diagnosis,
     EvictResultView,
     FlushResultView,
     MatchView,
@@ -230,6 +231,10 @@ class CoreEventsAdapter(CacheAdapter):
 
     def session(self, session_id: str) -> SessionDetail:
         return self._read(lambda: self.events.session(session_id))
+
+    def diagnose(self, idle_after_s: float = 600.0) -> Diagnosis:
+        """SGLang's own figures (buckets, waiting requests); the core's locks are not readable."""
+        return self.sglang.diagnose(idle_after_s)
 
     # ----- actions: SGLang's own -----
 

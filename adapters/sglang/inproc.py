@@ -21,7 +21,7 @@ import functools
 import heapq
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,6 +42,7 @@ from radixtop.adapters.base import (
     check_sessions_read,
     check_tokens,
 )
+from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_steps
 from radixtop.adapters.errors import (
     AdapterError,
     BadRequest,
@@ -60,6 +61,7 @@ from radixtop.adapters.model import (
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
+    Diagnosis,
     EvictResultView,
     FlushResultView,
     Geometry,
@@ -199,6 +201,8 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         tokenizer: Any = None,
         open_sessions: Callable[[], Iterable[str]] | None = None,
         close: Callable[[str], None] | None = None,
+        running_requests: Callable[[], Iterable[Any] | None] | None = None,
+        waiting_requests: Callable[[], Sequence[Any] | None] | None = None,
         sizes_max_age: float = 2.0,
         attribution_max_age: float = 1.0,
         slices: Slices | None = None,
@@ -220,6 +224,10 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         self.tokenizer = tokenizer
         self._open_sessions = open_sessions or (lambda: ())
         self._close = close or self.tree.release
+        self.running_requests = running_requests
+        self.waiting_requests = waiting_requests
+        """What holds locks on the tree now, each with its ``last_node``, and the waiting queue
+        (``adapters.sglang.doctor``; the plugin reads them from the scheduler): the leak doctor's."""
         self.sizes_max_age = sizes_max_age
         self.attributions = AttributionCache(attribution_max_age, slices=slices)
         """``run``: the scheduler's ``OwnerQueue`` (or its ``call``); with the queue, long reads
@@ -607,6 +615,12 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     def changes(self, since: int) -> Changes:
         raise Unsupported("SGLang keeps no change journal; read the pages again")
+
+    def diagnose(self, idle_after_s: float = IDLE_AFTER_S) -> Diagnosis:
+        check_idle_after(idle_after_s)
+        from radixtop.adapters.sglang.doctor import doctor_inputs
+
+        return self._call_steps(lambda: diagnose_steps(doctor_inputs(self), idle_after_s))
 
     def export(self) -> Iterator[dict[str, Any]]:
         self._need_tree()

@@ -1,0 +1,65 @@
+"""The leak doctor's view of the bundled engine: what ``adapters.doctor`` reads of its scheduler."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from radixtop.adapters.doctor import Admission, DoctorInputs, Pool
+
+if TYPE_CHECKING:
+    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.gpu_backend.scheduler import Scheduler
+
+REFUSED_WINDOW_S = 60.0
+"""A request refused for want of slots this recently counts as waiting (the engine has no queue:
+its workload retries a refused turn as a new request)."""
+
+
+def doctor_inputs(adapter: BundledAdapter, s: Scheduler) -> DoctorInputs:
+    """Everything the doctor checks, read from ``s`` on the engine's owner thread."""
+    cache = s.cache
+
+    def pool() -> Pool:
+        st = s.stats()
+        return Pool(st.capacity, st.available_size, st.evictable_size, st.protected_size + st.request_size)
+
+    def buckets() -> Any:
+        return adapter.stats_on_owner(s).buckets
+
+    def idle_sessions(idle_after_s: float) -> Generator[None, None, list[tuple[str, float]]]:
+        now, idle = time.monotonic(), []
+        busy = {r.session_id for r in s.running.values()}
+        leaves, closed = cache._session_leaves, cache._closed_session_ids
+        for k, (sid, last) in enumerate(list(s.session_activity.items())):  # least recently used first
+            if now - last < idle_after_s:
+                break
+            if leaves.get(sid) and sid not in closed and sid not in busy:
+                idle.append((sid, now - last))
+            if k % 256 == 255:
+                yield
+        return idle
+
+    def admission() -> Admission | None:
+        now = time.monotonic()
+        waiting = [(rid, need) for at, rid, need in s.refused
+                   if now - at <= REFUSED_WINDOW_S and rid not in s.running]
+        if not waiting:
+            return None
+        return Admission(len(waiting), waiting[0][0], waiting[0][1])
+
+    return DoctorInputs(
+        target=adapter.name,
+        bytes_per_token=s.geometry.bytes_per_token,
+        bug_owner="radixtop's bundled engine",
+        pool=pool,
+        root=cache.root_node,
+        attached=lambda n: cache.nodes.get(n.id) is n,
+        buckets=buckets,
+        lock_holders=lambda: [r.last_node for r in s.running.values() if r.last_node is not None],
+        closed=lambda: cache._closed_session_ids,
+        idle_sessions=idle_sessions,
+        plan=lambda sid: adapter._plan(s, sid),
+        admission=admission,
+    )
