@@ -95,3 +95,19 @@ async def test_duplicates_and_a_failed_source_are_shown():
         await wait_polls(app, pilot, 2)
         assert "cannot reach SMG" in str(app.query_one("#summary").render())
         assert app.query_one(FleetTable).rows == ()
+
+
+def test_fleet_view_look(snap_compare):
+    """The fleet view's look, pinned: rows by pressure, '?' for unknowns, a down row in red with
+    its reason, the duplicates below."""
+    dups = Duplicates((DuplicatePrefix("llama:default", 0x5A5A, 8, 128, ("1", "2@1"), 128, 32768),), 128, 32768,
+                      16, 256)
+    fixed = view(row("http://10.0.0.5:30100", 300), row("http://10.0.0.6:30100", 700),
+                 row("http://10.0.0.7:30000", None, source="sglang", why="unknown: free and evictable apart"),
+                 row("http://10.0.0.8:30100", None, reachable=False, source="none",
+                     why="radixtop: cannot reach http://10.0.0.8:30100: [Errno 111] Connection refused"),
+                 dups=dups)
+    async def polled(pilot) -> None:
+        await wait_polls(pilot.app, pilot, 1)
+
+    assert snap_compare(FleetApp(lambda: fixed, auto_poll=False), terminal_size=(150, 24), run_before=polled)
