@@ -31,6 +31,7 @@ from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_st
 from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, TargetUnreachable, UnknownNode, UnknownSession
 from radixtop.adapters.model import (
     ROOT_ID,
+    Bucket,
     Capabilities,
     ChainView,
     Changes,
@@ -151,6 +152,9 @@ class BundledAdapter(OwnerReads, CacheAdapter):
                 version=cache.version,
                 geometry=Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype,
                                   g.page_size, g.bytes_per_token),
+                # SGLang's leak-check buckets, each counted on its own (no session-held slots here)
+                buckets=(Bucket("full", st.capacity, st.available_size, st.evictable_size, st.protected_size, 0,
+                                s.uncached_size()),),
             )
 
         return self._call(read, urgent=True)  # cheap, and what health checks read

@@ -29,6 +29,22 @@ def count(n: int | None, what: str) -> str:
     return f"{what} unknown" if n is None else f"{n:,} {what}"
 
 
+def bucket_line(b) -> str:
+    """One component's buckets as SGLang's leak check writes them (``[full] total=…, available=…``:
+    what an operator greps the server's log for), then whether they add up."""
+    uncached = "unknown" if b.uncached is None else str(b.uncached)
+    line = (f"[{b.component}] total={b.total}, available={b.available}, evictable={b.evictable}, "
+            f"protected={b.protected}, session_held={b.session_held}, uncached={uncached}")
+    missing = b.unaccounted
+    if missing is None:
+        return line + " · sum unknown"
+    if missing == 0:
+        return line + " · adds up"
+    if missing > 0:
+        return line + f" · {missing} tokens unaccounted: SGLang's leak check fails"
+    return line + f" · {-missing} tokens counted twice: SGLang's leak check fails"
+
+
 LARGE_SHARE = 0.10
 """An evict of this share of the capacity or more is large: every face makes the operator type
 the amount (as for a flush, typed 'flush', and a close of several sessions, typed their count)."""

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import age, count, figures_note, human_bytes, inert, typed_confirmation
+from radixtop.adapters.units import age, bucket_line, count, figures_note, human_bytes, inert, typed_confirmation
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
@@ -92,6 +92,8 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
         f"cache hit (since start) {hit} · {st.closes} closes freed {st.freed_by_close_tokens:,} tokens · "
         f"{st.evicted_tokens:,} tokens evicted · version {st.version}"
     )
+    for b in st.buckets or ():  # SGLang's leak check, by its names: what an operator greps its log for
+        console.print(bucket_line(b))
 
 
 def _node_label(n: Any):

@@ -32,15 +32,28 @@ def memory_bar(st: Stats, width: int) -> Text:
 
 def legend(st: Stats, width: int) -> Text:
     """The memory bar's legend, as much of it as fits: tokens and bytes on wide screens, bytes
-    only on narrower ones, short labels on 80 columns."""
+    only on narrower ones, short labels on 80 columns. Where the target has SGLang's leak-check
+    buckets, the legend uses them, by SGLang's names (protected is then split into protected,
+    session_held and uncached), for its first component; the others follow as a share used."""
     bpt = st.bytes_per_token
-    parts = (("protected", "red", st.protected_tokens), ("evictable", "dark_orange", st.evictable_tokens),
-             ("free", "grey50", st.free_tokens))
-    short = {"protected": "prot", "evictable": "evict", "free": "free"}
+    parts: tuple[tuple[str, str, int], ...] = (
+        ("protected", "red", st.protected_tokens), ("evictable", "dark_orange", st.evictable_tokens),
+        ("free", "grey50", st.free_tokens))
+    if st.buckets:
+        b = st.buckets[0]
+        parts = (("protected", "red", b.protected), ("session_held", "magenta", b.session_held),
+                 ("uncached", "red3", b.uncached), ("evictable", "dark_orange", b.evictable),
+                 ("available", "grey50", b.available))
+        parts = tuple(p for p in parts if p[2] is None or p[2] or p[0] in ("protected", "evictable", "available"))
+    short = {"protected": "prot", "evictable": "evict", "free": "free", "session_held": "sess",
+             "uncached": "unc", "available": "avail"}
     for form in ("full", "bytes", "short", "shortest"):
         text = Text()
         for name, style, tokens in parts:
             text.append(f"■ {name if form in ('full', 'bytes') else short[name]} ", style=style)
+            if tokens is None:
+                text.append("unknown  ")
+                continue
             amount = human_bytes(tokens * bpt)
             text.append(f"{tokens:,} tok {amount}  " if form == "full" else f"{amount}  ")
         text.append("of ", style="dim")
@@ -49,6 +62,9 @@ def legend(st: Stats, width: int) -> Text:
             text.append(f" · {count(st.node_count, 'nodes')}")
         if st.open_sessions is not None:
             text.append(f" · {st.open_sessions:,} sessions" + (" open" if form != "shortest" else ""))
+        for other in (st.buckets or ())[1:]:
+            used = other.total - other.available - other.evictable
+            text.append(f" · [{other.component}] {used / other.total:.0%} used" if other.total else "")
         if text.cell_len <= width:
             break
     return text
@@ -149,6 +165,10 @@ class HeaderBar(Widget):
         if self.read_only:
             title.append(" ")
             title.append(" READ-ONLY ", style="bold white on blue")
+        for b in (st.buckets or ()) if st is not None else ():
+            if b.unaccounted:  # SGLang's own leak check fails: said where it cannot be missed
+                title.append(" ")
+                title.append(f" LEAK [{b.component}] {b.unaccounted:+,} tok ", style="bold white on red")
         title.append(f"  every {self.interval:g}s", style="dim")
         _set(self.query_one("#title", Static), title)
         if st is None:

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from radixtop.adapters.base import CacheAdapter
 
 TOKEN_STATES = ("free", "evictable", "protected", "capacity", "total")
+BUCKETS = ("total", "available", "evictable", "protected", "session_held", "uncached")
 COUNTERS = (
     ("radixtop_prompt_tokens", "prompt_tokens", "Prompt tokens of every request begun."),
     ("radixtop_cached_tokens", "cached_tokens", "Prompt tokens served from the cache."),
@@ -53,6 +54,21 @@ class StatsCollector(Collector):
         yield sessions
         if st.node_count is not None:
             yield GaugeMetricFamily("radixtop_nodes", "Nodes in the radix tree.", value=st.node_count)
+        if st.buckets is not None:  # SGLang's leak-check buckets, by its names, per component
+            pool = GaugeMetricFamily("radixtop_pool_tokens", "The pool by SGLang's leak-check buckets: available + "
+                                     "evictable + protected + session_held + uncached = total, per component.",
+                                     labels=["component", "bucket"])
+            unaccounted = GaugeMetricFamily("radixtop_pool_unaccounted_tokens", "Total less every bucket: "
+                                            "0 when SGLang's leak check passes.", labels=["component"])
+            for b in st.buckets:
+                for bucket in BUCKETS:
+                    value = getattr(b, bucket)
+                    if value is not None:  # unknown is left out, never 0
+                        pool.add_metric([b.component, bucket], value)
+                if b.unaccounted is not None:
+                    unaccounted.add_metric([b.component], b.unaccounted)
+            yield pool
+            yield unaccounted
         for name, attribute, documentation in COUNTERS:
             yield CounterMetricFamily(name, documentation, value=getattr(st, attribute))
 

@@ -55,6 +55,7 @@ from radixtop.adapters.errors import (
 )
 from radixtop.adapters.model import (
     ROOT_ID,
+    Bucket,
     Capabilities,
     ChainView,
     Changes,
@@ -201,6 +202,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         tokenizer: Any = None,
         open_sessions: Callable[[], Iterable[str]] | None = None,
         close: Callable[[str], None] | None = None,
+        buckets: Callable[[], tuple[Bucket, ...] | None] | None = None,
         running_requests: Callable[[], Iterable[Any] | None] | None = None,
         waiting_requests: Callable[[], Sequence[Any] | None] | None = None,
         sizes_max_age: float = 2.0,
@@ -224,6 +226,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         self.tokenizer = tokenizer
         self._open_sessions = open_sessions or (lambda: ())
         self._close = close or self.tree.release
+        self._buckets = buckets
+        """SGLang's leak-check buckets per component (``adapters.sglang.buckets``), read on the
+        scheduler thread with the other totals; the plugin gives them (they need the scheduler)."""
         self.running_requests = running_requests
         self.waiting_requests = waiting_requests
         """What holds locks on the tree now, each with its ``last_node``, and the waiting queue
@@ -440,7 +445,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                 closed_sessions=closed_count, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                 evicted_tokens=self.evicted_tokens, closes=self.closes,
                 freed_by_close_tokens=self.freed_by_close_tokens, version=self.version,
-                geometry=self.geometry,
+                geometry=self.geometry, buckets=self._buckets() if self._buckets is not None else None,
             )
 
         return self._call(read, urgent=True)  # cheap, and what health checks read

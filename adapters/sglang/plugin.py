@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from radixtop.adapters.base import CacheAdapter
+from radixtop.adapters.sglang.buckets import sglang_buckets
 from radixtop.adapters.sglang.doctor import running_requests, waiting_requests
 from radixtop.adapters.sglang.inproc import SGLangAdapter
 from radixtop.gpu_backend.owner_queue import OwnerQueue
@@ -219,6 +220,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
         open_sessions=lambda: _open_sessions(scheduler), close=lambda sid: _close(scheduler, sid),
+        buckets=lambda: sglang_buckets(scheduler),
         running_requests=lambda: running_requests(scheduler), waiting_requests=lambda: waiting_requests(scheduler),
         # the server's own tokenizer (None where it was started with --skip-tokenizer-init):
         # previews and details show text, the ids beside them

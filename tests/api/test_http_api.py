@@ -453,9 +453,13 @@ def test_metrics_parse_and_match_stats(client):
         assert families[f"radixtop_{name}"].type == "counter"
         assert samples[(f"radixtop_{name}_total", ())] == stats[name]
     assert stats["closes"] == 2 and stats["freed_by_close_tokens"] >= 3
+    (full,) = stats["buckets"]  # SGLang's leak-check buckets, by its names
+    for bucket in ("total", "available", "evictable", "protected", "session_held", "uncached"):
+        assert samples[("radixtop_pool_tokens", (("bucket", bucket), ("component", "full")))] == full[bucket]
+    assert samples[("radixtop_pool_unaccounted_tokens", (("component", "full"),))] == full["unaccounted"] == 0
     for family in families.values():
         assert family.name.startswith("radixtop_")
-        assert all(set(s.labels) <= {"state"} for s in family.samples)  # never an id as a label
+        assert all(set(s.labels) <= {"state", "component", "bucket"} for s in family.samples)  # never an id
 
 
 def wide_engine(nodes: int) -> Engine:

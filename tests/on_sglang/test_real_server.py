@@ -142,6 +142,27 @@ def test_pool_buckets_equal_sglangs_own(server, client, driven):
     assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
 
 
+def test_sglangs_leak_check_buckets_idle_and_busy(server, client, driven):
+    """SGLang's own leak-check buckets, by its names: idle, they equal its gauges and add up; while
+    a long request runs, its uncached slots show and they still add up (SGLang's busy check)."""
+    settle(server, client)
+    st, m = client.stats(), server.metrics()
+    assert st.buckets is not None and [b.component for b in st.buckets] == ["full"]
+    full = st.buckets[0]
+    assert (full.total, full.available, full.evictable) == (st.capacity_tokens, m["sglang:kv_available_tokens"],
+                                                            m["sglang:kv_evictable_tokens"])
+    assert full.uncached == full.unaccounted == 0 and full.protected + full.session_held == st.protected_tokens
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(server.generate, fresh(300), 400)
+        seen = []
+        while not running.done():
+            b = client.stats().buckets[0]
+            seen.append((b.uncached, b.unaccounted))
+        running.result()
+    assert any(uncached for uncached, _ in seen), seen
+    assert all(unaccounted == 0 for _, unaccounted in seen), seen
+
+
 def test_a_close_through_sglangs_own_route_shows_at_the_next_read(server, client, driven):
     history = chat(server, sessions=2, turns=2)
     sid = sorted(history)[0]

@@ -88,6 +88,10 @@ def test_counts_it_cannot_know_are_unknown_and_the_rest_equal_sglangs(rust):
     assert st.evictable_tokens == m["sglang:kv_evictable_tokens"]
     assert m["sglang:evicted_tokens_total"] > 0 and st.evicted_tokens == m["sglang:evicted_tokens_total"]
     assert st.prompt_tokens == m["sglang:prompt_tokens_total"]
+    (full,) = st.buckets  # SGLang's own leak-check buckets on the Rust core too
+    assert (full.component, full.available, full.evictable) == ("full", m["sglang:kv_available_tokens"],
+                                                                m["sglang:kv_evictable_tokens"])
+    assert full.uncached == full.unaccounted == 0
 
 
 def test_radixtop_stats_prints_unknown_not_zero(rust):
