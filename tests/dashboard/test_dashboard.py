@@ -721,3 +721,17 @@ async def test_a_note_from_another_thread_shows_as_plain_text(engine):
         await asyncio.get_running_loop().run_in_executor(None, app.notice_from_thread, note)
         assert [(n.message, n.markup) for n in app._notifications] == [(note, False)]
     app.notice_from_thread("after the app has gone: dropped, not an error")
+
+
+async def test_the_header_shows_sglangs_buckets_and_a_leak(engine):
+    """The legend names SGLang's leak-check buckets; a slot nobody owns puts a LEAK badge on the
+    title, with the component and the tokens unaccounted."""
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        legend = str(app.query_one(HeaderBar).query_one("#legend").content)
+        assert "■ protected" in legend and "■ uncached" in legend and "■ available" in legend
+        assert "LEAK" not in header_title(app)
+        engine.call(lambda s: s.pool.allocator.alloc(16))
+        await settle(pilot, app)
+        assert "LEAK [full] +16 tok" in header_title(app)
