@@ -64,6 +64,13 @@ class Geometry(_View):
     bytes_per_token: int
 
 
+TIERS = ("GPU", "host", "disk", "external")
+"""Storage tiers, device first: SGLang's HiCache keeps copies in host memory, on disk (its
+storage backends) or in an external cache; its KV events name them by ``medium``."""
+MEDIUM_TIERS = {"GPU": "GPU", "CPU_PINNED": "host", "CPU": "host", "DISK": "disk", "EXTERNAL": "external"}
+"""KV events' ``medium`` (SGLang's ``StorageMedium``) -> tier."""
+
+
 @dataclass(frozen=True)
 class Bucket(_View):
     """One component's pool as SGLang's own leak check reads it (its idle and busy memory checks:
@@ -125,6 +132,9 @@ class Stats(_View):
     freed_by_close_tokens: int
     version: int
     geometry: Geometry
+    tier_tokens: dict[str, int] | None = None
+    """Tokens each storage tier holds (``TIERS``; GPU is the device pool above); None: the target
+    cannot tell, or keeps only the device tier."""
     buckets: tuple[Bucket, ...] | None = None
     """The pool by SGLang's leak-check buckets, one row per component; None: the target keeps no
     such accounting (the figures above still add up to capacity)."""
@@ -177,6 +187,9 @@ class NodeView(_View):
     num_children: int
     holders: tuple[str, ...] | None
     """The sessions that hold the node; None: the target cannot tell (KV events without session ids)."""
+    tiers: tuple[str, ...] | None = None
+    """The storage tiers that hold the node's KV (``TIERS``: GPU, host, disk, external); None:
+    the target cannot tell."""
 
 
 @dataclass(frozen=True)
@@ -409,6 +422,11 @@ class Diagnosis(_View):
     @property
     def healthy(self) -> bool:
         return not self.findings
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["healthy"] = self.healthy
+        return d
 
 
 @dataclass(frozen=True)

@@ -287,10 +287,11 @@ def replay(
     print_replay_summary(doc, geometry.bytes_per_token)
 
 
-from radixtop.cli import fleet, remote, serve  # noqa: E402  (commands defined in their own modules)
+from radixtop.cli import doctor, fleet, remote, serve  # noqa: E402  (commands defined in their own modules)
 
 app.add_typer(serve.app)
 app.add_typer(remote.app)
+app.add_typer(doctor.app)
 app.add_typer(fleet.app)
 
 

@@ -27,6 +27,7 @@ from radixtop.adapters.http.wire import (
     close_plan_from_dict,
     close_result_from_dict,
     decode_export_columns,
+    diagnosis_from_dict,
     error_from_body,
     evict_result_from_dict,
     export_row_from_dict,
@@ -46,6 +47,7 @@ from radixtop.adapters.model import (
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
+    Diagnosis,
     EvictResultView,
     ExportColumns,
     FlushResultView,
@@ -214,6 +216,9 @@ class RadixtopClient(CacheAdapter):
 
     def changes(self, since: int) -> Changes:
         return self._get(changes_from_dict, "/v1/changes", since=since)
+
+    def diagnose(self, idle_after_s: float = 600.0) -> Diagnosis:
+        return self._get(diagnosis_from_dict, "/v1/doctor", idle_after_s=idle_after_s)
 
     _READ_VIEWS: dict[str, Callable[[Any], Any]] = {
         "capabilities": capabilities_from_dict, "stats": stats_from_dict, "children": children_page_from_dict,

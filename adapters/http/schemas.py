@@ -89,6 +89,7 @@ class StatsOut(Schema):
     freed_by_close_tokens: int
     version: int
     geometry: GeometryOut
+    tier_tokens: dict[str, int] | None = Field(default=None, description="tokens per storage tier; null: unknown")
     buckets: list[BucketOut] | None = Field(default=None, description="SGLang's leak-check buckets per component; "
                                                                         "null: the target keeps none")
     capacity_bytes: int
@@ -114,6 +115,8 @@ class NodeOut(Schema):
     subtree_bytes: int
     num_children: int
     holders: list[str] | None
+    tiers: list[str] | None = Field(default=None, description="storage tiers holding the node: GPU, host, disk, "
+                                                                "external; null: the target cannot tell")
 
 
 class NodeDetailOut(Schema):
@@ -282,6 +285,29 @@ class AuditPageOut(Schema):
     offset: int
     limit: int
     entries: list[AuditEntryOut]
+
+
+class FindingOut(Schema):
+    kind: Literal["buckets", "leaked_lock", "starved_admission", "tombstone_tags", "idle_session"]
+    summary: str = Field(description="One line, with its figures")
+    meaning: str
+    action: str = Field(description="What fixes it: a close or evict and what it frees now, or a bug to report")
+    tokens: int
+    bytes: int
+    node_ids: list[int]
+    session_id: str | None
+    figures: dict[str, Any] = Field(description="The exact figures, by the cache's own names")
+
+
+class DiagnosisOut(Schema):
+    target: str
+    findings: list[FindingOut]
+    checked: list[str] = Field(description="The kinds checked")
+    skipped: dict[str, str] = Field(description="Kinds not checked, and why")
+    idle_after_s: float
+    nodes_walked: int | None = Field(description="null: no walk of the tree (it cannot be read)")
+    took_s: float
+    healthy: bool = Field(description="No findings")
 
 
 class ChainOut(Schema):

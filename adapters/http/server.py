@@ -38,6 +38,7 @@ from radixtop.adapters.base import (
     SESSION_ORDERS,
     CacheAdapter,
 )
+from radixtop.adapters.doctor import IDLE_AFTER_S
 from radixtop.adapters.errors import (
     AdapterError,
     BadRequest,
@@ -66,6 +67,7 @@ from radixtop.adapters.http.schemas import (
     ChildrenPageOut,
     CloseOut,
     ClosePlanOut,
+    DiagnosisOut,
     ErrorOut,
     EvictIn,
     EvictOut,
@@ -101,6 +103,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 _STATUS_CODES = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED, 413: PAYLOAD_TOO_LARGE}
 
 
+MAX_IDLE_AFTER_S = 10**9
 _TARGET_ERRORS = (501, 503, 504)  # what any call to the target can meet: unsupported, unreachable, timeout
 
 
@@ -510,6 +513,13 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
              responses=_errors(*read_errors, 422, *_TARGET_ERRORS))
     def changes(since: Annotated[int, Query(ge=0, le=MAX_ID)]) -> JSONResponse:
         return _json(_call(adapter.changes, since))
+
+    @app.get("/v1/doctor", response_model=DiagnosisOut,
+             summary="The leak doctor: memory nobody can use now, what it means, and what frees it",
+             responses=_errors(*read_errors, 429, 422, *_TARGET_ERRORS))
+    def doctor(idle_after_s: Annotated[float, Query(ge=0, le=MAX_IDLE_AFTER_S, description=(
+            "a session unused this many seconds that still holds memory is a finding"))] = IDLE_AFTER_S) -> JSONResponse:
+        return _json(_call(adapter.diagnose, idle_after_s).to_dict())
 
     @app.get("/v1/read", response_model=ReadOut,
              summary="Several reads in one request (how a dashboard polls)",

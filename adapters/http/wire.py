@@ -23,6 +23,7 @@ from radixtop.adapters.model import (
     ChildrenPage,
     ClosePlanView,
     CloseResultView,
+    Diagnosis,
     EvictResultView,
     FlushResultView,
     MatchView,
@@ -153,6 +154,10 @@ def evict_result_from_dict(d: dict[str, Any]) -> EvictResultView:
 
 def flush_result_from_dict(d: dict[str, Any]) -> FlushResultView:
     return from_wire(FlushResultView, d)
+
+
+def diagnosis_from_dict(d: dict[str, Any]) -> Diagnosis:
+    return from_wire(Diagnosis, d)
 
 
 def audit_entry_from_dict(d: dict[str, Any]) -> AuditEntry:
