@@ -28,7 +28,7 @@ from radixtop.inspector.actions import ActionFlows
 from radixtop.inspector.detail import DetailPanel
 from radixtop.inspector.format import figures_note, inert
 from radixtop.inspector.header import HeaderBar
-from radixtop.inspector.modals import AskScreen, HelpScreen
+from radixtop.inspector.modals import AskScreen, DoctorScreen, HelpScreen
 from radixtop.inspector.poller import DETAIL_TOKENS, Poller, PollRequest, Snapshot, TreeRows
 from radixtop.inspector.sessions_view import SessionsTable
 from radixtop.inspector.tree_view import CacheTree
@@ -69,6 +69,7 @@ class RadixtopApp(ActionFlows, App[None]):
         Binding("f", "filter_sessions", "Filter", id="app.filter"),
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("slash", "search", "Search", id="app.search"),
+        Binding("D", "doctor", "Leak doctor", show=False, id="app.doctor"),
         Binding("p", "pause", "Pause", id="app.pause"),
         Binding("q", "quit", "Quit", id="app.quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
@@ -467,7 +468,26 @@ class RadixtopApp(ActionFlows, App[None]):
         yield SystemCommand("Close sessions", "Close the marked or highlighted sessions", self.action_close_sessions)
         yield SystemCommand("Evict tokens", "Evict least-recently-used unlocked leaves", self.action_evict)
         yield SystemCommand("Flush", "Free everything not locked", self.action_flush)
+        yield SystemCommand("Leak doctor", "Memory nobody can use now, and what frees it", self.action_doctor)
         yield SystemCommand("Keys", "Show every key", self.action_help)
+
+    # ----- the leak doctor -----
+
+    def action_doctor(self) -> None:
+        self.notify("the leak doctor is reading the cache…", title="doctor", timeout=2)
+        self.run_doctor()
+
+    @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
+    def run_doctor(self) -> None:
+        from radixtop.adapters.doctor import diagnosis_text
+
+        try:
+            diagnosis = self.adapter.diagnose()
+        except AdapterError as exc:
+            self.call_from_thread(self.notify, inert(exc.message), severity="error", title="doctor")
+            return
+        report = inert(diagnosis_text(diagnosis), lines=True)  # it quotes the target's ids
+        self.call_from_thread(self.push_screen, DoctorScreen(report, diagnosis.healthy))
 
     # ----- search -----
 

@@ -122,3 +122,27 @@ class HelpScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+class DoctorScreen(ModalScreen[None]):
+    """The leak doctor's findings, each with what it means and what fixes it. Plain text: it
+    quotes the target's ids, shown as written (never read as markup)."""
+
+    DEFAULT_CSS = _MODAL_CSS.format(name="DoctorScreen") + "DoctorScreen VerticalScroll { max-height: 32; }\n"
+    BINDINGS = [Binding("escape,q,D", "close", "Close", id="doctor.close")]
+
+    def __init__(self, text: str, healthy: bool):
+        super().__init__()
+        self.text = text
+        self.healthy = healthy
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("Leak doctor: " + ("nothing found" if self.healthy else "findings"), classes="title")
+            with VerticalScroll():
+                yield Static(self.text, markup=False, id="doctor-report")
+            yield Static("escape, q or D closes · ↑ ↓ PgUp PgDn scroll · radixtop doctor prints the same",
+                         markup=False)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
