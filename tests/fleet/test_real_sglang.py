@@ -1,24 +1,37 @@
-"""`radixtop fleet --smg` over a real SMG (PyPI `smg`) routing to a real SGLang CPU server that
-runs radixtop's plugin: the worker found through SMG's /workers, its radixtop by the plugin's port
-rule (checked: a radixtop that is not the worker's plugin is not believed), or, without it,
-SGLang's own routes with what they cannot tell marked unknown."""
+"""The fleet over one real SGLang CPU server running radixtop's plugin (0.5.16, tests/on_sglang/server),
+seen through a real SMG (PyPI `smg`) and a real Dynamo KV indexer (PyPI `ai-dynamo-runtime`) fed by the
+server's own KV-event publisher (`--kv-events-config`, with its replay endpoint).
+
+SMG: the worker found through SMG's /workers, its radixtop by the plugin's port rule (checked: a
+radixtop that is not the worker's plugin is not believed), or, without it, SGLang's own routes with
+what they cannot tell marked unknown. Dynamo: the server's blocks in the indexer's dump, and a prefix
+it caches that a second SGLang cache (in this process, page size 1 as on the server) caches too."""
 
 from __future__ import annotations
 
+import json
+import time
+
+import httpx
 import pytest
 
 from radixtop.adapters.fleet.probe import poll_fleet
-from radixtop.adapters.fleet.sources import Mapping, SmgSource
+from radixtop.adapters.fleet.sources import DynamoSource, Mapping, SmgSource
 from radixtop.cli.embedded import demo_server
-from tests.fleet.engines import smg
+from tests.fleet.engines import dynamo_indexer, smg
 from tests.on_sglang.server import BYTES_PER_TOKEN, launch
+from tests.on_sglang.test_kv_events import Server, free_ports, sgl  # noqa: F401  (sgl: the fixture)
 from tests.support.live_server import free_port
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet-smg")
-    srv = launch(work, sessions=True, metrics=True)
+    events_port, replay_port = free_port(), free_port()
+    kv_events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{events_port}",
+                            "replay_endpoint": f"tcp://*:{replay_port}", "topic": "kv"})
+    srv = launch(work, sessions=True, metrics=True, extra_args=("--kv-events-config", kv_events))
+    srv.kv_events = (f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}")
     try:
         for i in range(4):  # a shared prefix, four sessions
             srv.generate(list(range(10, 150)) + [200 + i] * 20, max_new_tokens=4, session_id=f"fleet-{i}")
@@ -109,3 +122,44 @@ def test_smg_dp_aware_over_one_rank_keeps_one_entry_and_one_row(fleet, tmp_path)
     (row,) = view.rows
     assert (row.worker, row.dp_rank) == (srv.url, None)
     assert row.source == "radixtop" and row.radixtop_url == srv.admin_url and row.open_sessions == 4
+
+
+def test_the_servers_kv_events_in_dynamo_and_a_prefix_cached_twice(fleet, sgl, tmp_path):  # noqa: F811
+    """The real server registers with the indexer after it has served requests: the indexer asks
+    its replay endpoint for what came before (without it, every later store fails: "parent block
+    not found"). A second SGLang cache holding the fleet's shared prefix makes it cached twice."""
+    srv, _ = fleet
+    shared = list(range(10, 150))  # the prefix of every request the fixture sent
+    other_port = free_ports(1)
+    other = Server(sgl, other_port, None, page_size=1, capacity=1024)
+    try:
+        with dynamo_indexer(tmp_path / "indexer.log", 1) as url, \
+                httpx.Client(base_url=url, timeout=5, trust_env=False) as http:
+            for body in ({"instance_id": 7, "endpoint": srv.kv_events[0], "replay_endpoint": srv.kv_events[1],
+                          "model_name": "tiny", "block_size": 1},
+                         {"instance_id": 8, "endpoint": f"tcp://127.0.0.1:{other_port}", "model_name": "tiny",
+                          "block_size": 1}):
+                reply = http.post("/register", json=body)
+                assert reply.status_code == 201, reply.text
+            srv.generate(shared + [400] * 8, max_new_tokens=2, session_id="fleet-late")  # after registering
+            deadline = time.monotonic() + 60
+            while True:  # (the in-process cache publishes again until the indexer has connected)
+                other.reset()
+                other.insert(shared)
+                other.publish()
+                other.flushed()
+                time.sleep(1.0)
+                view = poll_fleet(DynamoSource(url, Mapping({"7": srv.admin_url}, None)), timeout=5)
+                if view.duplicates and view.duplicates.prefixes:
+                    break
+                assert time.monotonic() < deadline, (view, (tmp_path / "indexer.log").read_text()[-3000:])
+    finally:
+        other.close()
+    rows = {r.key: r for r in view.rows}
+    assert rows["7"].source == "radixtop" and rows["7"].radixtop_url == srv.admin_url  # the plugin, by --map
+    assert rows["7"].indexed_tokens >= len(shared) + 8 and rows["8"].indexed_tokens == len(shared)
+    assert rows["8"].source == "dynamo" and rows["8"].capacity_tokens is None
+    (prefix,) = view.duplicates.prefixes
+    assert prefix.holders == ("7", "8") and prefix.tokens == len(shared) and prefix.blocks == len(shared)
+    assert view.duplicates.duplicated_tokens == len(shared)
+    assert view.duplicates.duplicated_bytes == len(shared) * BYTES_PER_TOKEN  # bytes per token from the plugin
