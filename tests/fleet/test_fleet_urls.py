@@ -73,7 +73,7 @@ def test_rows_for_every_worker_within_the_deadline_and_why_for_the_ones_down(wor
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["workers"] == 4 and doc["reachable"] == 2
-    assert doc["elapsed_s"] < 3.0, doc["elapsed_s"]  # the hanging worker costs its deadline, not more
+    assert doc["elapsed_s"] < 2 * 1 + 0.5 + 1.0, doc["elapsed_s"]  # the poll's deadline (2 x timeout + 0.5 s), not more
     assert elapsed < 15
     rows = {r["worker"]: r for r in doc["rows"]}
     for child, capacity in ((a, 4096), (b, 2048)):
