@@ -171,3 +171,36 @@ def test_smg_dp_aware_entries_become_rows_per_rank_of_their_base_url():
     assert rows[f"{base}@1"].radixtop_url == "http://10.9.9.9:31001"  # the map's rank 0 port + 1
     assert rows[f"{base}@1"].healthy is False and "SMG marks it unhealthy" in rows[f"{base}@1"].why
     assert not any(r.reachable for r in rows.values())  # neither radixtop nor engine answers
+
+
+def test_a_worker_still_out_at_the_deadline_gets_a_reason_and_the_poll_ends(monkeypatch):
+    import threading
+    import time
+
+    from radixtop.adapters.fleet import probe
+    from radixtop.adapters.fleet.sources import Discovery, Source, WorkerSpec
+
+    class Two(Source):
+        label = "two"
+
+        def discover(self) -> Discovery:
+            return Discovery((WorkerSpec("http://fast:1", None, "http://fast:1"),
+                              WorkerSpec("http://stuck:1", None, "http://stuck:1")))
+
+    release = threading.Event()
+
+    def read_worker(spec, tokens, timeout):
+        if "stuck" in spec.worker:
+            release.wait(10)  # a read its own timeouts do not end in time
+        return WorkerRow(spec.worker, None, spec.radixtop_url, "radixtop", True, capacity_tokens=10,
+                         free_tokens=10, evictable_tokens=0, protected_tokens=0)
+
+    monkeypatch.setattr(probe, "read_worker", read_worker)
+    started = time.monotonic()
+    view = probe.poll_fleet(Two(), timeout=0.2)
+    release.set()
+    assert time.monotonic() - started < 0.9 + 1.0  # 2 x 0.2 + 0.5
+    rows = {r.worker: r for r in view.rows}
+    assert rows["http://fast:1"].reachable
+    stuck = rows["http://stuck:1"]
+    assert not stuck.reachable and stuck.why == "no answer within 0.9 s" and stuck.capacity_tokens is None
