@@ -269,3 +269,27 @@ def test_the_commands_over_the_real_server(server, driven):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stderr == "", (args, done.stderr)
         assert done.stdout.strip()
+
+
+def test_the_doctor_finds_nothing_on_a_healthy_server_idle_or_busy(server, client, driven):
+    """After a workload (sessions, evictions) the leak doctor finds nothing: SGLang's buckets add up,
+    every lock belongs to a running request (also while one runs), nothing waits starved; and the
+    command says so with exit code 0."""
+    from radixtop.adapters.doctor import diagnosis_text
+
+    settle(server, client)
+    idle = client.diagnose()
+    assert idle.healthy, diagnosis_text(idle)
+    assert {"buckets", "leaked_lock", "starved_admission"} <= set(idle.checked), idle.skipped
+    assert idle.nodes_walked == client.stats().node_count
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(server.generate, fresh(300), 200)
+        busy = []
+        while not running.done():
+            busy.append(client.diagnose())
+        running.result()
+    assert busy and all(d.healthy for d in busy), [diagnosis_text(d) for d in busy if not d.healthy][:1]
+    env = {"RADIXTOP_URL": server.admin_url, "RADIXTOP_TOKEN": server.token, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "doctor"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "healthy: nothing found" in done.stdout, (done.stdout, done.stderr)
