@@ -151,3 +151,23 @@ def test_starved_admission_names_leaked_locks_when_they_pin_the_memory():
         assert "leaked locks" in d.findings[1].action and d.findings[1].figures["leaked_lock_tokens"] == 25
     finally:
         engine.stop()
+
+
+def test_the_walk_of_a_large_tree_yields_to_the_owner_between_chunks():
+    from radixtop.adapters.bundled_doctor import doctor_inputs
+    from radixtop.adapters.doctor import WALK_CHUNK, diagnose_steps
+
+    s = Scheduler(get_geometry("tiny"), 32_768, device="cpu", clock=CounterClock(), write_kv=False)
+    for k in range(10_000):  # 10,000 leaves under the root, and one locked path a request holds
+        s.request(f"r{k}", [k, k + 1], [], None)
+    s.begin("running", [5, 6, 7], None)
+    adapter = BundledAdapter(Engine(s, None))  # never started: the steps run here, as on the owner
+    steps, yields = diagnose_steps(doctor_inputs(adapter, s)), 0
+    try:
+        while True:
+            next(steps)
+            yields += 1
+    except StopIteration as done:
+        d = done.value
+    assert d.healthy and d.nodes_walked == s.cache.node_count() >= 10_000
+    assert yields >= d.nodes_walked // WALK_CHUNK  # a slice of the owner per chunk, never the whole walk
