@@ -250,7 +250,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
     only reads); a loopback bind answers to loopback names only. Read-only is the adapter's to
     enforce, not the server's. (``serve`` also refuses a short action token; this factory, used
     by tests, does not.) ``fleet``: where ``GET /v1/fleet`` gets the fleet view it answers (a
-    ``FleetPoller.poll``); None: that route answers 501."""
+    ``FleetPoller.poll``); None: there is no such route."""
     _check_token_text(token)
     if read_token is not None:  # (new, so no test relies on a short one: held to serve's rule here)
         _check_token_text(read_token, "read token")
@@ -587,16 +587,14 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
         content, media_type = _call(render_metrics, registry)
         return Response(content, media_type=media_type)
 
-    # ----- the fleet: other workers' caches, aggregated (radixtop serve --fleet) -----
+    # ----- the fleet: other workers' caches, aggregated (radixtop serve --fleet; no route without) -----
 
-    @app.get("/v1/fleet", summary="Every worker and DP rank of the fleet this server watches (a poll "
-             "at most a second old); from Dynamo, the prefixes cached twice",
-             responses=_errors(*read_errors, 501))
-    def fleet_view() -> JSONResponse:
-        if fleet is None:
-            raise Unsupported("this server watches no fleet: start it with radixtop serve --fleet "
-                              "smg=URL, dynamo=URL or a fleet file")
-        return _json(_call(fleet).to_dict())
+    if fleet is not None:
+        @app.get("/v1/fleet", summary="Every worker and DP rank of the fleet this server watches (a poll "
+                 "at most a second old); from Dynamo, the prefixes cached twice",
+                 responses=_errors(*read_errors))
+        def fleet_view() -> JSONResponse:
+            return _json(_call(fleet).to_dict())
 
     return app
 

@@ -159,7 +159,7 @@ def test_a_workers_dashboard_opens_with_its_own_token_and_actions_need_it(worker
         adapter.close()
 
 
-def test_v1_fleet_aggregates_and_answers_501_without_a_fleet(workers, tmp_path):
+def test_v1_fleet_aggregates_and_is_no_route_without_a_fleet(workers, tmp_path):
     a, b = workers
     refused = f"http://127.0.0.1:{free_port()}"
     path = fleet_file(tmp_path, a.url, b.url, refused)
@@ -170,9 +170,11 @@ def test_v1_fleet_aggregates_and_answers_501_without_a_fleet(workers, tmp_path):
             doc = http.get("/v1/fleet").json()
             assert doc["workers"] == 3 and doc["reachable"] == 2
             assert {r["worker"] for r in doc["rows"]} == {a.url, b.url, refused}
+            assert "/v1/fleet" in http.get("/openapi.json").json()["paths"]
         with TestClient(create_app(own, "t" * 20, AuditLog(None)), base_url=LOOPBACK) as http:
-            reply = http.get("/v1/fleet")
-            assert reply.status_code == 501 and "watches no fleet" in reply.json()["error"]["message"]
+            reply = http.get("/v1/fleet")  # no fleet, no route (and none in its schema)
+            assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+            assert "/v1/fleet" not in http.get("/openapi.json").json()["paths"]
     finally:
         own.close()
 
