@@ -29,6 +29,7 @@ from typing import Any
 
 from radixtop.adapters.errors import AdapterError, BadRequest
 from radixtop.adapters.model import FINDING_KINDS, ClosePlanView, Diagnosis, Finding
+from radixtop.adapters.units import age
 
 IDLE_AFTER_S = 600.0
 """A session unused this long that still holds memory is a finding (``--idle-after``)."""
@@ -257,7 +258,8 @@ def leaked_lock_findings(candidates: list[Any], inputs: DoctorInputs,
         out.append(Finding(
             "leaked_lock",
             f"node #{node_id}: lock_ref {lock_ref(node)}, but the running requests hold {held} lock(s) on it: "
-            f"{leaks} leaked; {pinned} tokens on its path cannot be evicted",
+            f"{leaks} leaked; " + (f"{pinned} tokens on its path cannot be evicted" if pinned else
+                                   "running requests lock its path too: it pins nothing more until they finish"),
             "A request locked this node's path (inc_lock_ref) and never released it (dec_lock_ref). Eviction "
             "skips locked nodes, so the path stays in the pool, protected, until the server restarts; "
             "the evictable and free figures stay low even with nothing running.",
@@ -326,24 +328,19 @@ def idle_findings(idle: list[tuple[str, float]], inputs: DoctorInputs,
             action = (f"radixtop close {sid}: drops its {plan.released_holds} hold(s) now; eviction frees the "
                       "memory later (this cache's close only dereferences)")
         else:
-            action = f"radixtop close {sid}: frees {plan.freed_tokens} tokens ({len(plan.freed_node_ids)} nodes) now"
+            nodes = len(plan.freed_node_ids)
+            action = f"radixtop close {sid}: frees {plan.freed_tokens} tokens ({nodes} node{'s' * (nodes != 1)}) now"
             if kept:
                 action += f"; {kept} tokens it shares or that are locked stay"
         out.append(Finding(
             "idle_session",
-            f"session {sid!r} unused for {_age(idle_s)} still holds memory: a close frees {plan.freed_tokens} tokens now",
+            f"session {sid!r} unused for {age(idle_s)} still holds memory: a close frees {plan.freed_tokens} tokens now",
             "Nothing has used the session for longer than the idle threshold, yet its KV stays cached until the "
             "session is closed (or, where it is evictable, LRU pressure evicts it first).",
             action, plan.freed_tokens, plan.freed_bytes or plan.freed_tokens * bpt, plan.freed_node_ids, sid,
             {"session_id": sid, "idle_s": round(idle_s, 1), "close_frees_tokens": plan.freed_tokens,
              "kept_tokens": kept, "released_holds": plan.released_holds, "policy": plan.policy}))
     return _capped(out, "idle_session", "more idle sessions"), sum(r[2].freed_tokens for r in rows)
-
-
-def _age(seconds: float) -> str:
-    from radixtop.adapters.units import age
-
-    return age(seconds)
 
 
 # ----- admission -----
