@@ -1,8 +1,9 @@
 """The leak doctor's view of a live SGLang scheduler: who holds locks on the tree, who waits.
 
-SGLang locks a request's matched path when it admits it (``inc_lock_ref(req.last_node)``), moves
-the lock as a chunked or decoding request grows (``cache_unfinished_req``), and releases it when
-the request finishes or is retracted (``cache_finished_req``). So between two batches (where the
+SGLang locks a request's matched path when it admits it (``inc_lock_ref(req.last_node)``: a node,
+or in UnifiedRadixCache its NodeId), moves the lock as a chunked or decoding request grows
+(``cache_unfinished_req``), and releases it when the request finishes or is retracted
+(``cache_finished_req``). So between two batches (where the
 plugin's hook runs) every lock on the tree belongs to a request of the running batch, of the last
 batch (a prefill batch not merged yet), of a batch whose result the overlap scheduler has not
 processed (``result_queue``), to the chunked request, to a streaming session's slot (its
@@ -90,9 +91,17 @@ def doctor_inputs(adapter: SGLangAdapter) -> DoctorInputs:
         held = adapter.running_requests() if adapter.running_requests is not None else None
         return None if held is None else list(held)
 
+    def node_of(last: Any) -> Any:
+        if isinstance(last, int):  # UnifiedRadixCache (0.5.17+): ``req.last_node`` is a NodeId
+            return tree.node_by_id(last) if tree.has_registry else None
+        return last
+
     def holders() -> list[Any] | None:
         held = running()
-        return None if held is None else [r.last_node for r in held if getattr(r, "last_node", None) is not None]
+        if held is None:
+            return None
+        nodes = (node_of(getattr(r, "last_node", None)) for r in held)
+        return [n for n in nodes if n is not None]
 
     def idle_sessions(idle_after_s: float) -> Generator[None, None, list[tuple[str, float]]]:
         now, idle, closed = time.monotonic(), [], tree.closed()
