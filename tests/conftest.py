@@ -21,7 +21,8 @@ except importlib.metadata.PackageNotFoundError:
 # other sglang they are not collected at all rather than skipped.
 collect_ignore = [] if SGLANG_VERSION == "0.5.23" else ["on_sglang/test_drive23.py", "on_sglang/test_adapter23.py",
                                                          "on_sglang/test_real_server23.py", "on_sglang/test_index23.py",
-                                                         "on_sglang/test_kv_events23.py"]
+                                                         "on_sglang/test_kv_events23.py",
+                                                         "on_sglang/test_doctor23.py"]
 
 
 class CounterClock:
