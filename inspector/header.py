@@ -62,6 +62,9 @@ def legend(st: Stats, width: int) -> Text:
             text.append(f" · {count(st.node_count, 'nodes')}")
         if st.open_sessions is not None:
             text.append(f" · {st.open_sessions:,} sessions" + (" open" if form != "shortest" else ""))
+        for tier, tokens in (st.tier_tokens or {}).items():
+            if tier != "GPU" and form != "shortest":  # HiCache's other tiers beside the device pool
+                text.append(f" · {tier} {human_bytes(tokens * bpt)}")
         for other in (st.buckets or ())[1:]:
             used = other.total - other.available - other.evictable
             text.append(f" · [{other.component}] {used / other.total:.0%} used" if other.total else "")

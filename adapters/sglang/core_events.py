@@ -196,7 +196,7 @@ class CoreEventsAdapter(CacheAdapter):
     def stats(self) -> Stats:
         own = self.sglang.stats()
         mine = self.events.stats()
-        return dataclasses.replace(own, node_count=mine.node_count, version=mine.version,
+        return dataclasses.replace(own, node_count=mine.node_count, version=mine.version, tier_tokens=mine.tier_tokens,
                                    open_sessions=own.open_sessions if mine.open_sessions is None
                                    else mine.open_sessions)
 

@@ -403,6 +403,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             subtree_bytes=sub * bpt,
             num_children=len(node.children),
             holders=tuple(sorted(tree.holders(node) or ())),
+            tiers=() if is_root else tree.tiers(node),
         )
 
     def _child_key(self, order: str, sizes: TreeIndex) -> Callable[[Any], Any]:

@@ -39,6 +39,7 @@ from radixtop.adapters.base import (
 )
 from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
 from radixtop.adapters.model import (
+    MEDIUM_TIERS,
     ROOT_ID,
     Capabilities,
     Changes,
@@ -60,6 +61,7 @@ from radixtop.adapters.sglang.kv_events_decode import (
     BlockTree,
     Cleared,
     DecodeError,
+    Removed,
     SessionFigures,
     Stored,
     TreeAttribution,
@@ -193,7 +195,7 @@ class StreamStatus:
     the last batch applied (-1 before any); ``complete``: no batch missing since the stream's
     start or its last AllBlocksCleared; ``missed_batches``: neither received nor replayed;
     ``restarts``: new publishers seen (the tree restarted); ``skipped_medium_events``: events of
-    another storage tier (HiCache host/disk copies); ``detached_*``: stored blocks whose parent
+    another storage tier (HiCache host/disk copies: kept as the nodes' other tiers, not as nodes); ``detached_*``: stored blocks whose parent
     block is unknown (never seen, or removed first), kept aside and not shown."""
 
     dp_rank: int
@@ -233,8 +235,9 @@ class EventTreeAdapter(CacheAdapter):
                  dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
                  capacity_tokens: int = 0, medium: str = "GPU", tokenizer: Any = None):
         """``bytes_per_token`` (or ``geometry``) and ``capacity_tokens`` are not in the events:
-        give them, or bytes and free space read 0. ``medium``: the storage tier shown (events of
-        other tiers are counted and skipped; events without a medium count as this one)."""
+        give them, or bytes and free space read 0. ``medium``: the storage tier whose blocks make
+        the tree (events without a medium count as this one); events of other tiers say which
+        tiers also hold each node, and how many tokens each tier holds."""
         self.dp_rank = dp_rank
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -243,6 +246,9 @@ class EventTreeAdapter(CacheAdapter):
         self.bytes_per_token = geometry.bytes_per_token if geometry else bytes_per_token
         self.capacity_tokens = capacity_tokens
         self.medium = medium
+        self._main_tier = MEDIUM_TIERS.get(medium, medium)
+        self._tiers: dict[str, dict[Any, int]] = {}
+        """Blocks other tiers hold (tier -> block key -> tokens), from events of their medium."""
         self.tokenizer = tokenizer
         self._lock = threading.Condition()
         self._tree = BlockTree()
@@ -270,6 +276,7 @@ class EventTreeAdapter(CacheAdapter):
     def _restart(self) -> None:
         with self._lock:
             self._tree.clear(time.time())
+            self._tiers.clear()
             self._counts["restarts"] += 1
             self._sessions_seen = False
             self._last_seq, self._last_ts, self._complete = -1, None, True
@@ -305,9 +312,11 @@ class EventTreeAdapter(CacheAdapter):
             for event in batch.events:
                 if not isinstance(event, Cleared) and event.medium not in (None, self.medium):
                     self._counts["skipped_medium_events"] += 1
+                    self._other_tier(event)
                     continue
                 self._removed_tokens += self._tree.apply(event, batch.ts)
                 if isinstance(event, Cleared):
+                    self._tiers.clear()
                     self._complete = True
                 elif isinstance(event, Stored):
                     self._block_size = event.block_size
@@ -321,6 +330,27 @@ class EventTreeAdapter(CacheAdapter):
             self._last_seq, self._last_ts = seq, batch.ts
             self._last_batch_at = time.monotonic()
             self._lock.notify_all()
+
+    def _other_tier(self, event: Stored | Removed) -> None:
+        """A copy in another tier (HiCache's host memory, disk or an external store): its blocks
+        are kept by tier, to say which tiers hold each node of the tree and how much each holds."""
+        tier = MEDIUM_TIERS.get(event.medium or "", event.medium or "?")
+        blocks = self._tiers.setdefault(tier, {})
+        group = event.group_idx
+        if isinstance(event, Removed):
+            for h in event.block_hashes:
+                blocks.pop(h if group is None else (group, h), None)
+        else:
+            for h, tokens in event.blocks():
+                blocks[h if group is None else (group, h)] = len(tokens)
+
+    def _node_tiers(self, node: TreeNode) -> tuple[str, ...]:
+        """The main tier (the tree is its blocks), then every other tier that holds all of the
+        node's blocks (the root holds no KV: none)."""
+        if not node.blocks:
+            return ()
+        return (self._main_tier,) + tuple(tier for tier, blocks in self._tiers.items()
+                                          if all(b.key in blocks for b in node.blocks))
 
     def wait_for_seq(self, seq: int, timeout: float = 5.0) -> bool:
         """Block until batch ``seq`` has been applied (or missed); False on timeout."""
@@ -369,6 +399,7 @@ class EventTreeAdapter(CacheAdapter):
             total, nodes, version = tree.root.subtree_tokens, len(tree.nodes) - 1, tree.version
             removed, block_size = self._removed_tokens, self._block_size
             holding = len(tree.holding) if self._sessions_seen else None
+            tiers = {self._main_tier: total, **{t: sum(b.values()) for t, b in self._tiers.items()}}
         g = self.geometry
         if g is None:
             geometry = Geometry("unknown", 0, 0, 0, "unknown", block_size, bpt)
@@ -379,7 +410,7 @@ class EventTreeAdapter(CacheAdapter):
                      evictable_tokens=total, protected_tokens=0, running_tokens=0, total_tokens=total,
                      bytes_per_token=bpt, node_count=nodes, open_sessions=holding, closed_sessions=None,
                      prompt_tokens=0, cached_tokens=0, evicted_tokens=removed, closes=0,
-                     freed_by_close_tokens=0, version=version, geometry=geometry)
+                     freed_by_close_tokens=0, version=version, geometry=geometry, tier_tokens=tiers)
 
     def _lookup(self, node_id: int) -> TreeNode:
         node = self._tree.nodes.get(node_id)
@@ -397,7 +428,7 @@ class EventTreeAdapter(CacheAdapter):
             access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
             bytes=node.tokens * bpt, subtree_tokens=node.subtree_tokens,
             subtree_bytes=node.subtree_tokens * bpt, num_children=len(node.children),
-            holders=tuple(sorted(node.holders)) if self._sessions_seen else None)
+            holders=tuple(sorted(node.holders)) if self._sessions_seen else None, tiers=self._node_tiers(node))
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)

@@ -60,6 +60,15 @@ class SGLangTree:
         """No KV on the device (a host-only node a match stops at, as SGLang's does)."""
         return node.value is None
 
+    def on_host(self, node: Any) -> bool:
+        """A HiCache copy in host memory (``host_value``, what SGLang's ``backuped`` reads)."""
+        return getattr(node, "host_value", None) is not None
+
+    def tiers(self, node: Any) -> tuple[str, ...]:
+        """The tiers holding the node's KV that its fields tell: the device, host memory (disk and
+        external copies are not on the node: unknown here, never claimed)."""
+        return (() if self.device_evicted(node) else ("GPU",)) + (("host",) if self.on_host(node) else ())
+
     def session_leaves(self) -> Mapping[str, Collection[Any]]:
         return {}
 
@@ -163,6 +172,9 @@ class UnifiedTree(SGLangTree):
 
     def device_evicted(self, node: Any) -> bool:
         return node.component_data[FULL].value is None
+
+    def on_host(self, node: Any) -> bool:
+        return node.component_data[FULL].host_value is not None
 
     def session_leaves(self) -> Mapping[str, Collection[Any]]:
         if not self.sessions_on or self.full is None:

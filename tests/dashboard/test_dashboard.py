@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from textual.widgets import Button, Input
@@ -478,7 +479,8 @@ async def test_sessions_are_sorted_filtered_and_paged_over_all_of_them():
             await settle(pilot, app)
             table = app.query_one(SessionsTable)
             assert table.total == 2500 > SESSIONS_LOADED == len(table.rows)
-            assert "sessions 2,500 · figures 0s old" in screen_text(app)
+            # the age counts from the read: a loaded machine may show 1s or more (issue 16, item 2)
+            assert re.search(r"sessions 2,500 · figures \d+s old", screen_text(app)), screen_text(app)
             # a filter runs over all 2,500 (s2493 is not in the first window of 1,000)
             assert "s2493" not in {s.id for s in table.rows}
             table.focus()

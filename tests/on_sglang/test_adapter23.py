@@ -548,3 +548,22 @@ def test_rust_core_has_stats_but_no_tree():
         assert flushed.freed_tokens == st.evictable_tokens - evicted.evicted_tokens
         after = a.stats()
         assert after.evictable_tokens == 0 and after.protected_tokens == st.protected_tokens
+
+
+def test_tiers_come_from_the_unified_nodes_full_component():
+    """HiCache's fields on 0.5.23's unified node (its FULL component's ``value`` and
+    ``host_value``, what ``backuped`` reads) give the node's tiers."""
+    from radixtop.adapters.sglang.trees import FULL
+
+    with known23.known_adapter() as (a, k, _):
+        kids = a.children(ROOT_ID, 0, 100).children
+        assert kids and all(c.tiers == ("GPU",) for c in kids)
+        node = next(iter(drive23.root_node(k.cache).children.values()))
+        data = node.component_data[FULL]
+        data.host_value = data.value.clone()
+        assert node.backuped and a.node(node.id).node.tiers == ("GPU", "host")
+        device, data.value = data.value, None
+        try:
+            assert a.node(node.id).node.tiers == ("host",)
+        finally:
+            data.value, data.host_value = device, None

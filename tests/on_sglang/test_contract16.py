@@ -91,3 +91,20 @@ def test_read_many_is_one_pass_on_the_scheduler_thread():
         scheduler.running.clear()  # a stuck scheduler: the batch times out as a whole
         with pytest.raises(TargetTimeout):
             a.read_many([("stats", ()), ("node", (987654,))])
+
+
+def test_tiers_come_from_sglangs_own_node_fields():
+    """HiCache does not run on these CPU machines; what it sets on a node does: ``host_value``
+    (SGLang's ``backuped``) puts host among the node's tiers, and a node whose device value is
+    gone (``value`` None, host-only) is no longer on the GPU."""
+    with known_adapter() as (a, replayer, _):
+        kids = a.children(0, 0, 100).children
+        assert kids and all(k.tiers == ("GPU",) for k in kids)
+        node = replayer.cache.root_node.children[next(iter(replayer.cache.root_node.children))]
+        node.host_value = node.value.clone()  # a write-through backup, as HiCache's would set it
+        assert a.node(node.id).node.tiers == ("GPU", "host")
+        device, node.value = node.value, None  # device copy evicted: host-only
+        try:
+            assert a.node(node.id).node.tiers == ("host",)
+        finally:
+            node.value, node.host_value = device, None

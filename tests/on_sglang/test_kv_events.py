@@ -808,3 +808,41 @@ def test_rank_endpoints():
     for bad in ("tcp://nohost", "http://x:1", "ipc:///tmp/x"):
         with pytest.raises(BadRequest):
             rank_endpoint(bad, 1)
+
+
+def test_every_medium_says_which_tiers_hold_each_node(sgl):
+    """HiCache's copies in SGLang's own event classes, every medium (new and old names): the tree
+    is the GPU's blocks; each node says which other tiers hold all of it, and each tier's tokens
+    are in the totals. A tier's removal or a clear takes its copies away."""
+    from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+
+    ke = sgl.kv_events
+    tree = EventTreeAdapter(name="tiers", bytes_per_token=2)
+
+    def batch(seq, *events):
+        tree.apply(seq, msgspec.msgpack.encode(ke.KVEventBatch(ts=time.time(), events=list(events))))
+
+    batch(0, ke.BlockStored([1, 2], None, [1, 2, 3, 4], 2, None, "GPU"),
+          ke.BlockStored([3], 2, [5, 6], 2, None, "GPU"),
+          ke.BlockStored([4], 2, [0, 0], 2, None, "GPU"),  # a branch: [1, 2] is a node of its own
+          ke.BlockStored([9], None, [7, 8], 2, None, None))  # no medium: the tree's own tier
+    batch(1, ke.BlockStored([1, 2], None, [1, 2, 3, 4], 2, None, "CPU_PINNED"),
+          ke.BlockStored([1], None, [1, 2], 2, None, "CPU_TIER2"),  # old name of DISK
+          ke.BlockStored([1, 2, 3], None, [1, 2, 3, 4, 5, 6], 2, None, "EXTERNAL"))
+    head = tree.match([1, 2, 3, 4]).node_id
+    tail = tree.match([1, 2, 3, 4, 5, 6]).node_id
+    side = tree.match([1, 2, 3, 4, 0, 0]).node_id
+    other = tree.match([7, 8]).node_id
+    assert len({head, tail, side, other, ROOT_ID}) == 5
+    tiers = {n.id: n.tiers for n in (tree.node(i).node for i in (head, tail, side, other))}
+    # disk holds only the first of head's two blocks: not all of it, so not listed
+    assert tiers == {head: ("GPU", "host", "external"), tail: ("GPU", "external"), side: ("GPU",),
+                     other: ("GPU",)}
+    assert tree.node(ROOT_ID).node.tiers == ()
+    assert tree.stats().tier_tokens == {"GPU": 10, "host": 4, "disk": 2, "external": 6}
+    assert tree.stats().total_tokens == 10  # the tree is the device's
+    batch(2, ke.BlockRemoved([1, 2], "CPU_PINNED"), ke.BlockRemoved([3], "GPU"))
+    assert tree.node(head).node.tiers == ("GPU", "external") and tree.stats().tier_tokens["host"] == 0
+    assert tree.stats().total_tokens == 8
+    batch(3, ke.AllBlocksCleared())
+    assert tree.stats().tier_tokens == {"GPU": 0}

@@ -75,6 +75,11 @@ def test_radixtop_tree_prints_the_default_cores_tree(rust):
     found = client.match(prompt)
     node = found.partial_node_id or found.node_id  # the prompt ends inside its node (output tokens follow)
     assert f"#{node}" in done.stdout and "locks and holders unknown" in done.stdout
+    shown = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "node", str(node)], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    lines = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.split()}
+    assert lines["lock_ref"] == ["unknown"] and lines["tiers"] == ["GPU"]
 
 
 def test_counts_it_cannot_know_are_unknown_and_the_rest_equal_sglangs(rust):
