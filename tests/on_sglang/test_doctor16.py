@@ -107,3 +107,19 @@ def test_through_the_plugin_api():
 
         plant_lock(sglang_plugin._ATTACHED[id(loop.scheduler)].adapter, replayer)
         assert [f.kind for f in remote.diagnose().findings] == ["leaked_lock"]
+
+
+def test_a_closed_session_that_still_tags_a_node_is_reported_with_what_a_close_frees(in_process):
+    adapter, replayer, _ = in_process
+
+    def late_tag() -> None:  # "gone" is closed; a finish past the tombstone tags again
+        replayer.cache._closed_session_ids.pop("gone")
+        replayer.begin("late", [60, 61, 62], "gone")
+        replayer.finish("late", [63])
+        replayer.cache._closed_session_ids["gone"] = None
+
+    adapter.call(late_tag)
+    (f,) = adapter.diagnose().findings
+    assert f.kind == "tombstone_tags" and f.session_id == "gone" and f.tokens == 4
+    assert f.figures["close_frees_tokens"] == adapter.plan_close("gone").freed_tokens == 4
+    assert adapter.close_session("gone").freed_tokens == 4 and adapter.diagnose().healthy

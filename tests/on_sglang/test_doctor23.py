@@ -39,3 +39,14 @@ def test_a_healthy_unified_cache_reports_nothing_and_a_planted_lock_is_reported(
         assert f.tokens > 0 and "SGLang 0.5.23's bug" in f.action
         adapter.running_requests = lambda: []  # the scheduler lost d's request: its lock is leaked too
         assert len(adapter.diagnose().findings) == 2
+
+
+def test_on_the_rust_core_it_checks_what_it_can_and_says_why_not_the_rest():
+    drive23.import_sglang23()
+    with known23.known_adapter("unified-nosessions", tree_core_backend="rust") as (adapter, known, _):
+        adapter.running_requests = lambda: [known.running]
+        adapter.waiting_requests = lambda: []
+        d = adapter.diagnose()
+        assert d.healthy and d.nodes_walked is None and d.checked == ("starved_admission",)
+        assert "no nodes Python can read" in d.skipped["leaked_lock"]
+        assert set(d.skipped) == {"buckets", "leaked_lock", "tombstone_tags", "idle_session"}
