@@ -48,9 +48,12 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.sglang.inproc import SGLangAdapter
 from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+from radixtop.adapters.sglang.kv_events_decode import batch_of
 
 log = logging.getLogger("radixtop.sglang")
 
+PAUSE_S = 0.05
+"""The applying thread's pause between turns while nobody reads (see ``CoreEvents._run``)."""
 RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore"
 """The class whose ``__init__`` the plugin hooks to have the Rust core record KV events."""
 
@@ -74,21 +77,16 @@ def records_events(cache: Any) -> bool:
 
 class CoreEvents:
     """Takes the KV events a cache records (on the scheduler thread) and applies them to ``tree``
-    on a thread of radixtop's, as numbered batches encoded as SGLang's publisher sends them (so
-    one decoder serves this and the ZMQ stream).
+    on a thread of radixtop's, as numbered batches read by the rules of the wire's decoder
+    (``batch_of``: SGLang's own event objects, field by field; nothing is encoded).
 
     ``publisher``: SGLang's own ``SchedulerKvEventsPublisher`` where the operator configured
     one; SGLang takes the events then, and its publisher's ``publish`` is wrapped to hand each
     batch here too."""
 
     def __init__(self, cache: Any, tree: EventTreeAdapter, publisher: Any = None) -> None:
-        import msgspec
-        from sglang.srt.disaggregation.kv_events import KVEventBatch
-
         self.cache = cache
         self.tree = tree
-        self._batch = KVEventBatch
-        self._encode = msgspec.msgpack.Encoder().encode
         self._queue: queue.SimpleQueue[tuple[int, float, list[Any]] | None] = queue.SimpleQueue()
         self._queued = 0  # batches handed to the queue (their sequence numbers are 0 .. this - 1)
         self._sglang = publisher if publisher is not None and getattr(publisher, "enable_kv_cache_events",
@@ -102,6 +100,7 @@ class CoreEvents:
                 return original(batch, *args, **kwargs)
 
             inner.publish = publish
+        self._wanted = threading.Event()
         self._thread = threading.Thread(target=self._run, name="radixtop-core-events", daemon=True)
         self._thread.start()
 
@@ -125,21 +124,38 @@ class CoreEvents:
         return self._queued
 
     def _run(self) -> None:
+        """Everything queued, then a pause of ``PAUSE_S`` unless a read waits: the scheduler and
+        this thread share the GIL, and fewer, longer turns cost it less than one per batch."""
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            seq, ts, events = item
-            try:
-                payload = self._encode(self._batch(ts=ts, events=events))
-            except Exception as exc:  # an event type msgspec cannot encode: the tree is suspect
-                log.exception("radixtop: encoding KV-event batch %d failed", seq)
-                self.tree.skipped(seq, f"batch {seq}: {type(exc).__name__}: {exc}")
-                continue
-            self.tree.apply(seq, payload)
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for item in items:
+                if item is None:
+                    return
+                self._apply(*item)
+            self._wanted.wait(PAUSE_S)
+            self._wanted.clear()
+
+    def _apply(self, seq: int, ts: float, events: list[Any]) -> None:
+        try:
+            batch = batch_of(ts, events)
+        except Exception as exc:  # an event this cannot read: the tree is suspect from here
+            log.exception("radixtop: reading KV-event batch %d failed", seq)
+            self.tree.skipped(seq, f"batch {seq}: {type(exc).__name__}: {exc}")
+            return
+        self.tree.apply_batch(seq, batch)
+
+    def hurry(self) -> None:
+        """A read waits for the tree: skip the pause."""
+        self._wanted.set()
 
     def close(self) -> None:
         self._queue.put(None)
+        self._wanted.set()
         self._thread.join(5)
 
 
@@ -161,6 +177,7 @@ class CoreEventsAdapter(CacheAdapter):
         if getattr(self._in_read_many, "on", False):
             return
         queued = self.sglang.call(self.core.drain)
+        self.core.hurry()
         if not self.events.wait_for_seq(queued - 1, self.sync_timeout):
             raise TargetTimeout(f"the tree's KV events were not applied within {self.sync_timeout:g}s")
 

@@ -58,6 +58,7 @@ from radixtop.adapters.model import (
     Stats,
 )
 from radixtop.adapters.sglang.kv_events_decode import (
+    Batch,
     BlockTree,
     Cleared,
     DecodeError,
@@ -288,8 +289,12 @@ class EventTreeAdapter(CacheAdapter):
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every
-        batch in order (the plugin's in-process events)."""
+        batch in order."""
         self._apply(seq, payload)
+
+    def apply_batch(self, seq: int, batch: Batch) -> None:
+        """Apply batch ``seq``, already decoded (the plugin's in-process events: no wire between)."""
+        self._apply_decoded(seq, batch)
 
     def skipped(self, seq: int, error: str) -> None:
         """Batch ``seq`` could not be applied: the tree may be incomplete from here on."""
@@ -308,6 +313,9 @@ class EventTreeAdapter(CacheAdapter):
                 self._last_error = f"batch {seq}: {exc}"
                 self._lock.notify_all()
             return
+        self._apply_decoded(seq, batch)
+
+    def _apply_decoded(self, seq: int, batch: Batch) -> None:
         with self._lock:
             for event in batch.events:
                 if not isinstance(event, Cleared) and event.medium not in (None, self.medium):

@@ -75,8 +75,10 @@ class Stored:
 
     def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
         """(hash, tokens) of each block, root-ward first."""
-        size = self.block_size
-        return [(h, self.token_ids[i * size : (i + 1) * size]) for i, h in enumerate(self.block_hashes)]
+        size, tokens = self.block_size, self.token_ids
+        if size == 1:  # SGLang's default page size: a block per token
+            return [(h, (t,)) for h, t in zip(self.block_hashes, tokens)]
+        return [(h, tokens[i * size : (i + 1) * size]) for i, h in enumerate(self.block_hashes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +168,26 @@ def _event(tag: str, body: Any) -> Event:
 
 
 KNOWN_TAGS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+
+def batch_of(ts: float, events: list[Any], rank: int | None = None) -> Batch:
+    """A batch of SGLang's own event objects (``BlockStored``... msgspec structs, as a cache's
+    ``take_events()`` returns them) read field by field, with the same rules as the wire's
+    maps: no encoding and decoding between a cache and radixtop in one process."""
+    batch = Batch(float(ts), rank, [])
+    for item in events:
+        tag = type(item).__name__
+        if tag not in KNOWN_TAGS:
+            batch.unknown[tag] += 1
+            continue
+        fields = getattr(item, "__struct_fields__", None)  # () for AllBlocksCleared
+        if fields is None:
+            fields = tuple(getattr(item, "__dict__", ()))
+        try:
+            batch.events.append(_event(tag, {name: getattr(item, name) for name in fields}))
+        except (KeyError, TypeError, ValueError, IndexError):
+            batch.malformed += 1
+    return batch
 
 
 def decode_batch(payload: bytes) -> Batch:
@@ -366,11 +388,53 @@ class BlockTree:
         parent = event.parent_block_hash
         if parent is not None and group is not None:
             parent = (group, parent)
-        for h, tokens in event.blocks():
+        blocks, session = event.blocks(), event.session_id
+        i = 0
+        while i < len(blocks):
+            h, tokens = blocks[i]
             key = h if group is None else (group, h)
-            self.store(key, parent, tokens, ts, event.session_id)
+            if parent is not None and key not in self.blocks:  # the common case in one go: below
+                taken = self._extend(blocks, i, group, parent, ts, session)
+                if taken:
+                    i += taken
+                    last = blocks[i - 1][0]
+                    parent = last if group is None else (group, last)
+                    continue
+            self.store(key, parent, tokens, ts, session)
             parent = key
+            i += 1
         return 0
+
+    def _extend(self, blocks: list[tuple[BlockHash, tuple[int, ...]]], i: int, group: int | None,
+                parent_key: BlockKey, ts: float, session: str | None) -> int:
+        """New blocks ``i..`` that extend a childless node whose last block is their parent (a
+        prompt growing a leaf: most of what a server stores) join that node at once: one resize
+        up the tree, one journal entry, however many blocks. Stops before a block already known
+        or one that detached blocks wait for; returns how many it took (0: not this case)."""
+        above = self.blocks.get(parent_key)
+        node = above.node if above is not None else None
+        if node is None or node.children or node.blocks[-1] is not above:
+            return 0
+        sessions = frozenset((session,)) if session is not None else frozenset()
+        known, waiting = self.blocks, self.waiting
+        taken = added = 0
+        for h, tokens in blocks[i:]:
+            key = h if group is None else (group, h)
+            if key in known or key in waiting:
+                break
+            block = known[key] = _Block(key, parent_key, tokens)
+            block.node, block.sessions = node, sessions
+            node.blocks.append(block)
+            added += len(tokens)
+            taken += 1
+            parent_key = key
+        if taken:
+            if session is not None:
+                self.last_store[session] = ts
+                self._hold(node, sessions, taken)
+            self._resize(node, added, ts)
+            self._touch(node)
+        return taken
 
     def store(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...], ts: float,
               session: str | None = None) -> None:
