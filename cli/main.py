@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -34,6 +36,22 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """One line on stderr and an exit code; never a traceback."""
     typer.echo(f"radixtop: {message}", err=True)
     return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def trace_errors(trace: Path | None) -> Iterator[None]:
+    """A trace that cannot be read (exit 2), a line it cannot apply (exit 1, the line named), or a
+    bad value (exit 2): one line each."""
+    from radixtop.gpu_backend.trace import TraceError  # late: the engine's imports are heavy
+
+    try:
+        yield
+    except OSError as exc:
+        raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
+    except TraceError as exc:
+        raise fail(f"{trace}: {exc}", 1) from None
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
 
 
 @app.callback(invoke_without_command=True)
@@ -174,7 +192,6 @@ def demo(
     from radixtop.cli.serve import start_trace
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.kv_pool import KVPoolError
-    from radixtop.gpu_backend.trace import TraceError
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     try:
@@ -193,15 +210,10 @@ def demo(
         raise fail("--format and --scale go with --trace", 2)
     prepare = None if trace is None else (lambda scheduler: start_trace(scheduler, trace, fmt, scale, speed))
     try:
-        run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration,
-                 record_to=record_to, prepare=prepare)
+        with trace_errors(trace):
+            run_demo(geometry, capacity, workload, device=device, refresh=refresh, duration=duration,
+                     record_to=record_to, prepare=prepare)
     except KVPoolError as exc:  # raised as the pool is made, before the view starts
-        raise fail(str(exc), 2) from None
-    except OSError as exc:
-        raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
-    except TraceError as exc:
-        raise fail(f"{trace}: {exc}", 1) from None
-    except ValueError as exc:
         raise fail(str(exc), 2) from None
     finally:
         if record_to:
@@ -233,7 +245,7 @@ def replay(
     public trace (Mooncake, kv-cache-tester) turned into them; --compare runs it under several
     settings side by side."""
     from radixtop.gpu_backend.kv_geometry import get_geometry
-    from radixtop.gpu_backend.trace import TraceError, read_lines
+    from radixtop.gpu_backend.trace import read_lines
     from radixtop.gpu_backend.trace import replay as run_replay
     from radixtop.gpu_backend.trace_compare import parse_capacity, split_list
     from radixtop.gpu_backend.trace_formats import FORMATS
@@ -255,17 +267,11 @@ def replay(
     if compare or fmt != "radixtop":
         from radixtop.cli.trace_replay import run_replay as run_figures
 
-        try:
+        with trace_errors(trace):
             run_figures(trace, fmt, scale, capacities, evictions, closes, geometry, as_json, sessions)
-        except OSError as exc:
-            raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
-        except TraceError as exc:
-            raise fail(f"{trace}: {exc}", 1) from None
-        except ValueError as exc:
-            raise fail(str(exc), 2) from None
         return
     capacity_tokens = capacities[0]
-    try:
+    with trace_errors(trace):
         if str(trace) == "-":
             doc = run_replay(read_lines(sys.stdin.buffer), capacity_tokens, page_size, evictions[0],
                              closes[0], geometry)
@@ -273,12 +279,6 @@ def replay(
             with trace.open("rb") as stream:  # bytes: read_trace names a line that is not UTF-8
                 doc = run_replay(read_lines(stream), capacity_tokens, page_size, evictions[0], closes[0],
                                  geometry)
-    except OSError as exc:
-        raise fail(f"cannot read trace {trace}: {exc.strerror or exc}", 2) from None
-    except TraceError as exc:
-        raise fail(f"{trace}: {exc}", 1) from None
-    except ValueError as exc:
-        raise fail(str(exc), 2) from None
     if as_json:
         typer.echo(json.dumps(doc, separators=(",", ":")))
         return
