@@ -259,6 +259,16 @@ def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
         events.close()
 
 
+def test_kv_events_takes_the_live_servers_url(server, kv_port):
+    """``--kv-events http://HOST:PORT``: the publisher comes from the live server's own
+    /server_info (its kv_events block), not from the operator."""
+    from radixtop.adapters.sglang.kv_events import discover
+
+    publisher = discover(server.url)
+    assert publisher.endpoint == f"tcp://127.0.0.1:{kv_port}" and publisher.dp_size == 1
+    assert publisher.block_size in (None, 1)
+
+
 # ----- the faces over the real server -----
 
 
