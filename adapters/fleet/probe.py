@@ -104,7 +104,12 @@ def poll_fleet(source: Source, tokens: dict[str, str] | None = None, timeout: fl
     and gives a row that is still out a reason instead of its figures."""
     started, taken_at = time.monotonic(), time.time()
     tokens = tokens or {}
-    found = source.discover()
+    try:
+        found = source.discover()
+    except Exception as exc:  # discover() says its failures; a bug in one must not end the caller
+        message = exc.message if isinstance(exc, AdapterError) else f"{type(exc).__name__}: {exc}"
+        return FleetView(source.label, (), taken_at, time.monotonic() - started,
+                         error=f"{source.label}: {message}")
     if found.error:
         return FleetView(source.label, (), taken_at, time.monotonic() - started, error=found.error,
                          notes=found.notes)

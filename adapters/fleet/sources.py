@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unauthorized
+from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unauthorized
 from radixtop.adapters.fleet.config import FleetEntry, host_of, normal_url, plugin_url
 from radixtop.adapters.fleet.dump import DumpError, ParsedDump, parse_dump
 from radixtop.adapters.http.proxy import transport_for
@@ -177,14 +177,22 @@ class SmgSource(Source):
             loads: dict[tuple[str, int], dict[str, Any]] = {}
             try:
                 for load in _get(client, "/get_loads", "SMG").get("loads") or []:
-                    loads[(normal_url(str(load.get("worker", ""))), int(load.get("dp_rank") or 0))] = load
+                    try:
+                        worker = normal_url(str(load.get("worker", "")))
+                    except BadRequest:
+                        continue  # a grpc:// worker's load: its row is skipped below, with a note
+                    loads[(worker, int(load.get("dp_rank") or 0))] = load
             except (AdapterError, AttributeError, TypeError, ValueError) as exc:
                 notes.append(f"SMG's /get_loads: {getattr(exc, 'message', exc)}")
         specs: list[WorkerSpec] = []
         for w in workers:
             if not isinstance(w, dict) or not w.get("url"):
                 continue
-            base = normal_url(str(w.get("dp_base_url") or w["url"]))
+            try:
+                base = normal_url(str(w.get("dp_base_url") or w["url"]))
+            except BadRequest:  # SMG also routes to grpc:// workers, which radixtop cannot read
+                notes.append(f"worker {w.get('dp_base_url') or w['url']}: not an http(s) URL")
+                continue
             rank = _int(w.get("dp_rank"))
             ranks: list[int | None] = [rank] if rank is not None else (
                 sorted({r for (u, r) in loads if u == base}) if len({r for (u, r) in loads if u == base}) > 1
