@@ -33,7 +33,7 @@ def bucket_line(b) -> str:
     """One component's buckets as SGLang's leak check writes them (``[full] total=…, available=…``:
     what an operator greps the server's log for), then whether they add up."""
     uncached = "unknown" if b.uncached is None else str(b.uncached)
-    line = (f"[{b.component}] total={b.total}, available={b.available}, evictable={b.evictable}, "
+    line = (f"[{inert(b.component)}] total={b.total}, available={b.available}, evictable={b.evictable}, "
             f"protected={b.protected}, session_held={b.session_held}, uncached={uncached}")
     missing = b.unaccounted
     if missing is None:

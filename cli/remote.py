@@ -93,7 +93,7 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
         f"{st.evicted_tokens:,} tokens evicted · version {st.version}"
     )
     if st.tier_tokens and set(st.tier_tokens) != {"GPU"}:  # HiCache's other tiers
-        console.print("tiers: " + " · ".join(f"{tier} {tokens:,} tokens ({human_bytes(tokens * st.bytes_per_token)})"
+        console.print("tiers: " + " · ".join(f"{inert(tier)} {tokens:,} tokens ({human_bytes(tokens * st.bytes_per_token)})"
                                               for tier, tokens in st.tier_tokens.items()))
     for b in st.buckets or ():  # SGLang's leak check, by its names: what an operator greps its log for
         console.print(bucket_line(b))
@@ -260,7 +260,7 @@ def node(
         (f"token ids [{d.token_offset}:{d.token_offset + len(d.token_ids)}]", " ".join(map(str, d.token_ids))),
     ]
     if n.tiers is not None:  # a target with storage tiers (SGLang): where this node's KV is
-        rows.insert(-1, ("tiers", " + ".join(n.tiers) or "-"))
+        rows.insert(-1, ("tiers", inert(" + ".join(n.tiers)) or "-"))
     if n.text is not None:
         rows.append(("text", inert(n.text, lines=True)))
     for k, v in rows:

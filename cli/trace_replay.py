@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from radixtop.adapters.units import human_bytes
+from radixtop.adapters.units import human_bytes, inert
 
 
 def load_ops(trace: Path, fmt: str, scale: int):
@@ -59,7 +59,8 @@ def _describe(info: dict[str, Any]) -> str:
 
 def print_runs(info: dict[str, Any], runs: list, top_sessions: int, console: Console | None = None) -> None:
     """The totals of each run side by side, then the sessions with the most prompt tokens."""
-    console = console or Console()
+    # session ids come from the trace file: plain text, never markup or a terminal code
+    console = console or Console(markup=False, highlight=False, emoji=False)
     vary_close = len({r.settings["close_policy"] for r in runs}) > 1
     labels = [_label(r.settings, vary_close) for r in runs]
     console.print(_describe(info))
@@ -96,7 +97,7 @@ def print_runs(info: dict[str, Any], runs: list, top_sessions: int, console: Con
             s = run.sessions.get(sid)
             cells.append("-" if s is None else
                          f"{_pct(s.hit_rate)} / {s.lost_tokens:,} / {human_bytes(s.close_freed_tokens * run.bytes_per_token)}")
-        per.add_row(sid, f"{first[sid].requests:,}", *cells)
+        per.add_row(inert(sid), f"{first[sid].requests:,}", *cells)
     console.print(per)
 
 

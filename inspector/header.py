@@ -64,10 +64,10 @@ def legend(st: Stats, width: int) -> Text:
             text.append(f" · {st.open_sessions:,} sessions" + (" open" if form != "shortest" else ""))
         for tier, tokens in (st.tier_tokens or {}).items():
             if tier != "GPU" and form != "shortest":  # HiCache's other tiers beside the device pool
-                text.append(f" · {tier} {human_bytes(tokens * bpt)}")
+                text.append(f" · {inert(tier)} {human_bytes(tokens * bpt)}")
         for other in (st.buckets or ())[1:]:
             used = other.total - other.available - other.evictable
-            text.append(f" · [{other.component}] {used / other.total:.0%} used" if other.total else "")
+            text.append(f" · [{inert(other.component)}] {used / other.total:.0%} used" if other.total else "")
         if text.cell_len <= width:
             break
     return text
@@ -171,7 +171,7 @@ class HeaderBar(Widget):
         for b in (st.buckets or ()) if st is not None else ():
             if b.unaccounted:  # SGLang's own leak check fails: said where it cannot be missed
                 title.append(" ")
-                title.append(f" LEAK [{b.component}] {b.unaccounted:+,} tok ", style="bold white on red")
+                title.append(f" LEAK [{inert(b.component)}] {b.unaccounted:+,} tok ", style="bold white on red")
         title.append(f"  every {self.interval:g}s", style="dim")
         _set(self.query_one("#title", Static), title)
         if st is None:

@@ -58,15 +58,23 @@ RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore"
 """The class whose ``__init__`` the plugin hooks to have the Rust core record KV events."""
 
 
-def record_events(core: Any, params: Any, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def record_events(core: Any, params: Any, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The hook before ``RustUnifiedTreeCore.__init__(self, params)``: the same params with
-    ``enable_kv_cache_events`` on (a table of LoRA names where SGLang gave none)."""
-    changes: dict[str, Any] = {"enable_kv_cache_events": True}
-    if getattr(params, "kv_event_lora_names", None) is None:
-        from sglang.srt.mem_cache.events import KvEventLoraNames
+    ``enable_kv_cache_events`` on (a table of LoRA names where SGLang gave none). Where the params
+    are not what this expects (another SGLang), nothing changes (None) and one line says so: the
+    hook must never stop a scheduler from starting. A scheduler radixtop does not attach to takes
+    and drops the events each loop (``plugin._discard_events``)."""
+    try:
+        changes: dict[str, Any] = {"enable_kv_cache_events": True}
+        if getattr(params, "kv_event_lora_names", None) is None:
+            from sglang.srt.mem_cache.events import KvEventLoraNames
 
-        changes["kv_event_lora_names"] = KvEventLoraNames()
-    return (core, dataclasses.replace(params, **changes), *args), kwargs
+            changes["kv_event_lora_names"] = KvEventLoraNames()
+        return (core, dataclasses.replace(params, **changes), *args), kwargs
+    except Exception as exc:
+        log.warning("radixtop: cannot have the Rust tree core record KV events (%s: %s); "
+                    "no tree from it", type(exc).__name__, exc)
+        return None
 
 
 def records_events(cache: Any) -> bool:
@@ -141,13 +149,13 @@ class CoreEvents:
             self._wanted.clear()
 
     def _apply(self, seq: int, ts: float, events: list[Any]) -> None:
+        """One batch; whatever fails (an event this cannot read, a bug in the tree) marks the tree
+        incomplete and the thread goes on: it must never die with the queue still filling."""
         try:
-            batch = batch_of(ts, events)
-        except Exception as exc:  # an event this cannot read: the tree is suspect from here
-            log.exception("radixtop: reading KV-event batch %d failed", seq)
+            self.tree.apply_batch(seq, batch_of(ts, events))
+        except Exception as exc:
+            log.exception("radixtop: applying KV-event batch %d failed", seq)
             self.tree.skipped(seq, f"batch {seq}: {type(exc).__name__}: {exc}")
-            return
-        self.tree.apply_batch(seq, batch)
 
     def hurry(self) -> None:
         """A read waits for the tree: skip the pause."""

@@ -248,8 +248,10 @@ class EventTreeAdapter(CacheAdapter):
         self.capacity_tokens = capacity_tokens
         self.medium = medium
         self._main_tier = MEDIUM_TIERS.get(medium, medium)
-        self._tiers: dict[str, dict[Any, int]] = {}
-        """Blocks other tiers hold (tier -> block key -> tokens), from events of their medium."""
+        self._tiers: dict[str, dict[Any, list[int]]] = {}
+        """Blocks other tiers hold (tier -> block key -> [tokens, stores]), from events of their medium."""
+        self._tier_tokens: Counter[str] = Counter()
+        """Tokens each other tier holds, kept as its blocks come and go (a poll sums nothing)."""
         self.tokenizer = tokenizer
         self._lock = threading.Condition()
         self._tree = BlockTree()
@@ -278,6 +280,7 @@ class EventTreeAdapter(CacheAdapter):
         with self._lock:
             self._tree.clear(time.time())
             self._tiers.clear()
+            self._tier_tokens.clear()
             self._counts["restarts"] += 1
             self._sessions_seen = False
             self._last_seq, self._last_ts, self._complete = -1, None, True
@@ -325,6 +328,7 @@ class EventTreeAdapter(CacheAdapter):
                 self._removed_tokens += self._tree.apply(event, batch.ts)
                 if isinstance(event, Cleared):
                     self._tiers.clear()
+                    self._tier_tokens.clear()
                     self._complete = True
                 elif isinstance(event, Stored):
                     self._block_size = event.block_size
@@ -345,12 +349,24 @@ class EventTreeAdapter(CacheAdapter):
         tier = MEDIUM_TIERS.get(event.medium or "", event.medium or "?")
         blocks = self._tiers.setdefault(tier, {})
         group = event.group_idx
-        if isinstance(event, Removed):
+        if isinstance(event, Removed):  # one removal per store, as the tree counts them
             for h in event.block_hashes:
-                blocks.pop(h if group is None else (group, h), None)
+                key = h if group is None else (group, h)
+                held = blocks.get(key)
+                if held is not None:
+                    held[1] -= 1
+                    if not held[1]:
+                        del blocks[key]
+                        self._tier_tokens[tier] -= held[0]
         else:
             for h, tokens in event.blocks():
-                blocks[h if group is None else (group, h)] = len(tokens)
+                key = h if group is None else (group, h)
+                held = blocks.get(key)
+                if held is None:
+                    blocks[key] = [len(tokens), 1]
+                    self._tier_tokens[tier] += len(tokens)
+                else:
+                    held[1] += 1
 
     def _node_tiers(self, node: TreeNode) -> tuple[str, ...]:
         """The main tier (the tree is its blocks), then every other tier that holds all of the
@@ -407,7 +423,7 @@ class EventTreeAdapter(CacheAdapter):
             total, nodes, version = tree.root.subtree_tokens, len(tree.nodes) - 1, tree.version
             removed, block_size = self._removed_tokens, self._block_size
             holding = len(tree.holding) if self._sessions_seen else None
-            tiers = {self._main_tier: total, **{t: sum(b.values()) for t, b in self._tiers.items()}}
+            tiers = {self._main_tier: total, **{t: self._tier_tokens[t] for t in self._tiers}}
         g = self.geometry
         if g is None:
             geometry = Geometry("unknown", 0, 0, 0, "unknown", block_size, bpt)

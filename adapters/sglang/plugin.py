@@ -136,6 +136,26 @@ def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
         if attached.core is not None and not attached.core.sglang_takes:
             attached.core.drain()
         attached.owner.step(max_items=64)
+    if attached is None or attached.core is None:
+        _discard_events(scheduler)
+
+
+_UNREAD: dict[int, bool] = {}
+"""By id(scheduler): whether its cache records KV events nobody takes (radixtop not attached
+there: another TP rank, or an attach that failed; SGLang's own publisher off)."""
+
+
+def _discard_events(scheduler: Any) -> None:
+    """Take and drop the events of a core that records them for nobody, so they never pile up."""
+    unread = _UNREAD.get(id(scheduler))
+    if unread is None:
+        from radixtop.adapters.sglang.core_events import records_events
+
+        publisher = getattr(scheduler, "kv_events_publisher", None)
+        unread = _UNREAD[id(scheduler)] = (records_events(getattr(scheduler, "tree_cache", None))
+                                           and not getattr(publisher, "enable_kv_cache_events", False))
+    if unread:
+        scheduler.tree_cache.take_events()
 
 
 def _env_flag(name: str) -> bool:

@@ -104,3 +104,28 @@ def test_the_dashboard_shows_hostile_strings_and_keeps_running(server):
     screen = asyncio.run(drive())
     assert clean(screen), [(c, screen[screen.index(c)-200:screen.index(c)+50]) for c in CONTROLS if c in screen]
     assert "[bold red]loud" in screen
+
+
+def test_tier_and_component_names_from_a_target_are_inert():
+    """Tier names (a KV event's ``medium``) and bucket components come from the target: never
+    markup, never a terminal code, in the detail panel, the header and the commands' lines."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from radixtop.adapters.model import Bucket, NodeDetail, NodeView
+    from radixtop.adapters.units import bucket_line
+    from radixtop.inspector.detail import detail_rows
+
+    hostile = "[/]\x1b[31mGPU"
+    view = NodeView(1, 0, 1, 2, (1, 2), None, None, None, 0.0, 0.0, 2, 2, 2, 0, None, tiers=("GPU", hostile))
+    table = Table.grid()
+    table.add_column()
+    table.add_column()
+    for label, value in detail_rows(NodeDetail(view, (1, 2), 0, 2, None)):
+        table.add_row(label, value)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(table)  # a MarkupError before: '[/]' closed nothing
+    shown = console.export_text()
+    assert "GPU + [/]?[31mGPU" in shown and "\x1b" not in shown
+    line = bucket_line(Bucket(hostile, 10, 5, 5, 0, 0, 0))
+    assert line.startswith("[[/]?[31mGPU] total=10") and "\x1b" not in line

@@ -208,3 +208,16 @@ def test_serve_at_speed_zero_applies_the_whole_trace_before_it_listens():
         client.close()
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_session_id_with_markup_and_a_terminal_code_is_shown_as_written(tmp_path):
+    """Session ids come from the trace file: a table of them is plain text (a MarkupError and a
+    traceback before)."""
+    trace = json.loads((DATA / "kv_cache_tester" / "trace_0277.json").read_text())
+    trace["id"] = "[/]evil\x1b[2J"
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(trace))
+    done = radixtop("replay", "--format", "kv-cache-tester", str(path), "--scale", "8", "--compare",
+                    "--capacity", "64k")
+    assert done.returncode == 0, done.stderr
+    assert "[/]evil?[2J" in done.stdout and "\x1b" not in done.stdout

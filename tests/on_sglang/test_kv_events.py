@@ -844,5 +844,10 @@ def test_every_medium_says_which_tiers_hold_each_node(sgl):
     batch(2, ke.BlockRemoved([1, 2], "CPU_PINNED"), ke.BlockRemoved([3], "GPU"))
     assert tree.node(head).node.tiers == ("GPU", "external") and tree.stats().tier_tokens["host"] == 0
     assert tree.stats().total_tokens == 8
-    batch(3, ke.AllBlocksCleared())
+    # a copy stored twice needs two removals, as the tree's own blocks do
+    batch(3, ke.BlockStored([1], None, [1, 2], 2, None, "DISK"), ke.BlockRemoved([1], "DISK"))
+    assert tree.stats().tier_tokens["disk"] == 2
+    batch(4, ke.BlockRemoved([1], "DISK"))
+    assert tree.stats().tier_tokens["disk"] == 0
+    batch(5, ke.AllBlocksCleared())
     assert tree.stats().tier_tokens == {"GPU": 0}

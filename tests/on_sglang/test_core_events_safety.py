@@ -1,0 +1,62 @@
+"""The plugin's use of the Rust core's KV events never harms the scheduler: events recorded where
+radixtop does not attach are taken and dropped (they would pile up in the core forever), and a
+batch the tree cannot apply never stops the applying thread."""
+
+from __future__ import annotations
+
+import types
+
+from radixtop.adapters.sglang import plugin
+from radixtop.adapters.sglang.core_events import CoreEvents
+from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+from radixtop.adapters.sglang.kv_events_decode import Stored
+
+
+class RecordingCache:
+    """What the plugin reads of a Rust-core cache that records KV events."""
+
+    def __init__(self) -> None:
+        self.tree_core = types.SimpleNamespace(kv_events=types.SimpleNamespace(enabled=True))
+        self.taken = 0
+
+    def take_events(self) -> list:
+        self.taken += 1
+        return []
+
+
+def test_events_are_taken_where_the_plugin_does_not_attach():
+    """Another TP rank (the plugin serves from the first only): its core records all the same."""
+    scheduler = types.SimpleNamespace(tp_rank=1, tree_cache=RecordingCache(), kv_events_publisher=None)
+    plugin._after_init(None, scheduler)
+    for _ in range(10):
+        plugin._after_inputs(None, scheduler)
+    assert scheduler.tree_cache.taken == 10
+
+
+def test_events_sglangs_own_publisher_takes_are_left_to_it():
+    publisher = types.SimpleNamespace(enable_kv_cache_events=True)
+    scheduler = types.SimpleNamespace(tp_rank=1, tree_cache=RecordingCache(), kv_events_publisher=publisher)
+    for _ in range(3):
+        plugin._after_inputs(None, scheduler)
+    assert scheduler.tree_cache.taken == 0
+
+
+class Breaks(EventTreeAdapter):
+    def apply_batch(self, seq, batch):
+        if seq == 0:
+            raise RuntimeError("a bug in the tree")
+        super().apply_batch(seq, batch)
+
+
+def test_a_batch_the_tree_cannot_apply_never_stops_the_thread():
+    tree = Breaks(name="t", bytes_per_token=1)
+    core = CoreEvents(RecordingCache(), tree)
+    try:
+        core._put(1.0, [object()])  # batch 0: the tree fails on it
+        core._put(2.0, [Stored((7,), None, (1, 2), 2)])  # batch 1: must still be applied
+        assert tree.wait_for_seq(1, 5.0)
+        assert core._thread.is_alive()
+        status = tree.status()
+        assert status.bad_batches == 1 and not status.complete and "a bug in the tree" in status.last_error
+    finally:
+        core.close()
