@@ -56,39 +56,46 @@ def parse_dump(body: Any) -> ParsedDump:
         sizes[group] = size
         blocks: dict[int, _Block] = groups.setdefault(group, {})
         per_holder: dict[str, set[int]] = {}
-        for event in events:
-            try:
-                if event.get("storage_tier", DEVICE_TIER) != DEVICE_TIER:
-                    continue
-                who = holder(event["worker_id"], event.get("dp_rank") or event["event"].get("dp_rank"))
-                data = event["event"]["data"]
-            except (KeyError, TypeError, AttributeError) as exc:
-                raise DumpError(f"{group}: an event without worker_id or data ({exc!r})") from None
-            held = per_holder.setdefault(who, set())
-            if "stored" in data:
-                parent = data["stored"].get("parent_hash")
-                for block in data["stored"]["blocks"]:
-                    h = int(block["block_hash"])
-                    entry = blocks.get(h)
-                    if entry is None:
-                        entry = blocks[h] = _Block(parent, set())
-                    entry.holders.add(who)
-                    held.add(h)
-                    parent = h
-            elif "removed" in data:  # (a dump holds stored chains; a removal is applied if one comes)
-                for h in data["removed"].get("block_hashes", []):
-                    h = int(h)
-                    held.discard(h)
-                    if h in blocks:
-                        blocks[h].holders.discard(who)
-            elif "cleared" in data or data == "cleared":
-                for h in held:
-                    if h in blocks:
-                        blocks[h].holders.discard(who)
-                held.clear()
+        try:
+            for event in events:
+                _apply(event, blocks, per_holder)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DumpError(f"{group}: an event not in Dynamo's shape ({type(exc).__name__}: {exc})") from None
         for who, held in per_holder.items():
             indexed[who] = indexed.get(who, 0) + len(held) * size
     return ParsedDump(sizes, indexed, groups)
+
+
+def _apply(event: Any, blocks: dict[int, _Block], per_holder: dict[str, set[int]]) -> None:
+    """One event of the dump on ``blocks`` and its holder's set; KeyError, TypeError, ValueError
+    or AttributeError where the event is not in Dynamo's shape (``parse_dump`` says which)."""
+    if event.get("storage_tier", DEVICE_TIER) != DEVICE_TIER:
+        return
+    who = holder(event["worker_id"], event.get("dp_rank") or event["event"].get("dp_rank"))
+    data = event["event"]["data"]
+    held = per_holder.setdefault(who, set())
+    if "stored" in data:
+        parent = data["stored"].get("parent_hash")
+        parent = None if parent is None else int(parent)
+        for block in data["stored"]["blocks"]:
+            h = int(block["block_hash"])
+            entry = blocks.get(h)
+            if entry is None:
+                entry = blocks[h] = _Block(parent, set())
+            entry.holders.add(who)
+            held.add(h)
+            parent = h
+    elif "removed" in data:  # (a dump holds stored chains; a removal is applied if one comes)
+        for h in data["removed"].get("block_hashes", []):
+            h = int(h)
+            held.discard(h)
+            if h in blocks:
+                blocks[h].holders.discard(who)
+    elif "cleared" in data or data == "cleared":
+        for h in held:
+            if h in blocks:
+                blocks[h].holders.discard(who)
+        held.clear()
 
 
 def duplicates(parsed: ParsedDump, bytes_per_token: int | None, limit: int = 50) -> Duplicates:
@@ -108,12 +115,15 @@ def duplicates(parsed: ParsedDump, bytes_per_token: int | None, limit: int = 50)
                 has_shared_child.add(b.parent)
         depth: dict[int, int] = {}
 
-        def depth_of(h: int) -> int:
-            chain = []
-            while h is not None and h not in depth and h in blocks:
+        def depth_of(h: int | None) -> int:
+            chain: list[int] = []
+            on_chain: set[int] = set()
+            while h is not None and h not in depth and h in blocks and h not in on_chain:
                 chain.append(h)
+                on_chain.add(h)
                 h = blocks[h].parent
-            d = depth.get(h, 0) if h is not None else 0
+            # a parent already on this chain is a cycle (a malformed dump): the chain starts there
+            d = depth.get(h, 0) if h is not None and h not in on_chain else 0
             for x in reversed(chain):
                 d += 1
                 depth[x] = d

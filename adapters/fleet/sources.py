@@ -248,7 +248,9 @@ class DynamoSource(Source):
             for r in ranks:
                 endpoint = str(endpoints.get(str(r)) or "")
                 host = host_of(endpoint)
-                status = str((listeners.get(str(r)) or {}).get("status") or w.get("status") or "")
+                listener = listeners.get(str(r))
+                status = str((listener.get("status") if isinstance(listener, dict) else None)
+                             or w.get("status") or "")
                 url, by_rule = self.mapping.radixtop_for(wid, r if len(ranks) > 1 else None,
                                                          f"http://{host}" if host else None)
                 who = wid if not r else f"{wid}@{r}"

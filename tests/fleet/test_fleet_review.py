@@ -4,7 +4,10 @@ poll: a worker URL radixtop cannot read, a malformed or cyclic Dynamo dump, a gu
 
 from __future__ import annotations
 
+import pytest
+
 from radixtop.adapters.fleet import probe
+from radixtop.adapters.fleet.dump import DumpError, duplicates, parse_dump
 from radixtop.adapters.fleet.sources import Discovery, Mapping, SmgSource, Source
 
 
@@ -35,3 +38,49 @@ def test_a_source_that_raises_is_the_views_error():
 
     view = probe.poll_fleet(Broken(), timeout=0.2)
     assert view.rows == () and "boom" in view.error
+
+
+def _dump(*events, block_size=16):
+    return {"m:g": {"block_size": block_size, "events": list(events)}}
+
+
+def _stored(worker, blocks, parent=None):
+    return {"worker_id": worker, "storage_tier": "device", "event": {"data": {"stored": {
+        "parent_hash": parent, "blocks": [{"block_hash": b} for b in blocks]}}, "dp_rank": 0}}
+
+
+@pytest.mark.parametrize("body", [
+    _dump({"worker_id": 1, "event": {"data": {"stored": {"parent_hash": None, "blocks": [{}]}}}}),  # no block_hash
+    _dump(_stored(1, ["abc"])),                                       # not a number
+    _dump({"worker_id": 1, "event": {"data": None}}),                 # data null
+    _dump({"worker_id": 1, "event": {"data": {"stored": None}}}),     # stored null
+    _dump({"worker_id": 1, "event": {"data": {"removed": {"block_hashes": ["x"]}}}}),
+    _dump(_stored(1, [1], parent=[1, 2])),                            # a parent that is no hash
+    {"m:g": {"block_size": 16, "events": 7}},                          # events not a list
+    _dump("not an event"),
+])
+def test_a_malformed_dump_is_a_dump_error(body):
+    with pytest.raises(DumpError):
+        parse_dump(body)
+
+
+def test_a_malformed_dump_costs_a_note_not_the_poll(monkeypatch):
+    from radixtop.adapters.fleet import sources
+    from radixtop.adapters.fleet.sources import DynamoSource
+
+    answers = {"/workers": [{"instance_id": 1, "listeners": {"0": "not a dict"}, "endpoints": {"0": ""}}],
+               "/dump": _dump({"worker_id": 1, "event": {"data": None}})}
+    monkeypatch.setattr(sources, "_get", lambda client, path, what: answers[path])
+    found = DynamoSource("http://indexer:8090", Mapping({}, None)).discover()
+    assert not found.error and [s.worker for s in found.specs] == ["1"]
+    assert any(n.startswith("Dynamo's /dump:") for n in found.notes)
+
+
+@pytest.mark.timeout(10)
+def test_a_cyclic_dump_ends():
+    """A's parent B, B's parent A (and C under A, which the walk starts from): the walk stops at
+    the repeat instead of going round while the poller holds its lock."""
+    events = [_stored(w, [b], parent=p) for w in (1, 2) for b, p in ((10, 20), (20, 10), (30, 10))]
+    d = duplicates(parse_dump(_dump(*events)), None)
+    assert d.duplicated_tokens == 48
+    assert [(p.block_hash, p.blocks) for p in d.prefixes] == [(30, 3)]
