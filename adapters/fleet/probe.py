@@ -32,13 +32,20 @@ def _row_from_source(spec: WorkerSpec, why: str) -> WorkerRow:
         running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
 
 
+def is_plugin_of(target: str, dp_rank: int | None) -> bool:
+    """Whether a radixtop naming itself ``target`` is the plugin of DP rank ``dp_rank``: exactly
+    ``sglang dp<rank>``, then the end or a space (``sglang dp1`` is not ``sglang dp10``)."""
+    name = f"{PLUGIN_PREFIX}{dp_rank or 0}"
+    return target == name or target.startswith(name + " ")
+
+
 def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float) -> WorkerRow:
     client = RadixtopClient(url, token=token, timeout=timeout)
     try:
         s = client.stats()
     finally:
         client.close()
-    if spec.by_rule and not s.target.startswith(f"{PLUGIN_PREFIX}{spec.dp_rank or 0}"):
+    if spec.by_rule and not is_plugin_of(s.target, spec.dp_rank):
         raise AdapterError(f"{url} is a radixtop ({s.target!r}) but not this worker's plugin; give its URL "
                            "with --map")
     return WorkerRow(
@@ -77,8 +84,12 @@ def read_worker(spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> Wor
     why = ""
     if spec.radixtop_url:
         try:
-            return read_radixtop(spec, spec.radixtop_url, tokens.get(spec.radixtop_url)
-                                 or tokens.get(spec.worker), timeout)
+            # a URL guessed by the port rule gets only a token the tokens file gives that very URL:
+            # the worker's entry (the engine's API key) is not sent before the plugin is believed
+            token = tokens.get(spec.radixtop_url)
+            if token is None and not spec.by_rule:
+                token = tokens.get(spec.worker)
+            return read_radixtop(spec, spec.radixtop_url, token, timeout)
         except AdapterError as exc:
             why = f"radixtop: {exc.message}"
     if spec.engine_url:

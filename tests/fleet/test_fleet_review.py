@@ -8,7 +8,8 @@ import pytest
 
 from radixtop.adapters.fleet import probe
 from radixtop.adapters.fleet.dump import DumpError, duplicates, parse_dump
-from radixtop.adapters.fleet.sources import Discovery, Mapping, SmgSource, Source
+from radixtop.adapters.fleet.model import WorkerRow
+from radixtop.adapters.fleet.sources import Discovery, Mapping, SmgSource, Source, WorkerSpec
 
 
 def test_an_smg_worker_that_is_not_http_is_skipped_with_a_note():
@@ -84,3 +85,57 @@ def test_a_cyclic_dump_ends():
     d = duplicates(parse_dump(_dump(*events)), None)
     assert d.duplicated_tokens == 48
     assert [(p.block_hash, p.blocks) for p in d.prefixes] == [(30, 3)]
+
+
+def test_a_guessed_radixtop_url_gets_only_its_own_token(monkeypatch):
+    sent: list[tuple[str, str | None]] = []
+
+    class Client:
+        def __init__(self, url, token=None, timeout=2.0):
+            sent.append((url, token))
+
+        def stats(self):
+            raise probe.AdapterError("refused")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(probe, "RadixtopClient", Client)
+    monkeypatch.setattr(probe, "read_sglang", lambda spec, key, timeout, why: WorkerRow(
+        spec.worker, spec.dp_rank, None, "sglang", True, why=why))
+    tokens = {"http://h:30000": "engine-api-key"}
+    guessed = WorkerSpec("http://h:30000", None, "http://h:30100", True, engine_url="http://h:30000")
+    probe.read_worker(guessed, tokens, 0.2)
+    assert sent == [("http://h:30100", None)]
+    probe.read_worker(guessed, {**tokens, "http://h:30100": "plugin-token"}, 0.2)
+    assert sent[-1] == ("http://h:30100", "plugin-token")
+    mapped = WorkerSpec("http://h:30000", None, "http://h:31000", False, engine_url="http://h:30000")
+    probe.read_worker(mapped, tokens, 0.2)  # a URL the user gave: the worker's entry still serves it
+    assert sent[-1] == ("http://h:31000", "engine-api-key")
+
+
+@pytest.mark.parametrize("target,rank,ok", [
+    ("sglang dp1 tiny", 1, True), ("sglang dp1", 1, True), ("sglang dp10 tiny", 1, False),
+    ("sglang dp0 tiny", None, True), ("sglang dp01 tiny", 1, False), ("sglang dp1x", 1, False)])
+def test_a_guessed_url_is_believed_only_for_exactly_its_rank(monkeypatch, target, rank, ok):
+    from types import SimpleNamespace
+
+    class Client:
+        def __init__(self, url, token=None, timeout=2.0):
+            pass
+
+        def stats(self):
+            return SimpleNamespace(target=target, geometry=SimpleNamespace(name="tiny"), capacity_tokens=1,
+                                   free_tokens=1, evictable_tokens=0, protected_tokens=0, bytes_per_token=0,
+                                   open_sessions=0, prompt_tokens=0, cached_tokens=0)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(probe, "RadixtopClient", Client)
+    spec = WorkerSpec("http://h:30000", rank, "http://h:30101", True)
+    if ok:
+        assert probe.read_radixtop(spec, spec.radixtop_url, None, 0.2).source == "radixtop"
+    else:
+        with pytest.raises(probe.AdapterError, match="not this worker's plugin"):
+            probe.read_radixtop(spec, spec.radixtop_url, None, 0.2)
