@@ -167,7 +167,8 @@ def _one_bytes_per_token(rows: list[WorkerRow]) -> int | None:
 
 class FleetPoller:
     """Polls one source for many readers (the API's /v1/fleet, a dashboard): one poll at a time,
-    and a poll younger than ``max_age`` seconds is answered again rather than repeated."""
+    a poll younger than ``max_age`` seconds is answered again rather than repeated, and a reader
+    that comes while a poll runs gets the last view at once instead of waiting for it."""
 
     def __init__(self, source: Source, tokens: dict[str, str] | None = None, timeout: float = 2.0,
                  bytes_per_token: int | None = None, max_age: float = 1.0):
@@ -177,12 +178,24 @@ class FleetPoller:
         self._last: tuple[float, FleetView] | None = None
 
     def poll(self) -> FleetView:
-        with self._lock:
-            if self._last is not None and time.monotonic() - self._last[0] < self.max_age:
-                return self._last[1]
+        """The last view while it is younger than ``max_age`` or while another reader's poll runs
+        (its ``taken_at`` says its age); else a new poll. Only the very first poll is waited for."""
+        last = self._last
+        if last is not None and time.monotonic() - last[0] < self.max_age:
+            return last[1]
+        if last is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(blocking=False):
+            return last[1]  # a poll runs: readers never queue behind it
+        try:
+            last = self._last
+            if last is not None and time.monotonic() - last[0] < self.max_age:
+                return last[1]
             view = poll_fleet(self.source, self.tokens, self.timeout, self.bytes_per_token)
             self._last = (time.monotonic(), view)
             return view
+        finally:
+            self._lock.release()
 
     def token_for(self, row: WorkerRow) -> str | None:
         """The token for actions on ``row``'s radixtop (the tokens file's entry for that URL, or

@@ -591,7 +591,8 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
 
     if fleet is not None:
         @app.get("/v1/fleet", summary="Every worker and DP rank of the fleet this server watches (a poll "
-                 "at most a second old); from Dynamo, the prefixes cached twice",
+                 "at most a second old, or the last one at once while a poll runs); from Dynamo, the prefixes "
+                 "cached twice",
                  responses=_errors(*read_errors))
         def fleet_view() -> JSONResponse:
             return _json(_call(fleet).to_dict())

@@ -4,6 +4,9 @@ poll: a worker URL radixtop cannot read, a malformed or cyclic Dynamo dump, a gu
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from radixtop.adapters.fleet import probe
@@ -139,3 +142,30 @@ def test_a_guessed_url_is_believed_only_for_exactly_its_rank(monkeypatch, target
     else:
         with pytest.raises(probe.AdapterError, match="not this worker's plugin"):
             probe.read_radixtop(spec, spec.radixtop_url, None, 0.2)
+
+
+@pytest.mark.timeout(20)
+def test_readers_during_a_poll_get_the_last_view_at_once():
+    release, polls = threading.Event(), []
+
+    class Slow(Source):
+        label = "slow"
+
+        def discover(self) -> Discovery:
+            polls.append(1)
+            if len(polls) > 1:
+                release.wait(10)
+            return Discovery(())
+
+    poller = probe.FleetPoller(Slow(), max_age=0.0)
+    first = poller.poll()
+    slow = threading.Thread(target=poller.poll)
+    slow.start()
+    while len(polls) < 2:
+        time.sleep(0.01)
+    started = time.monotonic()
+    again = [poller.poll() for _ in range(5)]
+    assert time.monotonic() - started < 1.0 and all(v is first for v in again)
+    release.set()
+    slow.join(5)
+    assert poller.poll() is not first

@@ -179,6 +179,49 @@ def test_v1_fleet_aggregates_and_is_no_route_without_a_fleet(workers, tmp_path):
         own.close()
 
 
+@pytest.mark.timeout(60)
+def test_v1_fleet_readers_during_a_slow_poll_get_the_last_view_at_once(workers):
+    """A poll may take 2 x timeout + 0.5 s: readers that come meanwhile are answered the last
+    view at once, none waits behind the poll's lock (nor holds a server thread while it runs)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from radixtop.adapters.fleet.sources import Discovery, Source, WorkerSpec
+
+    release, polls = threading.Event(), []
+
+    class Slow(Source):
+        label = "slow"
+
+        def discover(self) -> Discovery:
+            polls.append(1)
+            if len(polls) > 1:
+                release.wait(20)
+            return Discovery((WorkerSpec(f"http://10.9.9.{len(polls)}:1", None),))
+
+    poller = FleetPoller(Slow(), timeout=0.2, max_age=0.0)
+    own = RadixtopClient(workers[0].url, timeout=5)
+    try:
+        with TestClient(create_app(own, "t" * 20, AuditLog(None), fleet=poller.poll), base_url=LOOPBACK) as http:
+            assert http.get("/v1/fleet").json()["rows"][0]["worker"] == "http://10.9.9.1:1"
+            slow = threading.Thread(target=lambda: http.get("/v1/fleet"))
+            slow.start()
+            while len(polls) < 2:
+                time.sleep(0.01)
+            started = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                replies = list(pool.map(lambda _: http.get("/v1/fleet"), range(8)))
+            assert time.monotonic() - started < 5
+            assert [r.status_code for r in replies] == [200] * 8
+            assert {r.json()["rows"][0]["worker"] for r in replies} == {"http://10.9.9.1:1"}
+            release.set()
+            slow.join(10)
+            assert http.get("/v1/fleet").json()["rows"][0]["worker"] == "http://10.9.9.3:1"
+    finally:
+        release.set()
+        own.close()
+
+
 def test_serve_takes_fleet_options_only_together():
     done = radixtop("serve", "--fleet-map", "/nonexistent")
     assert done.returncode == 2 and "go with --fleet" in done.stderr
