@@ -1,5 +1,6 @@
 """One poll of a fleet: discover the workers, then read every worker at once, each within its own
-deadline, so a worker that hangs or refuses costs its row a reason and never the view its time."""
+deadline, so a worker that hangs or refuses gets a reason in its row and never holds the view past
+the poll's deadline (2 x timeout + 0.5 s after discovery)."""
 
 from __future__ import annotations
 
