@@ -24,6 +24,11 @@ def age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def known(value: int | None) -> str:
+    """A figure the target may not know: "unknown", never a 0."""
+    return "unknown" if value is None else str(value)
+
+
 def count(n: int | None, what: str) -> str:
     """'1,234 nodes', or 'nodes unknown' where the target cannot tell (never a 0 for unknown)."""
     return f"{what} unknown" if n is None else f"{n:,} {what}"

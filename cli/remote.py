@@ -10,7 +10,16 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import age, bucket_line, count, figures_note, human_bytes, inert, typed_confirmation
+from radixtop.adapters.units import (
+    age,
+    bucket_line,
+    count,
+    figures_note,
+    human_bytes,
+    inert,
+    known,
+    typed_confirmation,
+)
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
@@ -154,11 +163,6 @@ def tree(
     _console().print(rich_tree)
 
 
-def _known(value: int | None) -> str:
-    """A figure the target may not know: "unknown", never a 0."""
-    return "unknown" if value is None else str(value)
-
-
 def _node_id(text: str) -> int:
     """``root``, or a node id as typed or as every view prints it (``6`` or ``#6``)."""
     if text == "root":
@@ -253,10 +257,10 @@ def node(
         ("tokens", f"{n.tokens:,} ({human_bytes(n.bytes)})"),
         ("subtree", f"{n.subtree_tokens:,} tokens ({human_bytes(n.subtree_bytes)})"),
         ("path from root", f"{d.path_tokens:,} tokens"), ("children", str(n.num_children)),
-        ("lock_ref", _known(n.lock_ref)), ("hit_count", _known(n.hit_count)),
+        ("lock_ref", known(n.lock_ref)), ("hit_count", known(n.hit_count)),
         ("last access", f"{age(n.access_age_s)} ago"), ("created", f"{age(n.created_age_s)} ago"),
         ("holders", "unknown" if n.holders is None else ", ".join(map(inert, n.holders)) or "-"),
-        ("sessions beneath", _known(d.sessions_beneath)),
+        ("sessions beneath", known(d.sessions_beneath)),
         (f"token ids [{d.token_offset}:{d.token_offset + len(d.token_ids)}]", " ".join(map(str, d.token_ids))),
     ]
     if n.tiers is not None:  # a target with storage tiers (SGLang): where this node's KV is

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from radixtop.adapters.model import NodeDetail
-from radixtop.inspector.format import age, human_bytes, inert
+from radixtop.inspector.format import age, human_bytes, inert, known
 from radixtop.inspector.poller import DETAIL_TOKENS
 
 
@@ -22,7 +22,7 @@ def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
         ("node", f"#{n.id}  parent {'-' if n.parent_id is None else '#' + str(n.parent_id)}  depth {n.depth}"),
         ("tokens", f"{n.tokens:,} · {human_bytes(n.bytes)}  (path {d.path_tokens:,})"),
         ("subtree", f"{n.subtree_tokens:,} tok · {human_bytes(n.subtree_bytes)} · {n.num_children} children"),
-        ("lock_ref", f"{_known(n.lock_ref)}   hit_count {_known(n.hit_count)}"),
+        ("lock_ref", f"{known(n.lock_ref)}   hit_count {known(n.hit_count)}"),
         ("access", f"{age(n.access_age_s)} ago · created {age(n.created_age_s)} ago"),
         ("holders", Text("unknown" if n.holders is None else inert(", ".join(n.holders)) or "-")),
         ("beneath", "unknown" if d.sessions_beneath is None
@@ -65,8 +65,3 @@ class DetailPanel(Static):
     def show_message(self, text: Text) -> None:
         self._rows, self._shape = [], ()
         self.update(text)
-
-
-def _known(value: int | None) -> str:
-    """A figure the target may not know: "unknown", never a 0."""
-    return "unknown" if value is None else str(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.style import Style
 
-from radixtop.adapters.units import age, count, figures_note, human_bytes, inert  # noqa: F401  (re-exported for the widgets)
+from radixtop.adapters.units import age, count, figures_note, human_bytes, inert, known  # noqa: F401  (re-exported for the widgets)
 
 _SHARE_STYLES = [
     (0.25, Style(color="red", bold=True)),

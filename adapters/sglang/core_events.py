@@ -206,16 +206,16 @@ class CoreEventsAdapter(CacheAdapter):
 
     def capabilities(self) -> Capabilities:
         own = self.sglang.capabilities()
-        events = self.events.capabilities()
-        unknown = "locks and hit counts" if events.sessions else "locks, hit counts and holders"
+        sessions = self.events.sessions_seen()
+        unknown = "locks and hit counts" if sessions else "locks, hit counts and holders"
         notes = [f"tree kept from the {self.sglang.tree.kind}'s own KV events, taken in process: "
                  f"{unknown} are unknown"]
-        if events.sessions:
+        if sessions:
             notes.append("sessions are those whose requests stored each block (session_id); close is SGLang's")
-        notes += [n for n in events.reason.rstrip(".").split("; ")[1:]]  # stream health: gaps, detached blocks
+        notes += self.events.health_notes()  # a batch that failed, blocks detached
         if own.read_only:
             notes.insert(0, "read-only: actions are refused")
-        return Capabilities(tree=True, sessions=events.sessions, close=False, evict=own.evict, flush=own.flush,
+        return Capabilities(tree=True, sessions=sessions, close=False, evict=own.evict, flush=own.flush,
                             changes=True, read_only=own.read_only, reason="; ".join(notes))
 
     def stats(self) -> Stats:

@@ -395,9 +395,7 @@ class EventTreeAdapter(CacheAdapter):
                 tree.detached_blocks(), tree.detached_tokens, self._block_size, age, self._last_error)
 
     def capabilities(self) -> Capabilities:
-        st = self.status()
-        with self._lock:
-            sessions = self._sessions_seen
+        st, sessions = self.status(), self.sessions_seen()
         if sessions:
             notes = ["read-only: rebuilt from KV events, which allow no action and carry no locks, hit counts "
                      "or capacity; sessions are those whose requests stored each block (session_id)"]
@@ -408,13 +406,25 @@ class EventTreeAdapter(CacheAdapter):
             notes.append("bytes per token unknown (give a geometry)")
         if st.last_seq < 0:
             notes.append(f"no event batch received yet from {self.endpoint}")
+        notes += self.health_notes(st)
+        return Capabilities(tree=True, sessions=sessions, close=False, evict=False, flush=False,
+                            changes=True, read_only=True, reason="; ".join(notes) + ".")
+
+    def sessions_seen(self) -> bool:
+        """A BlockStored with a session_id has been applied (sessions can be told)."""
+        with self._lock:
+            return self._sessions_seen
+
+    def health_notes(self, st: StreamStatus | None = None) -> list[str]:
+        """What may be missing from the tree: batches missed or failed, blocks detached."""
+        st = st or self.status()
+        notes = []
         if not st.complete:
             notes.append(f"the tree may be incomplete ({st.missed_batches} batches missed; "
                          "replay unavailable or its buffer had dropped them)")
         if st.detached_blocks:
             notes.append(f"{st.detached_blocks} blocks whose parent is unknown are not shown")
-        return Capabilities(tree=True, sessions=sessions, close=False, evict=False, flush=False,
-                            changes=True, read_only=True, reason="; ".join(notes) + ".")
+        return notes
 
     def stats(self) -> Stats:
         bpt, cap = self.bytes_per_token, self.capacity_tokens

@@ -60,3 +60,27 @@ def test_a_batch_the_tree_cannot_apply_never_stops_the_thread():
         assert status.bad_batches == 1 and not status.complete and "a bug in the tree" in status.last_error
     finally:
         core.close()
+
+
+def test_the_capabilities_say_each_thing_once():
+    """The plugin's reason on the Rust core: its own notes, then the tree's health, each once (the
+    sessions note came twice when the tree's reason was split apart to reuse it)."""
+    from radixtop.adapters.model import Capabilities
+    from radixtop.adapters.sglang.core_events import CoreEventsAdapter
+    from radixtop.adapters.sglang.kv_events_decode import Batch
+
+    tree = EventTreeAdapter(name="t", bytes_per_token=1)
+    tree.apply_batch(0, Batch(1.0, None, [Stored((7,), None, (1, 2), 2, session_id="s1")]))
+    tree.skipped(1, "batch 1: broken")
+    sglang = types.SimpleNamespace(
+        name="sglang", read_only=False, tree=types.SimpleNamespace(kind="UnifiedRadixCache (rust core)"),
+        capabilities=lambda: Capabilities(tree=False, sessions=False, close=False, evict=True, flush=True,
+                                          changes=False, read_only=False, reason="rust"))
+    core = CoreEvents(RecordingCache(), tree)
+    try:
+        caps = CoreEventsAdapter(sglang, core).capabilities()
+    finally:
+        core.close()
+    assert caps.tree and caps.sessions and caps.evict
+    assert caps.reason.count("sessions are those whose requests stored each block") == 1, caps.reason
+    assert caps.reason.count("the tree may be incomplete") == 1 and "no event batch" not in caps.reason
