@@ -130,9 +130,15 @@ class Attribution:
             return rows[start : max(total - offset, 0)][::-1], total
         return rows[offset : offset + limit], total
 
+    _sessions_holding: int | None = field(default=None, repr=False, compare=False)
+
     @property
     def sessions_holding(self) -> int:
-        return sum(1 for row in self.sessions.values() if row[2])
+        """Sessions that tag a node (the root's sessions beneath): counted once per attribution
+        (a pass over 50k rows is milliseconds, and the dashboard's root detail reads it each poll)."""
+        if self._sessions_holding is None:
+            self._sessions_holding = sum(1 for row in self.sessions.values() if row[2])
+        return self._sessions_holding
 
 
 VIEWS_CHUNK = 256
@@ -321,6 +327,7 @@ class AttributionCache:
             if not row[1]:
                 current.opened -= 1
             current.sessions[closed] = (row[0], True, 0, 0, 0, 0, 0, row[7])
+            current._sessions_holding = None
             current._ordered.clear()
             current._filtered.clear()
 

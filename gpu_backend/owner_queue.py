@@ -31,8 +31,13 @@ from radixtop.gpu_backend.slices import Slices
 
 T = TypeVar("T")
 
-READ_BUDGET_S = 0.005
-"""What queued reads may take of a busy owner in one step (at least one read runs)."""
+HOLD_S = 0.004
+"""What radixtop takes of a busy owner in one step, queued reads and the passes' slices together
+(the read or pass step that is running when it is spent ends first: each is kept to ~1 ms). The
+goal is a hold of at most 5 ms (issue 15)."""
+READ_BUDGET_S = 0.002
+"""Of ``HOLD_S``, what queued reads may take (at least one read runs); the passes get the rest,
+and at least one step of theirs."""
 
 
 class OwnerError(RuntimeError):
@@ -150,6 +155,8 @@ class OwnerQueue:
         while self._closed is None and (max_items is None or ran < max_items):
             if deadline is not None and ran and time.perf_counter() >= deadline:
                 break
+            if calls.empty():
+                break
             try:
                 fn, future = calls.get_nowait()
             except queue.Empty:
@@ -168,19 +175,28 @@ class OwnerQueue:
 
     def step(self, idle: bool = False, max_items: int | None = None, budget: float | None = None) -> int:
         """What the owner runs between two of its steps: the urgent calls, the reads, then a
-        slice of the long passes; how many calls ran. A busy owner gives reads ``READ_BUDGET_S``,
-        and none while the reads and passes have had their ``duty`` share of its time (``Slices``
-        keeps that account for both); an ``idle`` one runs them for up to ``budget`` seconds
-        (None: all of them) and the passes flat out."""
-        if idle:
-            ran = self.drain(max_items, budget)
-        else:
+        slice of the long passes; how many calls ran. A busy owner gives it all ``HOLD_S``
+        (``READ_BUDGET_S`` of it to reads), and none while the reads and passes have had their
+        ``duty`` share of its time (``Slices`` keeps that account for both); an ``idle`` one runs
+        the reads for up to ``budget`` seconds (None: all of them) and the passes flat out. With
+        nothing to do it costs a few microseconds (most steps); the cyclic GC waits meanwhile."""
+        self._owner = threading.get_ident()
+        self.last_drain = time.monotonic()
+        slices = self.slices
+        if self._urgent.empty() and self._queue.empty() and not slices.pending:
+            return 0
+        with gc_paused():
+            if idle:
+                ran = self.drain(max_items, budget)
+                if self._closed is None:
+                    slices.run(idle=True)
+                return ran
             started = time.perf_counter()
-            ran = self.drain(max_items, READ_BUDGET_S if self.slices.may_run(started) else 0.0)
+            ran = self.drain(max_items, READ_BUDGET_S if slices.may_run(started) else 0.0)
             if ran:
-                self.slices.charge(started, time.perf_counter())
-        if self._closed is None:
-            self.slices.run(idle=idle)
+                slices.charge(started, time.perf_counter())
+            if self._closed is None:
+                slices.run(deadline=started + HOLD_S)
         return ran
 
     def close(self, reason: str) -> None:

@@ -53,16 +53,18 @@ class Slices:
         if spent > 0 and self.duty < 1.0:
             self._next_at = max(self._next_at, ended + spent * (1.0 - self.duty) / self.duty)
 
-    def run(self, idle: bool = False) -> float:
-        """Resume the passes, in turn, until ``slice_s`` seconds are spent or none is left;
-        the seconds spent. Unless ``idle``, nothing runs until the owner has had its share since
-        the last slice. A pass that raises is logged and dropped, never raised to the owner."""
+    def run(self, idle: bool = False, deadline: float | None = None) -> float:
+        """Resume the passes, in turn, until ``slice_s`` seconds are spent, or ``deadline``
+        (perf_counter) comes if sooner, or none is left; the seconds spent. At least one step
+        runs (a pass is never starved by what ran before it in the owner's step). Unless
+        ``idle``, nothing runs until the owner has had its share since the last slice. A pass
+        that raises is logged and dropped, never raised to the owner."""
         if not self._passes:
             return 0.0
         started = time.perf_counter()
         if not idle and started < self._next_at:
             return 0.0
-        deadline = started + self.slice_s
+        deadline = started + self.slice_s if deadline is None else min(deadline, started + self.slice_s)
         passes = self._passes
         while passes:
             try:

@@ -35,12 +35,14 @@ from radixtop.adapters.attribution import (
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
+    OffOwner,
     OwnerReads,
     check_chain_limit,
     check_child_order,
     check_page,
     check_sessions_read,
     check_tokens,
+    finished,
 )
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_steps
 from radixtop.adapters.errors import (
@@ -276,7 +278,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                 return self._owner.call_steps(steps, self.timeout)
             return self._call(lambda: run_steps(steps()))  # inline, or one call of a plain ``run``
 
-        return self._mapped(run)
+        return finished(self._mapped(run))
 
     def _read_failed(self, exc: Exception) -> AdapterError | None:
         if isinstance(exc, (LookupError, AttributeError, TypeError, ValueError, RuntimeError)):
@@ -376,35 +378,43 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         return depth
 
     def _view(self, node: Any, depth: int, now: float, sizes: TreeIndex) -> NodeView:
-        tree, bpt = self.tree, self.bpt
-        is_root = node is tree.root
-        tokens = 0 if is_root else len(node.key)
+        return self._view_of(self._row(node, depth, now, sizes))
+
+    def _row(self, node: Any, depth: int, now: float, sizes: TreeIndex) -> tuple:
+        """What a node's view needs of the tree, as plain values (on the scheduler thread:
+        about a fifth of the view's cost; ``_view_of`` does the rest anywhere)."""
+        tree = self.tree
+        if node is tree.root:
+            return (ROOT_ID, None, depth, 0, (), 0, int(getattr(node, "hit_count", 0) or 0), 0.0, 0.0,
+                    sizes.tokens_below(node), len(node.children), tree.holders(node), ())
+        tokens = len(node.key)
         # bounded by len(key): a key may carry a limit or a bigram's extra boundary token
         first = tuple(node.key.token_ids[: min(FIRST_TOKENS, tokens)]) if tokens else ()
-        sub = sizes.tokens_below(node)
         if tree.clock_is_time:
             access = max(0.0, now - node.last_access_time)
             created = max(0.0, now - getattr(node, "creation_time", node.last_access_time))
         else:
             access = created = 0.0
+        holders = tree.holders(node)
+        return (node.id, self._id(node.parent), depth, tokens, first, tree.lock_ref(node),
+                int(getattr(node, "hit_count", 0) or 0), access, created, sizes.tokens_below(node),
+                len(node.children), tuple(holders) if holders else (), tree.tiers(node))
+
+    def _view_of(self, row: tuple) -> NodeView:
+        """The NodeView of a ``_row`` (no tree needed: on the reader's thread)."""
+        node_id, parent_id, depth, tokens, first, lock_ref, hits, access, created, sub, kids, holders, tiers = row
+        bpt = self.bpt
         return NodeView(
-            id=self._id(node),
-            parent_id=None if is_root else self._id(node.parent),
-            depth=depth,
-            tokens=tokens,
-            first_tokens=first,
-            text=decode_preview(self.tokenizer, first),
-            lock_ref=0 if is_root else tree.lock_ref(node),
-            hit_count=int(getattr(node, "hit_count", 0) or 0),
-            access_age_s=access,
-            created_age_s=created,
-            bytes=tokens * bpt,
-            subtree_tokens=sub,
-            subtree_bytes=sub * bpt,
-            num_children=len(node.children),
-            holders=tuple(sorted(tree.holders(node) or ())),
-            tiers=() if is_root else tree.tiers(node),
+            id=node_id, parent_id=parent_id, depth=depth, tokens=tokens, first_tokens=first,
+            text=decode_preview(self.tokenizer, first), lock_ref=lock_ref, hit_count=hits,
+            access_age_s=access, created_age_s=created, bytes=tokens * bpt, subtree_tokens=sub,
+            subtree_bytes=sub * bpt, num_children=kids, holders=tuple(sorted(holders or ())), tiers=tiers,
         )
+
+    def _page(self, node_id: int, offset: int, limit: int, total: int, order: str,
+              rows: list[tuple]) -> OffOwner:
+        """A children page from its rows, built on the reader's thread."""
+        return OffOwner(lambda: ChildrenPage(node_id, offset, limit, total, order, tuple(map(self._view_of, rows))))
 
     def _child_key(self, order: str, sizes: TreeIndex) -> Callable[[Any], Any]:
         if order == "bytes":
@@ -457,7 +467,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         return self._call_steps(lambda: self._children_steps(node_id, offset, limit, order))
 
     def _children_steps(self, node_id: int, offset: int = 0, limit: int = 100,
-                        order: str = "bytes") -> Generator[None, None, ChildrenPage]:
+                        order: str = "bytes") -> Generator[None, None, OffOwner]:
         check_page(offset, limit)
         check_child_order(order)
         self._need_tree()
@@ -468,8 +478,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             first = (yield from sizes.top_children(node, offset + limit))[offset:]
             node = self._lookup(node_id)  # still there after the slices?
             depth, now = self._depth(node) + 1, time.monotonic()
-            return ChildrenPage(node_id, offset, limit, total, order,
-                                tuple(self._view(k, depth, now, sizes) for k in first))
+            return self._page(node_id, offset, limit, total, order, [self._row(k, depth, now, sizes) for k in first])
         kids = list(node.children.values())
         key = self._child_key(order, sizes)
         if len(kids) <= SORT_CHUNK:
@@ -483,8 +492,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             node = self._lookup(node_id)  # still there after the slices?
         depth = self._depth(node) + 1
         now = time.monotonic()
-        views = tuple(self._view(k, depth, now, sizes) for k in first)
-        return ChildrenPage(node_id, offset, limit, len(kids), order, views)
+        return self._page(node_id, offset, limit, len(kids), order, [self._row(k, depth, now, sizes) for k in first])
 
     def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
         check_chain_limit(limit)
@@ -507,7 +515,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         return self._call_steps(lambda: self._node_steps(node_id, token_offset, token_limit))
 
     def _node_steps(self, node_id: int, token_offset: int = 0,
-                    token_limit: int = 256) -> Generator[None, None, NodeDetail]:
+                    token_limit: int = 256) -> Generator[None, None, OffOwner]:
         check_page(token_offset, token_limit)
         self._need_tree()
         self._lookup(node_id)  # an unknown node is an error before any attribution
@@ -524,14 +532,13 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             beneath = attribution.beneath.get(node.id, 0)
         ids = node.key.token_ids if node is not root else ()
         end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
-        return NodeDetail(
-            node=self._view(node, self._depth(node), time.monotonic(), sizes),
-            token_ids=(page := tuple(int(t) for t in ids[token_offset:end])),
-            token_offset=token_offset,
-            text=decode_preview(self.tokenizer, page[:TEXT_TOKENS]),
-            path_tokens=path_tokens,
+        row = self._row(node, self._depth(node), time.monotonic(), sizes)
+        page = tuple(map(int, ids[token_offset:end]))
+        return OffOwner(lambda: NodeDetail(  # built and decoded on the reader's thread
+            node=self._view_of(row), token_ids=page, token_offset=token_offset,
+            text=decode_preview(self.tokenizer, page[:TEXT_TOKENS]), path_tokens=path_tokens,
             sessions_beneath=beneath,
-        )
+        ))
 
     def _attribution_ready(self) -> Generator[None, None, Attribution]:
         """The attribution to serve; without one yet (a first pass), wait for it in slices."""

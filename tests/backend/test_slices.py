@@ -220,3 +220,18 @@ def test_an_attribution_pass_survives_the_session_maps_changing_between_its_slic
         assert turns > 10 and "k4999" in result.sessions and "c4999" in result.sessions
     finally:
         engine.stop()
+
+
+def test_the_sessions_holding_count_is_kept_and_follows_a_close_shown_at_once():
+    """The root's 'sessions beneath' (read by the dashboard's detail every poll) is counted once
+    per attribution, and a close shown before the next pass takes its session out of it."""
+    from radixtop.adapters.attribution import Attribution, AttributionCache
+
+    rows = {sid: (sid, False, tags, 0, 0, 0, 0, None) for sid, tags in (("a", 2), ("b", 1), ("c", 0))}
+    cache = AttributionCache()
+    cache.current = Attribution(key=1, taken_at=time.monotonic(), cost_s=0.0, sessions=rows, beneath={})
+    assert cache.current.sessions_holding == 2
+    cache.invalidate("a")
+    assert cache.current.sessions_holding == 1
+    cache.invalidate("c")  # holding nothing already: the count stands
+    assert cache.current.sessions_holding == 1

@@ -104,3 +104,40 @@ def test_kept_rankings_of_children_equal_a_full_sort_after_every_operation(sgl):
                 assert got == [n.id for n in full[:want]], (line_no, node.id)
     finally:
         index_module.KEEP = keep
+
+
+def test_pages_and_details_are_decoded_on_the_readers_thread_not_the_schedulers(sgl):
+    """What a read needs of the tree is taken on the scheduler thread; the views are built, and
+    their text decoded with the server's tokenizer, on the reader's thread (the tokenizer costs
+    tens of microseconds a row: 100 rows a page, each poll). The figures are those of one step."""
+    import threading
+
+    from radixtop.gpu_backend.owner_queue import OwnerQueue
+
+    lines = generate_trace(3, n_ops=120, max_in_flight=3, vocab=400)
+    replayer, _ = replay_checked(sgl, lines, "large")
+    decoded_on: set[int] = set()
+
+    class Tokenizer:
+        def decode(self, ids):
+            decoded_on.add(threading.get_ident())
+            return " ".join(f"w{i}" for i in ids)
+
+    owner = OwnerQueue("test scheduler")
+    adapter = SGLangAdapter(replayer.cache, owner, model="tiny", tokenizer=Tokenizer(), slices=owner.slices)
+    stop = threading.Event()
+    scheduler = threading.Thread(target=lambda: [owner.step() or stop.wait(0.001) for _ in iter(stop.is_set, True)])
+    scheduler.start()
+    try:
+        page = adapter.children(ROOT_ID, 0, 100)
+        first = page.children[0]
+        detail = adapter.node(first.id)
+        many = adapter.read_many([("children", (first.id, 0, 1000)), ("node", (first.id,))])
+    finally:
+        stop.set()
+        scheduler.join(10)
+    assert first.text == " ".join(f"w{i}" for i in first.first_tokens)
+    assert detail.text is not None and detail.node.text == first.text
+    assert many[0].children and many[1].node.id == first.id
+    assert decoded_on == {threading.get_ident()}
+    assert first.subtree_tokens == first.tokens + sum(c.subtree_tokens for c in many[0].children)
