@@ -20,7 +20,10 @@ from radixtop.gpu_backend.owner_queue import gc_paused
 from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
 from radixtop.gpu_backend.slices import Slices
 
-ATTRIBUTION_BUDGET = 200  # reuse an attribution for 200x what the next would cost (<= 0.5% of the owner)
+ATTRIBUTION_BUDGET = 400
+"""Reuse an attribution for 400x what the next would cost: passes take <= 0.25% of the owner (of
+the 1% that all of radixtop may take, issue 15). At 1M nodes and 50k sessions a pass is ~1 s of
+work, so its figures are up to ~7 min old there, and say so; an action makes them again at once."""
 INLINE_S = 0.005
 """The most a read runs an attribution pass on the spot (the owner-thread hold goal); the rest of
 the pass runs in slices between the owner's steps."""

@@ -271,7 +271,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         changed, and on a live engine (where the version moves every step) while it is younger
         than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the next
         one would cost, whichever is longer: a large cache is re-attributed less often rather than
-        taking more than ~0.5% of the engine. A pass runs here for at most 5 ms, then in slices
+        taking more than ~0.25% of the engine. A pass runs here for at most 5 ms, then in slices
         between the engine's steps while the last one is served; without one yet, this waits for
         it in slices (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
         cache = s.cache

@@ -110,7 +110,12 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
                     on_paths.add(node)
                     node = node.parent
     owner: dict[Node, str | None] = {}
-    stack: list[tuple[Node, bool]] = [(n, False) for n in root.children.values() if n in on_paths]
+    stack: list[tuple[Node, bool]] = []
+    tops = list(root.children.values())  # a forest of 100k prompts: taken a chunk a step
+    for start in range(0, len(tops), chunk):
+        stack.extend([(n, False) for n in tops[start : start + chunk] if n in on_paths])
+        if len(tops) > chunk:
+            yield
     budget = chunk
     while stack:
         budget -= 1

@@ -86,12 +86,12 @@ from radixtop.gpu_backend.slices import Slices
 T = TypeVar("T")
 FIRST_TOKENS = 16
 SORT_CHUNK = 1024
+"""Children sorted at once; a wider node is ranked in chunks of this many, a step each."""
 ATTRIBUTION_CHUNK = 256
+"""Nodes or sessions an attribution pass takes per step (a step is kept to about 1 ms)."""
 COUNT_INLINE = 2000
 """Open sessions are counted on the spot up to this many; past it, by the last attribution
 (unknown until the first one ends)."""
-"""Nodes or sessions an attribution pass takes per step (a slice runs steps up to 5 ms)."""
-"""Children sorted at once; a wider node is ranked in chunks of this many, a slice each."""
 SIZES_BUDGET = 50  # reuse a walk for at least 50x what it cost (<= 2% of the scheduler)
 
 
