@@ -25,8 +25,12 @@ ATTRIBUTION_BUDGET = 400
 the 1% that all of radixtop may take, issue 15). At 1M nodes and 50k sessions a pass is ~1 s of
 work, so its figures are up to ~7 min old there, and say so; an action makes them again at once."""
 INLINE_S = 0.005
-"""The most a read runs an attribution pass on the spot (the owner-thread hold goal); the rest of
-the pass runs in slices between the owner's steps."""
+"""The most a read runs an attribution pass on the spot, where the last pass took at most
+``SMALL_S`` (a small cache: attributed at once, exactly, well within it); the rest of the pass
+runs in slices between the owner's steps."""
+SMALL_S = 0.001
+"""A pass this cheap runs on the spot; a costlier one (or the first, of unknown cost, past this
+long) runs in slices only, so that the read's step stays within the hold goal (5 ms)."""
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)
@@ -287,10 +291,11 @@ class AttributionCache:
     """The last attribution and its refresh (owner thread only).
 
     A read gets the last attribution while it is fresh (``Attribution.fresh``). When it is not, a
-    new pass starts and runs here for at most ``inline_s`` (a small cache is attributed in that
-    time, exactly and at once); what is left of it runs in slices between the owner's steps
-    (``gpu_backend.slices``) while the last attribution is served, and replaces it when done. So
-    attribution never holds the owner longer than ``inline_s`` at once. Until the first pass ends
+    new pass starts; where the last one took under ``SMALL_S`` it runs here for at most
+    ``inline_s`` (a small cache is attributed in that time, exactly and at once); otherwise, or
+    for what is left, it runs in slices between the owner's steps (``gpu_backend.slices``) while
+    the last attribution is served, and replaces it when done. So a large cache's attribution
+    never holds the owner longer than one of the pass's steps within a slice. Until the first pass ends
     there is none to serve (``get`` returns None: a read that needs one waits for it in slices,
     ``ready``). After an action (``invalidate``) the last one is served as stale, with a closed
     session's row shown closed at once, until the next pass ends. Without ``slices`` every pass
@@ -349,8 +354,13 @@ class AttributionCache:
                 for _ in sliced:
                     pass
             else:
-                deadline = time.perf_counter() + self.inline_s
-                while time.perf_counter() < deadline:  # a small cache is done within it: exact, now
+                # on the spot for a small cache (exact, now); a large one's pass goes to the slices
+                if current is None:  # the first, of unknown cost
+                    inline = min(self.inline_s, SMALL_S)
+                else:
+                    inline = self.inline_s if current.cost_s < SMALL_S else 0.0
+                deadline = time.perf_counter() + inline
+                while time.perf_counter() < deadline:
                     if next(sliced, StopIteration) is StopIteration:
                         break
                 else:

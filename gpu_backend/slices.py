@@ -19,8 +19,9 @@ from collections.abc import Generator
 log = logging.getLogger("radixtop.slices")
 
 SLICE_S = 0.003
-"""A slice: what long passes may take of the owner at once (a step that starts within it ends it,
-so a hold stays under ~5 ms: the steps of radixtop's passes take up to ~2 ms)."""
+"""A slice: what long passes may take of the owner at once (a step that starts within it ends it:
+the steps of radixtop's passes are kept to about 1 ms). ``OwnerQueue.step`` gives the reads and
+the slice one hold of ``HOLD_S`` together, so the slice gets what the reads left."""
 DUTY = 0.25
 
 

@@ -498,17 +498,18 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         check_chain_limit(limit)
         self._need_tree()
 
-        def read() -> ChainView:
+        def read() -> OffOwner:
             node = self._lookup(node_id)
             walk = self._sizes()
-            depth, now, nodes = self._depth(node), time.monotonic(), []
-            while len(node.children) == 1 and len(nodes) < limit:
+            depth, now, rows = self._depth(node), time.monotonic(), []
+            while len(node.children) == 1 and len(rows) < limit:
                 node = next(iter(node.children.values()))
                 depth += 1
-                nodes.append(self._view(node, depth, now, walk))
-            return ChainView(node_id, tuple(nodes), len(node.children) == 1)
+                rows.append(self._row(node, depth, now, walk))
+            more = len(node.children) == 1
+            return OffOwner(lambda: ChainView(node_id, tuple(map(self._view_of, rows)), more))
 
-        return self._call(read)
+        return finished(self._call(read))
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)

@@ -235,3 +235,31 @@ def test_the_sessions_holding_count_is_kept_and_follows_a_close_shown_at_once():
     assert cache.current.sessions_holding == 1
     cache.invalidate("c")  # holding nothing already: the count stands
     assert cache.current.sessions_holding == 1
+
+
+def test_a_costly_attribution_is_made_again_in_slices_only_and_a_cheap_one_on_the_spot():
+    """A read that finds the attribution stale starts the next pass: on the spot where the last
+    one was cheap (a small cache: exact at once), in the owner's slices only where it was not, so
+    that the read's own step stays short (it ran 5 ms of a large cache's pass inline)."""
+    from radixtop.adapters.attribution import Attribution, AttributionCache
+    from radixtop.gpu_backend.slices import Slices
+
+    ran: list[int] = []
+
+    def steps():
+        for k in range(3):
+            ran.append(k)
+            yield
+        return Attribution(key=2, taken_at=time.monotonic(), cost_s=0.0, sessions={}, beneath={})
+
+    for cost_s, on_the_spot in ((0.5, False), (0.0001, True)):
+        ran.clear()
+        slices = Slices()
+        cache = AttributionCache(max_age=0.0, budget=0.0, slices=slices)
+        cache.current = Attribution(key=1, taken_at=time.monotonic() - 1.0, cost_s=cost_s, sessions={}, beneath={})
+        served = cache.get(2, steps)
+        assert served.key == (2 if on_the_spot else 1)
+        assert (ran == [0, 1, 2]) if on_the_spot else (ran == [] and slices.pending == 1)
+        while slices.pending:
+            slices.run(idle=True)
+        assert cache.current.key == 2
