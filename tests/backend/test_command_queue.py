@@ -508,3 +508,38 @@ def test_a_busy_owners_step_holds_reads_and_passes_to_one_budget_with_the_gc_off
     assert not any(steps_run) and gc.isenabled()
     for t in threads:
         t.join(5)
+
+
+def test_no_collection_starts_inside_a_busy_step():
+    """The cyclic GC is off for the whole of a step that has work, from its first allocation:
+    with a collection due at every allocation, none starts inside the step (a context manager
+    made at its start set one off: 3-5 ms of a 100k-node tree's scheduler)."""
+    import gc
+
+    owner = OwnerQueue("test owner")
+    owner.slices.add(iter(range(3)))
+    inside: list[bool] = []
+    in_step = [False]
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            inside.append(in_step[0])
+
+    step = owner.step
+
+    def traced() -> int:
+        in_step[0] = True
+        try:
+            return step()
+        finally:
+            in_step[0] = False
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(record)
+    gc.set_threshold(1)
+    try:
+        traced()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(record)
+    assert not any(inside)
