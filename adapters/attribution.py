@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import operator
+import sys
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 from radixtop.adapters.model import SessionsPage, SessionView
 from radixtop.gpu_backend.owner_queue import gc_paused
 from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
-from radixtop.gpu_backend.slices import Slices
+from radixtop.gpu_backend.slices import Slices, released
 
 ATTRIBUTION_BUDGET = 400
 """Reuse an attribution for 400x what the next would cost: passes take <= 0.25% of the owner (of
@@ -284,7 +285,9 @@ def attribution_steps(
         if budget <= 0:
             yield
             budget = chunk
-    return Attribution(key, time.monotonic(), 0.0, rows, by_id, len(unions), opened)
+    holding = len(unions)
+    yield from released(unions, beneath, exclusive_by_session, everyone)  # not all at once at the end
+    return Attribution(key, time.monotonic(), 0.0, rows, by_id, holding, opened)
 
 
 class AttributionCache:
@@ -402,7 +405,11 @@ class AttributionCache:
 
     def _done(self, result: Attribution, work_s: float) -> None:
         result.cost_s = work_s
-        self.current = result
+        old, self.current = self.current, result
+        # 50k rows and 150k counts: freed a chunk a step, where no read holds the old one (a read
+        # that does lets it go when it ends, by its reference count)
+        if old is not None and self.slices is not None and sys.getrefcount(old) <= 2:  # ``old`` only
+            self.slices.add(_retired(old))
         self.stale = False
         self.made += 1
         self.work_s += work_s
@@ -424,3 +431,10 @@ class AttributionCache:
         finally:
             if self._refresh is token:
                 self._refresh = None
+
+
+
+def _retired(attribution: Attribution) -> Generator[None, None, None]:
+    """Free a replaced attribution (that nothing else holds) a chunk a step."""
+    yield from released(*attribution._filtered.values(), *attribution._ordered.values(),
+                        attribution.beneath, attribution.sessions)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
+from radixtop.gpu_backend.slices import released
+
 # Why an upward walk stopped, in SessionRadixCacheMixin's order of checks.
 STOP_ROOT = "root"
 STOP_LOCKED = "locked"
@@ -165,4 +167,5 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
             budget = chunk
         if sid is not None:
             exclusive[sid] = exclusive.get(sid, 0) + len(node.key)
+    yield from released(owner)
     return exclusive

@@ -23,6 +23,8 @@ SLICE_S = 0.003
 the steps of radixtop's passes are kept to about 1 ms). ``OwnerQueue.step`` gives the reads and
 the slice one hold of ``HOLD_S`` together, so the slice gets what the reads left."""
 DUTY = 0.25
+RELEASE_CHUNK = 2048
+"""Entries a step of ``released`` frees."""
 
 
 class Slices:
@@ -85,3 +87,19 @@ class Slices:
         if self.duty < 1.0:
             self._next_at = ended + spent * (1.0 - self.duty) / self.duty
         return spent
+
+
+def released(*containers: dict | list) -> Generator[None, None, None]:
+    """Empty large dicts and lists ``RELEASE_CHUNK`` entries a step: a pass's working maps (a
+    million entries) freed at once at its end took 10-25 ms of the owner in one step."""
+    for items in containers:
+        if isinstance(items, dict):
+            pop = items.popitem
+            while items:
+                for _ in range(min(RELEASE_CHUNK, len(items))):
+                    pop()
+                yield
+        else:
+            while items:
+                del items[-RELEASE_CHUNK:]
+                yield

@@ -81,7 +81,7 @@ from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.units import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.owner_queue import OwnerQueue, OwnerStopped, OwnerTimeout, gc_paused
 from radixtop.gpu_backend.session_rules import plan_release, run_steps
-from radixtop.gpu_backend.slices import Slices
+from radixtop.gpu_backend.slices import Slices, released
 
 T = TypeVar("T")
 FIRST_TOKENS = 16
@@ -563,9 +563,11 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                 if k % (ATTRIBUTION_CHUNK * 8) == ATTRIBUTION_CHUNK * 8 - 1:
                     yield
         yield
-        return (yield from attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
-                                             tree.policy == "free", key=("version", self.version, time.monotonic()),
-                                             lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK))
+        made = yield from attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
+                                            tree.policy == "free", key=("version", self.version, time.monotonic()),
+                                            lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK)
+        yield from released(known, activity)
+        return made
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:

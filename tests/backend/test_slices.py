@@ -263,3 +263,31 @@ def test_a_costly_attribution_is_made_again_in_slices_only_and_a_cheap_one_on_th
         while slices.pending:
             slices.run(idle=True)
         assert cache.current.key == 2
+
+
+def test_large_maps_are_freed_a_chunk_a_step_and_a_replaced_attribution_once_no_read_holds_it():
+    from radixtop.adapters.attribution import Attribution, AttributionCache
+    from radixtop.gpu_backend.slices import RELEASE_CHUNK, Slices, released
+
+    big, rows = {k: (k,) for k in range(3 * RELEASE_CHUNK + 1)}, list(range(RELEASE_CHUNK + 5))
+    steps = released(big, rows)
+    next(steps)
+    assert len(big) == 2 * RELEASE_CHUNK + 1  # a chunk, not all of it
+    assert sum(1 for _ in steps) == 5 and not big and not rows  # 3 more of the dict, 2 of the list
+
+    def made(key: int) -> Attribution:
+        return Attribution(key=key, taken_at=0.0, cost_s=0.0, sessions={str(k): (str(k),) for k in range(10)},
+                           beneath={1: 1})
+
+    slices = Slices()
+    cache = AttributionCache(slices=slices)
+    cache._done(made(1), 0.0)
+    kept = cache.current.sessions
+    cache._done(made(2), 0.0)
+    assert slices.pending == 1  # the replaced one, which nothing holds: handed to the slices
+    while slices.pending:
+        slices.run(idle=True)
+    assert not kept  # emptied there, a chunk a step
+    held = cache.current  # a read that holds the current one when it is replaced
+    cache._done(made(3), 0.0)
+    assert slices.pending == 0 and held.sessions  # left to its reader
