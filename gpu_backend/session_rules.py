@@ -155,8 +155,8 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
                 yield
         owner[node] = below if held_by is None or held_by == below else None
     exclusive: dict[str, int] = {}
-    for k, (sid, leaves) in enumerate(list(session_leaves.items())):
-        if leaves:
+    for k, sid in enumerate(list(session_leaves)):  # ids only: 50k (id, leaves) pairs took ms
+        if session_leaves.get(sid):
             exclusive[sid] = 0
         if k % (chunk * 8) == chunk * 8 - 1:
             yield

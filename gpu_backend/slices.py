@@ -23,7 +23,7 @@ SLICE_S = 0.003
 the steps of radixtop's passes are kept to about 1 ms). ``OwnerQueue.step`` gives the reads and
 the slice one hold of ``HOLD_S`` together, so the slice gets what the reads left."""
 DUTY = 0.25
-RELEASE_CHUNK = 2048
+RELEASE_CHUNK = 1024
 """Entries a step of ``released`` frees."""
 
 
