@@ -385,8 +385,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         about a fifth of the view's cost; ``_view_of`` does the rest anywhere)."""
         tree = self.tree
         if node is tree.root:
+            held = tree.holders(node)  # SGLang's live set: copied here, read on another thread
             return (ROOT_ID, None, depth, 0, (), 0, int(getattr(node, "hit_count", 0) or 0), 0.0, 0.0,
-                    sizes.tokens_below(node), len(node.children), tree.holders(node), ())
+                    sizes.tokens_below(node), len(node.children), tuple(held) if held else (), ())
         tokens = len(node.key)
         # bounded by len(key): a key may carry a limit or a bigram's extra boundary token
         first = tuple(node.key.token_ids[: min(FIRST_TOKENS, tokens)]) if tokens else ()
