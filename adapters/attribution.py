@@ -433,7 +433,6 @@ class AttributionCache:
                 self._refresh = None
 
 
-
 def _retired(attribution: Attribution) -> Generator[None, None, None]:
     """Free a replaced attribution (that nothing else holds) a chunk a step."""
     yield from released(*attribution._filtered.values(), *attribution._ordered.values(),

@@ -377,17 +377,15 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             node = node.parent
         return depth
 
-    def _view(self, node: Any, depth: int, now: float, sizes: TreeIndex) -> NodeView:
-        return self._view_of(self._row(node, depth, now, sizes))
-
     def _row(self, node: Any, depth: int, now: float, sizes: TreeIndex) -> tuple:
         """What a node's view needs of the tree, as plain values (on the scheduler thread:
         about a fifth of the view's cost; ``_view_of`` does the rest anywhere)."""
         tree = self.tree
+        held = tree.holders(node)  # SGLang's live set: copied here, read on another thread
+        holders = tuple(held) if held else ()
         if node is tree.root:
-            held = tree.holders(node)  # SGLang's live set: copied here, read on another thread
             return (ROOT_ID, None, depth, 0, (), 0, int(getattr(node, "hit_count", 0) or 0), 0.0, 0.0,
-                    sizes.tokens_below(node), len(node.children), tuple(held) if held else (), ())
+                    sizes.tokens_below(node), len(node.children), holders, ())
         tokens = len(node.key)
         # bounded by len(key): a key may carry a limit or a bigram's extra boundary token
         first = tuple(node.key.token_ids[: min(FIRST_TOKENS, tokens)]) if tokens else ()
@@ -396,10 +394,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             created = max(0.0, now - getattr(node, "creation_time", node.last_access_time))
         else:
             access = created = 0.0
-        holders = tree.holders(node)
         return (node.id, self._id(node.parent), depth, tokens, first, tree.lock_ref(node),
                 int(getattr(node, "hit_count", 0) or 0), access, created, sizes.tokens_below(node),
-                len(node.children), tuple(holders) if holders else (), tree.tiers(node))
+                len(node.children), holders, tree.tiers(node))
 
     def _view_of(self, row: tuple) -> NodeView:
         """The NodeView of a ``_row`` (no tree needed: on the reader's thread)."""
