@@ -32,6 +32,11 @@ runs in slices between the owner's steps."""
 SMALL_S = 0.001
 """A pass this cheap runs on the spot; a costlier one (or the first, of unknown cost, past this
 long) runs in slices only, so that the read's step stays within the hold goal (5 ms)."""
+FRESH_WAIT_S = 1.0
+"""After an action, how long a read run in slices waits for the figures made afresh (driving the
+pass itself between the owner's steps) before it takes the last ones, marked refreshing: a small
+cache's pass ends well within it, so the page read after a close is exact; a large one's page
+comes within a second, its figures from before the action (the closed session shown closed)."""
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)
@@ -311,6 +316,7 @@ class AttributionCache:
         self.budget = budget
         self.slices = slices
         self.inline_s = inline_s
+        self.fresh_wait_s = FRESH_WAIT_S
         self.current: Attribution | None = None
         self.stale = False
         """An action happened since ``current`` was made: it is served only until the next one."""
@@ -391,15 +397,24 @@ class AttributionCache:
     def ready(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
               holding: int | None = None) -> Generator[None, None, Attribution]:
         """``get``, for a read run in slices: until there is an attribution to serve, it drives
-        the pass itself a step at a time, yielding between steps."""
+        the pass itself a step at a time, yielding between steps; after an action it does so for
+        up to ``fresh_wait_s`` more, so that the read gets figures made since (an operator who
+        closed a session reads the rest as they are now, where the cache allows)."""
+        waiting_until = None
         while True:
             current = self.get(key, steps, holding)
-            if current is not None:
+            if current is not None and not self.stale:
                 return current
+            if current is not None:  # an action since: wait a while for the next pass
+                now = time.monotonic()
+                if waiting_until is None:
+                    waiting_until = now + self.fresh_wait_s
+                if now >= waiting_until or self._pass is None:
+                    return current
             if self._pass is not None:
                 self._handed = None  # the reader finishes it (made_in_slices counts the others)
                 next(self._pass, None)
-                if self.current is not None:
+                if self.current is not None and not self.stale:
                     return self.current
             yield
 
