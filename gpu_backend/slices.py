@@ -16,6 +16,8 @@ import time
 from collections import deque
 from collections.abc import Generator
 
+from radixtop.gpu_backend.shards import ShardedMap
+
 log = logging.getLogger("radixtop.slices")
 
 SLICE_S = 0.003
@@ -89,11 +91,14 @@ class Slices:
         return spent
 
 
-def released(*containers: dict | list) -> Generator[None, None, None]:
-    """Empty large dicts and lists ``RELEASE_CHUNK`` entries a step: a pass's working maps (a
-    million entries) freed at once at its end took 10-25 ms of the owner in one step."""
+def released(*containers: dict | list | ShardedMap) -> Generator[None, None, None]:
+    """Empty large dicts, lists and sharded maps ``RELEASE_CHUNK`` entries a step: a pass's
+    working maps (a million entries) freed at once at its end took 10-25 ms of the owner in one
+    step."""
     for items in containers:
-        if isinstance(items, dict):
+        if isinstance(items, ShardedMap):
+            yield from released(*items.shards)
+        elif isinstance(items, dict):
             pop = items.popitem
             while items:
                 for _ in range(min(RELEASE_CHUNK, len(items))):

@@ -1,0 +1,88 @@
+"""A map kept on the owner thread, in shards, so that no insert stops the owner to rebuild it all.
+
+A Python dict grows by rebuilding its whole table, and one that keeps as many entries while
+some come and others go (a cache at capacity: nodes added and evicted every step) rebuilds it all
+again each time its deleted slots run out. At a million entries that is one insert of ~50 ms,
+every ~400k inserts, on the thread that called it: SGLang's scheduler, in the index's hook on its
+tree (measured: ``benchmarks/profile_owner_steps.py``). In 64 shards the same rebuild touches a
+64th of the entries (~1 ms) and happens 64 times as often: the same work, never in one stall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+SHARDS = 64
+SHARD_MASK = SHARDS - 1
+"""``map.shards[hash(key) & SHARD_MASK]``: the dict that holds ``key`` (for a hot loop)."""
+_MASK = SHARD_MASK
+_MISSING: Any = object()
+
+
+class ShardedMap(Generic[K, V]):
+    """The part of a dict's interface the owner's indexes use, over ``SHARDS`` dicts by the
+    key's hash. Iteration goes shard by shard (not in insertion order)."""
+
+    __slots__ = ("shards",)
+
+    def __init__(self, items: Any = ()) -> None:
+        self.shards: list[dict[K, V]] = [{} for _ in range(SHARDS)]
+        pairs = items.items() if hasattr(items, "items") else items
+        for key, value in pairs:
+            self.shards[hash(key) & _MASK][key] = value
+
+    def get(self, key: K, default: Any = None) -> Any:
+        return self.shards[hash(key) & _MASK].get(key, default)
+
+    def __getitem__(self, key: K) -> V:
+        return self.shards[hash(key) & _MASK][key]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.shards[hash(key) & _MASK][key] = value
+
+    def __delitem__(self, key: K) -> None:
+        del self.shards[hash(key) & _MASK][key]
+
+    def pop(self, key: K, default: Any = _MISSING) -> Any:
+        shard = self.shards[hash(key) & _MASK]
+        return shard.pop(key) if default is _MISSING else shard.pop(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.shards[hash(key) & _MASK]
+
+    def __len__(self) -> int:
+        return sum(map(len, self.shards))
+
+    def __bool__(self) -> bool:
+        return any(self.shards)
+
+    def __iter__(self) -> Iterator[K]:
+        for shard in self.shards:
+            yield from shard
+
+    def keys(self) -> Iterator[K]:
+        return iter(self)
+
+    def values(self) -> Iterator[V]:
+        for shard in self.shards:
+            yield from shard.values()
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        for shard in self.shards:
+            yield from shard.items()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ShardedMap):
+            return self.shards == other.shards
+        if isinstance(other, dict):
+            return len(self) == len(other) and all(other.get(k, _MISSING) == v for k, v in self.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dict
+
+    def __repr__(self) -> str:
+        return f"ShardedMap({len(self)} entries in {SHARDS} shards)"
