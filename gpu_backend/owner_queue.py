@@ -27,7 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import TypeVar
 
-from radixtop.gpu_backend.slices import Slices
+from radixtop.gpu_backend.slices import STEP_MEMORY, Slices
 
 T = TypeVar("T")
 
@@ -79,6 +79,7 @@ class OwnerQueue:
         self._closed: str | None = None
         self.last_drain: float | None = None
         self.drained = 0
+        self._read_s = 0.0  # the longest read of late (STEP_MEMORY): what the next may take
         self.slices = Slices()
         """Long passes (an attribution of a large tree), a slice between steps."""
 
@@ -150,10 +151,12 @@ class OwnerQueue:
         return ran
 
     def _run_queued(self, calls: queue.SimpleQueue, max_items: int | None, budget: float | None) -> int:
+        """Run queued calls until ``budget`` seconds are spent (None: all): after the first, one
+        starts only where a call as long as the longest of late would end within it."""
         ran = 0
         deadline = None if budget is None else time.perf_counter() + budget
         while self._closed is None and (max_items is None or ran < max_items):
-            if deadline is not None and ran and time.perf_counter() >= deadline:
+            if deadline is not None and ran and time.perf_counter() + self._read_s > deadline:
                 break
             if calls.empty():
                 break
@@ -163,6 +166,7 @@ class OwnerQueue:
                 break
             if not future.set_running_or_notify_cancel():
                 continue  # its caller gave up before it started: it never runs
+            started = time.perf_counter()
             try:
                 future.set_result(fn())
             except Exception as exc:
@@ -170,6 +174,7 @@ class OwnerQueue:
             except BaseException as exc:
                 future.set_exception(OwnerStopped(f"{self.name} died: {type(exc).__name__}: {exc}"))
                 raise
+            self._read_s = max(time.perf_counter() - started, self._read_s * STEP_MEMORY)
             ran += 1
         return ran
 

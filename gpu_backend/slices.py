@@ -25,6 +25,9 @@ SLICE_S = 0.003
 the steps of radixtop's passes are kept to about 1 ms). ``OwnerQueue.step`` gives the reads and
 the slice one hold of ``HOLD_S`` together, so the slice gets what the reads left."""
 DUTY = 0.25
+STEP_MEMORY = 0.98
+"""How a slice remembers its passes' longest step: the estimate of the next step is the longest
+of late, decayed by this much a step (a 7 ms step is forgotten to 2.5 ms in ~50 steps)."""
 RELEASE_CHUNK = 1024
 """Entries a step of ``released`` frees."""
 
@@ -37,6 +40,7 @@ class Slices:
         self.duty = duty
         self._passes: deque[Generator[None, None, object]] = deque()
         self._next_at = 0.0  # perf_counter before which a busy owner runs no slice
+        self._step_s = 0.0  # the longest step of late (STEP_MEMORY): what the next may take
         self.work_s = 0.0
         """Seconds spent in passes so far (all of them, for metrics and benchmarks)."""
 
@@ -61,7 +65,9 @@ class Slices:
     def run(self, idle: bool = False, deadline: float | None = None) -> float:
         """Resume the passes, in turn, until ``slice_s`` seconds are spent, or ``deadline``
         (perf_counter) comes if sooner, or none is left; the seconds spent. At least one step
-        runs (a pass is never starved by what ran before it in the owner's step). Unless
+        runs (a pass is never starved by what ran before it in the owner's step); another starts
+        only where a step as long as the longest of late would end before the deadline, so a
+        slice ends within it rather than one step past it. Unless
         ``idle``, nothing runs until the owner has had its share since the last slice. A pass
         that raises is logged and dropped, never raised to the owner."""
         if not self._passes:
@@ -71,6 +77,7 @@ class Slices:
             return 0.0
         deadline = started + self.slice_s if deadline is None else min(deadline, started + self.slice_s)
         passes = self._passes
+        step_started = started
         while passes:
             try:
                 next(passes[0])
@@ -81,8 +88,12 @@ class Slices:
                 passes.popleft()
             else:
                 passes.rotate(-1)  # round robin: a read that waits on a pass lets that pass run
-            if time.perf_counter() >= deadline:
+            now = time.perf_counter()
+            # the next step starts only where one as long as the longest of late ends in time
+            self._step_s = max(now - step_started, self._step_s * STEP_MEMORY)
+            if now + self._step_s > deadline:
                 break
+            step_started = now
         ended = time.perf_counter()
         spent = ended - started
         self.work_s += spent

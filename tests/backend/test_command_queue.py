@@ -543,3 +543,38 @@ def test_no_collection_starts_inside_a_busy_step():
         gc.set_threshold(*threshold)
         gc.callbacks.remove(record)
     assert not any(inside)
+
+
+def test_a_read_starts_only_where_one_as_long_as_the_longest_of_late_fits_the_budget(monkeypatch):
+    """Reads run until their budget is spent, but the next starts only where a read as long as
+    the longest of late would end within it (the first always runs): with 1.5 ms reads and a
+    2 ms budget, one read per step, not two (a hold of 3 ms)."""
+    import radixtop.gpu_backend.owner_queue as owner_module
+
+    class Clock:
+        now = 50.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def monotonic(self) -> float:
+            return time.monotonic()
+
+    clock = Clock()
+    owner = OwnerQueue("test owner")
+    ran: list[int] = []
+
+    def read(k: int) -> None:
+        clock.now += 0.0015
+        ran.append(k)
+
+    threads = _queue_from_threads(owner, [(lambda k=k: read(k), False) for k in range(6)])
+    monkeypatch.setattr(owner_module, "time", clock)
+    assert owner.drain(read_budget=0.002) == 1
+    assert owner.drain(read_budget=0.002) == 1
+    assert owner.drain(read_budget=0.004) == 2  # 1.5 + 1.5 ms fit in 4 ms; a third would not
+    monkeypatch.undo()
+    owner.drain()
+    for t in threads:
+        t.join(5)
+    assert ran == list(range(6))

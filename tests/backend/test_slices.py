@@ -334,3 +334,50 @@ def test_after_an_action_a_read_waits_a_while_for_the_figures_made_afresh():
         else:
             assert cache.stale and cache.refreshing and slices.pending == 1
 
+
+class FakeClock:
+    """``time.perf_counter`` for a module under test: moves only when a step says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_slice_starts_no_step_it_expects_to_run_past_its_end(monkeypatch):
+    """A step runs only where the longest step of late still fits before the slice ends (the first
+    always runs): a slice of 3.25 ms whose steps take 2 ms runs one, not two (a hold of 4 ms), and a
+    step of 7 ms makes the next slices take one step each until it is forgotten."""
+    import radixtop.gpu_backend.slices as slices_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(slices_module, "time", clock)
+
+    def timed(costs: list[float], seen: list[float]):
+        for cost in costs:
+            clock.now += cost
+            seen.append(cost)
+            yield
+
+    seen: list[float] = []
+    slices = Slices(slice_s=0.00325, duty=1.0)
+    slices.add(timed([0.002] * 6, seen))
+    slices.run()
+    assert seen == [0.002]  # 2 ms spent, the next 2 ms would end at 4 ms: past the slice
+    slices.run()
+    assert len(seen) == 2
+    seen.clear()
+    slices = Slices(slice_s=0.00325, duty=1.0)
+    slices.add(timed([0.0005] * 6 + [0.007] + [0.0005] * 2000, seen))
+    slices.run()
+    assert seen == [0.0005] * 6  # 3 ms: a seventh would end past 3.25 ms
+    slices.run()
+    assert seen[6:] == [0.007]  # the first step of a slice always runs
+    per_slice = []
+    for _ in range(200):
+        before = len(seen)
+        slices.run()
+        per_slice.append(len(seen) - before)
+    assert per_slice[:20] == [1] * 20  # while 7 ms is remembered, one step fills a slice
+    assert max(per_slice) >= 5  # forgotten at last: several 0.5 ms steps a slice again
