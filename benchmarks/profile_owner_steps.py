@@ -1,0 +1,137 @@
+"""Where the longest steps of radixtop's passes go, on a real SGLang tree: each step of an
+attribution pass (its exclusive-tokens walk and its freeing included) and of the first sort of the
+sessions page, timed on its own thread's CPU clock, named by the lines it ran between.
+
+    .venv/bin/python benchmarks/profile_owner_steps.py --nodes 1000000            # 0.5.16
+    .venv-sglang23/bin/python benchmarks/profile_owner_steps.py --unified --nodes 1000000
+
+The tree is grown as ``bench_sglang_holds.py`` grows it (~5% of nodes tagged by sessions), each call
+of the index's hooks (inside SGLang's insert, split and delete) timed meanwhile. No other thread runs: each step's time is its own work, not a wait for the GIL. A companion to the
+holds bench, which measures holds as the scheduler sees them; this one says which code to shorten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from collections import defaultdict
+from pathlib import Path
+from time import perf_counter as pc
+from time import thread_time
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _common import log  # noqa: E402
+from bench_sglang_holds import Tree, grow  # noqa: E402  (puts the repository on sys.path)
+
+
+def innermost(gen: Any) -> tuple[str, int]:
+    """The generator a ``yield from`` chain is suspended in, and its line."""
+    name, line = "?", 0
+    while gen is not None and getattr(gen, "gi_frame", None) is not None:
+        name, line = gen.__qualname__, gen.gi_frame.f_lineno
+        gen = gen.gi_yieldfrom
+    return name, line
+
+
+def profile(steps: Any, label: str, top: int) -> Any:
+    """Run ``steps`` to its end a step at a time; log the longest steps and the per-place totals."""
+    rows: list[tuple[float, float, str]] = []
+    by_place: dict[str, list[float]] = defaultdict(list)
+    where = f"{label} start"
+    gc.disable()
+    try:
+        while True:
+            c0, t0 = thread_time(), pc()
+            try:
+                next(steps)
+            except StopIteration as done:
+                result = done.value
+                break
+            finally:
+                cpu, wall = thread_time() - c0, pc() - t0
+                name, line = innermost(steps)
+                place = f"{where} -> {name}:{line}"
+                rows.append((cpu, wall, place))
+                by_place[place].append(cpu)
+                where = f"{name}:{line}"
+    finally:
+        gc.enable()
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    log(f"{label}: {len(rows)} steps, {total:.2f} s CPU; longest steps (CPU ms, wall ms, from -> to):")
+    for cpu, wall, place in rows[:top]:
+        log(f"  {cpu * 1e3:6.2f} {wall * 1e3:6.2f}  {place}")
+    log(f"{label}: by place (steps, longest CPU ms, total CPU ms):")
+    for place, cpus in sorted(by_place.items(), key=lambda kv: -max(kv[1]))[:top]:
+        log(f"  {len(cpus):6d} {max(cpus) * 1e3:6.2f} {sum(cpus) * 1e3:8.1f}  {place}")
+    return result
+
+
+def time_index_hooks(tree: Tree) -> dict[str, list[tuple[float, float]]]:
+    """Time each call of the index's hooks on SGLang's tree (they run inside SGLang's own insert,
+    split and delete, on its scheduler thread) from now on."""
+    from radixtop.adapters.sglang.index import INDEX, install
+
+    index = getattr(tree.cache, INDEX, None) or install(tree.cache)
+    calls: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for name in ("split", "added", "removed"):
+        hook = getattr(index, name)
+
+        def timed(*args: Any, _hook: Any = hook, _spent: list[tuple[float, float]] = calls[name]) -> Any:
+            c0, t0 = thread_time(), pc()
+            try:
+                return _hook(*args)
+            finally:
+                _spent.append((thread_time() - c0, pc() - t0))
+
+        setattr(index, name, timed)
+    return calls
+
+
+def report_hooks(calls: dict[str, list[tuple[float, float]]], label: str) -> None:
+    """Per hook: calls, CPU seconds, calls over 1 ms of CPU, the longest (CPU ms, wall ms)."""
+    for name, spent in sorted(calls.items()):
+        if spent:
+            longest = sorted(spent)[-3:]
+            log(f"{label}: index.{name}: {len(spent):,} calls, {sum(c for c, _ in spent):.2f} s CPU, over 1 ms: "
+                f"{sum(1 for c, _ in spent if c > 1e-3)}, longest (CPU ms, wall ms): "
+                f"{[(round(c * 1e3, 2), round(w * 1e3, 2)) for c, w in longest]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--unified", action="store_true", help="0.5.23 UnifiedRadixCache (Python core)")
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--passes", type=int, default=2, help="attribution passes (the first and the next)")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args(argv)
+
+    from radixtop.adapters.sglang.inproc import SGLangAdapter
+    from radixtop.gpu_backend.owner_queue import OwnerQueue
+    from radixtop.gpu_backend.slices import released
+
+    tree = Tree(args.unified, capacity=args.nodes * 40)
+    hooks = time_index_hooks(tree)
+    grown = grow(tree, args.nodes)
+    log(f"grew {grown['nodes']:,} nodes, {grown['sessions']:,} sessions in {grown['build_s']:.0f} s")
+    report_hooks(hooks, "the index's hooks while the tree grew (GC off)")
+    history = grown["history"]
+    adapter = SGLangAdapter(tree.cache, OwnerQueue("profile"), model="profile", open_sessions=lambda: history,
+                            timeout=60.0)
+    made = None
+    for k in range(args.passes):
+        made = profile(adapter._attribution_steps(), f"attribution pass {k + 1}", args.top)
+    assert made is not None
+    profile(made.page_steps("exclusive_bytes", 0, 100), "first sort of the sessions page", args.top)
+    profile(released(dict(made.sessions), dict(made.beneath)), "freeing a replaced attribution", args.top)
+    adapter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
