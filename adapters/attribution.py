@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixtop.adapters.model import SessionsPage, SessionView
+from radixtop.adapters.shards import SHARD_MASK, ShardedMap
 from radixtop.gpu_backend.owner_queue import gc_paused
 from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
-from radixtop.gpu_backend.shards import SHARD_MASK, ShardedMap
 from radixtop.gpu_backend.slices import Slices, released
 
 ATTRIBUTION_BUDGET = 400
@@ -256,7 +256,7 @@ def attribution_steps(
             yield
             budget = chunk
     if frees:
-        exclusive_by_session = yield from exclusive_tokens_steps(root, session_leaves, beneath, chunk)
+        exclusive_by_session = yield from exclusive_tokens_steps(root, session_leaves, beneath, chunk, ShardedMap)
     else:
         exclusive_by_session = {}
     everyone: dict[str, None] = {}

@@ -8,10 +8,9 @@ same code.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Generator, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
-from radixtop.gpu_backend.shards import ShardedMap
 from radixtop.gpu_backend.slices import released
 
 # Why an upward walk stopped, in SessionRadixCacheMixin's order of checks.
@@ -99,11 +98,15 @@ def run_steps(steps: Generator[None, None, T]) -> T:
 
 def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[Node]],
                            on_paths: Collection[Node] | None = None,
-                           chunk: int = 1024) -> Generator[None, None, dict[str, int]]:
+                           chunk: int = 1024,
+                           new_map: Callable[[], Any] = dict,
+                           ) -> Generator[None, None, dict[str, int]]:
     """``exclusive_tokens`` as a generator that yields after every ``chunk`` nodes, so the owner
     thread can run it between its steps. Run straight through, it is exact; with the tree
     changing between slices it never fails, and a node that changed meanwhile counts for no one
-    (a node deleted since has no holders; one added since is not on the paths)."""
+    (a node deleted since has no holders; one added since is not on the paths). ``new_map``
+    makes its map of a node's owner (one entry per node on the paths: at 1M nodes, a
+    ``ShardedMap`` keeps its growth out of single steps)."""
     if on_paths is None:
         on_paths = set()
         for leaves in session_leaves.values():
@@ -112,7 +115,7 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
                 while node is not root and node is not None and node not in on_paths:
                     on_paths.add(node)
                     node = node.parent
-    owner: ShardedMap[Node, str | None] = ShardedMap()  # 100k+ entries: no rebuild of them all in a step
+    owner = new_map()
     stack: list[tuple[Node, bool]] = []
     # the walk starts at the root's children on the paths, taken from the paths a chunk a step
     # (copying the root's children, a forest of 300k prompts at 1M nodes, took ms in one step)

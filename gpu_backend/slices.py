@@ -15,8 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Generator
-
-from radixtop.gpu_backend.shards import ShardedMap
+from typing import Any
 
 log = logging.getLogger("radixtop.slices")
 
@@ -102,13 +101,14 @@ class Slices:
         return spent
 
 
-def released(*containers: dict | list | ShardedMap) -> Generator[None, None, None]:
-    """Empty large dicts, lists and sharded maps ``RELEASE_CHUNK`` entries a step: a pass's
-    working maps (a million entries) freed at once at its end took 10-25 ms of the owner in one
-    step."""
+def released(*containers: Any) -> Generator[None, None, None]:
+    """Empty large dicts, lists and sharded maps (``radixtop.adapters.shards``: their ``shards``)
+    ``RELEASE_CHUNK`` entries a step: a pass's working maps (a million entries) freed at once at
+    its end took 10-25 ms of the owner in one step."""
     for items in containers:
-        if isinstance(items, ShardedMap):
-            yield from released(*items.shards)
+        shards = getattr(items, "shards", None)
+        if shards is not None:
+            yield from released(*shards)
         elif isinstance(items, dict):
             pop = items.popitem
             while items:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixtop.gpu_backend.shards import SHARD_MASK, ShardedMap
+from radixtop.adapters.shards import SHARD_MASK, ShardedMap
 
 INDEX = "_radixtop_index"
 KEEP = 256

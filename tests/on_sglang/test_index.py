@@ -147,7 +147,7 @@ def test_the_index_keeps_its_maps_in_shards_so_no_insert_rebuilds_them_all(sgl):
     """A dict of every node rebuilds its whole table when it grows, and again whenever a cache at
     capacity has used up its deleted slots: at 1M nodes one hooked insert held SGLang's scheduler
     ~50 ms, per map, every ~400k inserts. In shards each rebuild is a 64th of that."""
-    from radixtop.gpu_backend.shards import SHARDS, ShardedMap
+    from radixtop.adapters.shards import SHARDS, ShardedMap
 
     lines = generate_trace(4, n_ops=200, max_in_flight=4, vocab=400)
     replayer, _ = replay_checked(sgl, lines, "large")

@@ -756,6 +756,23 @@ def test_block_tree_holders_follow_splits_removals_and_orphans():
     assert tree.holding == {} and tree.attribute().sessions == {}
 
 
+def test_block_tree_keeps_its_maps_of_every_node_and_block_in_shards():
+    """The tree is fed on the events thread, inside SGLang's scheduler process when the plugin
+    reads its own server's events: a dict of every block rebuilding its table in one insert held
+    the GIL, and so the scheduler, ~50 ms per million entries (``ShardedMap``)."""
+    from radixtop.adapters.shards import ShardedMap
+
+    tree = BlockTree()
+    assert isinstance(tree.nodes, ShardedMap) and isinstance(tree.blocks, ShardedMap)
+    parent = None
+    for k in range(300):
+        tree.store(f"b{k}", parent, (k,), 1.0)
+        parent = f"b{k}" if k % 3 else None
+    assert len(tree.blocks) == 300 and max(len(s) for s in tree.blocks.shards) < 300
+    tree.clear(2.0)
+    assert isinstance(tree.nodes, ShardedMap) and isinstance(tree.blocks, ShardedMap) and len(tree.nodes) == 1
+
+
 # ----- a read-only target -----
 
 
