@@ -227,8 +227,12 @@ class CacheAdapter(ABC):
 
 
 ONE_VIEW_S = 0.0015
-"""A ``read_many`` pass runs its reads in one step of the owner (one view of the cache) until it
-has taken this long; then it lets the owner take a turn before the next read."""
+"""A ``read_many`` pass runs its reads in one step of the owner (one view of the cache) while the
+next, as long as the longest read of late, would end within this; then it lets the owner take a
+turn before it."""
+READ_MEMORY = 0.98
+"""How the estimate of a read's length forgets a long one (``gpu_backend.slices.STEP_MEMORY``'s
+rule, for reads; this module may not import the backend)."""
 
 
 class OffOwner:
@@ -256,21 +260,37 @@ class OwnerReads:
     ``_<op>_steps(*owner, *args)`` that yields between slices of its work and returns the view;
     ``_call_steps(make)`` runs ``make(*owner)`` in the owner's slices between its steps (the
     caller waits; the owner is never held longer than a slice). ``read_many`` is one such pass
-    over all its reads; it yields between two of them only once it has run ``ONE_VIEW_S``, so a
-    batch that small is one view of the cache, taken in one step; a read without a stepwise form runs inline in it
+    over all its reads; it yields before a read that would end past ``ONE_VIEW_S``, so a batch
+    that small is one view of the cache, taken in one step; a read without a stepwise form runs inline in it
     (its own ``_call`` finds ``_in_step()`` set). The adapter makes ``self._step =
     threading.local()`` in its ``__init__`` and provides ``_call`` and ``_call_steps``."""
 
     _step: threading.local
+    _one_read_s: float = 0.0
+    """The longest read (or step of one) of late, decayed by ``READ_MEMORY`` a read: what the
+    next may take."""
 
     def read_many(self, reads: Sequence[Read]) -> list[Any]:
         checked = check_reads(reads)
 
         def steps(*owner: Any) -> Generator[None, None, list[Any]]:
-            results, started = [], time.perf_counter()
+            results: list[Any] = []
+            started = time.perf_counter()
             for op, args in checked:
-                results.append((yield from self._read_steps(owner, op, args)))
-                if time.perf_counter() - started > ONE_VIEW_S:  # a large cache: the owner's turn
+                # a large cache: the owner's turn before a read that would end past the budget
+                if results and time.perf_counter() - started + self._one_read_s > ONE_VIEW_S:
+                    yield
+                    started = time.perf_counter()
+                read = self._read_steps(owner, op, args)
+                while True:  # ``yield from``, each of the read's own steps timed
+                    began = time.perf_counter()
+                    try:
+                        next(read)
+                    except StopIteration as done:
+                        self._one_read_s = max(time.perf_counter() - began, self._one_read_s * READ_MEMORY)
+                        results.append(done.value)
+                        break
+                    self._one_read_s = max(time.perf_counter() - began, self._one_read_s * READ_MEMORY)
                     yield
                     started = time.perf_counter()
             return results

@@ -104,3 +104,58 @@ def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
             assert seen and not any(seen) and gc.isenabled() is enabled_before
     finally:
         gc.enable()
+
+
+def test_a_batch_yields_before_a_read_it_expects_to_run_past_its_view_budget(monkeypatch):
+    """A read_many pass runs its reads in one step until ONE_VIEW_S is spent; the next read
+    starts in the same step only where one as long as the longest read of late would end within
+    it (the first always runs): with 1 ms reads and a 1.5 ms budget, one read a step, not two."""
+    import threading
+
+    import radixtop.adapters.base as base
+    from radixtop.adapters.base import OwnerReads
+
+    class Clock:
+        now = 10.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(base, "time", clock)
+    per_step: list[list[str]] = []
+
+    class Reads(OwnerReads):
+        def __init__(self) -> None:
+            self._step = threading.local()
+
+        def stats(self) -> str:
+            clock.now += 0.001
+            per_step[-1].append("stats")
+            return "stats"
+
+        def _call_steps(self, make):
+            steps = make()
+            per_step.append([])
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+                per_step.append([])
+
+    assert Reads().read_many([("stats", ())] * 4) == ["stats"] * 4
+    assert [len(s) for s in per_step] == [1, 1, 1, 1]
+    per_step.clear()
+    clock.now, cheap = 10.0, Reads()
+    cheap._one_read_s = 0.0
+
+    def quick() -> str:
+        clock.now += 0.0001
+        per_step[-1].append("stats")
+        return "stats"
+
+    cheap.stats = quick
+    cheap._one_read_s = 0.0
+    cheap.read_many([("stats", ())] * 4)
+    assert [len(s) for s in per_step] == [4]  # cheap reads: one step, one view of the cache
