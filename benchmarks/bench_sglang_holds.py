@@ -143,6 +143,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
                             slices=owner.slices, timeout=60.0)
     index = adapter._index
     by_op: dict[str, list[float]] = {}  # what the holds were made of: each read of a poll, timed
+    by_cpu: dict[str, list[float]] = {}  # the same steps on the scheduler thread's CPU clock
     read_one = adapter._read_one
 
     def timed_read(op: str, args: tuple) -> Any:
@@ -172,13 +173,14 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
                 frame = getattr(g, "gi_frame", None)
                 g = getattr(g, "gi_yieldfrom", None) or (frame.f_locals.get("steps") if frame is not None else None)
                 g = g if hasattr(g, "gi_frame") else None
-            started = pc()
+            started, cpu = pc(), thread_time()
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
             finally:
                 by_op.setdefault(f"{mode['name']}:step of {inner}", []).append(pc() - started)
+                by_cpu.setdefault(f"{mode['name']}:step of {inner}", []).append(thread_time() - cpu)
             yield
 
     owner.slices.add = lambda steps: slice_add(timed_pass(steps))
@@ -220,8 +222,12 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     started = pc()
     first = poller.collect(PollRequest())  # the first attribution comes with the first sessions read
     first_s = pc() - started
+    firsts = [(h, c) for _, h, _, c in holds]
+    first_holds = {"longest_ms": max((h for h, _ in firsts), default=0.0) * 1e3,
+                   "longest_cpu_ms": max((c for _, c in firsts), default=0.0) * 1e3, "steps": len(firsts)}
     log(f"  first poll (the first attribution, in slices): {first_s:.1f} s; "
-        f"work {adapter.attributions.work_s:.2f} s")
+        f"work {adapter.attributions.work_s:.2f} s; its longest hold {first_holds['longest_ms']:.1f} ms "
+        f"({first_holds['longest_cpu_ms']:.1f} ms of the scheduler thread's CPU)")
     top = first.tree.rows[0] if first.tree and first.tree.rows else None
     if top is not None and top.node is not None and top.node.num_children:
         poller.tree_op("toggle", top)
@@ -257,10 +263,13 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     finally:
         stop.set()
         thread.join(30)
-    out: dict[str, Any] = {"first_poll_s": first_s, "by_op": {k: {"n": len(v), "longest_ms": max(v) * 1e3, "total_ms": sum(v) * 1e3}
+    out: dict[str, Any] = {"first_poll_s": first_s, "first_poll_holds": first_holds,
+                           "by_op": {k: {"n": len(v), "longest_ms": max(v) * 1e3, "total_ms": sum(v) * 1e3,
+                                         "longest_cpu_ms": max(by_cpu[k]) * 1e3 if by_cpu.get(k) else None}
                                      for k, v in sorted(by_op.items())}}
     for k, v in out["by_op"].items():
-        log(f"  {k}: {v['n']} calls, longest {v['longest_ms']:.1f} ms, total {v['total_ms']:.0f} ms")
+        cpu = f" ({v['longest_cpu_ms']:.1f} ms CPU)" if v["longest_cpu_ms"] is not None else ""
+        log(f"  {k}: {v['n']} calls, longest {v['longest_ms']:.1f} ms{cpu}, total {v['total_ms']:.0f} ms")
     for name, agg in results.items():
         hs, ss, ng = sorted(agg["holds"]), agg["steps"], sorted(agg["without_gc"])
         out[name] = {
