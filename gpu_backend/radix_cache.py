@@ -15,6 +15,7 @@ import numpy as np
 from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
 from radixtop.gpu_backend.eviction import get_eviction_strategy
 from radixtop.gpu_backend.sessions import SessionRadixCacheMixin
+from radixtop.gpu_backend.slices import released
 
 _EMPTY_VALUE = np.empty(0, dtype=np.int64)
 
@@ -582,23 +583,45 @@ class RadixCache(SessionRadixCacheMixin):
                 return node
         return None
 
-    def _compact_steps(self, chunk: int = 2048) -> Iterator[None]:
-        """The compaction as a pass that yields every ``chunk`` leaves: a new heap of every
+    def _compact_steps(self, chunk: int = 1024) -> Iterator[None]:
+        """The compaction as a pass that yields every ``chunk`` nodes: a new heap of every
         evictable leaf (with its current key and its last push's sequence number, as in
         ``_compact_heap``), built while the old one keeps serving evictions and both get every
-        push; then it replaces the old one."""
+        push; then it replaces the old one, which is freed a chunk a step.
+
+        The leaves are found by a walk of the tree, not a copy of ``evictable_leaves`` (780k
+        leaves copied in one step took ~30 ms; the old heap of 3.1M entries freed at once, 434
+        ms). A leaf that becomes evictable during the walk is pushed to the new heap anyway; one
+        that stops being evictable fails the membership check; a node split or freed meanwhile
+        is still reached through the children lists the walk took."""
         new = self._compacting
-        leaves = list(self.evictable_leaves)
-        yield
-        for start in range(0, len(leaves), chunk):
+        stack: list[TreeNode] = [self.root_node]
+        budget = chunk
+        while stack:
             if self._compacting is not new:  # the cache was reset meanwhile
                 return
-            for node in leaves[start : start + chunk]:
-                if node in self.evictable_leaves:
-                    heapq.heappush(new, (self._evict_key(node), node.heap_seq, node))
-            yield
+            node = stack.pop()
+            children = node.children
+            if len(children) > chunk:  # a wide node (the root's forest): its children a chunk a step,
+                firsts = list(children)  # by their first tokens (a copy of 500k ints: ~2 ms, values ~4)
+                for start in range(0, len(firsts), chunk):
+                    for first in firsts[start : start + chunk]:
+                        child = children.get(first)  # split since: the new node, above the old one
+                        if child is not None:
+                            stack.append(child)
+                    yield
+            elif children:
+                stack.extend(children.values())
+            elif node in self.evictable_leaves:
+                heapq.heappush(new, (self._evict_key(node), node.heap_seq, node))
+            budget -= 1
+            if budget <= 0:
+                yield
+                budget = chunk
         if self._compacting is new:
-            self._evict_heap, self._compacting = new, None
+            old, self._evict_heap, self._compacting = self._evict_heap, new, None
+            yield
+            yield from released(old)
 
     def _compact_heap(self) -> None:
         live = {}
