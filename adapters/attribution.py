@@ -115,7 +115,10 @@ class Attribution:
         rows = self._ordered.get(order)
         if rows is None:
             key = SESSION_KEYS[order]
-            everything = list(self.sessions.values())
+            everything: list[SessionRow] = []
+            for part in getattr(self.sessions, "shards", None) or (self.sessions,):  # 50k rows: a shard a step
+                everything.extend(part.values())
+                yield
             runs = []
             for start in range(0, len(everything), chunk):
                 runs.append(sorted(everything[start : start + chunk], key=key))
@@ -268,7 +271,7 @@ def attribution_steps(
             if k % (chunk * 8) == chunk * 8 - 1:
                 yield
     rows: ShardedMap[str, SessionRow] = ShardedMap()
-    opened = 0
+    opened = tagging = 0
     budget = chunk
     for sid in everyone:
         path_tokens = locked = 0
@@ -282,7 +285,9 @@ def attribution_steps(
                 locked += n
         exclusive = exclusive_by_session.get(sid, 0)
         opened += sid not in closed
-        rows[sid] = (sid, sid in closed, len(session_leaves.get(sid, ())), exclusive * bpt,
+        tagged = len(session_leaves.get(sid, ()))
+        tagging += tagged > 0
+        rows[sid] = (sid, sid in closed, tagged, exclusive * bpt,
                      max(0, path_tokens - exclusive) * bpt, round(fair * bpt), locked, activity.get(sid))
         budget -= len(path) + 1
         if budget <= 0:
@@ -297,7 +302,9 @@ def attribution_steps(
             budget = chunk
     holding = len(unions)
     yield from released(unions, beneath, exclusive_by_session, everyone)  # not all at once at the end
-    return Attribution(key, time.monotonic(), 0.0, rows, by_id, holding, opened)
+    made = Attribution(key, time.monotonic(), 0.0, rows, by_id, holding, opened)
+    made._sessions_holding = tagging  # counted here, not by a pass over 50k rows in one read
+    return made
 
 
 class AttributionCache:
@@ -349,7 +356,8 @@ class AttributionCache:
             if not row[1]:
                 current.opened -= 1
             current.sessions[closed] = (row[0], True, 0, 0, 0, 0, 0, row[7])
-            current._sessions_holding = None
+            if row[2] and current._sessions_holding is not None:  # it held nodes: one fewer now
+                current._sessions_holding -= 1
             current._ordered.clear()
             current._filtered.clear()
 

@@ -319,16 +319,32 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
         else:
             holds.append((t1 - t0, GC_S[0] - gc0, cpu))
         loops.append(t1 - last[0])
+        compacting.append(cache._compacting is not None)
         last[0] = t1
         return ran
 
     engine.owner.step = timed_step
     compactions = [0]
-    compact = built.scheduler.cache._compact_steps
+    compaction_steps: list[float] = []
+    walking: list[float] = []  # its steps before the new heap replaced the old, and after (freeing it)
+    freeing: list[float] = []
+    cache = built.scheduler.cache
+    compacting: list[bool] = []  # per hold: a compaction was under way
+    compact = cache._compact_steps
 
     def counted_compaction(*args: Any, **kwargs: Any):
         compactions[0] += 1
-        return (yield from compact(*args, **kwargs))
+        steps = compact(*args, **kwargs)
+        while True:  # ``yield from``, each step timed on the engine thread's CPU clock
+            c0 = thread_time()
+            try:
+                next(steps)
+            except StopIteration as done:
+                compaction_steps.append(thread_time() - c0)
+                return done.value
+            compaction_steps.append(thread_time() - c0)
+            (freeing if cache._compacting is None else walking).append(compaction_steps[-1])
+            yield
 
     built.scheduler.cache._compact_steps = counted_compaction
     engine.start()
@@ -337,7 +353,9 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     started = pc()
     first = poller.collect(PollRequest())
     first_s = pc() - started
-    log(f"  first poll (the first attribution, in slices): {first_s:.1f} s; work {adapter.attributions.work_s:.2f} s")
+    first_cpu = max((c for _, _, c in holds), default=0.0)
+    log(f"  first poll (the first attribution, in slices): {first_s:.1f} s; work {adapter.attributions.work_s:.2f} s; "
+        f"its longest hold {max((h for h, _, _ in holds), default=0.0) * 1e3:.1f} ms ({first_cpu * 1e3:.1f} ms CPU)")
     top = first.tree.rows[0] if first.tree and first.tree.rows else None
     if top is not None and top.node is not None and top.node.num_children:
         poller.tree_op("toggle", top)
@@ -349,6 +367,12 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
     window, spent = holds[mark:], loops[mark:]
     engine.stop()
+    during = [h for (h, _, _), c in zip(holds, compacting, strict=False) if c]
+    outside = [h for (h, _, _), c in zip(holds[mark:], compacting[mark:], strict=False) if not c]
+    log(f"  compactions: {compactions[0]}, {len(compaction_steps)} steps, the longest "
+        f"{max(compaction_steps, default=0.0) * 1e3:.1f} ms CPU (walking {max(walking, default=0.0) * 1e3:.1f}, "
+        f"freeing the old heap {max(freeing, default=0.0) * 1e3:.1f}); the longest hold while one ran "
+        f"{max(during, default=0.0) * 1e3:.1f} ms, in the windows while none ran {max(outside, default=0.0) * 1e3:.1f} ms")
     hs = sorted(h for h, _, _ in window)
     # the longest: over the whole run, the first poll's attribution (in slices) included
     longest = max(h for h, _, _ in holds)

@@ -103,6 +103,36 @@ def report_hooks(calls: dict[str, list[tuple[float, float]]], label: str) -> Non
                 f"{[(round(c * 1e3, 2), round(w * 1e3, 2)) for c, w in longest]}")
 
 
+def time_poll_reads(adapter: Any, top: int, repeats: int = 20) -> None:
+    """Each read of a dashboard's poll (its ``read_many`` batch: stats, changes, sessions, the
+    selected node, pages of children), as the plugin runs it on the owner, step by step."""
+    from radixtop.adapters.base import finished
+    from radixtop.adapters.model import ROOT_ID
+    from radixtop.gpu_backend.session_rules import run_steps
+    from radixtop.inspector.poller import SESSIONS_LOADED
+
+    root_page = finished(run_steps(adapter._read_steps((), "children", (ROOT_ID, 0, 100, "bytes"))))
+    first = root_page.children[0].id if root_page.children else ROOT_ID
+    reads = [("stats", ()), ("changes", (0,)), ("sessions", ("exclusive_bytes", 0, SESSIONS_LOADED, "", False)),
+             ("node", (first, 0, 256)), ("children", (ROOT_ID, 0, 100, "bytes")),
+             ("children", (first, 0, 100, "bytes"))]
+    for op, op_args in reads:
+        cpus: list[float] = []
+        for _ in range(repeats):
+            steps = adapter._read_steps((), op, op_args)
+            while True:
+                c0 = thread_time()
+                try:
+                    next(steps)
+                except StopIteration:
+                    cpus.append(thread_time() - c0)
+                    break
+                cpus.append(thread_time() - c0)
+        cpus.sort()
+        log(f"poll read {op}{op_args}: {len(cpus)} steps in {repeats} reads, median {cpus[len(cpus) // 2] * 1e3:.2f} ms, "
+            f"longest {cpus[-1] * 1e3:.2f} ms CPU")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--unified", action="store_true", help="0.5.23 UnifiedRadixCache (Python core)")
@@ -128,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         made = profile(adapter._attribution_steps(), f"attribution pass {k + 1}", args.top)
     assert made is not None
     profile(made.page_steps("exclusive_bytes", 0, 100), "first sort of the sessions page", args.top)
+    time_poll_reads(adapter, args.top)
     profile(released(dict(made.sessions), dict(made.beneath)), "freeing a replaced attribution", args.top)
     adapter.close()
     return 0

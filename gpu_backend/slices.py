@@ -101,21 +101,21 @@ class Slices:
         return spent
 
 
-def released(*containers: Any) -> Generator[None, None, None]:
+def released(*containers: Any, chunk: int = RELEASE_CHUNK) -> Generator[None, None, None]:
     """Empty large dicts, lists and sharded maps (``radixtop.adapters.shards``: their ``shards``)
     ``RELEASE_CHUNK`` entries a step: a pass's working maps (a million entries) freed at once at
     its end took 10-25 ms of the owner in one step."""
     for items in containers:
         shards = getattr(items, "shards", None)
         if shards is not None:
-            yield from released(*shards)
+            yield from released(*shards, chunk=chunk)
         elif isinstance(items, dict):
             pop = items.popitem
             while items:
-                for _ in range(min(RELEASE_CHUNK, len(items))):
+                for _ in range(min(chunk, len(items))):
                     pop()
                 yield
         else:
             while items:
-                del items[-RELEASE_CHUNK:]
+                del items[-chunk:]
                 yield
