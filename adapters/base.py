@@ -231,8 +231,8 @@ ONE_VIEW_S = 0.0015
 next, as long as the longest read of late, would end within this; then it lets the owner take a
 turn before it."""
 READ_MEMORY = 0.98
-"""How the estimate of a read's length forgets a long one (``gpu_backend.slices.STEP_MEMORY``'s
-rule, for reads; this module may not import the backend)."""
+"""How the estimate of a read's length forgets a long one: ``gpu_backend.slices.LongestOfLate``'s
+rule, written again here because this contract module may not import the backend."""
 
 
 class OffOwner:
@@ -287,10 +287,10 @@ class OwnerReads:
                     try:
                         next(read)
                     except StopIteration as done:
-                        self._one_read_s = max(time.perf_counter() - began, self._one_read_s * READ_MEMORY)
                         results.append(done.value)
                         break
-                    self._one_read_s = max(time.perf_counter() - began, self._one_read_s * READ_MEMORY)
+                    finally:
+                        self._one_read_s = max(time.perf_counter() - began, self._one_read_s * READ_MEMORY)
                     yield
                     started = time.perf_counter()
             return results

@@ -21,8 +21,8 @@ V = TypeVar("V")
 
 SHARDS = 64
 SHARD_MASK = SHARDS - 1
-"""``map.shards[hash(key) & SHARD_MASK]``: the dict that holds ``key`` (for a hot loop)."""
-_MASK = SHARD_MASK
+"""``map.shards[hash(key) & SHARD_MASK]``: the dict that holds ``key`` (for a hot loop; for a
+non-negative int below 2**61, as node ids are, ``hash(key) == key``)."""
 _MISSING: Any = object()
 
 
@@ -36,26 +36,26 @@ class ShardedMap(Generic[K, V]):
         self.shards: list[dict[K, V]] = [{} for _ in range(SHARDS)]
         pairs = items.items() if hasattr(items, "items") else items
         for key, value in pairs:
-            self.shards[hash(key) & _MASK][key] = value
+            self.shards[hash(key) & SHARD_MASK][key] = value
 
     def get(self, key: K, default: Any = None) -> Any:
-        return self.shards[hash(key) & _MASK].get(key, default)
+        return self.shards[hash(key) & SHARD_MASK].get(key, default)
 
     def __getitem__(self, key: K) -> V:
-        return self.shards[hash(key) & _MASK][key]
+        return self.shards[hash(key) & SHARD_MASK][key]
 
     def __setitem__(self, key: K, value: V) -> None:
-        self.shards[hash(key) & _MASK][key] = value
+        self.shards[hash(key) & SHARD_MASK][key] = value
 
     def __delitem__(self, key: K) -> None:
-        del self.shards[hash(key) & _MASK][key]
+        del self.shards[hash(key) & SHARD_MASK][key]
 
     def pop(self, key: K, default: Any = _MISSING) -> Any:
-        shard = self.shards[hash(key) & _MASK]
+        shard = self.shards[hash(key) & SHARD_MASK]
         return shard.pop(key) if default is _MISSING else shard.pop(key, default)
 
     def __contains__(self, key: object) -> bool:
-        return key in self.shards[hash(key) & _MASK]
+        return key in self.shards[hash(key) & SHARD_MASK]
 
     def __len__(self) -> int:
         return sum(map(len, self.shards))

@@ -27,7 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import TypeVar
 
-from radixtop.gpu_backend.slices import STEP_MEMORY, Slices
+from radixtop.gpu_backend.slices import LongestOfLate, Slices
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ class OwnerQueue:
         self._closed: str | None = None
         self.last_drain: float | None = None
         self.drained = 0
-        self._read_s = 0.0  # the longest read of late (STEP_MEMORY): what the next may take
+        self._read = LongestOfLate()
         self.slices = Slices()
         """Long passes (an attribution of a large tree), a slice between steps."""
 
@@ -156,7 +156,7 @@ class OwnerQueue:
         ran = 0
         deadline = None if budget is None else time.perf_counter() + budget
         while self._closed is None and (max_items is None or ran < max_items):
-            if deadline is not None and ran and time.perf_counter() + self._read_s > deadline:
+            if deadline is not None and ran and time.perf_counter() + self._read.seconds > deadline:
                 break
             if calls.empty():
                 break
@@ -174,7 +174,7 @@ class OwnerQueue:
             except BaseException as exc:
                 future.set_exception(OwnerStopped(f"{self.name} died: {type(exc).__name__}: {exc}"))
                 raise
-            self._read_s = max(time.perf_counter() - started, self._read_s * STEP_MEMORY)
+            self._read.record(time.perf_counter() - started)
             ran += 1
         return ran
 

@@ -590,7 +590,7 @@ class RadixCache(SessionRadixCacheMixin):
         push; then it replaces the old one, which is freed a chunk a step.
 
         The leaves are found by a walk of the tree, not a copy of ``evictable_leaves`` (780k
-        leaves copied in one step took ~30 ms; the old heap of 3.1M entries freed at once, 434
+        leaves copied in one step took 28.6 ms; the old heap of 3.1M entries freed at once, 434
         ms). A leaf that becomes evictable during the walk is pushed to the new heap anyway; one
         that stops being evictable fails the membership check; a node split or freed meanwhile
         is still reached through the children lists the walk took."""
@@ -602,8 +602,8 @@ class RadixCache(SessionRadixCacheMixin):
                 return
             node = stack.pop()
             children = node.children
-            if len(children) > chunk:  # a wide node (the root's forest): its children a chunk a step,
-                firsts = list(children)  # by their first tokens (a copy of 500k ints: ~2 ms, values ~4)
+            if len(children) > chunk:  # a wide node: its children a chunk a step, by their first
+                firsts = list(children)  # tokens (of a 500k-entry dict: keys 2.4 ms, values 3.9 ms)
                 for start in range(0, len(firsts), chunk):
                     for first in firsts[start : start + chunk]:
                         child = children.get(first)  # split since: the new node, above the old one
@@ -622,7 +622,7 @@ class RadixCache(SessionRadixCacheMixin):
             old, self._evict_heap, self._compacting = self._evict_heap, new, None
             yield
             # its stale entries hold the last references to evicted nodes (their keys and slot
-            # arrays): 1024 freed at once took up to ~11 ms at 1M nodes; 128 a step
+            # arrays), so 128 a step (measured at 1M nodes: the longest such step 0.8 ms)
             yield from released(old, chunk=128)
 
     def _compact_heap(self) -> None:

@@ -31,6 +31,19 @@ RELEASE_CHUNK = 1024
 """Entries a step of ``released`` frees."""
 
 
+class LongestOfLate:
+    """What the next step (or read) may take: the longest of late, decayed by ``STEP_MEMORY`` a
+    step. A budget loop starts another only where ``now + seconds`` is within its deadline."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def record(self, seconds: float) -> None:
+        self.seconds = max(seconds, self.seconds * STEP_MEMORY)
+
+
 class Slices:
     """Passes waiting for owner time. ``add`` and ``run`` are called on the owner thread only."""
 
@@ -39,7 +52,7 @@ class Slices:
         self.duty = duty
         self._passes: deque[Generator[None, None, object]] = deque()
         self._next_at = 0.0  # perf_counter before which a busy owner runs no slice
-        self._step_s = 0.0  # the longest step of late (STEP_MEMORY): what the next may take
+        self._step = LongestOfLate()
         self.work_s = 0.0
         """Seconds spent in passes so far (all of them, for metrics and benchmarks)."""
 
@@ -89,8 +102,8 @@ class Slices:
                 passes.rotate(-1)  # round robin: a read that waits on a pass lets that pass run
             now = time.perf_counter()
             # the next step starts only where one as long as the longest of late ends in time
-            self._step_s = max(now - step_started, self._step_s * STEP_MEMORY)
-            if now + self._step_s > deadline:
+            self._step.record(now - step_started)
+            if now + self._step.seconds > deadline:
                 break
             step_started = now
         ended = time.perf_counter()
@@ -103,8 +116,8 @@ class Slices:
 
 def released(*containers: Any, chunk: int = RELEASE_CHUNK) -> Generator[None, None, None]:
     """Empty large dicts, lists and sharded maps (``radixtop.adapters.shards``: their ``shards``)
-    ``RELEASE_CHUNK`` entries a step: a pass's working maps (a million entries) freed at once at
-    its end took 10-25 ms of the owner in one step."""
+    ``chunk`` entries a step: a pass's working maps (a million entries) freed at once at its end
+    took 10-25 ms of the owner in one step."""
     for items in containers:
         shards = getattr(items, "shards", None)
         if shards is not None:

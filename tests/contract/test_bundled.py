@@ -147,8 +147,7 @@ def test_a_batch_yields_before_a_read_it_expects_to_run_past_its_view_budget(mon
     assert Reads().read_many([("stats", ())] * 4) == ["stats"] * 4
     assert [len(s) for s in per_step] == [1, 1, 1, 1]
     per_step.clear()
-    clock.now, cheap = 10.0, Reads()
-    cheap._one_read_s = 0.0
+    clock.now, cheap = 10.0, Reads()  # a new adapter: no long read remembered
 
     def quick() -> str:
         clock.now += 0.0001
@@ -156,6 +155,5 @@ def test_a_batch_yields_before_a_read_it_expects_to_run_past_its_view_budget(mon
         return "stats"
 
     cheap.stats = quick
-    cheap._one_read_s = 0.0
     cheap.read_many([("stats", ())] * 4)
     assert [len(s) for s in per_step] == [4]  # cheap reads: one step, one view of the cache
