@@ -140,20 +140,22 @@ def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
         _discard_events(scheduler)
 
 
-_UNREAD: dict[int, bool] = {}
-"""By id(scheduler): whether its cache records KV events nobody takes (radixtop not attached
-there: another TP rank, or an attach that failed; SGLang's own publisher off)."""
+UNREAD = "_radixtop_events_unread"
+"""Set on the scheduler: whether its cache records KV events nobody takes (radixtop not attached
+there: another TP rank, or an attach that failed; SGLang's own publisher off). On the scheduler
+itself, not by its id: a gone scheduler's id is reused by a new one."""
 
 
 def _discard_events(scheduler: Any) -> None:
     """Take and drop the events of a core that records them for nobody, so they never pile up."""
-    unread = _UNREAD.get(id(scheduler))
+    unread = getattr(scheduler, UNREAD, None)
     if unread is None:
         from radixtop.adapters.sglang.core_events import records_events
 
         publisher = getattr(scheduler, "kv_events_publisher", None)
-        unread = _UNREAD[id(scheduler)] = (records_events(getattr(scheduler, "tree_cache", None))
-                                           and not getattr(publisher, "enable_kv_cache_events", False))
+        unread = (records_events(getattr(scheduler, "tree_cache", None))
+                  and not getattr(publisher, "enable_kv_cache_events", False))
+        setattr(scheduler, UNREAD, unread)
     if unread:
         scheduler.tree_cache.take_events()
 

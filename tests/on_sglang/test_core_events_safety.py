@@ -41,6 +41,21 @@ def test_events_sglangs_own_publisher_takes_are_left_to_it():
     assert scheduler.tree_cache.taken == 0
 
 
+def test_the_unread_decision_is_the_schedulers_own_not_a_reused_ids():
+    """Whether a cache's events are read by nobody was kept by id(scheduler): a scheduler gone
+    (an earlier test's) left its answer to a new one that got the same id, and the new one's
+    events, which SGLang's own publisher takes, were taken (CI failed on it once, in an order
+    where ids were reused)."""
+    publisher = types.SimpleNamespace(enable_kv_cache_events=True)
+    scheduler = types.SimpleNamespace(tp_rank=1, tree_cache=RecordingCache(), kv_events_publisher=publisher)
+    getattr(plugin, "_UNREAD", {})[id(scheduler)] = True  # what a gone scheduler with this id left
+    unread = types.SimpleNamespace(tp_rank=2, tree_cache=RecordingCache(), kv_events_publisher=None)
+    for _ in range(3):
+        plugin._after_inputs(None, unread)  # nobody reads this one's events: they are taken
+        plugin._after_inputs(None, scheduler)
+    assert scheduler.tree_cache.taken == 0 and unread.tree_cache.taken == 3
+
+
 class Breaks(EventTreeAdapter):
     def apply_batch(self, seq, batch):
         if seq == 0:
