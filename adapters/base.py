@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
@@ -70,7 +68,7 @@ Read = tuple[str, tuple[Any, ...]]
 
 class CacheAdapter(ABC):
     """Reads and actions on one cache. Reads never change the cache; actions return what they
-    actually did. Errors are the typed ones of ``adapters.model``; nothing else escapes.
+    actually did. Errors are the typed ones of ``adapters.errors``; nothing else escapes.
 
     Node ids are the cache's own stable ids (0 is the root); session ids are strings.
     """
@@ -112,7 +110,9 @@ class CacheAdapter(ABC):
         prints it, read at one moment. This default reads node and pages one call after another
         (right for a target whose reads are of one snapshot); an adapter that owns its cache's
         thread reads it all in one step (``read_many``)."""
-        return _finish(subtree_steps(lambda i: _done(self.node(i, 0, 1).node),
+        from radixtop.gpu_backend.owner.slices import run_to_end  # the one (pure Python); not loaded by importing this
+
+        return run_to_end(subtree_pass(lambda i: _done(self.node(i, 0, 1).node),
                                        lambda i, lim: _done(self.children(i, 0, lim, order)),
                                        node_id, depth, limit, order, min_bytes))
 
@@ -144,7 +144,7 @@ class CacheAdapter(ABC):
 
     def export(self) -> Iterator[dict[str, Any]]:
         """The whole tree, a header then one row per node, parents before children."""
-        raise NotImplementedError
+        raise Unsupported(f"{self.name}: this target cannot export its tree")
 
     def export_columns(self) -> ExportColumns:
         """The export as columns (see ExportColumns); adapters with a snapshot of their own
@@ -222,130 +222,13 @@ class CacheAdapter(ABC):
     @abstractmethod
     def flush(self) -> FlushResultView: ...
 
+    def release(self) -> None:
+        """Release the connections and threads the adapter holds (a session close is
+        ``close_session``)."""
+
     def close(self) -> None:
-        """Release connections or threads the adapter holds."""
-
-
-ONE_VIEW_S = 0.0015
-"""A ``read_many`` pass runs its reads in one step of the owner (one view of the cache) while the
-next, as long as the longest read of late, would end within this; then it lets the owner take a
-turn before it."""
-READ_MEMORY = 0.98
-"""How the estimate of a read's length forgets a long one: ``gpu_backend.slices.LongestOfLate``'s
-rule, written again here because this contract module may not import the backend."""
-
-
-class OffOwner:
-    """What a read takes of the cache on the owner thread, as plain values, with ``finish`` to
-    turn them into the read's view on the reader's thread (building views and decoding their
-    text cost more than taking the values: none of it holds the owner). ``finish`` must not
-    touch the cache."""
-
-    __slots__ = ("finish",)
-
-    def __init__(self, finish: Callable[[], Any]) -> None:
-        self.finish = finish
-
-
-def finished(result: Any) -> Any:
-    """A read's result, its ``OffOwner`` part done here (on the reader's thread)."""
-    return result.finish() if isinstance(result, OffOwner) else result
-
-
-class OwnerReads:
-    """Reads on the cache's owner thread for an adapter that owns it (bundled, SGLang in process).
-
-    A read that may need more than a slice of the owner (a page of a node with 100k children, a
-    sessions page, the first attribution of a large cache) is a stepwise pass: a generator
-    ``_<op>_steps(*owner, *args)`` that yields between slices of its work and returns the view;
-    ``_call_steps(make)`` runs ``make(*owner)`` in the owner's slices between its steps (the
-    caller waits; the owner is never held longer than a slice). ``read_many`` is one such pass
-    over all its reads; it yields before a read that would end past ``ONE_VIEW_S``, so a batch
-    that small is one view of the cache, taken in one step; a read without a stepwise form runs inline in it
-    (its own ``_call`` finds ``_in_step()`` set). The adapter makes ``self._step =
-    threading.local()`` in its ``__init__`` and provides ``_call`` and ``_call_steps``."""
-
-    _step: threading.local
-    _one_read_s: float = 0.0
-    """The longest read (or step of one) of late, decayed by ``READ_MEMORY`` a read: what the
-    next may take."""
-
-    def read_many(self, reads: Sequence[Read]) -> list[Any]:
-        checked = check_reads(reads)
-
-        def steps(*owner: Any) -> Generator[None, None, list[Any]]:
-            results: list[Any] = []
-            started = time.perf_counter()
-            for op, args in checked:
-                # a large cache: the owner's turn before a read that would end past the budget
-                if results and time.perf_counter() - started + self._one_read_s > ONE_VIEW_S:
-                    yield
-                    started = time.perf_counter()
-                read = self._read_steps(owner, op, args)
-                while True:  # ``yield from``, each of the read's own steps timed
-                    began = time.perf_counter()
-                    try:
-                        next(read)
-                    except StopIteration as done:
-                        results.append(done.value)
-                        break
-                    finally:
-                        self._one_read_s = max(time.perf_counter() - began, self._one_read_s * READ_MEMORY)
-                    yield
-                    started = time.perf_counter()
-            return results
-
-        return [finished(r) for r in self._call_steps(steps)]  # type: ignore[attr-defined]
-
-    def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
-                min_bytes: int = 0) -> SubtreeView:
-        """``CacheAdapter.subtree`` in one pass on the owner: one view of the cache while its
-        pages are cheap (a page that ranks 100k children in chunks lets the owner step between)."""
-        result = self.read_many([("subtree", (node_id, depth, limit, order, min_bytes))])[0]
-        if isinstance(result, AdapterError):
-            raise result
-        return result
-
-    def _subtree_pass(self, owner: tuple[Any, ...], node_id: int = 0, depth: int = 3, limit: int = 10,
-                      order: str = "bytes", min_bytes: int = 0) -> Generator[None, None, SubtreeView]:
-        def node_of(i: int) -> Generator[None, None, NodeView]:
-            return finished((yield from self._node_steps(*owner, i, 0, 1))).node  # type: ignore[attr-defined]
-
-        def children_of(i: int, lim: int) -> Generator[None, None, ChildrenPage]:
-            return finished((yield from self._children_steps(*owner, i, 0, lim, order)))  # type: ignore[attr-defined]
-
-        return (yield from subtree_steps(node_of, children_of, node_id, depth, limit, order, min_bytes))
-
-    def _read_steps(self, owner: tuple[Any, ...], op: str, args: tuple[Any, ...]) -> Generator[None, None, Any]:
-        """One read of a ``read_many`` pass: its result, or the AdapterError it met."""
-        stepwise = getattr(self, f"_{op}_steps", None)
-        try:
-            if op == "subtree":
-                return (yield from self._subtree_pass(owner, *args))
-            if stepwise is None:
-                self._step.owner = owner
-                try:
-                    return getattr(self, op)(*args)
-                finally:
-                    self._step.owner = None
-            return (yield from stepwise(*owner, *args))
-        except (TargetUnreachable, TargetTimeout):
-            raise
-        except AdapterError as exc:
-            return exc
-        except Exception as exc:
-            mapped = self._read_failed(exc)
-            if mapped is None:
-                raise
-            return mapped
-
-    def _read_failed(self, exc: Exception) -> AdapterError | None:
-        """The AdapterError an unexpected exception of a read stands for (None: raise it)."""
-        return None
-
-    def _in_step(self) -> tuple[Any, ...] | None:
-        """The owner's arguments while a read runs inline in a pass on this thread; else None."""
-        return getattr(self._step, "owner", None)
+        """``release()``: the name before 0.2 (kept for one release)."""
+        self.release()
 
 
 def check_reads(reads: Sequence[Read]) -> list[Read]:
@@ -368,27 +251,18 @@ def check_reads(reads: Sequence[Read]) -> list[Read]:
 
 
 def _done(value: Any) -> Generator[None, None, Any]:
-    """A value as a stepwise pass that needs no step."""
+    """A value as a pass that needs no chunk."""
     return value
     yield  # pragma: no cover (makes this a generator)
 
 
-def _finish(steps: Generator[None, None, Any]) -> Any:
-    """A stepwise pass run to its end at once (the client loads nothing of gpu_backend)."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value
-
-
-def subtree_steps(node_of: Callable[[int], Generator[None, None, NodeView]],
+def subtree_pass(node_of: Callable[[int], Generator[None, None, NodeView]],
                   children_of: Callable[[int, int], Generator[None, None, ChildrenPage]],
                   node_id: int, depth: int, limit: int, order: str,
                   min_bytes: int) -> Generator[None, None, SubtreeView]:
-    """``CacheAdapter.subtree`` as a stepwise pass over ``node_of(id)`` (a node's view) and
+    """``CacheAdapter.subtree`` as a pass over ``node_of(id)`` (a node's view) and
     ``children_of(id, limit)`` (the first page of its children in ``order``). A node that
-    vanished between two steps (a target whose pages yield to its owner) shows no children:
+    vanished between two chunks (a target whose pages yield to its owner) shows no children:
     the read never fails for a node the caller did not ask about."""
     if not 1 <= depth <= MAX_DEPTH:
         raise BadRequest(f"depth must be between 1 and {MAX_DEPTH}, got {depth}")

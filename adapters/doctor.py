@@ -1,7 +1,7 @@
 """The leak doctor: checks of a radix cache that find memory nobody can use, and say what frees it.
 
 Pure functions over any radix tree whose nodes have ``parent``, ``children`` and ``key`` (the
-bundled ``TreeNode`` and SGLang's alike); each adapter gives ``diagnose_steps`` what its cache
+bundled ``TreeNode`` and SGLang's alike); each adapter gives ``diagnose_pass`` what its cache
 keeps (a ``DoctorInputs``) and runs it on the cache's owner thread in slices. The checks:
 
 * ``buckets``: SGLang's own leak check (``available + evictable + protected + session_held +
@@ -15,7 +15,7 @@ keeps (a ``DoctorInputs``) and runs it on the cache's owner thread in slices. Th
 * ``idle_session``: an open session unused for ``idle_after_s`` still holds memory; a close would
   free what ``plan_close`` says.
 
-A walk of a large tree yields between chunks; what it finds is checked again in one last step
+A walk of a large tree yields between chunks; what it finds is checked again in one last chunk
 (a lock a request took or released meanwhile is not reported), so a finding is of one moment.
 """
 
@@ -29,12 +29,12 @@ from typing import Any
 
 from radixtop.adapters.errors import AdapterError, BadRequest
 from radixtop.adapters.model import FINDING_KINDS, ClosePlanView, Diagnosis, Finding
-from radixtop.adapters.units import age
+from radixtop.adapters.text import age
 
 IDLE_AFTER_S = 600.0
 """A session unused this long that still holds memory is a finding (``--idle-after``)."""
 WALK_CHUNK = 2048
-"""Nodes the walk visits per step (a slice of the owner runs steps up to ~5 ms)."""
+"""Nodes the walk visits per chunk (a slice of the owner runs chunks up to ~5 ms)."""
 MAX_PER_KIND = 20
 """Findings of one kind listed one by one; the rest are summed in one more."""
 
@@ -56,7 +56,7 @@ class Pool:
 
 
 @dataclass(frozen=True)
-class Admission:
+class AdmissionQueue:
     """The requests waiting for slots: how many, and what the first of them needs."""
 
     waiting: int
@@ -86,13 +86,13 @@ class DoctorInputs:
     closed: Callable[[], Collection[str]] | None = None
     idle_sessions: Callable[[float], Generator[None, None, list[tuple[str, float]]]] | None = None
     """Open sessions that hold memory and were last used more than the given seconds ago:
-    (id, seconds idle), stepwise."""
+    (id, seconds idle), as a pass."""
     plan: Callable[[str], ClosePlanView] | None = None
-    admission: Callable[[], Admission | None] | None = None
+    admission: Callable[[], AdmissionQueue | None] | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def diagnose_steps(inputs: DoctorInputs, idle_after_s: float = IDLE_AFTER_S) -> Generator[None, None, Diagnosis]:
+def diagnose_pass(inputs: DoctorInputs, idle_after_s: float = IDLE_AFTER_S) -> Generator[None, None, Diagnosis]:
     """Every check the inputs allow, on the owner thread, yielding between slices of the walk."""
     started = time.perf_counter()
     skipped = dict(inputs.skipped)
@@ -118,9 +118,9 @@ def diagnose_steps(inputs: DoctorInputs, idle_after_s: float = IDLE_AFTER_S) -> 
     if inputs.root is not None and ("leaked_lock" not in skipped or "tombstone_tags" not in skipped):
         expected = expected_locks(holders or (), inputs.root)
         closed = inputs.closed() if "tombstone_tags" not in skipped and inputs.closed is not None else ()
-        walk = yield from walk_steps(inputs, expected, closed, "leaked_lock" not in skipped)
+        walk = yield from walk_pass(inputs, expected, closed, "leaked_lock" not in skipped)
         walked = walk.walked
-        yield  # the owner's turn; the checks below re-read what they report, in one step
+        yield  # the owner's turn; the checks below re-read what they report, in one chunk
         if "leaked_lock" not in skipped:
             now_holders = inputs.lock_holders() if inputs.lock_holders is not None else None
             findings["leaked_lock"], leaked_tokens = leaked_lock_findings(
@@ -196,7 +196,7 @@ class Walk:
     tombstone_tags: dict[str, list[Any]] = field(default_factory=dict)
 
 
-def walk_steps(inputs: DoctorInputs, expected: Mapping[Any, int], closed: Collection[str],
+def walk_pass(inputs: DoctorInputs, expected: Mapping[Any, int], closed: Collection[str],
                locks: bool, chunk: int = WALK_CHUNK) -> Generator[None, None, Walk]:
     """Every node below the root, ``chunk`` at a time: those locked more than ``expected`` says
     (candidates: checked again at the end) and those a closed session still tags."""
@@ -346,7 +346,7 @@ def idle_findings(idle: list[tuple[str, float]], inputs: DoctorInputs,
 # ----- admission -----
 
 
-def starvation_finding(admission: Admission, pool: Pool, leaked_tokens: int, idle_free: int, bpt: int,
+def starvation_finding(admission: AdmissionQueue, pool: Pool, leaked_tokens: int, idle_free: int, bpt: int,
                        bug_owner: str) -> Finding | None:
     """Requests wait while available + evictable is less than the first one needs."""
     can_have = pool.available + pool.evictable

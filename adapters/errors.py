@@ -65,3 +65,19 @@ ERRORS_BY_CODE: dict[str, type[AdapterError]] = {
     for cls in (AdapterError, BadRequest, UnknownNode, UnknownSession, ReadOnly, Unsupported,
                 Unauthorized, TargetUnreachable, TargetTimeout)
 }
+
+
+# ----- one wording for each error every adapter raises -----
+
+
+def read_only(name: str, action: str, why: str = "") -> ReadOnly:
+    """``name is read-only (why): action refused``: the refusal of an action by a read-only target."""
+    return ReadOnly(f"{name} is read-only{f' ({why})' if why else ''}: {action} refused")
+
+
+def unknown_node(node_id: int, gone: str = "evicted, freed, or never existed") -> UnknownNode:
+    return UnknownNode(f"node {node_id} is not in the tree ({gone})")
+
+
+def unknown_session(session_id: str) -> UnknownSession:
+    return UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")

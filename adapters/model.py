@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ChildOrder = Literal["bytes", "recency", "tokens"]
-SessionOrder = Literal["exclusive_bytes", "shared_bytes", "last_activity", "id"]
 CHILD_ORDERS: tuple[str, ...] = ("bytes", "recency", "tokens")
 SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "fair_share_bytes", "locked_tokens",
                                    "tagged_nodes", "last_activity", "state", "id")
 ROOT_ID = 0
+FIRST_TOKENS = 16
+"""A node view's ``first_tokens``: how many of its leading token ids it carries (the preview)."""
 
 
 # ----- views -----
@@ -100,20 +100,37 @@ class Bucket(_View):
         return d
 
 
+POOL_STATES = ("available", "evictable", "protected", "session_held", "uncached")
+"""The pool's states in SGLang's words and its leak check's order: they add up to capacity."""
+UNEVICTABLE = ("protected", "session_held", "uncached")
+"""The states that cannot be evicted now; together ``unevictable_tokens``."""
+WIRE_KEYS_BEFORE_0_2 = ("free_tokens", "free_bytes", "running_tokens")
+"""Stats keys the admin API still sends for clients of before 0.2 (wire version 1), until 0.3:
+``free_*`` is ``available_*``; ``running_tokens`` is the unevictable tokens less ``protected``. In
+version 1 ``protected_tokens`` was the unevictable aggregate; it is SGLang's ``protected`` now."""
+
+
 @dataclass(frozen=True)
 class Stats(_View):
-    """Cache totals. free + evictable + protected = capacity, in tokens and in bytes.
+    """Cache totals, in SGLang's leak-check words: available + evictable + protected +
+    session_held + uncached = capacity, in tokens and in bytes.
 
-    ``protected`` counts every slot that cannot be evicted now: locked tree nodes plus the slots
-    running requests hold beyond their matched prefix (``running_tokens``).
+    ``protected``: locked tree nodes (SGLang's ``protected_size``); ``session_held``: slots that
+    sessions hold outside the tree (SGLang 0.5.23's streaming sessions); ``uncached``: the slots
+    running requests own beyond their cached prefix. None where the target cannot tell them
+    apart; ``unevictable_tokens``, their sum, is always known.
     """
 
     target: str
     capacity_tokens: int
-    free_tokens: int
+    available_tokens: int
     evictable_tokens: int
-    protected_tokens: int
-    running_tokens: int
+    protected_tokens: int | None
+    """None: the target cannot tell locked nodes from running requests' slots (see ``unevictable_tokens``)."""
+    session_held_tokens: int | None
+    uncached_tokens: int | None
+    unevictable_tokens: int
+    """protected + session_held + uncached: what no eviction can free now."""
     total_tokens: int
     """Tokens held by the tree (evictable + locked nodes)."""
     bytes_per_token: int
@@ -139,21 +156,30 @@ class Stats(_View):
     """The pool by SGLang's leak-check buckets, one row per component; None: the target keeps no
     such accounting (the figures above still add up to capacity)."""
 
+    def tokens_of(self, state: str) -> int | None:
+        """The tokens in ``state`` (``capacity``, ``total``, ``unevictable`` or one of
+        ``POOL_STATES``); None where the target cannot tell."""
+        return getattr(self, f"{state}_tokens")
+
+    def bytes_of(self, state: str) -> int | None:
+        tokens = self.tokens_of(state)
+        return None if tokens is None else tokens * self.bytes_per_token
+
     @property
     def capacity_bytes(self) -> int:
         return self.capacity_tokens * self.bytes_per_token
 
     @property
-    def free_bytes(self) -> int:
-        return self.free_tokens * self.bytes_per_token
+    def available_bytes(self) -> int:
+        return self.available_tokens * self.bytes_per_token
 
     @property
     def evictable_bytes(self) -> int:
         return self.evictable_tokens * self.bytes_per_token
 
     @property
-    def protected_bytes(self) -> int:
-        return self.protected_tokens * self.bytes_per_token
+    def unevictable_bytes(self) -> int:
+        return self.unevictable_tokens * self.bytes_per_token
 
     @property
     def total_bytes(self) -> int:
@@ -161,9 +187,20 @@ class Stats(_View):
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        for name in ("capacity", "free", "evictable", "protected", "total"):
-            d[f"{name}_bytes"] = getattr(self, f"{name}_bytes")
+        for state in ("capacity", *POOL_STATES, "unevictable", "total"):
+            d[f"{state}_bytes"] = self.bytes_of(state)
+        # wire version 1's keys, for clients of before 0.2 (WIRE_KEYS_BEFORE_0_2)
+        d["free_tokens"], d["free_bytes"] = self.available_tokens, self.available_bytes
+        d["running_tokens"] = self.unevictable_tokens - (self.protected_tokens or 0)
         return d
+
+
+def stats_from_wire_1(d: dict[str, Any]) -> dict[str, Any]:
+    """A stats reply of a radixtop before 0.2 (wire version 1: ``free_tokens``, and
+    ``protected_tokens`` for every unevictable token) in today's keys: the split of the
+    unevictable tokens is unknown."""
+    return {**d, "available_tokens": d["free_tokens"], "protected_tokens": None, "session_held_tokens": None,
+            "uncached_tokens": None, "unevictable_tokens": d["protected_tokens"]}
 
 
 @dataclass(frozen=True)

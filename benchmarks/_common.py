@@ -127,7 +127,7 @@ class EngineHolds:
 def timed_adapter(engine, reads: tuple[str, ...] = (), **kwargs):
     """A BundledAdapter that logs each ``_attribute`` call (whether it recomputed, seconds) in
     ``attribute_log``, and (method, seconds) of each read named in ``reads`` in ``calls``."""
-    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled.adapter import BundledAdapter
 
     class TimedAdapter(BundledAdapter):
         def __init__(self, *args, **kw):

@@ -27,7 +27,7 @@ async def main(url: str, token: str, seconds: float, interval: float) -> None:
         except TimeoutError:
             pass
         print(json.dumps({"polls": app.polls, "down": app.down}), flush=True)
-    adapter.close()
+    adapter.release()
 
 
 if __name__ == "__main__":

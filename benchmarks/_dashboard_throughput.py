@@ -103,7 +103,7 @@ def serve_in_thread(engine) -> tuple[str, Any, Any, Any]:
 
     import uvicorn
 
-    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.adapters.http.audit import AuditLog
     from radixtop.adapters.http.server import create_app
 

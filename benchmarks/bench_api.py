@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = pc()
     import httpx
 
-    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.adapters.http.audit import AuditLog
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server import create_app
@@ -669,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"export: {cfg.export_repeats} paired repeats (bare walk, HTTP export)")
                 results["export"] = measure_export(cfg, built, adapter, holds, client, remote)
             finally:
-                remote.close()
+                remote.release()
         log("export memory: tracemalloc")
         # tracemalloc slows the snapshot several-fold: give this adapter a long timeout
         results["export_memory"] = measure_export_memory(BundledAdapter(engine, timeout=300.0),

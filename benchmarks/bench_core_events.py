@@ -2,7 +2,7 @@
 
 On SGLang 0.5.19+'s default Rust tree core the plugin builds the core with
 ``enable_kv_cache_events`` and takes the recorded events once a scheduler loop
-(``adapters/sglang/core_events.py``); a thread of radixtop's applies them to its tree. This drives
+(``adapters/sglang/events/core.py``); a thread of radixtop's applies them to its tree. This drives
 a real 0.5.23 ``UnifiedRadixCache`` on the Rust core request by request, as its scheduler does
 (tests/on_sglang/ref/drive23.py: match, lock, allocate, insert, unlock; evictions when the pool is
 full), once as SGLang builds it and once as the plugin does (events recorded, ``take_events()``
@@ -64,8 +64,8 @@ def run_block(sgl, capacity: int, requests, events: bool) -> dict:
     cache, pools = build(sgl, capacity, events)
     core = None
     if events:
-        from radixtop.adapters.sglang.core_events import CoreEvents
-        from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+        from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+        from radixtop.adapters.sglang.events.core import CoreEvents
 
         core = CoreEvents(cache, EventTreeAdapter(name="bench"))
     takes: list[float] = []

@@ -7,7 +7,7 @@ Run from the repository root, with the trace (kvcache-ai/Mooncake,
     .venv/bin/python benchmarks/bench_replay.py --trace conversation_trace.jsonl           # full
     .venv/bin/python benchmarks/bench_replay.py --trace conversation_trace.jsonl --quick   # < 1 min
 
-The trace becomes radixtop ops once (``gpu_backend.trace_formats``: each hash id a fixed run of
+The trace becomes radixtop ops once (``gpu_backend.traces.formats``: each hash id a fixed run of
 tokens, a ``request`` op per request, a ``close`` after each inferred session's last request); the
 full run keeps the trace's real lengths (``--scale 1``: 145M prompt tokens), ``--quick`` takes the
 first 2,000 requests at scale 8. Each op goes to both sides in turn (which side goes first
@@ -51,8 +51,8 @@ from _common import environment, finish, log  # noqa: E402
 
 from radixtop.gpu_backend.kv_geometry import get_geometry  # noqa: E402
 from radixtop.gpu_backend.scheduler import Scheduler  # noqa: E402
-from radixtop.gpu_backend.trace import Replayer  # noqa: E402
-from radixtop.gpu_backend.trace_formats import read_mooncake, timed_ops  # noqa: E402
+from radixtop.gpu_backend.traces.formats import read_mooncake, timed_ops
+from radixtop.gpu_backend.traces.ops import Replayer
 
 pc = time.perf_counter
 CHUNK = 500

@@ -10,9 +10,9 @@ A real SGLang ``RadixCache`` with its session mixin (0.5.16; ``--unified``: 0.5.
 with ~5% of its nodes tagged by sessions (50k sessions at 1M nodes), through the calls its scheduler
 makes (``tests/on_sglang/ref``: match, lock, allocate, ``cache_finished_req``). Then a scheduler
 thread keeps serving requests (new turns of those sessions and sessionless prompts, evicting when the
-pool is full) and between its steps runs radixtop's ``OwnerQueue.step()``, exactly where the plugin's
+pool is full) and between its steps runs radixtop's ``OwnerQueue.between_steps()``, exactly where the plugin's
 hook runs it. Meanwhile the dashboard's own ``Poller`` (``radixtop.inspector.poller``) polls the
-in-process ``SGLangAdapter`` once a second (stats, the expanded pages, the selected node, sessions
+in-process ``SGLangInProcessAdapter`` once a second (stats, the expanded pages, the selected node, sessions
 every 5 s). Every ``step()`` is timed: that is radixtop's hold of the scheduler thread.
 
 Two modes, alternating in windows on the same tree: ``index`` (the code as it is: ``TreeIndex``)
@@ -133,13 +133,13 @@ def _counter(tree: Tree):
 
 def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             baseline_s: float | None = None) -> dict[str, Any]:
-    from radixtop.adapters.sglang.inproc import SGLangAdapter
-    from radixtop.gpu_backend.owner_queue import OwnerQueue
+    from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+    from radixtop.gpu_backend.owner.queue import OwnerQueue
     from radixtop.inspector.poller import Poller, PollRequest
 
     owner = OwnerQueue("the benchmark scheduler")
     history = grown["history"]
-    adapter = SGLangAdapter(tree.cache, owner, model="bench", open_sessions=lambda: history,
+    adapter = SGLangInProcessAdapter(tree.cache, owner, model="bench", open_sessions=lambda: history,
                             slices=owner.slices, timeout=60.0)
     index = adapter._index
     by_op: dict[str, list[float]] = {}  # what the holds were made of: each read of a poll, timed
@@ -211,7 +211,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
                 tree.request(rng.choice(systems) + [rng.randrange(2, vocab) for _ in range(rng.randint(4, 16))],
                              [7], None)
             gc0, c0, t0 = GC_S[0], thread_time(), pc()
-            owner.step(max_items=64)
+            owner.between_steps(max_items=64)
             t1 = pc()
             holds.append((mode["name"], t1 - t0, GC_S[0] - gc0, thread_time() - c0))
             steps.append((mode["name"], t1 - started))
@@ -290,11 +290,11 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
 def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]:
     """The same with radixtop's own engine: the 1M-node tree of ``_common.build_tree`` (sessions,
     few-shot fan-outs, a forest) under the demo workload, the dashboard's Poller on a
-    ``BundledAdapter``; every ``owner.step()`` of the engine's loop timed (its commands and
+    ``BundledAdapter``; every ``owner.between_steps()`` of the engine's loop timed (its commands and
     slices: attribution, the evict heap's compaction, the reads' passes)."""
     from _common import TreeConfig, build_tree
 
-    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.workload import WorkloadConfig
     from radixtop.inspector.poller import Poller, PollRequest
@@ -330,7 +330,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     freeing: list[float] = []
     cache = built.scheduler.cache
     compacting: list[bool] = []  # per hold: a compaction was under way
-    compact = cache._compact_steps
+    compact = cache._compact_pass
 
     def counted_compaction(*args: Any, **kwargs: Any):
         compactions[0] += 1
@@ -346,7 +346,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
             (freeing if cache._compacting is None else walking).append(compaction_steps[-1])
             yield
 
-    built.scheduler.cache._compact_steps = counted_compaction
+    built.scheduler.cache._compact_pass = counted_compaction
     engine.start()
     adapter = BundledAdapter(engine, timeout=60.0)
     poller = Poller(adapter)

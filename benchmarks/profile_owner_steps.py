@@ -106,12 +106,12 @@ def report_hooks(calls: dict[str, list[tuple[float, float]]], label: str) -> Non
 def time_poll_reads(adapter: Any, top: int, repeats: int = 20) -> None:
     """Each read of a dashboard's poll (its ``read_many`` batch: stats, changes, sessions, the
     selected node, pages of children), as the plugin runs it on the owner, step by step."""
-    from radixtop.adapters.base import finished
     from radixtop.adapters.model import ROOT_ID
-    from radixtop.gpu_backend.session_rules import run_steps
+    from radixtop.adapters.owned.reads import finished
+    from radixtop.gpu_backend.owner.slices import run_to_end
     from radixtop.inspector.poller import SESSIONS_LOADED
 
-    root_page = finished(run_steps(adapter._read_steps((), "children", (ROOT_ID, 0, 100, "bytes"))))
+    root_page = finished(run_to_end(adapter._read_pass((), "children", (ROOT_ID, 0, 100, "bytes"))))
     first = root_page.children[0].id if root_page.children else ROOT_ID
     reads = [("stats", ()), ("changes", (0,)), ("sessions", ("exclusive_bytes", 0, SESSIONS_LOADED, "", False)),
              ("node", (first, 0, 256)), ("children", (ROOT_ID, 0, 100, "bytes")),
@@ -119,7 +119,7 @@ def time_poll_reads(adapter: Any, top: int, repeats: int = 20) -> None:
     for op, op_args in reads:
         cpus: list[float] = []
         for _ in range(repeats):
-            steps = adapter._read_steps((), op, op_args)
+            steps = adapter._read_pass((), op, op_args)
             while True:
                 c0 = thread_time()
                 try:
@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args(argv)
 
-    from radixtop.adapters.sglang.inproc import SGLangAdapter
-    from radixtop.gpu_backend.owner_queue import OwnerQueue
-    from radixtop.gpu_backend.slices import released
+    from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+    from radixtop.gpu_backend.owner.queue import OwnerQueue
+    from radixtop.gpu_backend.owner.slices import released
 
     tree = Tree(args.unified, capacity=args.nodes * 40)
     hooks = time_index_hooks(tree)
@@ -151,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     log(f"grew {grown['nodes']:,} nodes, {grown['sessions']:,} sessions in {grown['build_s']:.0f} s")
     report_hooks(hooks, "the index's hooks while the tree grew (GC off)")
     history = grown["history"]
-    adapter = SGLangAdapter(tree.cache, OwnerQueue("profile"), model="profile", open_sessions=lambda: history,
+    adapter = SGLangInProcessAdapter(tree.cache, OwnerQueue("profile"), model="profile", open_sessions=lambda: history,
                             timeout=60.0)
     made = None
     for k in range(args.passes):
-        made = profile(adapter._attribution_steps(), f"attribution pass {k + 1}", args.top)
+        made = profile(adapter._attribution_pass(), f"attribution pass {k + 1}", args.top)
     assert made is not None
-    profile(made.page_steps("exclusive_bytes", 0, 100), "first sort of the sessions page", args.top)
+    profile(made.page_pass("exclusive_bytes", 0, 100), "first sort of the sessions page", args.top)
     time_poll_reads(adapter, args.top)
     profile(released(dict(made.sessions), dict(made.beneath)), "freeing a replaced attribution", args.top)
     adapter.close()

@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from radixtop.adapters.units import human_bytes
+from radixtop.adapters.text import human_bytes
 
 
 def _snapshot(scheduler: Any) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def run_demo(geometry, capacity: int, workload, device: str, refresh: float, dur
     trace and returns the workload (a real-time playback, or None when it was applied at once)."""
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.scheduler import Scheduler
-    from radixtop.gpu_backend.trace_playback import TracePlayback
+    from radixtop.gpu_backend.traces.playback import TracePlayback
 
     device = pick_device(device, capacity * geometry.bytes_per_token)
     scheduler = Scheduler(geometry, capacity, device=device)

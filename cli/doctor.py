@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from radixtop.adapters.units import inert
+from radixtop.adapters.text import inert
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
 from radixtop.cli.remote import emit_json, target
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import inert
+from radixtop.adapters.text import inert
 from radixtop.cli.options import Json
 
 app = typer.Typer()
@@ -120,7 +120,7 @@ def print_fleet(view: Any) -> None:
         console.print(t)
     for note in view.notes:
         console.print(Text(f"note: {inert(note)}", style="yellow"))
-    console.print(Text("? = unknown (the worker cannot tell; never a 0). pressure = protected / capacity.",
+    console.print(Text("? = unknown (the worker cannot tell; never a 0). pressure = unevictable / capacity.",
                        style="dim"))
 
 
@@ -156,7 +156,7 @@ def run_fleet_dashboard(poller: Any, interval: float) -> None:
         except AdapterError as exc:
             typer.echo(f"radixtop: {inert(exc.message)}", err=True)
             continue
-        run_dashboard(adapter, label, 1.0, on_exit=adapter.close)
+        run_dashboard(adapter, label, 1.0, on_exit=adapter.release)
 
 
 @app.command()
@@ -175,7 +175,7 @@ def fleet(
                                       "dashboard).")] = False,
     interval: Annotated[float, typer.Option(min=0.5, max=60, help="--tui: seconds between polls.")] = 2.0,
 ) -> None:
-    """One row per worker and DP rank (capacity, free/evictable/protected, sessions, hit rate,
+    """One row per worker and DP rank (capacity, available/evictable/unevictable, sessions, hit rate,
     reachable or why not), the most pressed first; from Dynamo, the prefixes cached twice."""
     from radixtop.adapters.errors import BadRequest
 

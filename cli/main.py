@@ -42,7 +42,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def trace_errors(trace: Path | None) -> Iterator[None]:
     """A trace that cannot be read (exit 2), a line it cannot apply (exit 1, the line named), or a
     bad value (exit 2): one line each."""
-    from radixtop.gpu_backend.trace import TraceError  # late: the engine's imports are heavy
+    from radixtop.gpu_backend.traces.ops import TraceError  # late: the engine's imports are heavy
 
     try:
         yield
@@ -135,7 +135,7 @@ def tui(
             adapter = RadixtopClient(url, token=token, timeout=timeout)
         except BadRequest as exc:  # a URL or token that cannot be sent
             raise fail(exc.message, 2) from None
-        run_dashboard(adapter, url, interval, keys, on_exit=adapter.close)
+        run_dashboard(adapter, url, interval, keys, on_exit=adapter.release)
         return
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.cli.embedded import demo_server
@@ -155,7 +155,7 @@ def tui(
         with demo_server(name, geometry.name, capacity or 65536, sessions, seed, arrival_rate,
                          read_only, trace_args=trace_args) as child:
             adapter = RadixtopClient(child.url, token=child.token, timeout=timeout)
-            run_dashboard(adapter, name, interval, keys, on_exit=adapter.close, notices=child.watch)
+            run_dashboard(adapter, name, interval, keys, on_exit=adapter.release, notices=child.watch)
             if child.ended:
                 typer.echo(f"radixtop: the demo engine had ended; its last words: {child.log_tail()[-500:]}",
                            err=True)
@@ -245,10 +245,10 @@ def replay(
     public trace (Mooncake, kv-cache-tester) turned into them; --compare runs it under several
     settings side by side."""
     from radixtop.gpu_backend.kv_geometry import get_geometry
-    from radixtop.gpu_backend.trace import read_lines
-    from radixtop.gpu_backend.trace import replay as run_replay
-    from radixtop.gpu_backend.trace_compare import parse_capacity, split_list
-    from radixtop.gpu_backend.trace_formats import FORMATS
+    from radixtop.gpu_backend.traces.compare import parse_capacity, split_list
+    from radixtop.gpu_backend.traces.formats import FORMATS
+    from radixtop.gpu_backend.traces.ops import read_lines
+    from radixtop.gpu_backend.traces.ops import replay as run_replay
 
     if fmt not in FORMATS:
         raise fail(f"unknown --format {fmt!r}; use {', '.join(FORMATS)}", 2)

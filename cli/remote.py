@@ -10,16 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.units import (
-    age,
-    bucket_line,
-    count,
-    figures_note,
-    human_bytes,
-    inert,
-    known,
-    typed_confirmation,
-)
+from radixtop.adapters.model import POOL_STATES
+from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known, typed_confirmation
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 
 app = typer.Typer()
@@ -56,7 +48,7 @@ def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
     except AdapterError as exc:
         raise _exit(exc.message, EXIT_REFUSED) from None
     finally:
-        adapter.close()
+        adapter.release()
 
 
 def emit_json(doc: Any) -> None:
@@ -77,7 +69,7 @@ def _console():
 
 @app.command()
 def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False) -> None:
-    """Cache totals: free, evictable and protected memory, sessions, counters."""
+    """Cache totals in SGLang's words (available, evictable, protected, session_held, uncached), sessions, counters."""
     with target(url, token, timeout) as t:
         st = t.stats()
     if as_json:
@@ -88,8 +80,12 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
                   show_header=True)
     for col in ("", "tokens", "bytes", "share"):
         table.add_column(col, justify="right" if col else "left")
-    for name in ("free", "evictable", "protected", "capacity"):
-        tokens = getattr(st, f"{name}_tokens")
+    split = st.protected_tokens is not None or st.uncached_tokens is not None
+    for name in (*POOL_STATES, "capacity") if split else ("available", "evictable", "unevictable", "capacity"):
+        tokens = st.tokens_of(name)
+        if tokens is None:  # the target cannot tell: said, never 0
+            table.add_row(name, "unknown", "unknown", "-")
+            continue
         share = f"{tokens / st.capacity_tokens:.1%}" if st.capacity_tokens else "-"
         table.add_row(name, f"{tokens:,}", human_bytes(tokens * st.bytes_per_token), share)
     console = _console()
@@ -574,7 +570,7 @@ def flush(
             if as_json:
                 return emit_json(doc)
             typer.echo(f"would free {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)}); "
-                       f"{st.protected_tokens:,} locked or running stay; nothing changed")
+                       f"{st.unevictable_tokens:,} unevictable (locked, held or running) stay; nothing changed")
             return
         _confirm(f"Flush {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)})?", yes,
                  typed_confirmation("flush"))

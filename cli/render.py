@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from radixtop.adapters.units import human_bytes
+from radixtop.adapters.text import human_bytes
 
 
 def print_replay_summary(doc: dict[str, Any], bytes_per_token: int, console: Console | None = None) -> None:

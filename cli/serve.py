@@ -71,14 +71,14 @@ def serve(
     """Serve a cache over the HTTP admin API: the bundled engine (demo workload or a replayed
     trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
     (--sglang-url), so every command and the dashboard can use them through --url."""
-    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.adapters.http.logs import limit_repeats
     from radixtop.adapters.http.server import serve as serve_http
     from radixtop.cli.demo_view import pick_device
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.scheduler import Scheduler
-    from radixtop.gpu_backend.trace import TraceError
+    from radixtop.gpu_backend.traces.ops import TraceError  # late: the engine's imports are heavy
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
@@ -161,9 +161,9 @@ def serve(
 def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float):
     """Apply ``trace`` to ``scheduler`` at once (a radixtop trace, or ``speed`` 0) and return None,
     or return the TracePlayback that plays it in real time as the engine's workload."""
-    from radixtop.gpu_backend.trace import Replayer, read_lines, read_trace
-    from radixtop.gpu_backend.trace_formats import FORMATS, load_trace, scaled_block, timed_ops
-    from radixtop.gpu_backend.trace_playback import TracePlayback
+    from radixtop.gpu_backend.traces.formats import FORMATS, load_trace, scaled_block, timed_ops
+    from radixtop.gpu_backend.traces.ops import Replayer, read_lines, read_trace
+    from radixtop.gpu_backend.traces.playback import TracePlayback
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown --format {fmt!r}; use {', '.join(FORMATS)}")
@@ -180,7 +180,7 @@ def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float):
     ops = timed_ops(parsed, scale)
     if speed > 0:
         return TracePlayback(ops, speed)
-    from radixtop.gpu_backend.trace_compare import FiguresReplayer
+    from radixtop.gpu_backend.traces.compare import FiguresReplayer
 
     figures = FiguresReplayer(scheduler, {})  # refuses what does not fit, as the engine does
     for timed in ops:

@@ -90,7 +90,7 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
         from radixtop.adapters.errors import AdapterError
 
         try:
-            from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+            from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
         except ModuleNotFoundError as exc:
             if exc.name not in KV_EVENTS_EXTRA:
                 raise
@@ -100,7 +100,7 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
         topic, name = "", None
         try:
             if kv_events.startswith(("http://", "https://")):  # the server's URL: ask it where it publishes
-                from radixtop.adapters.sglang.kv_events import discover
+                from radixtop.adapters.sglang.events.zmq import discover
 
                 found = discover(kv_events, sglang_api_key, timeout)
                 if dp_rank >= found.dp_size:
@@ -109,15 +109,15 @@ def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
                 kv_replay = kv_replay or found.replay_endpoint
                 topic, name = found.topic, f"kv-events rank {dp_rank} of {kv_events}"
                 kv_events = found.endpoint
-            adapter = KvEventsAdapter(kv_events, kv_replay, topic=topic, dp_rank=dp_rank, geometry=geometry,
+            adapter = KVEventsAdapter(kv_events, kv_replay, topic=topic, dp_rank=dp_rank, geometry=geometry,
                                       capacity_tokens=capacity or 0, name=name, tokenizer=load_tokenizer(tokenizer))
         except AdapterError as exc:
             raise ValueError(exc.message) from None
-        return adapter, adapter.name, adapter.close
+        return adapter, adapter.name, adapter.release
     if sglang_url:
         from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
 
         adapter = SGLangRoutesAdapter(sglang_url, api_key=sglang_api_key, geometry=geometry,
                                     dp_rank=dp_rank if dp_rank else None, timeout=timeout)
-        return adapter, sglang_url, adapter.close
+        return adapter, sglang_url, adapter.release
     return None

@@ -11,14 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from radixtop.adapters.units import human_bytes, inert
+from radixtop.adapters.text import human_bytes, inert
 
 
 def load_ops(trace: Path, fmt: str, scale: int):
     """(info, make_ops): what the trace is, and a function giving a fresh iterator of its ops
     (each call replays the conversion, so several settings see identical ops)."""
-    from radixtop.gpu_backend.trace import read_lines, read_trace
-    from radixtop.gpu_backend.trace_formats import load_trace, scaled_block, timed_ops
+    from radixtop.gpu_backend.traces.formats import load_trace, scaled_block, timed_ops
+    from radixtop.gpu_backend.traces.ops import read_lines, read_trace
 
     if fmt == "radixtop":
         if scale != 1:
@@ -105,7 +105,7 @@ def run_replay(trace: Path, fmt: str, scale: int, capacities: list[int], evictio
                close_policies: list[str], geometry, as_json: bool, top_sessions: int) -> None:
     """A replay with figures (one setting) or a comparison (several); prints or raises ValueError,
     OSError, TraceError for the command to turn into an exit code."""
-    from radixtop.gpu_backend.trace_compare import compare, replay_figures
+    from radixtop.gpu_backend.traces.compare import compare, replay_figures
 
     info, make_ops = load_ops(trace, fmt, scale)
     if len(capacities) * len(eviction_policies) * len(close_policies) == 1:

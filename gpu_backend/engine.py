@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
-from radixtop.gpu_backend.owner_queue import OwnerError, OwnerQueue, OwnerStopped
+from radixtop.gpu_backend.owner.queue import OwnerError, OwnerQueue, OwnerStopped
 from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler
-from radixtop.gpu_backend.trace import op_to_json
-from radixtop.gpu_backend.trace_playback import TracePlayback
+from radixtop.gpu_backend.traces.ops import op_to_json
+from radixtop.gpu_backend.traces.playback import TracePlayback
 from radixtop.gpu_backend.workload import ChatWorkload, WorkloadConfig
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self.owner.step()
+                self.owner.between_steps()
                 if self.workload is not None and not self._paused.is_set():
                     self._step()
                     self.steps += 1
@@ -131,7 +131,7 @@ class Engine:
             if left <= 0:
                 return
             if self.slices.pending or self.owner.pending():
-                self.owner.step(idle=True, budget=left)
+                self.owner.between_steps(idle=True, budget=left)
             else:
                 self._wake.wait(left)
                 self._wake.clear()

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 import numpy as np
 
 from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
 from radixtop.gpu_backend.eviction import get_eviction_strategy
+from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
+from radixtop.gpu_backend.owner.slices import released
 from radixtop.gpu_backend.sessions import SessionRadixCacheMixin
-from radixtop.gpu_backend.slices import released
 
 _EMPTY_VALUE = np.empty(0, dtype=np.int64)
 
-# Entries kept in the change journal; a reader further behind than this must resync.
-JOURNAL_LIMIT = 200_000
 
 
 class TreeNode:
@@ -162,10 +159,7 @@ class RadixCache(SessionRadixCacheMixin):
         self.bytes_per_token = bytes_per_token
         self._next_id = 0
         self.version = 0
-        # Node ids only: versions are consecutive, so the entry i places from the right end
-        # has version ``self.version - i`` (no tuple per entry on the hot path).
-        self._journal: deque[int] = deque(maxlen=JOURNAL_LIMIT)
-        self._journal_floor = 0
+        self._journal = ChangeJournal(JOURNAL_LIMIT)
         self._pending_subtree: dict[TreeNode, int] = {}
         self.background: Callable[[Iterator[None]], None] | None = None
         """Where the cache's long passes run (the engine's slices, between its steps); None: on
@@ -179,8 +173,7 @@ class RadixCache(SessionRadixCacheMixin):
         self._next_id += 1
         # Readers of the journal must resync: everything they hold is gone.
         self.version += 1
-        self._journal.clear()
-        self._journal_floor = self.version
+        self._journal.reset(self.version)
         self._pending_subtree = {}
         self.root_node = TreeNode(0, self.clock(), priority=-(2**62))
         self.root_node.lock_ref = 1
@@ -386,22 +379,10 @@ class RadixCache(SessionRadixCacheMixin):
     def changes(self, since: int) -> ChangeSet:
         """Ids of nodes added, changed or removed after version ``since`` (or resync: the
         journal no longer reaches back that far, or the tree was reset since)."""
-        journal = self._journal
-        oldest = self.version - len(journal) + 1  # version of journal[0]
-        floor = max(self._journal_floor, oldest - 1)
-        if since < floor or since > self.version:
+        touched = self._journal.since(since, self.version, self.nodes)
+        if touched is None:
             return ChangeSet(since, self.version, True)
-        touched = dict.fromkeys(islice(reversed(journal), self.version - since))
-        added, changed, removed = [], [], []
-        for node_id in touched:
-            node = self.nodes.get(node_id)
-            if node is None:
-                removed.append(node_id)
-            elif node.created_version > since:
-                added.append(node_id)
-            else:
-                changed.append(node_id)
-        return ChangeSet(since, self.version, False, tuple(added), tuple(changed), tuple(removed))
+        return ChangeSet(since, self.version, False, *touched)
 
     def node_count(self) -> int:
         """Nodes in the tree, the root excluded."""
@@ -537,7 +518,7 @@ class RadixCache(SessionRadixCacheMixin):
 
     def _mark(self, node: TreeNode) -> None:
         self.version += 1
-        self._journal.append(node.id)
+        self._journal.record(node.id)
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         if node.lock_ref > 0 or node.children:
@@ -567,7 +548,7 @@ class RadixCache(SessionRadixCacheMixin):
                 self._compact_heap()
             else:  # a large heap takes seconds to compact: in slices between the owner's steps
                 self._compacting = []
-                self.background(self._compact_steps())
+                self.background(self._compact_pass())
 
     def _refresh(self, node: TreeNode) -> None:
         """Re-key an evictable leaf after its access time, hit count, priority or holders changed."""
@@ -583,14 +564,14 @@ class RadixCache(SessionRadixCacheMixin):
                 return node
         return None
 
-    def _compact_steps(self, chunk: int = 1024) -> Iterator[None]:
+    def _compact_pass(self, chunk: int = 1024) -> Iterator[None]:
         """The compaction as a pass that yields every ``chunk`` nodes: a new heap of every
         evictable leaf (with its current key and its last push's sequence number, as in
         ``_compact_heap``), built while the old one keeps serving evictions and both get every
-        push; then it replaces the old one, which is freed a chunk a step.
+        push; then it replaces the old one, which is freed a chunk at a time.
 
         The leaves are found by a walk of the tree, not a copy of ``evictable_leaves`` (780k
-        leaves copied in one step took 28.6 ms; the old heap of 3.1M entries freed at once, 434
+        leaves copied in one chunk took 28.6 ms; the old heap of 3.1M entries freed at once, 434
         ms). A leaf that becomes evictable during the walk is pushed to the new heap anyway; one
         that stops being evictable fails the membership check; a node split or freed meanwhile
         is still reached through the children lists the walk took."""
@@ -602,7 +583,7 @@ class RadixCache(SessionRadixCacheMixin):
                 return
             node = stack.pop()
             children = node.children
-            if len(children) > chunk:  # a wide node: its children a chunk a step, by their first
+            if len(children) > chunk:  # a wide node: its children a chunk at a time, by their first
                 firsts = list(children)  # tokens (of a 500k-entry dict: keys 2.4 ms, values 3.9 ms)
                 for start in range(0, len(firsts), chunk):
                     for first in firsts[start : start + chunk]:
@@ -622,7 +603,7 @@ class RadixCache(SessionRadixCacheMixin):
             old, self._evict_heap, self._compacting = self._evict_heap, new, None
             yield
             # its stale entries hold the last references to evicted nodes (their keys and slot
-            # arrays), so 128 a step (measured at 1M nodes: the longest such step 0.8 ms)
+            # arrays), so 128 a chunk (measured at 1M nodes: the longest such chunk 0.8 ms)
             yield from released(old, chunk=128)
 
     def _compact_heap(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from typing import Any, TypeVar
 
-from radixtop.gpu_backend.slices import released
+from radixtop.gpu_backend.owner.slices import released, run_to_end
 
 # Why an upward walk stopped, in SessionRadixCacheMixin's order of checks.
 STOP_ROOT = "root"
@@ -84,19 +84,10 @@ def exclusive_tokens(root: Node, session_leaves: Mapping[str, Collection[Node]],
     ``on_paths``: the nodes on the sessions' paths, when the caller has them already (a set or
     a dict's keys view); found here otherwise.
     """
-    return run_steps(exclusive_tokens_steps(root, session_leaves, on_paths))
+    return run_to_end(exclusive_tokens_pass(root, session_leaves, on_paths))
 
 
-def run_steps(steps: Generator[None, None, T]) -> T:
-    """Run a stepwise pass (a generator that yields between slices of work) to its end."""
-    try:
-        while True:
-            next(steps)
-    except StopIteration as done:
-        return done.value
-
-
-def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[Node]],
+def exclusive_tokens_pass(root: Node, session_leaves: Mapping[str, Collection[Node]],
                            on_paths: Collection[Node] | None = None,
                            chunk: int = 1024,
                            new_map: Callable[[], Any] = dict,
@@ -106,7 +97,7 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
     changing between slices it never fails, and a node that changed meanwhile counts for no one
     (a node deleted since has no holders; one added since is not on the paths). ``new_map``
     makes its map of a node's owner (one entry per node on the paths: at 1M nodes, a
-    ``ShardedMap`` keeps its growth out of single steps)."""
+    ``ShardedMap`` keeps its growth out of single chunks)."""
     if on_paths is None:
         on_paths = set()
         for leaves in session_leaves.values():
@@ -117,7 +108,7 @@ def exclusive_tokens_steps(root: Node, session_leaves: Mapping[str, Collection[N
                     node = node.parent
     owner = new_map()
     stack: list[tuple[Node, bool]] = []
-    # the walk starts at the root's children on the paths, taken from the paths a chunk a step
+    # the walk starts at the root's children on the paths, taken from the paths a chunk at a time
     # rather than by a copy of the root's children in one (a forest: as many as its prompts)
     for k, node in enumerate(on_paths):
         if node.parent is root:

@@ -15,8 +15,7 @@ from textual import work
 
 from radixtop.adapters.errors import AdapterError, Unsupported
 from radixtop.adapters.model import ClosePlanView
-from radixtop.adapters.units import typed_confirmation
-from radixtop.inspector.format import human_bytes, inert
+from radixtop.adapters.text import human_bytes, inert, typed_confirmation
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable

@@ -24,9 +24,9 @@ from textual.widgets import Footer, Input, Static
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
 from radixtop.adapters.model import ROOT_ID, Capabilities, NodeDetail, Stats
+from radixtop.adapters.text import figures_note, inert
 from radixtop.inspector.actions import ActionFlows
 from radixtop.inspector.detail import DetailPanel
-from radixtop.inspector.format import figures_note, inert
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, DoctorScreen, HelpScreen
 from radixtop.inspector.poller import DETAIL_TOKENS, Poller, PollRequest, Snapshot, TreeRows

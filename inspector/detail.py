@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from radixtop.adapters.model import NodeDetail
-from radixtop.inspector.format import age, human_bytes, inert, known
+from radixtop.adapters.text import age, human_bytes, inert, known
 from radixtop.inspector.poller import DETAIL_TOKENS
 
 

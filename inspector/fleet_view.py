@@ -20,7 +20,7 @@ from textual.widgets import Footer, Static
 
 from radixtop.adapters.fleet.format import COLUMNS, cells, duplicate_cells, reasons, summary
 from radixtop.adapters.fleet.model import FleetView, WorkerRow
-from radixtop.inspector.format import inert
+from radixtop.adapters.text import inert
 from radixtop.inspector.rows_view import RowsView, cursor_bindings
 
 WIDTHS = dict(zip(COLUMNS, (30, 3, 8, 14, 10, 10, 10, 8, 8, 5, 5, 5)))

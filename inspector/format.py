@@ -1,10 +1,8 @@
-"""Styles for the dashboard: colour by share of memory; units come from adapters.units."""
+"""Styles for the dashboard: colour by share of memory (the text itself comes from adapters.text)."""
 
 from __future__ import annotations
 
 from rich.style import Style
-
-from radixtop.adapters.units import age, count, figures_note, human_bytes, inert, known  # noqa: F401  (re-exported for the widgets)
 
 _SHARE_STYLES = [
     (0.25, Style(color="red", bold=True)),

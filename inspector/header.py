@@ -10,66 +10,119 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from radixtop.adapters.model import Stats
-from radixtop.inspector.format import count, human_bytes, inert
+from radixtop.adapters.model import POOL_STATES, Stats
+from radixtop.adapters.text import count, human_bytes, inert
 
 HISTORY = 120
 """Samples kept for the sparklines (two minutes at the default one-second poll)."""
 
 
+STYLES = {"available": "grey50", "evictable": "dark_orange", "protected": "red", "session_held": "magenta",
+          "uncached": "red3", "unevictable": "red"}
+"""A state's colour, the same in the bar and its legend."""
+SHORT = {"available": "avail", "evictable": "evict", "protected": "prot", "session_held": "sess",
+         "uncached": "unc", "unevictable": "unev"}
+"""A state's label on narrow screens."""
+
+
+def pool_parts(st: Stats) -> tuple[tuple[str, int | None], ...]:
+    """The pool in SGLang's leak-check words and order, adding up to capacity: available,
+    evictable, protected, session_held, uncached (each None where the target cannot tell); where
+    the target cannot tell the last three apart, their sum as ``unevictable``. The set of parts
+    depends on the target only, never on the figures: the legend keeps its layout."""
+    if st.protected_tokens is None and st.session_held_tokens is None and st.uncached_tokens is None:
+        return (("available", st.available_tokens), ("evictable", st.evictable_tokens),
+                ("unevictable", st.unevictable_tokens))
+    return tuple((state, st.tokens_of(state)) for state in POOL_STATES)
+
+
 def memory_bar(st: Stats, width: int) -> Text:
-    """protected | evictable | free, to scale, against capacity."""
+    """The pool's parts to scale against capacity, in the legend's order: available (what is left
+    of the width once the others are drawn, unknown parts included) left, then the used parts."""
     width = max(width, 10)
-    text = Text()
-    used = 0
-    for tokens, style in ((st.protected_tokens, "red"), (st.evictable_tokens, "dark_orange")):
-        cells = min(round(width * tokens / st.capacity_tokens) if st.capacity_tokens else 0, width - used)
-        text.append("█" * cells, style=style)
-        used += cells
-    text.append("░" * (width - used), style="grey50")
+    used: list[tuple[str, int]] = []
+    left = width
+    for name, tokens in pool_parts(st)[1:]:
+        cells = min(round(width * (tokens or 0) / st.capacity_tokens) if st.capacity_tokens else 0, left)
+        used.append((name, cells))
+        left -= cells
+    text = Text("░" * left, style=STYLES["available"])
+    for name, cells in used:
+        text.append("█" * cells, style=STYLES[name])
     return text
 
 
+def short_bytes(n: int) -> str:
+    """Bytes in at most five characters, as ``du -h`` writes them: 0B, 512B, 1.5K, 955M, 12G."""
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            if unit == "B":
+                return f"{int(value)}B"
+            return f"{value:.1f}{unit}" if abs(value) < 10 else f"{value:.0f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+BYTES_WIDTH = 10
+"""The widest ``human_bytes`` below 10,000 TiB ("1023.9 MiB"): every figure is padded to it, so
+the legend's parts keep their places while the figures change."""
+
+
 def legend(st: Stats, width: int) -> Text:
-    """The memory bar's legend, as much of it as fits: tokens and bytes on wide screens, bytes
-    only on narrower ones, short labels on 80 columns. Where the target has SGLang's leak-check
-    buckets, the legend uses them, by SGLang's names (protected is then split into protected,
-    session_held and uncached), for its first component; the others follow as a share used."""
+    """The memory bar's legend, in SGLang's words (``pool_parts``), as much of it as fits: tokens
+    and bytes on wide screens, bytes only on narrower ones, short labels and figures on 80
+    columns. Each figure is padded to the widest it can be, so the form is chosen by the screen's
+    width and the pool's capacity, never by the figures: the legend keeps its layout from one
+    refresh to the next. The node and session counts, and the other components of SGLang's leak
+    check (``swa``, ``mamba``, as a share used), follow where there is room."""
     bpt = st.bytes_per_token
-    parts: tuple[tuple[str, str, int], ...] = (
-        ("protected", "red", st.protected_tokens), ("evictable", "dark_orange", st.evictable_tokens),
-        ("free", "grey50", st.free_tokens))
-    if st.buckets:
-        b = st.buckets[0]
-        parts = (("protected", "red", b.protected), ("session_held", "magenta", b.session_held),
-                 ("uncached", "red3", b.uncached), ("evictable", "dark_orange", b.evictable),
-                 ("available", "grey50", b.available))
-        parts = tuple(p for p in parts if p[2] is None or p[2] or p[0] in ("protected", "evictable", "available"))
-    short = {"protected": "prot", "evictable": "evict", "free": "free", "session_held": "sess",
-             "uncached": "unc", "available": "avail"}
-    for form in ("full", "bytes", "short", "shortest"):
+    parts = pool_parts(st)
+    token_width = len(f"{max(st.capacity_tokens, 0):,}")
+
+    def figure(form: str, tokens: int | None) -> str:
+        if form == "compact":  # the last form: nothing to switch to, so no room spent on padding
+            return "?" if tokens is None else short_bytes(tokens * bpt)
+        amount = "unknown" if tokens is None else human_bytes(tokens * bpt)
+        if form == "full":
+            count_text = "?" if tokens is None else f"{tokens:,}"
+            return f"{count_text:>{token_width}} tok {amount:>{BYTES_WIDTH}}"
+        return f"{amount:>{BYTES_WIDTH}}"
+
+    def render(form: str) -> Text:
         text = Text()
-        for name, style, tokens in parts:
-            text.append(f"■ {name if form in ('full', 'bytes') else short[name]} ", style=style)
-            if tokens is None:
-                text.append("unknown  ")
-                continue
-            amount = human_bytes(tokens * bpt)
-            text.append(f"{tokens:,} tok {amount}  " if form == "full" else f"{amount}  ")
-        text.append("of ", style="dim")
-        text.append(human_bytes(st.capacity_bytes))
-        if form != "shortest":
-            text.append(f" · {count(st.node_count, 'nodes')}")
-        if st.open_sessions is not None:
-            text.append(f" · {st.open_sessions:,} sessions" + (" open" if form != "shortest" else ""))
-        for tier, tokens in (st.tier_tokens or {}).items():
-            if tier != "GPU" and form != "shortest":  # HiCache's other tiers beside the device pool
-                text.append(f" · {inert(tier)} {human_bytes(tokens * bpt)}")
-        for other in (st.buckets or ())[1:]:
-            used = other.total - other.available - other.evictable
-            text.append(f" · [{inert(other.component)}] {used / other.total:.0%} used" if other.total else "")
+        for name, tokens in parts:
+            label = name if form in ("full", "bytes") else SHORT[name]
+            text.append(f"■ {label} ", style=STYLES[name])
+            text.append(figure(form, tokens) + (" " if form == "compact" else "  "))
+        if form == "compact":
+            text.append("/", style="dim")
+            text.append(short_bytes(st.capacity_bytes))
+        else:
+            text.append("of ", style="dim")
+            text.append(human_bytes(st.capacity_bytes))
+        return text
+
+    for form in ("full", "bytes", "short", "compact"):
+        text = render(form)
         if text.cell_len <= width:
             break
+    extras = []  # most wanted first: the sessions, then the nodes, then the other tiers and components
+    if st.open_sessions is not None:
+        opened = f" · {st.open_sessions:,} sessions open"
+        extras.append(opened if text.cell_len + len(opened) <= width else f" · {st.open_sessions:,} sessions")
+    extras.append(f" · {count(st.node_count, 'nodes')}")
+    for tier, tokens in (st.tier_tokens or {}).items():
+        if tier != "GPU":  # HiCache's other tiers beside the device pool
+            extras.append(f" · {inert(tier)} {human_bytes(tokens * bpt)}")
+    for other in (st.buckets or ())[1:]:
+        if other.total:
+            used = other.total - other.available - other.evictable
+            extras.append(f" · [{inert(other.component)}] {used / other.total:.0%} used")
+    for extra in extras:
+        if text.cell_len + len(extra) > width:
+            break
+        text.append(extra)
     return text
 
 
@@ -176,7 +229,7 @@ class HeaderBar(Widget):
         _set(self.query_one("#title", Static), title)
         if st is None:
             return
-        width = max((self.size.width or self.app.size.width) - 2, 10)
+        width = max(self.size.width or self.app.size.width - 2, 10)  # the content area (padding excluded)
         _set(self.query_one("#bar", Static), memory_bar(st, width))
         _set(self.query_one("#legend", Static), legend(st, width))
         for key, series, fmt in (("hit", self.hit_rate, "{:.0%}"), ("evict", self.evictions, "{:,.0f}"),

@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from radixtop.adapters.model import SessionsPage, SessionView
-from radixtop.inspector.format import age, human_bytes, inert
+from radixtop.adapters.text import age, human_bytes, inert
 from radixtop.inspector.poller import SESSIONS_LOADED, SessionsQuery
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 

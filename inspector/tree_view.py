@@ -13,7 +13,8 @@ from textual.message import Message
 from textual.strip import Strip
 
 from radixtop.adapters.model import NodeView
-from radixtop.inspector.format import age, human_bytes, inert, share_style
+from radixtop.adapters.text import age, human_bytes, inert
+from radixtop.inspector.format import share_style
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 from radixtop.inspector.tree_state import Row
 

@@ -22,7 +22,7 @@ class DumpError(ValueError):
 
 
 @dataclass
-class _Block:
+class _DumpBlock:
     parent: int | None
     holders: set[str]
 
@@ -37,7 +37,7 @@ class ParsedDump:
     """Per model group (``model:group``)."""
     indexed_tokens: dict[str, int]
     """Per holder (``id`` or ``id@dp``): tokens in the device tier."""
-    blocks: dict[str, dict[int, _Block]]
+    blocks: dict[str, dict[int, _DumpBlock]]
     """Per model group: block hash -> parent and holders (device tier)."""
 
 
@@ -46,7 +46,7 @@ def parse_dump(body: Any) -> ParsedDump:
         raise DumpError(f"expected an object of model groups, got {type(body).__name__}")
     sizes: dict[str, int] = {}
     indexed: dict[str, int] = {}
-    groups: dict[str, dict[int, _Block]] = {}
+    groups: dict[str, dict[int, _DumpBlock]] = {}
     for group, doc in body.items():
         try:
             size = int(doc["block_size"])
@@ -54,7 +54,7 @@ def parse_dump(body: Any) -> ParsedDump:
         except (KeyError, TypeError, ValueError) as exc:
             raise DumpError(f"{group}: no block_size or events ({exc!r})") from None
         sizes[group] = size
-        blocks: dict[int, _Block] = groups.setdefault(group, {})
+        blocks: dict[int, _DumpBlock] = groups.setdefault(group, {})
         per_holder: dict[str, set[int]] = {}
         try:
             for event in events:
@@ -66,7 +66,7 @@ def parse_dump(body: Any) -> ParsedDump:
     return ParsedDump(sizes, indexed, groups)
 
 
-def _apply(event: Any, blocks: dict[int, _Block], per_holder: dict[str, set[int]]) -> None:
+def _apply(event: Any, blocks: dict[int, _DumpBlock], per_holder: dict[str, set[int]]) -> None:
     """One event of the dump on ``blocks`` and its holder's set; KeyError, TypeError, ValueError
     or AttributeError where the event is not in Dynamo's shape (``parse_dump`` says which)."""
     if event.get("storage_tier", DEVICE_TIER) != DEVICE_TIER:
@@ -81,7 +81,7 @@ def _apply(event: Any, blocks: dict[int, _Block], per_holder: dict[str, set[int]
             h = int(block["block_hash"])
             entry = blocks.get(h)
             if entry is None:
-                entry = blocks[h] = _Block(parent, set())
+                entry = blocks[h] = _DumpBlock(parent, set())
             entry.holders.add(who)
             held.add(h)
             parent = h

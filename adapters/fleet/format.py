@@ -4,11 +4,11 @@ An unknown figure reads "?" (never 0); sizes in bytes where the bytes per token 
 from __future__ import annotations
 
 from radixtop.adapters.fleet.model import FleetView, WorkerRow
-from radixtop.adapters.units import human_bytes
+from radixtop.adapters.text import human_bytes
 
-COLUMNS = ("worker", "dp", "from", "capacity", "free", "evictable", "protected", "pressure", "sessions",
+COLUMNS = ("worker", "dp", "from", "capacity", "available", "evictable", "unevictable", "pressure", "sessions",
            "hit", "reqs", "state")
-"""Column titles; ``pressure`` is protected / capacity (what cannot be freed now)."""
+"""Column titles; ``pressure`` is unevictable / capacity (what no eviction can free now)."""
 UNKNOWN = "?"
 
 
@@ -42,7 +42,7 @@ def cells(row: WorkerRow) -> tuple[str, ...]:
     if row.capacity_tokens is None and row.indexed_tokens is not None:
         capacity = f"{UNKNOWN} ({row.indexed_tokens:,} indexed)"
     return (row.worker, "-" if row.dp_rank is None else str(row.dp_rank), row.source, capacity,
-            size(row, row.free_tokens), size(row, row.evictable_tokens), size(row, row.protected_tokens),
+            size(row, row.available_tokens), size(row, row.evictable_tokens), size(row, row.unevictable_tokens),
             share(row.pressure), known(row.open_sessions), share(row.hit_rate), known(row.running_requests),
             state(row))
 

@@ -30,9 +30,9 @@ class WorkerRow:
     healthy: bool | None = None
     """The gateway's own health check (SMG); None where no gateway says."""
     capacity_tokens: int | None = None
-    free_tokens: int | None = None
+    available_tokens: int | None = None
     evictable_tokens: int | None = None
-    protected_tokens: int | None = None
+    unevictable_tokens: int | None = None
     bytes_per_token: int | None = None
     open_sessions: int | None = None
     prompt_tokens: int | None = None
@@ -44,18 +44,18 @@ class WorkerRow:
 
     @property
     def pressure(self) -> float | None:
-        """Share of the pool that cannot be freed now (protected / capacity): SGLang's own
+        """Share of the pool that cannot be freed now (unevictable / capacity): SGLang's own
         token usage. None when either is unknown."""
-        if self.protected_tokens is None or not self.capacity_tokens:
+        if self.unevictable_tokens is None or not self.capacity_tokens:
             return None
-        return self.protected_tokens / self.capacity_tokens
+        return self.unevictable_tokens / self.capacity_tokens
 
     @property
     def used_share(self) -> float | None:
-        """Share of the pool not free (protected + evictable)."""
-        if self.free_tokens is None or not self.capacity_tokens:
+        """Share of the pool not available (unevictable + evictable)."""
+        if self.available_tokens is None or not self.capacity_tokens:
             return None
-        return 1 - self.free_tokens / self.capacity_tokens
+        return 1 - self.available_tokens / self.capacity_tokens
 
     @property
     def hit_rate(self) -> float | None:
@@ -75,7 +75,7 @@ class WorkerRow:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(key=self.key, pressure=self.pressure, used_share=self.used_share, hit_rate=self.hit_rate)
-        for name in ("capacity", "free", "evictable", "protected"):
+        for name in ("capacity", "available", "evictable", "unevictable"):
             d[f"{name}_bytes"] = self.bytes(getattr(self, f"{name}_tokens"))
         return d
 
@@ -147,7 +147,7 @@ class FleetView:
 
 
 def by_pressure(rows: list[WorkerRow] | tuple[WorkerRow, ...]) -> tuple[WorkerRow, ...]:
-    """Reachable rows first, the most pressed (protected share, then used share) first; rows with
+    """Reachable rows first, the most pressed (unevictable share, then used share) first; rows with
     unknown figures after them; unreachable rows last; ties by worker and rank."""
     def key(r: WorkerRow) -> tuple:
         p, u = r.pressure, r.used_share

@@ -29,7 +29,7 @@ def _row_from_source(spec: WorkerSpec, why: str) -> WorkerRow:
     return WorkerRow(
         spec.worker, spec.dp_rank, spec.radixtop_url, spec.source if figures else "none", reachable and figures,
         why="; ".join(w for w in (spec.down, why) if w), model=spec.model, healthy=spec.healthy,
-        capacity_tokens=spec.capacity_tokens, protected_tokens=spec.protected_tokens,
+        capacity_tokens=spec.capacity_tokens, unevictable_tokens=spec.unevictable_tokens,
         running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
 
 
@@ -45,28 +45,28 @@ def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float)
     try:
         s = client.stats()
     finally:
-        client.close()
+        client.release()
     if spec.by_rule and not is_plugin_of(s.target, spec.dp_rank):
         raise AdapterError(f"{url} is a radixtop ({s.target!r}) but not this worker's plugin; give its URL "
                            "with --map")
     return WorkerRow(
         spec.worker, spec.dp_rank, url, "radixtop", True, why=spec.down, model=spec.model or s.geometry.name,
-        healthy=spec.healthy, capacity_tokens=s.capacity_tokens, free_tokens=s.free_tokens,
-        evictable_tokens=s.evictable_tokens, protected_tokens=s.protected_tokens,
+        healthy=spec.healthy, capacity_tokens=s.capacity_tokens, available_tokens=s.available_tokens,
+        evictable_tokens=s.evictable_tokens, unevictable_tokens=s.unevictable_tokens,
         bytes_per_token=s.bytes_per_token or None, open_sessions=s.open_sessions, prompt_tokens=s.prompt_tokens,
         cached_tokens=s.cached_tokens, running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
 
 
 def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str) -> WorkerRow:
-    """SGLang's own routes: capacity and protected always; free and evictable apart only with its
+    """SGLang's own routes: capacity and unevictable always; available and evictable apart only with its
     KV gauges in /metrics; the hit rate only with --enable-metrics; no sessions."""
     adapter = SGLangRoutesAdapter(spec.engine_url or spec.worker, api_key=api_key, dp_rank=spec.dp_rank,
                                   timeout=timeout)
     try:
         t = adapter.read()
     finally:
-        adapter.close()
-    missing = [] if t.split else ["free and evictable apart (no KV gauges in /metrics)"]
+        adapter.release()
+    missing = [] if t.split else ["available and evictable apart (no KV gauges in /metrics)"]
     if not t.metrics:
         missing.append("the hit rate (no /metrics: --enable-metrics)")
     notes = [w for w in (spec.down, why) if w]
@@ -74,8 +74,8 @@ def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str)
         notes.append("unknown: " + ", ".join(missing))
     return WorkerRow(
         spec.worker, spec.dp_rank, None, "sglang", True, why="; ".join(notes), model=spec.model,
-        healthy=spec.healthy, capacity_tokens=t.capacity, free_tokens=t.free if t.split else None,
-        evictable_tokens=t.evictable if t.split else None, protected_tokens=t.protected,
+        healthy=spec.healthy, capacity_tokens=t.capacity, available_tokens=t.available if t.split else None,
+        evictable_tokens=t.evictable if t.split else None, unevictable_tokens=t.unevictable,
         prompt_tokens=t.prompt if t.metrics else None, cached_tokens=t.cached if t.metrics else None,
         running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
 

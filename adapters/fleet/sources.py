@@ -31,7 +31,7 @@ class WorkerSpec:
     healthy: bool | None = None
     running_requests: int | None = None
     capacity_tokens: int | None = None
-    protected_tokens: int | None = None
+    unevictable_tokens: int | None = None
     indexed_tokens: int | None = None
     down: str = ""
     """Why the source says the worker is not serving (empty: it does not say so)."""
@@ -206,7 +206,7 @@ class SmgSource(Source):
                     base, r, url, by_rule, engine_url=base, model=model, healthy=healthy,
                     running_requests=_int(load.get("num_running_reqs")),
                     capacity_tokens=_int(load.get("max_total_num_tokens")),
-                    protected_tokens=_int(load.get("num_used_tokens")),
+                    unevictable_tokens=_int(load.get("num_used_tokens")),
                     down="" if healthy is not False else "SMG marks it unhealthy", source="smg"))
         specs, clash = _unambiguous(specs)
         return Discovery(tuple(specs), notes=tuple(notes + clash))

@@ -328,7 +328,7 @@ class RadixtopClient(CacheAdapter):
     def flush(self) -> FlushResultView:
         return self._view(flush_result_from_dict, self._act("/v1/flush"))
 
-    def close(self) -> None:
+    def release(self) -> None:
         self._client.close()
 
 

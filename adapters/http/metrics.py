@@ -14,7 +14,11 @@ from prometheus_client.registry import Collector
 
 from radixtop.adapters.base import CacheAdapter
 
-TOKEN_STATES = ("free", "evictable", "protected", "capacity", "total")
+TOKEN_STATES = ("capacity", "available", "evictable", "protected", "session_held", "uncached", "unevictable",
+                "total")
+"""``radixtop_tokens{state}``: SGLang's leak-check words (available + evictable + protected +
+session_held + uncached = capacity), their unevictable sum, and what the tree holds. A state the
+target cannot tell is left out, never 0."""
 BUCKETS = ("total", "available", "evictable", "protected", "session_held", "uncached")
 COUNTERS = (
     ("radixtop_prompt_tokens", "prompt_tokens", "Prompt tokens of every request begun."),
@@ -36,13 +40,18 @@ class StatsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st = self.adapter.stats()
-        tokens = GaugeMetricFamily("radixtop_tokens", "KV cache tokens by state; free + evictable + "
-                                   "protected = capacity; total is what the tree holds.", labels=["state"])
+        tokens = GaugeMetricFamily("radixtop_tokens", "KV cache tokens by state; available + evictable + "
+                                   "protected + session_held + uncached = capacity; unevictable is the last "
+                                   "three; total is what the tree holds.", labels=["state"])
         size = GaugeMetricFamily("radixtop_bytes", "KV cache bytes by state (tokens x bytes per token).",
                                  labels=["state"])
         for state in TOKEN_STATES:
-            tokens.add_metric([state], getattr(st, f"{state}_tokens"))
-            size.add_metric([state], getattr(st, f"{state}_bytes"))
+            value = st.tokens_of(state)
+            if value is not None:  # unknown is left out, never 0
+                tokens.add_metric([state], value)
+                size.add_metric([state], value * st.bytes_per_token)
+        tokens.add_metric(["free"], st.available_tokens)  # "available" before 0.2: until 0.3
+        size.add_metric(["free"], st.available_bytes)
         yield tokens
         yield size
         sessions = GaugeMetricFamily("radixtop_sessions", "Sessions by state (closed: still "

@@ -1,6 +1,6 @@
 """Request and response schemas of the admin API (pydantic, for validation and OpenAPI).
 
-They describe the JSON that ``adapters.wire`` produces from the view types; they are not the
+They describe the JSON that ``adapters.http.wire`` produces from the view types; they are not the
 internal types. The server answers with the wire dicts directly; tests validate those answers
 against these models so the published schema cannot drift from what is sent.
 """
@@ -71,12 +71,19 @@ class BucketOut(Schema):
 
 
 class StatsOut(Schema):
+    """available + evictable + protected + session_held + uncached = capacity (SGLang's leak-check
+    words); ``unevictable`` is the last three together, known even where they are not told apart."""
+
     target: str
     capacity_tokens: int
-    free_tokens: int
+    available_tokens: int
     evictable_tokens: int
-    protected_tokens: int
-    running_tokens: int
+    protected_tokens: int | None = Field(description="locked tree nodes (SGLang's protected_size); null: the "
+                                                     "target cannot tell them from running requests' slots")
+    session_held_tokens: int | None = Field(description="slots sessions hold outside the tree; null: unknown")
+    uncached_tokens: int | None = Field(description="running requests' slots beyond their cached prefix; "
+                                                    "null: unknown")
+    unevictable_tokens: int = Field(description="protected + session_held + uncached")
     total_tokens: int
     bytes_per_token: int
     node_count: int | None = Field(description="null: the target cannot tell")
@@ -93,10 +100,16 @@ class StatsOut(Schema):
     buckets: list[BucketOut] | None = Field(default=None, description="SGLang's leak-check buckets per component; "
                                                                         "null: the target keeps none")
     capacity_bytes: int
-    free_bytes: int
+    available_bytes: int
     evictable_bytes: int
-    protected_bytes: int
+    protected_bytes: int | None
+    session_held_bytes: int | None
+    uncached_bytes: int | None
+    unevictable_bytes: int
     total_bytes: int
+    free_tokens: int = Field(deprecated=True, description="available_tokens (wire version 1; until 0.3)")
+    free_bytes: int = Field(deprecated=True, description="available_bytes (wire version 1; until 0.3)")
+    running_tokens: int = Field(deprecated=True, description="session_held + uncached (wire version 1; until 0.3)")
 
 
 class NodeOut(Schema):

@@ -85,6 +85,7 @@ from radixtop.adapters.http.wire import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
     PAYLOAD_TOO_LARGE,
+    WIRE_VERSION,
     encode_export_columns,
     error_body,
     error_to_body,
@@ -263,7 +264,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
     app = FastAPI(
         title="radixtop admin API",
         summary="Read and act on a radix KV cache: stats, tree, sessions, close, evict, flush.",
-        version="1",
+        version=str(WIRE_VERSION),
         docs_url=None, redoc_url=None,  # their pages load scripts from a public CDN
     )
     app.add_middleware(Admission, bind=bind, tokens=tokens, max_heavy_reads=max_heavy_reads)

@@ -32,9 +32,15 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
     SubtreeView,
+    stats_from_wire_1,
 )
 
 V = TypeVar("V")
+
+WIRE_VERSION = 2
+"""The admin API's wire version (its OpenAPI ``info.version``). 2 (radixtop 0.2): the pool in
+SGLang's leak-check words (``docs/api.md``); version 1's stats keys are still sent until 0.3
+(``model.WIRE_KEYS_BEFORE_0_2``), and a version 1 reply is still read."""
 
 # Codes the HTTP edge uses for conditions that are not adapter errors (routing, sizes).
 NOT_FOUND = "not_found"
@@ -47,11 +53,6 @@ BUSY = "busy"  # 429: heavy reads at their limit; Retry-After says when to ask a
 
 class WireError(AdapterError):
     """A reply that does not follow the wire schema."""
-
-
-def to_wire(view: Any) -> dict[str, Any]:
-    """A view (or a plain dict) as a JSON-able dict; tuples become lists when serialised."""
-    return view if isinstance(view, dict) else view.to_dict()
 
 
 @cache
@@ -105,6 +106,8 @@ def capabilities_from_dict(d: dict[str, Any]) -> Capabilities:
 
 
 def stats_from_dict(d: dict[str, Any]) -> Stats:
+    if isinstance(d, dict) and "available_tokens" not in d and "free_tokens" in d:
+        d = stats_from_wire_1(d)  # a radixtop before 0.2 (a fleet may mix versions)
     return from_wire(Stats, d)
 
 

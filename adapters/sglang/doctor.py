@@ -21,10 +21,10 @@ from collections.abc import Generator, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from radixtop.adapters.doctor import Admission, DoctorInputs, Pool
+from radixtop.adapters.doctor import AdmissionQueue, DoctorInputs, Pool
 
 if TYPE_CHECKING:
-    from radixtop.adapters.sglang.inproc import SGLangAdapter
+    from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 
 SESSION_CHUNK = 256
 
@@ -72,7 +72,7 @@ def head_need(req: Any) -> int:
     return max(0, tokens - (len(prefix) if prefix is not None else 0))
 
 
-def doctor_inputs(adapter: SGLangAdapter) -> DoctorInputs:
+def doctor_inputs(adapter: SGLangInProcessAdapter) -> DoctorInputs:
     """What the doctor checks, read on the scheduler thread through the adapter's hooks."""
     import importlib.metadata
 
@@ -115,12 +115,12 @@ def doctor_inputs(adapter: SGLangAdapter) -> DoctorInputs:
                 yield
         return idle
 
-    def admission() -> Admission | None:
+    def admission() -> AdmissionQueue | None:
         waiting = adapter.waiting_requests()  # type: ignore[misc]
         if not waiting:
             return None
         head = waiting[0]
-        return Admission(len(waiting), str(getattr(head, "rid", "?")), head_need(head))
+        return AdmissionQueue(len(waiting), str(getattr(head, "rid", "?")), head_need(head))
 
     skipped = {}
     sessions_ok = tree.policy is not None and tree.has_nodes

@@ -27,13 +27,13 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixtop.adapters.shards import SHARD_MASK, ShardedMap
+from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 
 INDEX = "_radixtop_index"
 KEEP = 256
 """Children kept ranked per node read (at least twice the page asked for)."""
 RANK_CHUNK = 1024
-"""Children ranked per step of a full ranking (a slice each)."""
+"""Children ranked per chunk of a full ranking."""
 FORGET_S = 120.0
 """A node's ranking not read for this long is dropped."""
 
@@ -96,9 +96,9 @@ class TreeIndex:
 
     def top_children(self, node: Any, want: int) -> Generator[None, None, list[Any]]:
         """The ``want`` children of ``node`` with the most subtree tokens (ties: lower id first),
-        exactly, as a stepwise pass. A node read before re-ranks only its last top children and
+        exactly, as a pass. A node read before re-ranks only its last top children and
         those whose subtree changed since (O(page + changes)); the first read, or one that the
-        changes leave short, ranks them all, ``RANK_CHUNK`` a step."""
+        changes leave short, ranks them all, ``RANK_CHUNK`` a chunk."""
         subtree = self.subtree
         key = lambda n: (-subtree[n.id], n.id)  # noqa: E731
         now = time.monotonic()

@@ -19,43 +19,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
-import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from radixtop.adapters.attribution import (
-    Attribution,
-    AttributionCache,
-    attribution_steps,
-    session_view,
-    sessions_page_steps,
-)
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
-    OffOwner,
-    OwnerReads,
     check_chain_limit,
     check_child_order,
     check_page,
     check_sessions_read,
     check_tokens,
-    finished,
 )
-from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_steps
+from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
     AdapterError,
     BadRequest,
-    ReadOnly,
-    TargetTimeout,
-    TargetUnreachable,
-    UnknownNode,
-    UnknownSession,
     Unsupported,
+    read_only,
+    unknown_node,
+    unknown_session,
 )
 from radixtop.adapters.model import (
+    FIRST_TOKENS,
     ROOT_ID,
     Bucket,
     Capabilities,
@@ -76,23 +64,30 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
+from radixtop.adapters.owned.attribution import (
+    Attribution,
+    AttributionCache,
+    attribution_pass,
+    session_view,
+    sessions_page_pass,
+)
+from radixtop.adapters.owned.common import SORT_CHUNK, owner_call
+from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
-from radixtop.adapters.units import TEXT_TOKENS, decode_preview
-from radixtop.gpu_backend.owner_queue import OwnerQueue, OwnerStopped, OwnerTimeout, gc_paused
-from radixtop.gpu_backend.session_rules import plan_release, run_steps
-from radixtop.gpu_backend.slices import Slices, released
+from radixtop.adapters.text import TEXT_TOKENS, decode_preview
+from radixtop.gpu_backend.owner.queue import OwnerQueue, gc_paused
+from radixtop.gpu_backend.owner.slices import Slices, released, run_to_end
+from radixtop.gpu_backend.session_rules import plan_release
 
 T = TypeVar("T")
-FIRST_TOKENS = 16
-SORT_CHUNK = 1024
-"""Children sorted at once; a wider node is ranked in chunks of this many, a step each."""
 ATTRIBUTION_CHUNK = 256
-"""Nodes or sessions an attribution pass takes per step (a step is kept to about 1 ms)."""
+"""Nodes or sessions an attribution pass takes per chunk (a chunk is kept to about 1 ms)."""
 COUNT_INLINE = 2000
 """Open sessions are counted on the spot up to this many; past it, by the last attribution
 (unknown until the first one ends)."""
-SIZES_BUDGET = 50  # reuse a walk for at least 50x what it cost (<= 2% of the scheduler)
+SIZES_BUDGET = 50
+"""Reuse a walk of a tree the index cannot follow for at least 50x what it cost (<= 2% of the scheduler)."""
 
 
 def kv_geometry(kv_pool: Any, page_size: int, model: str) -> Geometry:
@@ -112,13 +107,13 @@ def kv_geometry(kv_pool: Any, page_size: int, model: str) -> Geometry:
 
 
 OBSERVER = "_radixtop_observer"
+"""The attribute of a tree cache that names the adapter counting what SGLang does to it."""
 HEALTH_CHECK = "HEALTH_CHECK"
 """``sglang.srt.constants.HEALTH_CHECK_RID_PREFIX``: /health's own requests, which SGLang's
 TokenizerManager leaves out of its counters (it drops their state before their output comes)."""
-"""The attribute of a tree cache that names the adapter counting what SGLang does to it."""
 
 
-def observe(cache: Any, adapter: SGLangAdapter) -> None:
+def observe(cache: Any, adapter: SGLangInProcessAdapter) -> None:
     """Count what SGLang itself does to ``cache``, not only what radixtop asks: its evictions (its
     own ``update_eviction_metrics``, which feeds ``sglang:evicted_tokens_total``), the prompt and
     cached tokens of every finished request (``on_release``, or 0.5.16's ``cache_finished_req``: the figures SGLang reports
@@ -189,8 +184,9 @@ class _Walk:
         return time.monotonic() - self.taken_at < max(max_age, self.cost_s * SIZES_BUDGET)
 
 
-class SGLangAdapter(OwnerReads, CacheAdapter):
-    """The contract over one SGLang tree cache (see ``adapters.sglang_trees`` for which)."""
+class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
+    """The contract over one SGLang tree cache, in SGLang's scheduler process (see
+    ``adapters.sglang.trees`` for which caches)."""
 
     def __init__(
         self,
@@ -203,14 +199,18 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         timeout: float = 10.0,
         tokenizer: Any = None,
         open_sessions: Callable[[], Iterable[str]] | None = None,
-        close: Callable[[str], None] | None = None,
+        closer: Callable[[str], None] | None = None,
         buckets: Callable[[], tuple[Bucket, ...] | None] | None = None,
         running_requests: Callable[[], Iterable[Any] | None] | None = None,
         waiting_requests: Callable[[], Sequence[Any] | None] | None = None,
         sizes_max_age: float = 2.0,
         attribution_max_age: float = 1.0,
         slices: Slices | None = None,
+        close: Callable[[str], None] | None = None,
     ):
+        """``closer``: closes a session the way the server does (the scheduler's own
+        ``close_session``); SGLang's ``release_radix_session`` where not given. ``close``: its
+        name before 0.2 (kept for one release)."""
         self.tree: SGLangTree = tree_for(tree_cache)
         self.cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator
@@ -227,7 +227,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         self.timeout = timeout
         self.tokenizer = tokenizer
         self._open_sessions = open_sessions or (lambda: ())
-        self._close = close or self.tree.release
+        self._close = closer or close or self.tree.release
         self._buckets = buckets
         """SGLang's leak-check buckets per component (``adapters.sglang.buckets``), read on the
         scheduler thread with the other totals; the plugin gives them (they need the scheduler)."""
@@ -237,12 +237,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         (``adapters.sglang.doctor``; the plugin reads them from the scheduler): the leak doctor's."""
         self.sizes_max_age = sizes_max_age
         self.attributions = AttributionCache(attribution_max_age, slices=slices)
-        """``run``: the scheduler's ``OwnerQueue`` (or its ``call``); with the queue, long reads
-        run in its slices between the scheduler's steps, never holding it longer than a slice;
-        without one (``slices``) they run to their end on the spot."""
         self._index = install(tree_cache) if self.tree.has_nodes else None
         self._walk: _Walk | None = None  # only for a tree the index cannot follow
-        self._step = threading.local()  # see OneStepReads
+        self._init_owner_reads()
         self.version = 0
         # Counters, updated on the scheduler thread by SGLang's own calls (see ``observe``).
         self.closes = 0
@@ -257,7 +254,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
     def _call(self, fn: Callable[[], T], urgent: bool = False) -> T:
         """``fn()`` on the scheduler thread; ``urgent`` (actions, stats) ahead of queued reads."""
         def run() -> T:
-            if self._run is None or self._in_step() is not None:  # in read_many's step
+            if self._run is None or self._in_pass() is not None:  # inline in read_many's pass
                 return fn()
             if self._owner is not None:  # ``_run`` is its ``call``
                 return self._run(fn, self.timeout, urgent)
@@ -269,14 +266,14 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         """``fn()`` on the scheduler thread, between its batches (for a reader beside this one)."""
         return self._call(fn, urgent)
 
-    def _call_steps(self, steps: Callable[[], Generator[None, None, T]]) -> T:
+    def _call_pass(self, make: Callable[[], Generator[None, None, T]]) -> T:
         """A read that may need more than a slice of the scheduler (sorting a node of 100k
-        children, a first attribution): run in slices between its steps, where the adapter has
-        the scheduler's queue; on the spot otherwise."""
+        children, a first attribution): a pass run a slice at a time between its steps, where
+        the adapter has the scheduler's queue; to its end on the spot otherwise."""
         def run() -> T:
-            if self._owner is not None and self._in_step() is None:
-                return self._owner.call_steps(steps, self.timeout)
-            return self._call(lambda: run_steps(steps()))  # inline, or one call of a plain ``run``
+            if self._owner is not None and self._in_pass() is None:
+                return self._owner.call_pass(make, self.timeout)
+            return self._call(lambda: run_to_end(make()))  # inline, or one call of a plain ``run``
 
         return finished(self._mapped(run))
 
@@ -287,13 +284,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     def _mapped(self, run: Callable[[], T]) -> T:
         try:
-            return run()
+            return owner_call(run, self.name)
         except AdapterError:
             raise
-        except OwnerTimeout as exc:
-            raise TargetTimeout(str(exc)) from None
-        except OwnerStopped as exc:
-            raise TargetUnreachable(str(exc)) from None
         except (LookupError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
             raise AdapterError(f"reading SGLang's {self.tree.kind} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -367,7 +360,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                 self._walk = None  # a walk's snapshot: the node may be newer than it
                 node = self._sizes().get(node_id)
         if node is None or not self._attached(node):
-            raise UnknownNode(f"node {node_id} is not in the tree (evicted, freed, or never existed)")
+            raise unknown_node(node_id)
         return node
 
     def _depth(self, node: Any) -> int:
@@ -446,15 +439,22 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                     opened = len(open_ids - set(closed))
                 elif attribution is not None:  # counting them here is O(sessions) each read
                     opened = attribution.opened
+            buckets = self._buckets() if self._buckets is not None else None
+            # What is neither available nor in the tree is held by sessions (0.5.23's streaming
+            # sessions) or by running requests beyond their cached prefix: told apart by SGLang's
+            # leak check where it can be read, unknown otherwise
+            session_held = min(buckets[0].session_held, running) if buckets else None
             return Stats(
-                target=self.name, capacity_tokens=capacity, free_tokens=free,
-                evictable_tokens=evictable, protected_tokens=protected + running,
-                running_tokens=running, total_tokens=evictable + protected, bytes_per_token=bpt,
+                target=self.name, capacity_tokens=capacity, available_tokens=free,
+                evictable_tokens=evictable, protected_tokens=protected, session_held_tokens=session_held,
+                uncached_tokens=None if session_held is None else running - session_held,
+                unevictable_tokens=protected + running,
+                total_tokens=evictable + protected, bytes_per_token=bpt,
                 node_count=nodes, open_sessions=opened,
                 closed_sessions=closed_count, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                 evicted_tokens=self.evicted_tokens, closes=self.closes,
                 freed_by_close_tokens=self.freed_by_close_tokens, version=self.version,
-                geometry=self.geometry, buckets=self._buckets() if self._buckets is not None else None,
+                geometry=self.geometry, buckets=buckets,
             )
 
         return self._call(read, urgent=True)  # cheap, and what health checks read
@@ -462,9 +462,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
         check_child_order(order)
-        return self._call_steps(lambda: self._children_steps(node_id, offset, limit, order))
+        return self._call_pass(lambda: self._children_pass(node_id, offset, limit, order))
 
-    def _children_steps(self, node_id: int, offset: int = 0, limit: int = 100,
+    def _children_pass(self, node_id: int, offset: int = 0, limit: int = 100,
                         order: str = "bytes") -> Generator[None, None, OffOwner]:
         check_page(offset, limit)
         check_child_order(order)
@@ -511,9 +511,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)
-        return self._call_steps(lambda: self._node_steps(node_id, token_offset, token_limit))
+        return self._call_pass(lambda: self._node_pass(node_id, token_offset, token_limit))
 
-    def _node_steps(self, node_id: int, token_offset: int = 0,
+    def _node_pass(self, node_id: int, token_offset: int = 0,
                     token_limit: int = 256) -> Generator[None, None, OffOwner]:
         check_page(token_offset, token_limit)
         self._need_tree()
@@ -541,9 +541,9 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     def _attribution_ready(self) -> Generator[None, None, Attribution]:
         """The attribution to serve; without one yet (a first pass), wait for it in slices."""
-        return (yield from self.attributions.ready(None, self._attribution_steps))
+        return (yield from self.attributions.ready(None, self._attribution_pass))
 
-    def _attribution_steps(self) -> Generator[None, None, Attribution]:
+    def _attribution_pass(self) -> Generator[None, None, Attribution]:
         """A new attribution pass, its set-up included, a slice at a time."""
         tree = self.tree
         leaves = tree.session_leaves()
@@ -561,7 +561,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                 if k % (ATTRIBUTION_CHUNK * 8) == ATTRIBUTION_CHUNK * 8 - 1:
                     yield
         yield
-        made = yield from attribution_steps(tree.root, leaves, tree.closed(), known, activity, self.bpt,
+        made = yield from attribution_pass(tree.root, leaves, tree.closed(), known, activity, self.bpt,
                                             tree.policy == "free", key=("version", self.version, time.monotonic()),
                                             lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK)
         yield from released(known, activity)
@@ -571,25 +571,25 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
                  reverse: bool = False) -> SessionsPage:
         check_sessions_read(order, offset, limit, contains)
         self._need_sessions()
-        return self._call_steps(lambda: self._sessions_steps(order, offset, limit, contains, reverse))
+        return self._call_pass(lambda: self._sessions_pass(order, offset, limit, contains, reverse))
 
-    def _sessions_steps(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100,
+    def _sessions_pass(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100,
                         contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
         check_sessions_read(order, offset, limit, contains)
         self._need_sessions()
         attribution = yield from self._attribution_ready()
-        return (yield from sessions_page_steps(attribution, order, offset, limit, contains, reverse,
+        return (yield from sessions_page_pass(attribution, order, offset, limit, contains, reverse,
                                                self.attributions.refreshing))
 
     def session(self, session_id: str) -> SessionDetail:
         self._need_sessions()
-        return self._call_steps(lambda: self._session_steps(session_id))
+        return self._call_pass(lambda: self._session_pass(session_id))
 
-    def _session_steps(self, session_id: str) -> Generator[None, None, SessionDetail]:
+    def _session_pass(self, session_id: str) -> Generator[None, None, SessionDetail]:
         self._need_sessions()
         row = (yield from self._attribution_ready()).sessions.get(session_id)
         if row is None:
-            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            raise unknown_session(session_id)
         nodes = self.tree.session_leaves().get(session_id, ())
         view = session_view(row, time.monotonic())
         if view.state == "open":  # the nodes it tags now, and their count, from the same moment
@@ -634,7 +634,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
         check_idle_after(idle_after_s)
         from radixtop.adapters.sglang.doctor import doctor_inputs
 
-        return self._call_steps(lambda: diagnose_steps(doctor_inputs(self), idle_after_s))
+        return self._call_pass(lambda: diagnose_pass(doctor_inputs(self), idle_after_s))
 
     def export(self) -> Iterator[dict[str, Any]]:
         self._need_tree()
@@ -670,7 +670,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             return "closed"
         if session_id in self.tree.session_leaves() or session_id in self._known_open():
             return "open"
-        raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+        raise unknown_session(session_id)
 
     def _plan(self, session_id: str) -> ClosePlanView:
         tree = self.tree
@@ -691,13 +691,13 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
 
     def _refuse_if_read_only(self, action: str) -> None:
         if self.read_only:
-            raise ReadOnly(f"{action} refused: {self.name} is attached read-only")
+            raise read_only(self.name, action)
 
     def close_session(self, session_id: str) -> CloseResultView:
         return self.close_session_planned(session_id)[1]
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
-        """Plan and close in one step of the scheduler thread (the result is the plan)."""
+        """Plan and close in one hold of the scheduler thread (the result is the plan)."""
         self._need_sessions()
         self._refuse_if_read_only(f"close of session {session_id!r}")
 
@@ -708,7 +708,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             self._close(session_id)  # counted by ``observe``'s wrapper of release_radix_session
             freed_tokens = int(self.allocator.available_size()) - before
             self._changed()
-            # The plan ran on this thread, in the same step: it is what the close freed.
+            # The plan ran on this thread, in the same hold: it is what the close freed.
             freed_ids = plan.freed_node_ids if freed_tokens == plan.freed_tokens else ()
             return plan, CloseResultView(session_id, plan.policy, already, freed_ids, freed_tokens,
                                          freed_tokens * self.bpt, plan.released_holds)
@@ -742,3 +742,7 @@ class SGLangAdapter(OwnerReads, CacheAdapter):
             return FlushResultView(tokens, nodes, tokens * self.bpt, True, message)
 
         return self._call(act, urgent=True)
+
+
+SGLangAdapter = SGLangInProcessAdapter
+"""The name before 0.2 (kept for one release)."""

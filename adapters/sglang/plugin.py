@@ -38,8 +38,8 @@ from typing import Any
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.sglang.buckets import sglang_buckets
 from radixtop.adapters.sglang.doctor import running_requests, waiting_requests
-from radixtop.adapters.sglang.inproc import SGLangAdapter
-from radixtop.gpu_backend.owner_queue import OwnerQueue
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.owner.queue import OwnerQueue
 
 log = logging.getLogger("radixtop.sglang")
 
@@ -51,7 +51,7 @@ DEFAULT_PORT = 30100
 class Attached:
     """radixtop inside one scheduler process."""
 
-    adapter: CacheAdapter  # SGLangAdapter, or CoreEventsAdapter over it
+    adapter: CacheAdapter  # SGLangInProcessAdapter, or CoreEventsAdapter over it
     owner: OwnerQueue
     url: str
     server: Any  # uvicorn.Server
@@ -62,10 +62,17 @@ class Attached:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
-        self.adapter.close()
+        self.adapter.release()
 
 
-_ATTACHED: dict[int, Attached] = {}  # by id(scheduler)
+ATTACHED = "_radixtop_attached"
+"""Set on the scheduler: what radixtop attached there (``attached_to``). On the scheduler itself,
+not by its id: a gone scheduler's id is reused by a new one, which would run the old one's queue."""
+
+
+def attached_to(scheduler: Any) -> Attached | None:
+    """What radixtop attached to ``scheduler`` (None: nothing, or another TP rank)."""
+    return getattr(scheduler, ATTACHED, None)
 
 
 class IdleWaker:
@@ -104,7 +111,7 @@ def register() -> None:
     HookRegistry.register(f"{SCHEDULER}.__init__", _after_init, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.process_input_requests", _after_inputs, HookType.AFTER)
     if os.environ.get("RADIXTOP_CORE_EVENTS", "1").strip() != "0" and _has_rust_core():
-        from radixtop.adapters.sglang.core_events import RUST_CORE, record_events
+        from radixtop.adapters.sglang.events.core import RUST_CORE, record_events
 
         HookRegistry.register(f"{RUST_CORE}.__init__", record_events, HookType.BEFORE)
 
@@ -129,13 +136,13 @@ def _after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    attached = _ATTACHED.get(id(scheduler))
+    attached = attached_to(scheduler)
     if attached is not None:
         if attached.waker is not None:
             attached.waker.drained()
         if attached.core is not None and not attached.core.sglang_takes:
             attached.core.drain()
-        attached.owner.step(max_items=64)
+        attached.owner.between_steps(max_items=64)
     if attached is None or attached.core is None:
         _discard_events(scheduler)
 
@@ -150,7 +157,7 @@ def _discard_events(scheduler: Any) -> None:
     """Take and drop the events of a core that records them for nobody, so they never pile up."""
     unread = getattr(scheduler, UNREAD, None)
     if unread is None:
-        from radixtop.adapters.sglang.core_events import records_events
+        from radixtop.adapters.sglang.events.core import records_events
 
         publisher = getattr(scheduler, "kv_events_publisher", None)
         unread = (records_events(getattr(scheduler, "tree_cache", None))
@@ -237,11 +244,11 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     sleeper = getattr(scheduler, "idle_sleeper", None)
     waker = IdleWaker(sleeper.poller) if sleeper is not None and hasattr(sleeper, "poller") else None
     owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})", wake=waker.wake if waker else None)
-    adapter = SGLangAdapter(
+    adapter = SGLangInProcessAdapter(
         scheduler.tree_cache, owner, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
-        open_sessions=lambda: _open_sessions(scheduler), close=lambda sid: _close(scheduler, sid),
+        open_sessions=lambda: _open_sessions(scheduler), closer=lambda sid: _close(scheduler, sid),
         buckets=lambda: sglang_buckets(scheduler),
         running_requests=lambda: running_requests(scheduler), waiting_requests=lambda: waiting_requests(scheduler),
         # the server's own tokenizer (None where it was started with --skip-tokenizer-init):
@@ -261,19 +268,19 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     attached = Attached(served, owner, url, server, thread, waker, core)
-    _ATTACHED[id(scheduler)] = attached
+    setattr(scheduler, ATTACHED, attached)
     log.info("radixtop admin API for %s on %s%s", adapter.name, url,
              " (the tree from the core's own KV events)" if core is not None else "")
     return attached
 
 
-def _over_core_events(scheduler: Any, adapter: SGLangAdapter, dp_rank: int) -> tuple[CacheAdapter, Any]:
+def _over_core_events(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: int) -> tuple[CacheAdapter, Any]:
     """Where Python cannot read the tree but the core records KV events (the Rust core, through
     the hook before its ``__init__``): the adapter that keeps the tree from them."""
     if adapter.tree.has_nodes:
         return adapter, None
-    from radixtop.adapters.sglang.core_events import CoreEvents, CoreEventsAdapter, records_events
-    from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+    from radixtop.adapters.sglang.events.core import CoreEvents, CoreEventsAdapter, records_events
 
     if not records_events(scheduler.tree_cache):
         return adapter, None

@@ -8,8 +8,9 @@ For a server with neither the radixtop plugin nor KV events. Totals come from ``
 How SGLang counts a DP rank's pool (``pool_stats_observer._get_token_info``):
 ``num_used = max_total_num_tokens - (available + evictable)``, i.e. every slot that cannot be
 taken now: tree nodes locked by running requests plus the requests' own slots. So:
-capacity = ``max_total_num_tokens`` (/v1/loads), protected = ``num_used_tokens`` (/v1/loads,
-republished on every idle loop), free = ``sglang:kv_available_tokens`` (/metrics), evictable =
+capacity = ``max_total_num_tokens`` (/v1/loads), unevictable = ``num_used_tokens`` (/v1/loads,
+republished on every idle loop; SGLang's protected, session_held and uncached together),
+available = ``sglang:kv_available_tokens`` (/metrics), evictable =
 the rest (what ``sglang:kv_evictable_tokens`` says when both are read at once; the metrics are
 refreshed per batch and only every 30 s when idle, so the fresher /v1/loads figure wins).
 """
@@ -117,8 +118,9 @@ class Totals:
     could see."""
 
     capacity: int
-    protected: int
-    free: int
+    unevictable: int
+    """What SGLang's routes count as used: locked nodes and running requests' slots together."""
+    available: int
     evictable: int
     prompt: int
     cached: int
@@ -126,7 +128,7 @@ class Totals:
     metrics: bool
     """/metrics answered (the server runs with --enable-metrics)."""
     split: bool
-    """Free and evictable told apart (needs sglang:kv_available_tokens)."""
+    """Available and evictable told apart (needs sglang:kv_available_tokens)."""
 
 
 class SGLangRoutesAdapter(CacheAdapter):
@@ -219,7 +221,7 @@ class SGLangRoutesAdapter(CacheAdapter):
         return self._info
 
     def _loads(self) -> list[dict[str, Any]] | None:
-        """Per DP rank ``{capacity, protected}`` (capacity None when the route omits it);
+        """Per DP rank ``{capacity, unevictable}`` (capacity None when the route omits it);
         None when the server has neither /v1/loads nor /get_load."""
         params = {} if self.dp_rank is None else {"dp_rank": self.dp_rank}
         if self._loads_route == "/v1/loads":
@@ -228,7 +230,7 @@ class SGLangRoutesAdapter(CacheAdapter):
                 try:
                     return [{"capacity": load.get("max_total_num_tokens")
                              or (load.get("memory") or {}).get("token_capacity"),
-                             "protected": int(load["num_used_tokens"])} for load in body["loads"]]
+                             "unevictable": int(load["num_used_tokens"])} for load in body["loads"]]
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     raise AdapterError(f"unexpected /v1/loads body from {self.url}: {exc!r}") from None
             self._loads_route = "/get_load"  # before /v1/loads (removed again in 0.5.23)
@@ -237,7 +239,7 @@ class SGLangRoutesAdapter(CacheAdapter):
             return None
         try:  # num_pending_tokens = num_total_tokens - num_used_tokens, num_tokens = num_total_tokens
             return [{"capacity": None,
-                     "protected": int(row["num_tokens"]) - int(row.get("num_pending_tokens", 0))}
+                     "unevictable": int(row["num_tokens"]) - int(row.get("num_pending_tokens", 0))}
                     for row in body if self.dp_rank is None or row.get("dp_rank", 0) == self.dp_rank]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise AdapterError(f"unexpected /get_load body from {self.url}: {exc!r}") from None
@@ -290,18 +292,18 @@ class SGLangRoutesAdapter(CacheAdapter):
             capacity = sum(r["capacity"] for r in loads)
         else:
             capacity = self._capacity_from_info(info) or gauge("sglang:max_total_num_tokens") or 0
-        protected = sum(r["protected"] for r in loads) if loads else \
+        unevictable = sum(r["unevictable"] for r in loads) if loads else \
             gauge("sglang:kv_used_tokens") or gauge("sglang:num_used_tokens") or 0
-        protected = min(max(protected, 0), capacity)
-        room = capacity - protected
+        unevictable = min(max(unevictable, 0), capacity)
+        room = capacity - unevictable
         available, evictable = gauge("sglang:kv_available_tokens"), gauge("sglang:kv_evictable_tokens")
         if available is not None:
-            free = min(max(available, 0), room)
+            available = min(max(available, 0), room)
         elif evictable is not None:
-            free = room - min(max(evictable, 0), room)
+            available = room - min(max(evictable, 0), room)
         else:
-            free = room
-        return Totals(capacity, protected, free, room - free,
+            available = room
+        return Totals(capacity, unevictable, available, room - available,
                       rank_sum(m.get("sglang:prompt_tokens_total", []), None) or 0,
                       rank_sum(m.get("sglang:cached_tokens_total", []), None) or 0,
                       self._evicted(m.get("sglang:evicted_tokens_total", []), info),
@@ -312,15 +314,15 @@ class SGLangRoutesAdapter(CacheAdapter):
         notes = ["plain SGLang HTTP (no radixtop plugin, no KV events): cache totals only; no tree "
                  f"and no session list (SGLang serves neither): for them {TREE_HINT}",
                  "close is blind: SGLang answers an empty 200 and frees later (0.5.23 only "
-                 "dereferences), so the tokens a close reports freed are the change in free tokens "
+                 "dereferences), so the tokens a close reports freed are the change in available tokens "
                  "seen on a re-read (SGLang refreshes its KV metrics per batch, every 30 s when idle)",
                  "no evict (SGLang has no route for it; flush drops the whole cache, only when idle)"]
         if not totals.metrics:
-            notes.append("no /metrics (start SGLang with --enable-metrics): free and evictable "
+            notes.append("no /metrics (start SGLang with --enable-metrics): available and evictable "
                          "are not told apart, and the prompt, cached and evicted counters read 0")
         elif not totals.split:
             notes.append("/metrics has no KV pool gauges yet (SGLang sets them after its first "
-                         "batch, or within 30 s when idle): free and evictable are not told apart")
+                         "batch, or within 30 s when idle): available and evictable are not told apart")
         if not self.bytes_per_token:
             notes.append("bytes unknown over HTTP (give a model geometry)")
         if self.dp_rank is not None:
@@ -340,12 +342,13 @@ class SGLangRoutesAdapter(CacheAdapter):
             target = f"SGLang {version} at {self.url}{self._rank_note}"
         with self._lock:
             closes, freed_by_close = self._closes, self._freed_by_close
-        # SGLang counts locked tree nodes and running requests' own slots as one number, and
-        # says nothing of nodes: all of protected is reported as running_tokens, the tree's
-        # known tokens as the evictable ones.
-        return Stats(target=target, capacity_tokens=t.capacity, free_tokens=t.free,
-                     evictable_tokens=t.evictable, protected_tokens=t.protected,
-                     running_tokens=t.protected, total_tokens=t.evictable, bytes_per_token=bpt,
+        # SGLang's routes count locked tree nodes and running requests' own slots as one number
+        # and say nothing of nodes: the split of the unevictable tokens is unknown, the tree's
+        # known tokens are the evictable ones.
+        return Stats(target=target, capacity_tokens=t.capacity, available_tokens=t.available,
+                     evictable_tokens=t.evictable, protected_tokens=None, session_held_tokens=None,
+                     uncached_tokens=None, unevictable_tokens=t.unevictable, total_tokens=t.evictable,
+                     bytes_per_token=bpt,
                      node_count=None, open_sessions=None, closed_sessions=None, prompt_tokens=t.prompt,
                      cached_tokens=t.cached, evicted_tokens=t.evicted, closes=closes,
                      freed_by_close_tokens=freed_by_close, version=0, geometry=geometry)
@@ -391,7 +394,7 @@ class SGLangRoutesAdapter(CacheAdapter):
 
     def close_session(self, session_id: str) -> CloseResultView:
         """POST /close_session, then re-read: SGLang says nothing of what it freed (an empty
-        200, for unknown ids too), so ``freed_tokens`` is the rise in free tokens seen
+        200, for unknown ids too), so ``freed_tokens`` is the rise in available tokens seen
         ``settle_s`` later (0 where SGLang only dereferences, or its metrics lag)."""
         if not session_id:
             raise BadRequest("a session id is required")
@@ -401,7 +404,7 @@ class SGLangRoutesAdapter(CacheAdapter):
             self._fail(response)
         if self.settle_s > 0:
             time.sleep(self.settle_s)
-        freed = max(self.read().free - before.free, 0)
+        freed = max(self.read().available - before.available, 0)
         with self._lock:
             self._closes += 1
             self._freed_by_close += freed
@@ -416,7 +419,7 @@ class SGLangRoutesAdapter(CacheAdapter):
     def flush(self) -> FlushResultView:
         """POST /flush_cache. SGLang flushes only when nothing runs or waits and answers 400
         otherwise: that is ``flushed=False`` with its reason. A flush frees every slot (tree
-        reset, allocator cleared): what was not free before is what it freed."""
+        reset, allocator cleared): what was not available before is what it freed."""
         before = self.read()
         response = self._send("POST", "/flush_cache")
         text = response.text.strip()
@@ -428,9 +431,9 @@ class SGLangRoutesAdapter(CacheAdapter):
         if not before.split:
             return FlushResultView(0, 0, 0, True, "flushed; freed tokens unknown (the server has no "
                                    "KV pool metrics: start it with --enable-metrics)")
-        freed = before.capacity - before.free
+        freed = before.capacity - before.available
         return FlushResultView(freed, 0, freed * self.bytes_per_token, True,
                                f"flushed: the whole cache ({freed:,} tokens) was dropped")
 
-    def close(self) -> None:
+    def release(self) -> None:
         self._client.close()

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unauthorized
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
@@ -66,14 +66,14 @@ def test_nothing_listening_is_target_unreachable():
         with pytest.raises(TargetUnreachable, match=url) as info:
             call()
         assert "cannot reach" in info.value.message
-    client.close()
+    client.release()
 
 
 def test_unknown_host_is_target_unreachable():
     client = RadixtopClient("http://radixtop-no-such-host.invalid:8765", timeout=2)
     with pytest.raises(TargetUnreachable, match="radixtop-no-such-host.invalid"):
         client.stats()
-    client.close()
+    client.release()
 
 
 def test_a_server_that_never_answers_is_target_timeout():
@@ -84,7 +84,7 @@ def test_a_server_that_never_answers_is_target_timeout():
             with pytest.raises(TargetTimeout, match=url):
                 call()
             assert time.monotonic() - started < 2
-        client.close()
+        client.release()
 
 
 @pytest.mark.parametrize("reply, expected, words", [
@@ -102,7 +102,7 @@ def test_odd_replies_are_clear_errors(reply, expected, words):
         client = RadixtopClient(url, timeout=2)
         with pytest.raises(expected, match=words):
             client.stats()
-        client.close()
+        client.release()
 
 
 def test_wrong_or_missing_token_is_unauthorized_and_bad_input_is_refused_locally():
@@ -115,12 +115,12 @@ def test_wrong_or_missing_token_is_unauthorized_and_bad_input_is_refused_locally
                 with pytest.raises(Unauthorized):
                     client.flush()
                 assert "wrong" not in repr(client) and "right" not in repr(client)
-                client.close()
+                client.release()
             client = RadixtopClient(url, token="right")
             with pytest.raises(BadRequest, match="shorter prefix"):
                 client.match(list(range(100_000)))
             assert client.match(list(range(5_000))).query_tokens == 5_000
-            client.close()
+            client.release()
     finally:
         engine.stop()
     with pytest.raises(BadRequest, match="not an http"):

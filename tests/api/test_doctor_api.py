@@ -10,7 +10,7 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.edge import HEAVY_READS
@@ -71,7 +71,7 @@ def test_the_client_reads_the_same_diagnosis_as_the_adapter(engine):
         try:
             over_http = remote.diagnose(idle_after_s=0.0)
         finally:
-            remote.close()
+            remote.release()
     here = adapter.diagnose(idle_after_s=0.0)
 
     def same(f):  # all but the idle time, which moves between the two reads

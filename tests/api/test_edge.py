@@ -17,7 +17,7 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient

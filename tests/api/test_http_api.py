@@ -20,7 +20,7 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
     from fastapi.testclient import TestClient
 
 from radixtop.adapters.base import MAX_MATCH_TOKENS
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http import server as http_server
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.schemas import (
@@ -113,7 +113,7 @@ def test_reads_answer_with_their_schemas(client):
     assert client.get(f"/v1/nodes/{node_id}?token_offset=1&token_limit=2").json()["token_ids"] == [2, 3]
     assert client.get("/v1/match?tokens=1,2,3,4,5,99").json()["matched_tokens"] == 5
     stats = client.get("/v1/stats").json()
-    assert stats["free_bytes"] == stats["free_tokens"] * stats["bytes_per_token"]
+    assert stats["available_bytes"] == stats["available_tokens"] * stats["bytes_per_token"]
     assert client.get("/healthz").json()["status"] == "ok"
 
 
@@ -129,8 +129,8 @@ def test_dry_run_changes_nothing(client):
     plan = client.post("/v1/sessions/b/close", params={"dry_run": "true"}, headers=AUTH)
     assert plan.status_code == 200 and plan.json()["freed_tokens"] == 3
     after = client.get("/v1/stats").json()
-    assert (after["version"], after["free_tokens"], after["closes"]) == (
-        before["version"], before["free_tokens"], before["closes"])
+    assert (after["version"], after["available_tokens"], after["closes"]) == (
+        before["version"], before["available_tokens"], before["closes"])
     assert client.get("/v1/sessions/b").json()["session"]["state"] == "open"
 
 
@@ -341,7 +341,7 @@ def test_audit_records_allowed_and_refused_actions_newest_first(engine, tmp_path
 
 
 def cache_state(engine) -> tuple:
-    from radixtop.gpu_backend.trace import tree_rows
+    from radixtop.gpu_backend.traces.ops import tree_rows
 
     return engine.call(lambda s: s.stats().as_dict()), engine.call(tree_rows)
 
@@ -443,7 +443,8 @@ def test_metrics_parse_and_match_stats(client):
     families = {f.name: f for f in text_string_to_metric_families(response.text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in families.values() for s in f.samples}
-    for state in ("free", "evictable", "protected", "capacity", "total"):
+    for state in ("capacity", "available", "evictable", "protected", "session_held", "uncached", "unevictable",
+                  "total", "free"):  # free: available's name before 0.2, until 0.3
         assert samples[("radixtop_tokens", (("state", state),))] == stats[f"{state}_tokens"]
         assert samples[("radixtop_bytes", (("state", state),))] == stats[f"{state}_bytes"]
     assert samples[("radixtop_sessions", (("state", "open"),))] == stats["open_sessions"]
@@ -539,7 +540,7 @@ def test_serve_reports_a_port_in_use_as_oserror(engine):
 
 SERVE_SCRIPT = """
 import sys
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import serve
 from tests.contract.suite import build_engine
 engine = build_engine()
@@ -588,3 +589,41 @@ def test_columnar_export_and_bad_format(client):
     assert list(columns.columns["id"]) == [r["id"] for r in rows]
     bad = client.get("/v1/export", params={"format": "xml"})
     assert bad.status_code == 422 and error_code(bad) == "bad_request"
+
+
+# ----- the pool in SGLang's words (wire version 2), version 1's keys kept for a release -----
+
+
+def test_stats_speak_sglangs_words_and_keep_version_1s_keys_for_a_release(client):
+    """Wire version 2: available + evictable + protected + session_held + uncached = capacity, with
+    protected SGLang's (locked nodes only) and their unevictable sum beside them; version 1's
+    free_* and running_tokens still sent, equal to what they meant (OpenAPI says deprecated)."""
+    stats = client.get("/v1/stats").json()
+    StatsOut.model_validate(stats)
+    states = ("available", "evictable", "protected", "session_held", "uncached")
+    assert sum(stats[f"{s}_tokens"] for s in states) == stats["capacity_tokens"]
+    assert stats["unevictable_tokens"] == stats["protected_tokens"] + stats["session_held_tokens"] + stats["uncached_tokens"]
+    assert stats["uncached_tokens"] == 2 and stats["protected_tokens"] > 0  # the running request: locked path, own slots
+    assert (stats["free_tokens"], stats["free_bytes"]) == (stats["available_tokens"], stats["available_bytes"])
+    assert stats["running_tokens"] == stats["session_held_tokens"] + stats["uncached_tokens"]
+    schema = client.get("/openapi.json").json()
+    assert schema["info"]["version"] == "2"
+    props = schema["components"]["schemas"]["StatsOut"]["properties"]
+    assert all(props[k].get("deprecated") for k in ("free_tokens", "free_bytes", "running_tokens"))
+    assert not props["available_tokens"].get("deprecated")
+
+
+def test_a_client_reads_a_version_1_stats_reply_without_guessing_the_split():
+    """A radixtop before 0.2 (in a fleet that mixes versions) sends free_tokens and an aggregate
+    protected_tokens: read as available and unevictable, the split unknown (None, never 0)."""
+    from radixtop.adapters.http.wire import stats_from_dict
+
+    old = {"target": "old", "capacity_tokens": 100, "free_tokens": 60, "evictable_tokens": 25, "protected_tokens": 15,
+           "running_tokens": 5, "total_tokens": 35, "bytes_per_token": 2, "node_count": 3, "open_sessions": 1,
+           "closed_sessions": 0, "prompt_tokens": 0, "cached_tokens": 0, "evicted_tokens": 0, "closes": 0,
+           "freed_by_close_tokens": 0, "version": 7,
+           "geometry": {"name": "tiny", "num_layers": 1, "num_kv_heads": 1, "head_dim": 1, "dtype": "bf16",
+                        "page_size": 1, "bytes_per_token": 2}}
+    st = stats_from_dict(old)
+    assert (st.available_tokens, st.evictable_tokens, st.unevictable_tokens) == (60, 25, 15)
+    assert st.protected_tokens is st.session_held_tokens is st.uncached_tokens is None

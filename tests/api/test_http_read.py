@@ -16,7 +16,7 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
     from fastapi.testclient import TestClient
 
 from radixtop.adapters.base import MAX_CHAIN, MAX_PAGE, MAX_READS, READ_PARAMS
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable, UnknownNode, UnknownSession
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
@@ -98,7 +98,7 @@ def test_each_read_answers_what_its_route_answers(client):
         assert set(result) == {"ok"}, item
         assert ageless(result["ok"]) == ageless(client.get(path).json()), item
     stats = body["results"][1]["ok"]
-    assert stats["free_bytes"] == stats["free_tokens"] * stats["bytes_per_token"]  # with its byte figures
+    assert stats["available_bytes"] == stats["available_tokens"] * stats["bytes_per_token"]  # with its byte figures
 
 
 def test_left_out_parameters_take_the_routes_defaults(client):
@@ -292,7 +292,7 @@ def check_over(app, local: BundledAdapter, batched: bool) -> None:
                 assert paths[0] == "/v1/read" and paths.count("/v1/read") == 1
                 assert len(paths) == 1 + 2 * len(reads)
         finally:
-            remote.close()
+            remote.release()
 
 
 def test_http_adapter_reads_a_batch_in_one_request(engine):
@@ -315,4 +315,4 @@ def test_http_adapter_read_many_raises_when_the_target_is_gone(engine):
         engine.stop()
         with pytest.raises(TargetUnreachable):
             remote.read_many([("stats", ()), ("node", (0,))])
-        remote.close()
+        remote.release()

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, TargetUnreachable
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
@@ -93,7 +93,7 @@ def test_the_sglang_routes_adapter_never_proxies_loopback_either(proxy_env):
         adapter = SGLangRoutesAdapter(target, api_key="sglang-key", timeout=2)
         with pytest.raises(AdapterError):
             adapter.stats()  # the stand-in answers 502 to everything
-        adapter.close()
+        adapter.release()
     assert seen == [] and reached and b"sglang-key" in reached[0]
 
 

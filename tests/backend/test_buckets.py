@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
-from radixtop.adapters.units import bucket_line
+from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.adapters.text import bucket_line
 from tests.contract.suite import build_engine
 
 
@@ -22,7 +22,9 @@ def test_the_buckets_add_up_idle_and_while_a_request_runs(engine):
     st = adapter.stats()
     (full,) = st.buckets
     assert (full.component, full.total, full.available, full.evictable) == (
-        "full", st.capacity_tokens, st.free_tokens, st.evictable_tokens)
+        "full", st.capacity_tokens, st.available_tokens, st.evictable_tokens)
+    assert (full.protected, full.session_held, full.uncached) == (
+        st.protected_tokens, st.session_held_tokens, st.uncached_tokens)  # one word, one figure
     assert full.uncached == 2 and full.unaccounted == 0  # the known running request's own [9, 9]
     engine.call(lambda s: s.begin("r-running", list(range(5000, 5100)), None))
     (busy,) = adapter.stats().buckets

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixtop.gpu_backend.engine import Engine
-from radixtop.gpu_backend.owner_queue import READ_BUDGET_S, OwnerQueue, OwnerStopped, OwnerTimeout
+from radixtop.gpu_backend.owner.queue import READ_BUDGET_S, OwnerQueue, OwnerStopped, OwnerTimeout
 from radixtop.gpu_backend.workload import WorkloadConfig
 from tests.conftest import make_scheduler
 
@@ -428,7 +428,7 @@ def test_actions_and_health_run_ahead_of_queued_reads():
     order: list[str] = []
     threads = _queue_from_threads(owner, [(lambda k=k: order.append(f"read{k}"), False) for k in range(3)]
                                   + [(lambda: order.append("evict"), True)])
-    owner.step(idle=True)
+    owner.between_steps(idle=True)
     for t in threads:
         t.join(5)
     assert order == ["evict", "read0", "read1", "read2"]
@@ -443,15 +443,15 @@ def test_a_busy_owner_gives_reads_a_bounded_slice_per_step_and_a_share_overall()
         ran.append(k)
 
     threads = _queue_from_threads(owner, [(lambda k=k: read(k), False) for k in range(20)])
-    owner.step()  # a busy owner's step: reads until READ_BUDGET_S is spent
+    owner.between_steps()  # a busy owner's step: reads until READ_BUDGET_S is spent
     first = len(ran)
     assert 1 <= first <= READ_BUDGET_S // 0.002 + 1
-    owner.step()  # at once again: the reads had their share of the owner for now
+    owner.between_steps()  # at once again: the reads had their share of the owner for now
     assert len(ran) == first
     urgent = _queue_from_threads(owner, [(lambda: ran.append(-1), True)])
-    owner.step()  # an action is never held back by the reads' share
+    owner.between_steps()  # an action is never held back by the reads' share
     assert ran[-1] == -1
-    owner.step(idle=True)  # an idle owner has time for them all
+    owner.between_steps(idle=True)  # an idle owner has time for them all
     assert sorted(k for k in ran if k >= 0) == list(range(20))
     for t in threads + urgent:
         t.join(5)
@@ -470,10 +470,10 @@ class _NoEmptyGets(queue.SimpleQueue):
 def test_a_step_with_nothing_to_do_touches_no_queue_and_still_marks_the_owner():
     owner = OwnerQueue("test owner")
     owner._queue, owner._urgent = _NoEmptyGets(), _NoEmptyGets()
-    assert owner.step() == 0 and owner.step(idle=True) == 0
+    assert owner.between_steps() == 0 and owner.between_steps(idle=True) == 0
     assert owner.last_drain is not None and owner._owner == threading.get_ident()
     threads = _queue_from_threads(owner, [(lambda: 1, False), (lambda: 2, True)])
-    assert owner.step(idle=True) == 2
+    assert owner.between_steps(idle=True) == 2
     for t in threads:
         t.join(5)
 
@@ -484,7 +484,7 @@ def test_a_busy_owners_step_holds_reads_and_passes_to_one_budget_with_the_gc_off
     not run inside the hold."""
     import gc
 
-    from radixtop.gpu_backend.owner_queue import HOLD_S
+    from radixtop.gpu_backend.owner.queue import HOLD_S
 
     owner = OwnerQueue("test owner")
     owner.slices.duty = 1.0  # no share between steps: only the hold's budget is under test
@@ -498,10 +498,10 @@ def test_a_busy_owners_step_holds_reads_and_passes_to_one_budget_with_the_gc_off
 
     owner.slices.add(a_pass())
     threads = _queue_from_threads(owner, [(lambda: time.sleep(HOLD_S * 2), False)])
-    owner.step()  # a read that takes the whole budget: the pass still runs one step
+    owner.between_steps()  # a read that takes the whole budget: the pass still runs one step
     assert len(steps_run) == 1
     started = time.perf_counter()
-    owner.step()
+    owner.between_steps()
     held = time.perf_counter() - started
     assert 2 <= len(steps_run) <= HOLD_S / 0.0005 + 2  # the pass had the hold, and stopped at it
     assert held < HOLD_S * 20  # not a timed goal: only that it stopped (a loaded machine is slow)
@@ -549,7 +549,7 @@ def test_a_read_starts_only_where_one_as_long_as_the_longest_of_late_fits_the_bu
     """Reads run until their budget is spent, but the next starts only where a read as long as
     the longest of late would end within it (the first always runs): with 1.5 ms reads and a
     2 ms budget, one read per step, not two (a hold of 3 ms)."""
-    import radixtop.gpu_backend.owner_queue as owner_module
+    import radixtop.gpu_backend.owner.queue as owner_module
 
     class Clock:
         now = 50.0

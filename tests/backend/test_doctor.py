@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.doctor import diagnosis_text
 from radixtop.adapters.errors import BadRequest
 from radixtop.adapters.model import FINDING_KINDS, Diagnosis
@@ -154,15 +154,15 @@ def test_starved_admission_names_leaked_locks_when_they_pin_the_memory():
 
 
 def test_the_walk_of_a_large_tree_yields_to_the_owner_between_chunks():
-    from radixtop.adapters.bundled_doctor import doctor_inputs
-    from radixtop.adapters.doctor import WALK_CHUNK, diagnose_steps
+    from radixtop.adapters.bundled.doctor import doctor_inputs
+    from radixtop.adapters.doctor import WALK_CHUNK, diagnose_pass
 
     s = Scheduler(get_geometry("tiny"), 32_768, device="cpu", clock=CounterClock(), write_kv=False)
     for k in range(10_000):  # 10,000 leaves under the root, and one locked path a request holds
         s.request(f"r{k}", [k, k + 1], [], None)
     s.begin("running", [5, 6, 7], None)
     adapter = BundledAdapter(Engine(s, None))  # never started: the steps run here, as on the owner
-    steps, yields = diagnose_steps(doctor_inputs(adapter, s)), 0
+    steps, yields = diagnose_pass(doctor_inputs(adapter, s)), 0
     try:
         while True:
             next(steps)

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from radixtop.gpu_backend.engine import Engine
-from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout
-from radixtop.gpu_backend.trace import replay, tree_rows
+from radixtop.gpu_backend.owner.queue import OwnerStopped, OwnerTimeout
+from radixtop.gpu_backend.traces.ops import replay, tree_rows
 from radixtop.gpu_backend.workload import ChatWorkload, WorkloadConfig
 from tests.conftest import CounterClock, check_invariants, make_scheduler
 

@@ -215,7 +215,7 @@ def test_a_sliced_compaction_neither_copies_every_leaf_nor_frees_the_old_heap_in
     last freed the 3.1M-entry heap it replaced (434 ms, and 2.5 s in a bench run): both in one
     step of the owner. It walks the tree a chunk a step instead, and hands the old heap to
     ``released`` (a chunk a step)."""
-    from radixtop.gpu_backend.slices import RELEASE_CHUNK
+    from radixtop.gpu_backend.owner.slices import RELEASE_CHUNK
 
     passes: list = []
     cache = make_cache(16384)

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from radixtop.adapters.attribution import attribute
-from radixtop.adapters.bundled import BundledAdapter
-from radixtop.gpu_backend.owner_queue import OwnerQueue
-from radixtop.gpu_backend.slices import Slices
+from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.adapters.owned.attribution import attribute
+from radixtop.gpu_backend.owner.queue import OwnerQueue
+from radixtop.gpu_backend.owner.slices import Slices
 from tests.contract.suite import build_engine
 
 
@@ -71,7 +71,7 @@ def test_an_owner_queue_step_runs_a_slice():
     owner, seen = OwnerQueue("test"), []
     owner.slices.slice_s = 0.0
     owner.slices.add(counting(2, seen))
-    owner.step()
+    owner.between_steps()
     assert seen == [0]
 
 
@@ -174,7 +174,7 @@ def test_a_cheap_attribution_is_made_again_on_the_spot(sliced):
 
 
 def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost():
-    from radixtop.adapters.attribution import Attribution
+    from radixtop.adapters.owned.attribution import Attribution
 
     made = Attribution(key=1, taken_at=time.monotonic() - 10.0, cost_s=0.1, sessions={}, beneath={}, holding=100)
     assert made.fresh(1, 0.0, 0.0)  # nothing changed
@@ -186,7 +186,7 @@ def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost(
 
 
 def test_the_faces_note_old_figures_only():
-    from radixtop.adapters.units import figures_note
+    from radixtop.adapters.text import figures_note
 
     assert figures_note(0.4, False) == "figures 0s old"  # always said: the operator acts on them
     assert figures_note(1080.0, False, current=True) == "unchanged since 18m ago"
@@ -199,7 +199,7 @@ def test_an_attribution_pass_survives_the_session_maps_changing_between_its_slic
     """The known and closed sessions are the owner's live maps: between two slices of a pass the
     engine adds and drops sessions. The pass never fails on it (it failed with 'dictionary
     changed size during iteration', and a sessions read with it)."""
-    from radixtop.adapters.attribution import attribution_steps
+    from radixtop.adapters.owned.attribution import attribution_pass
 
     engine = build_engine()
     try:
@@ -207,7 +207,7 @@ def test_an_attribution_pass_survives_the_session_maps_changing_between_its_slic
         known = {f"k{i}": float(i) for i in range(5000)}
         closed = {f"c{i}" for i in range(5000)}
         cache = s.cache
-        steps = attribution_steps(cache.root_node, cache._session_leaves, closed, known, known,
+        steps = attribution_pass(cache.root_node, cache._session_leaves, closed, known, known,
                                   s.geometry.bytes_per_token, chunk=16)
         turns = 0
         while True:
@@ -228,7 +228,7 @@ def test_an_attribution_pass_survives_the_session_maps_changing_between_its_slic
 def test_the_sessions_holding_count_is_kept_and_follows_a_close_shown_at_once():
     """The root's 'sessions beneath' (read by the dashboard's detail every poll) is counted once
     per attribution, and a close shown before the next pass takes its session out of it."""
-    from radixtop.adapters.attribution import Attribution, AttributionCache
+    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
 
     rows = {sid: (sid, False, tags, 0, 0, 0, 0, None) for sid, tags in (("a", 2), ("b", 1), ("c", 0))}
     cache = AttributionCache()
@@ -244,8 +244,8 @@ def test_a_costly_attribution_is_made_again_in_slices_only_and_a_cheap_one_on_th
     """A read that finds the attribution stale starts the next pass: on the spot where the last
     one was cheap (a small cache: exact at once), in the owner's slices only where it was not, so
     that the read's own step stays short (it ran 5 ms of a large cache's pass inline)."""
-    from radixtop.adapters.attribution import Attribution, AttributionCache
-    from radixtop.gpu_backend.slices import Slices
+    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
+    from radixtop.gpu_backend.owner.slices import Slices
 
     ran: list[int] = []
 
@@ -269,8 +269,8 @@ def test_a_costly_attribution_is_made_again_in_slices_only_and_a_cheap_one_on_th
 
 
 def test_large_maps_are_freed_a_chunk_a_step_and_a_replaced_attribution_once_no_read_holds_it():
-    from radixtop.adapters.attribution import Attribution, AttributionCache
-    from radixtop.gpu_backend.slices import RELEASE_CHUNK, Slices, released
+    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
+    from radixtop.gpu_backend.owner.slices import RELEASE_CHUNK, Slices, released
 
     big, rows = {k: (k,) for k in range(3 * RELEASE_CHUNK + 1)}, list(range(RELEASE_CHUNK + 5))
     steps = released(big, rows)
@@ -303,8 +303,8 @@ def test_after_an_action_a_read_waits_a_while_for_the_figures_made_afresh():
     The soak's probe saw a close's dry run differ from the page read right after an evict: the
     last pass had measured over 1 ms on a busy machine, so the page served the figures from
     before the evict."""
-    from radixtop.adapters.attribution import Attribution, AttributionCache
-    from radixtop.gpu_backend.slices import Slices
+    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
+    from radixtop.gpu_backend.owner.slices import Slices
 
     def steps():
         for _ in range(3):
@@ -349,7 +349,7 @@ def test_a_slice_starts_no_step_it_expects_to_run_past_its_end(monkeypatch):
     """A step runs only where the longest step of late still fits before the slice ends (the first
     always runs): a slice of 3.25 ms whose steps take 2 ms runs one, not two (a hold of 4 ms), and a
     step of 7 ms makes the next slices take one step each until it is forgotten."""
-    import radixtop.gpu_backend.slices as slices_module
+    import radixtop.gpu_backend.owner.slices as slices_module
 
     clock = FakeClock()
     monkeypatch.setattr(slices_module, "time", clock)

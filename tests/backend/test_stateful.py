@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixtop.adapters.attribution import attribute, attribution_steps
+from radixtop.adapters.owned.attribution import attribute, attribution_pass
 from radixtop.gpu_backend.scheduler import OutOfSlotsError
 from tests.conftest import check_invariants, make_scheduler
 
@@ -121,7 +121,7 @@ class CacheMachine(RuleBasedStateMachine):
         """A pass in slices of one node or session, as the engine runs a large one between its
         steps: the other rules change the tree between its slices."""
         s, cache = self.s, self.s.cache
-        steps = attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+        steps = attribution_pass(cache.root_node, cache._session_leaves, cache._closed_session_ids,
                                   s.session_activity, s.session_activity, 1, cache.close_policy != "deref",
                                   chunk=1)
         self.sliced = (steps, cache.version)

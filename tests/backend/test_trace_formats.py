@@ -11,16 +11,16 @@ import pytest
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
-from radixtop.gpu_backend.trace import TraceError, read_trace
-from radixtop.gpu_backend.trace_compare import compare, parse_capacity, replay_figures
-from radixtop.gpu_backend.trace_formats import (
+from radixtop.gpu_backend.traces.compare import compare, parse_capacity, replay_figures
+from radixtop.gpu_backend.traces.formats import (
     TraceFormatError,
     load_trace,
     read_kv_cache_tester,
     read_mooncake,
     timed_ops,
 )
-from radixtop.gpu_backend.trace_playback import MAX_OPS_PER_STEP, TracePlayback
+from radixtop.gpu_backend.traces.ops import TraceError, read_trace
+from radixtop.gpu_backend.traces.playback import MAX_OPS_PER_STEP, TracePlayback
 from tests.support import REPO
 
 DATA = REPO / "tests" / "data"

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.server import create_app
 from radixtop.cli.main import app

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
@@ -113,7 +113,7 @@ def test_tier_and_component_names_from_a_target_are_inert():
     from rich.table import Table
 
     from radixtop.adapters.model import Bucket, NodeDetail, NodeView
-    from radixtop.adapters.units import bucket_line
+    from radixtop.adapters.text import bucket_line
     from radixtop.inspector.detail import detail_rows
 
     hostile = "[/]\x1b[31mGPU"

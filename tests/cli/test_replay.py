@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from radixtop.cli.main import app
-from radixtop.gpu_backend.trace import MAX_LINE_BYTES, TraceError, read_lines
+from radixtop.gpu_backend.traces.ops import MAX_LINE_BYTES, TraceError, read_lines
 from tests.support import REPO
 
 runner = CliRunner()
@@ -317,7 +317,7 @@ def test_a_pool_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, args, messa
 def test_replay_applies_each_op_as_it_is_read():
     """The first bad op stops the replay before another line is read, so a bad start of a huge
     trace is told at once and memory never follows the trace's size."""
-    from radixtop.gpu_backend.trace import replay
+    from radixtop.gpu_backend.traces.ops import replay
 
     read = []
 

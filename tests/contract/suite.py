@@ -12,7 +12,7 @@ import pytest
 
 from radixtop.adapters.base import MAX_READS, READ_PARAMS
 from radixtop.adapters.errors import AdapterError, BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
-from radixtop.adapters.model import ROOT_ID, Stats
+from radixtop.adapters.model import POOL_STATES, ROOT_ID, Stats
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
@@ -47,12 +47,14 @@ def all_children(adapter, node_id, order="bytes"):
 
 def test_stats_reconcile(adapter):
     st = adapter.stats()
-    assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens == 256
-    assert st.free_bytes + st.evictable_bytes + st.protected_bytes == st.capacity_bytes
+    parts = (st.available_tokens, st.evictable_tokens, st.protected_tokens, st.session_held_tokens, st.uncached_tokens)
+    assert sum(parts) == st.capacity_tokens == 256  # SGLang's leak-check words, in its order
+    assert sum(st.bytes_of(s) for s in POOL_STATES) == st.capacity_bytes
+    assert st.unevictable_tokens == st.protected_tokens + st.session_held_tokens + st.uncached_tokens
     assert st.bytes_per_token == get_geometry("tiny").bytes_per_token
     assert st.geometry.name == "tiny" and st.geometry.page_size == 1
-    assert st.total_tokens == st.evictable_tokens + st.protected_tokens - st.running_tokens
-    assert st.running_tokens == 2  # the running request's own slots beyond its matched prefix
+    assert st.total_tokens == st.evictable_tokens + st.protected_tokens
+    assert st.uncached_tokens == 2 and st.session_held_tokens == 0  # the running request's own slots
     assert st.node_count > 0 and st.closed_sessions == 1 and st.open_sessions == 4
     assert st.cached_tokens <= st.prompt_tokens and st.closes == 1
     assert st.to_dict()["capacity_bytes"] == st.capacity_bytes
@@ -352,7 +354,7 @@ def test_read_many_refuses_bad_input_as_a_whole(adapter, reads):
     with pytest.raises(BadRequest):
         adapter.read_many(reads)
     after = adapter.stats()
-    assert (after.version, after.free_tokens, after.closes) == (before.version, before.free_tokens, before.closes)
+    assert (after.version, after.available_tokens, after.closes) == (before.version, before.available_tokens, before.closes)
     assert adapter.read_many([("stats", ())] * MAX_READS)[-1].version == before.version  # the most it takes
 
 
@@ -394,7 +396,7 @@ def test_plan_then_close_frees_exactly_the_plan(adapter):
     result = adapter.close_session("a")
     assert sorted(result.freed_node_ids) == sorted(plan.freed_node_ids)
     assert (result.freed_tokens, result.freed_bytes) == (plan.freed_tokens, plan.freed_bytes)
-    assert adapter.stats().free_tokens == before.free_tokens + plan.freed_tokens
+    assert adapter.stats().available_tokens == before.available_tokens + plan.freed_tokens
     assert {k.reason for k in plan.kept} <= {"locked", "has_children", "shared", "root"}
 
 
@@ -436,7 +438,7 @@ def test_read_only_refuses_every_action(read_only_adapter):
             act()
     assert read_only_adapter.plan_close("a").freed_tokens >= 0  # a dry run is still allowed
     after = read_only_adapter.stats()
-    assert (after.version, after.free_tokens) == (before.version, before.free_tokens)
+    assert (after.version, after.available_tokens) == (before.version, before.available_tokens)
 
 
 def test_columnar_export_equals_the_row_export(adapter):

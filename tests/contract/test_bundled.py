@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radixtop.adapters.base import CacheAdapter
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable, UnknownNode
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.workload import WorkloadConfig
@@ -46,11 +46,11 @@ def test_read_many_is_one_pass_on_the_owner_thread(adapter, monkeypatch):
     """A batch is one pass in the engine's slices (one call into its queue); a small cache's
     batch runs in one step of it (one view). After it a read is its own call again."""
     engine, reads, calls = adapter.engine, known_reads(adapter), []
-    call, call_steps = engine.call, engine.owner.call_steps
+    call, call_pass = engine.call, engine.owner.call_pass
     monkeypatch.setattr(engine, "call", lambda fn, timeout=10.0, urgent=False: (calls.append(fn),
                                                                          call(fn, timeout, urgent))[1])
-    monkeypatch.setattr(engine.owner, "call_steps", lambda steps, timeout: (calls.append(steps),
-                                                                              call_steps(steps, timeout))[1])
+    monkeypatch.setattr(engine.owner, "call_pass", lambda steps, timeout: (calls.append(steps),
+                                                                              call_pass(steps, timeout))[1])
     got = adapter.read_many([*reads, ("node", (987654,))])
     assert len(calls) == 1 and len(got) == len(reads) + 1 and isinstance(got[-1], UnknownNode)
     adapter.stats()  # after the batch (one that failed a read, too) a read is its own call again
@@ -84,7 +84,7 @@ def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
     only stalls the owner longer. The GC is left as it was found."""
     import gc
 
-    from radixtop.adapters.attribution import attribute
+    from radixtop.adapters.owned.attribution import attribute
 
     seen: list[bool] = []
 
@@ -107,13 +107,11 @@ def test_attribution_pauses_the_cyclic_gc_only_while_it_runs(adapter):
 
 
 def test_a_batch_yields_before_a_read_it_expects_to_run_past_its_view_budget(monkeypatch):
-    """A read_many pass runs its reads in one step until ONE_VIEW_S is spent; the next read
-    starts in the same step only where one as long as the longest read of late would end within
-    it (the first always runs): with 1 ms reads and a 1.5 ms budget, one read a step, not two."""
-    import threading
-
-    import radixtop.adapters.base as base
-    from radixtop.adapters.base import OwnerReads
+    """A read_many pass runs its reads in one hold until ONE_VIEW_S is spent; the next read
+    starts in the same hold only where one as long as the longest read of late would end within
+    it (the first always runs): with 1 ms reads and a 1.5 ms budget, one read a hold, not two."""
+    import radixtop.adapters.owned.reads as reads
+    from radixtop.adapters.owned.reads import OwnerReads
 
     class Clock:
         now = 10.0
@@ -122,19 +120,19 @@ def test_a_batch_yields_before_a_read_it_expects_to_run_past_its_view_budget(mon
             return self.now
 
     clock = Clock()
-    monkeypatch.setattr(base, "time", clock)
+    monkeypatch.setattr(reads, "time", clock)
     per_step: list[list[str]] = []
 
     class Reads(OwnerReads):
         def __init__(self) -> None:
-            self._step = threading.local()
+            self._init_owner_reads()
 
         def stats(self) -> str:
             clock.now += 0.001
             per_step[-1].append("stats")
             return "stats"
 
-        def _call_steps(self, make):
+        def _call_pass(self, make):
             steps = make()
             per_step.append([])
             while True:

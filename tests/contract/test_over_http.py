@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
@@ -31,7 +31,7 @@ def served(read_only: bool = False) -> Iterator[tuple[RadixtopClient, BundledAda
             try:
                 yield remote, local
             finally:
-                remote.close()
+                remote.release()
     finally:
         engine.stop()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from radixtop.adapters.shards import SHARDS, ShardedMap
+from radixtop.gpu_backend.owner.shards import SHARDS, ShardedMap
 
 
 def test_it_answers_as_a_dict_does_through_inserts_deletes_and_overwrites():

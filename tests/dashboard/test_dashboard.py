@@ -8,7 +8,7 @@ import re
 import pytest
 from textual.widgets import Button, Input
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
@@ -195,7 +195,7 @@ async def test_close_shows_the_plan_cancel_is_default_then_confirm(engine):
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app)
         await open_sessions(pilot, app, "b")
-        free_before = adapter.stats().free_tokens
+        free_before = adapter.stats().available_tokens
         await pilot.press("c")
         await idle(pilot, app)
         assert isinstance(app.screen, ConfirmScreen)
@@ -204,14 +204,14 @@ async def test_close_shows_the_plan_cancel_is_default_then_confirm(engine):
         await pilot.press("enter")  # Cancel is the default
         await idle(pilot, app)
         assert not isinstance(app.screen, ConfirmScreen)
-        assert adapter.stats().free_tokens == free_before
+        assert adapter.stats().available_tokens == free_before
         await pilot.press("c")
         await idle(pilot, app)
         # The action is bound to the ids captured when the modal opened, whatever the cursor does.
         app.query_one(SessionsTable).cursor = 0
         await pilot.click("#confirm")
         await idle(pilot, app)
-        assert adapter.stats().free_tokens == free_before + 3
+        assert adapter.stats().available_tokens == free_before + 3
         assert adapter.plan_close("b").state == "closed"
         assert adapter.plan_close("a").state == "open"
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from textual.widgets import Static
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.inspector.app import RadixtopApp, binding_ids
 from radixtop.inspector.modals import DoctorScreen
 from tests.contract.suite import build_engine

@@ -36,3 +36,32 @@ async def test_rates_need_a_real_window_and_leave_out_the_dashboards_own_evictio
         assert list(header.evictions) == [1_000, 1_000, 1_000]  # once only
         await pilot.pause()
         assert app.query_one("#evict-spark", Sparkline).data == [1_000, 1_000, 1_000]
+
+
+def test_the_legend_keeps_its_layout_when_the_figures_change():
+    """SGLang's words in its order, all five every refresh: a running request's uncached slots
+    coming and going (or any figure growing) never switches the legend to another layout."""
+    from radixtop.inspector.header import legend
+
+    idle = replace(stats(1), uncached_tokens=0, unevictable_tokens=4210, available_tokens=30790)
+    busy = replace(stats(1), uncached_tokens=12_345, unevictable_tokens=16_555, available_tokens=18_445)
+    for width in (158, 120, 100, 78):
+        a, b = str(legend(idle, width)), str(legend(busy, width))
+        names = [w for w in a.split() if w in ("available", "evictable", "protected", "session_held", "uncached",
+                                               "avail", "evict", "prot", "sess", "unc")]
+        assert len(names) == 5, (width, a)  # every state, in SGLang's order
+        assert ("tok" in a) == ("tok" in b) and a.split("■")[0] == b.split("■")[0], (width, a, b)
+        assert [w for w in b.split() if w in names] == names, (width, b)
+        if width >= 120:  # padded figures: every part keeps its place
+            assert [i for i, c in enumerate(a) if c == "■"] == [i for i, c in enumerate(b) if c == "■"], (a, b)
+    full = str(legend(idle, 158))
+    assert full.index("available") < full.index("evictable") < full.index("protected") < full.index(
+        "session_held") < full.index("uncached")
+
+
+def test_a_target_that_cannot_split_the_unevictable_says_unevictable_not_protected():
+    from radixtop.inspector.header import legend
+
+    routes = replace(stats(1), protected_tokens=None, session_held_tokens=None, uncached_tokens=None)
+    text = str(legend(routes, 158))
+    assert "unevictable" in text and "protected" not in text and "unknown" not in text

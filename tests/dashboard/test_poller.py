@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable
 from radixtop.inspector.poller import Poller, PollRequest, Snapshot
 from tests.contract.suite import build_engine

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
@@ -45,9 +45,9 @@ def engine():
 
 def count_steps(engine) -> list[int]:
     """Counts the calls into the engine's owner thread: commands (``call``) and the passes of
-    reads that run in its slices (``owner.call_steps``, one view while they fit in one step)."""
+    reads that run in its slices (``owner.call_pass``, one view while they fit in one step)."""
     steps = [0]
-    call, call_steps = engine.call, engine.owner.call_steps
+    call, call_pass = engine.call, engine.owner.call_pass
 
     def counted(fn, timeout=10.0):
         steps[0] += 1
@@ -55,10 +55,10 @@ def count_steps(engine) -> list[int]:
 
     def counted_steps(make, timeout):
         steps[0] += 1
-        return call_steps(make, timeout)
+        return call_pass(make, timeout)
 
     engine.call = counted
-    engine.owner.call_steps = counted_steps
+    engine.owner.call_pass = counted_steps
     return steps
 
 

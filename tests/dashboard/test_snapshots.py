@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.model import (
     ClosePlanView,
     Geometry,
@@ -18,7 +18,7 @@ from radixtop.adapters.model import (
     SessionView,
     Stats,
 )
-from radixtop.adapters.units import human_bytes
+from radixtop.adapters.text import human_bytes
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.poller import Snapshot, TreeRows
 from radixtop.inspector.tree_state import Row
@@ -30,8 +30,9 @@ GEOMETRY = Geometry("llama-3-8b", 32, 8, 128, "bfloat16", 1, BPT)
 
 def stats(i: int) -> Stats:
     return Stats(
-        target="snapshot", capacity_tokens=65536, free_tokens=30000 - 10 * i, evictable_tokens=30536,
-        protected_tokens=5000 + 10 * i, running_tokens=800, total_tokens=34736, bytes_per_token=BPT,
+        target="snapshot", capacity_tokens=65536, available_tokens=30000 - 10 * i, evictable_tokens=30536,
+        protected_tokens=4200 + 10 * i, session_held_tokens=0, uncached_tokens=800, unevictable_tokens=5000 + 10 * i,
+        total_tokens=34736 + 10 * i, bytes_per_token=BPT,
         node_count=1_000_000, open_sessions=48, closed_sessions=120, prompt_tokens=10_000 * i,
         cached_tokens=8_000 * i + 500 * (i % 4), evicted_tokens=400 * (i // 3) * 3,
         closes=i, freed_by_close_tokens=300 * i, version=100 + i, geometry=GEOMETRY,

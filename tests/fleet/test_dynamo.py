@@ -75,7 +75,7 @@ def test_rows_per_worker_and_rank_with_what_the_indexer_holds(indexer):
     assert rows["1"].indexed_tokens == 96 and rows["2@0"].indexed_tokens == 80 and rows["2@1"].indexed_tokens == 48
     for r in rows.values():
         assert r.source == "dynamo" and r.reachable and r.model == "tiny"
-        assert r.capacity_tokens is None and r.free_tokens is None and r.open_sessions is None  # unknown
+        assert r.capacity_tokens is None and r.available_tokens is None and r.open_sessions is None  # unknown
         assert "no radixtop URL known" in r.why
 
 

@@ -131,12 +131,12 @@ def test_tokens_file_mode_owner_and_lines(tmp_path):
 def test_order_by_pressure_and_unknown_is_never_zero():
     def r(name, protected=None, free=None, reachable=True):
         return WorkerRow(name, None, None, "sglang", reachable, capacity_tokens=1000 if protected is not None else None,
-                         protected_tokens=protected, free_tokens=free)
+                         unevictable_tokens=protected, available_tokens=free)
     rows = [r("down", reachable=False), r("unknown"), r("low", 100, 800), r("high", 700, 0), r("mid", 100, 10)]
     assert [x.worker for x in by_pressure(rows)] == ["high", "mid", "low", "unknown", "down"]
     unknown = cells(r("unknown"))
     assert unknown[3:10] == ("?",) * 7 and "0" not in unknown[3:10]
-    assert r("unknown").to_dict()["hit_rate"] is None and r("unknown").to_dict()["free_bytes"] is None
+    assert r("unknown").to_dict()["hit_rate"] is None and r("unknown").to_dict()["available_bytes"] is None
 
 
 def test_the_fleet_command_and_pollers_load_neither_torch_textual_nor_sglang():
@@ -193,7 +193,7 @@ def test_a_worker_still_out_at_the_deadline_gets_a_reason_and_the_poll_ends(monk
         if "stuck" in spec.worker:
             release.wait(10)  # a read its own timeouts do not end in time
         return WorkerRow(spec.worker, None, spec.radixtop_url, "radixtop", True, capacity_tokens=10,
-                         free_tokens=10, evictable_tokens=0, protected_tokens=0)
+                         available_tokens=10, evictable_tokens=0, unevictable_tokens=0)
 
     monkeypatch.setattr(probe, "read_worker", read_worker)
     started = time.monotonic()

@@ -100,7 +100,7 @@ def test_a_guessed_radixtop_url_gets_only_its_own_token(monkeypatch):
         def stats(self):
             raise probe.AdapterError("refused")
 
-        def close(self):
+        def release(self):
             pass
 
     monkeypatch.setattr(probe, "RadixtopClient", Client)
@@ -129,10 +129,10 @@ def test_a_guessed_url_is_believed_only_for_exactly_its_rank(monkeypatch, target
 
         def stats(self):
             return SimpleNamespace(target=target, geometry=SimpleNamespace(name="tiny"), capacity_tokens=1,
-                                   free_tokens=1, evictable_tokens=0, protected_tokens=0, bytes_per_token=0,
+                                   available_tokens=1, evictable_tokens=0, unevictable_tokens=0, bytes_per_token=0,
                                    open_sessions=0, prompt_tokens=0, cached_tokens=0)
 
-        def close(self):
+        def release(self):
             pass
 
     monkeypatch.setattr(probe, "RadixtopClient", Client)

@@ -80,7 +80,7 @@ def test_rows_for_every_worker_within_the_deadline_and_why_for_the_ones_down(wor
         r = rows[child.url]
         assert r["source"] == "radixtop" and r["reachable"] and r["why"] == ""
         assert r["capacity_tokens"] == capacity
-        assert r["free_tokens"] + r["evictable_tokens"] + r["protected_tokens"] == capacity
+        assert r["available_tokens"] + r["evictable_tokens"] + r["unevictable_tokens"] == capacity
         assert r["bytes_per_token"] == 256 and r["capacity_bytes"] == capacity * 256
         assert r["open_sessions"] > 0 and 0 <= r["hit_rate"] <= 1
     assert "Connection refused" in rows[refused]["why"]
@@ -88,7 +88,7 @@ def test_rows_for_every_worker_within_the_deadline_and_why_for_the_ones_down(wor
     for url in (refused, hanging):
         r = rows[url]
         assert not r["reachable"] and r["source"] == "none"
-        for name in ("capacity_tokens", "free_tokens", "evictable_tokens", "protected_tokens", "open_sessions",
+        for name in ("capacity_tokens", "available_tokens", "evictable_tokens", "unevictable_tokens", "open_sessions",
                      "hit_rate", "pressure"):
             assert r[name] is None, name  # unknown, never 0
     order = [r["worker"] for r in doc["rows"]]

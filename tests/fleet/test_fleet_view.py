@@ -11,8 +11,8 @@ from radixtop.inspector.fleet_view import FleetApp, FleetTable
 def row(worker: str, protected: int | None, reachable: bool = True, source: str = "radixtop", why: str = "") -> WorkerRow:
     known = protected is not None
     return WorkerRow(worker, None, worker if source == "radixtop" else None, source, reachable, why=why,
-                     capacity_tokens=1000 if known else None, free_tokens=100 if known else None,
-                     evictable_tokens=900 - protected if known else None, protected_tokens=protected,
+                     capacity_tokens=1000 if known else None, available_tokens=100 if known else None,
+                     evictable_tokens=900 - protected if known else None, unevictable_tokens=protected,
                      bytes_per_token=256 if known else None, open_sessions=3 if known else None)
 
 
@@ -103,7 +103,7 @@ def test_fleet_view_look(snap_compare):
     dups = Duplicates((DuplicatePrefix("llama:default", 0x5A5A, 8, 128, ("1", "2@1"), 128, 32768),), 128, 32768,
                       16, 256)
     fixed = view(row("http://10.0.0.5:30100", 300), row("http://10.0.0.6:30100", 700),
-                 row("http://10.0.0.7:30000", None, source="sglang", why="unknown: free and evictable apart"),
+                 row("http://10.0.0.7:30000", None, source="sglang", why="unknown: available and evictable apart"),
                  row("http://10.0.0.8:30100", None, reachable=False, source="none",
                      why="radixtop: cannot reach http://10.0.0.8:30100: [Errno 111] Connection refused"),
                  dups=dups)

@@ -54,7 +54,7 @@ def test_the_worker_through_smg_and_its_plugin_by_the_port_rule(fleet):
     assert row.source == "radixtop" and row.radixtop_url == srv.admin_url and row.reachable, row.why
     assert row.healthy is True and row.running_requests == 0  # SMG's health, SMG's /get_loads
     assert row.capacity_tokens == 4096 and row.bytes_per_token == BYTES_PER_TOKEN
-    assert row.free_tokens + row.evictable_tokens + row.protected_tokens == 4096
+    assert row.available_tokens + row.evictable_tokens + row.unevictable_tokens == 4096
     assert row.evictable_tokens > 0 and row.open_sessions == 4
     assert row.model.endswith("tiny-llama")
 
@@ -64,13 +64,13 @@ def test_without_radixtop_the_engines_own_figures_and_unknowns(fleet):
     view = poll_fleet(SmgSource(gateway, Mapping({}, None)), timeout=5)
     row = view.rows[0]
     assert row.source == "sglang" and row.reachable and row.radixtop_url is None
-    assert row.capacity_tokens == 4096 and row.protected_tokens is not None
+    assert row.capacity_tokens == 4096 and row.unevictable_tokens is not None
     assert row.open_sessions is None  # SGLang's routes list no sessions: unknown, not 0
     assert row.prompt_tokens and row.prompt_tokens > 0  # --enable-metrics: the counters are there
-    if row.free_tokens is None:  # its KV gauges come after a batch (or within 30 s idle)
-        assert row.evictable_tokens is None and "free and evictable apart" in row.why
+    if row.available_tokens is None:  # its KV gauges come after a batch (or within 30 s idle)
+        assert row.evictable_tokens is None and "available and evictable apart" in row.why
     else:
-        assert row.free_tokens + row.evictable_tokens + row.protected_tokens == 4096
+        assert row.available_tokens + row.evictable_tokens + row.unevictable_tokens == 4096
 
 
 def test_a_dead_radixtop_falls_back_to_the_engine_and_says_why(fleet, tmp_path):

@@ -26,7 +26,7 @@ from array import array  # noqa: E402
 
 from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, UnknownNode, UnknownSession, Unsupported
 from radixtop.adapters.model import ROOT_ID
-from radixtop.adapters.sglang.inproc import SGLangAdapter  # noqa: E402
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter  # noqa: E402
 from radixtop.adapters.sglang.trees import PlainRadixTree, RustUnifiedTree, UnifiedTree  # noqa: E402
 from tests.contract.suite import (  # noqa: E402,F401  (the contract tests that hold unchanged on 0.5.23)
     all_children,
@@ -134,11 +134,12 @@ def assert_views_agree(a, cache, pools) -> None:
     assert st.capacity_tokens == pools.allocator.size
     assert st.free_tokens == pools.allocator.available_size()
     assert st.evictable_tokens == cache.evictable_size()
-    running = st.capacity_tokens - st.free_tokens - cache.evictable_size() - cache.protected_size()
-    assert st.running_tokens == running >= 0
-    assert st.protected_tokens == cache.protected_size() + running
-    assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
-    assert st.free_bytes + st.evictable_bytes + st.protected_bytes == st.capacity_bytes
+    running = st.capacity_tokens - st.available_tokens - cache.evictable_size() - cache.protected_size()
+    assert st.unevictable_tokens - st.protected_tokens == running >= 0
+    assert st.protected_tokens == cache.protected_size()  # SGLang's protected_size, by its name
+    assert st.unevictable_tokens == cache.protected_size() + running
+    assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
+    assert st.available_bytes + st.evictable_bytes + st.unevictable_bytes == st.capacity_bytes
     total = cache.total_size()
     assert st.total_tokens == (total[0] if isinstance(total, tuple) else total)
     kv = pools.kv_pool
@@ -220,7 +221,7 @@ def test_views_agree_with_sglangs_own_objects(known):
     assert (50, 51, 52, 53, 54, 55) in paths and (50, 51, 52, 53, 54, 55, 56) not in paths
     st = a.stats()
     assert st.capacity_tokens == known23.CAPACITY
-    assert st.running_tokens == 2 and st.node_count == len(rows)  # d's [9, 9] beyond its prefix
+    assert st.unevictable_tokens - st.protected_tokens == 2 and st.node_count == len(rows)  # d's [9, 9] beyond its prefix
 
 
 def test_holders_and_session_refs_agree(known):
@@ -278,7 +279,7 @@ def test_the_tree_knows_open_sessions_without_a_session_controller():
     """0.5.23 opens a generation for every request with a session id: without the server's
     session list the adapter still knows a, b, c and the running d."""
     known = known23.build_known()
-    adapter = SGLangAdapter(known.cache, None, model="tiny")
+    adapter = SGLangInProcessAdapter(known.cache, None, model="tiny")
     adapter.close_session("gone")
     st = adapter.stats()
     assert (st.open_sessions, st.closed_sessions) == (4, 1)
@@ -302,7 +303,7 @@ def test_plan_close_under_deref(adapter, known):
     gone = a.plan_close("gone")
     assert gone.state == "closed" and gone.released_holds == 0 and gone.kept == ()
     after = a.stats()
-    assert (after.version, after.free_tokens) == (before.version, before.free_tokens)
+    assert (after.version, after.available_tokens) == (before.version, before.available_tokens)
     with pytest.raises(UnknownSession):
         a.plan_close("nobody")
 
@@ -392,7 +393,7 @@ def test_plan_then_close_frees_exactly_the_plan_deref(adapter):
     result = adapter.close_session("a")
     assert sorted(result.freed_node_ids) == sorted(plan.freed_node_ids) == []
     assert (result.freed_tokens, result.freed_bytes) == (plan.freed_tokens, plan.freed_bytes) == (0, 0)
-    assert adapter.stats().free_tokens == before.free_tokens
+    assert adapter.stats().available_tokens == before.available_tokens
     assert {x.reason for x in plan.kept} == {"deref"}
 
 
@@ -420,13 +421,13 @@ def test_flush_keeps_what_the_running_request_locks_then_frees_all(known):
     flushed = a.flush()
     assert flushed.flushed and flushed.freed_tokens == st.evictable_tokens and "locked" in flushed.message
     after = a.stats()
-    assert after.evictable_tokens == 0 and after.protected_tokens == st.protected_tokens
+    assert after.evictable_tokens == 0 and after.unevictable_tokens == st.unevictable_tokens
     rows = sglang_rows(k.cache)
     assert flushed.freed_nodes == st.node_count - len(rows)
     assert [r["path"] for r in rows.values()] == [(1, 2, 3, 4)]  # d's locked prefix only
     on_owner(scheduler, k.finish_running)  # d finishes: its KV joins the tree, unlocked
-    assert a.stats().protected_tokens == 0
-    assert a.flush().freed_tokens > 0 and a.stats().free_tokens == a.stats().capacity_tokens
+    assert a.stats().unevictable_tokens == 0
+    assert a.flush().freed_tokens > 0 and a.stats().available_tokens == a.stats().capacity_tokens
 
 
 def test_read_only_refuses_actions_but_plans(read_only_adapter):
@@ -468,7 +469,7 @@ def test_paged_unified_match_and_views(page_size):
     cache, pools = drive23.build_unified_cache23(64, page_size=page_size, geometry=known23.TINY)
     drive23.run_request(cache, pools, list(range(1, 11)), [50, 51], session_id="A")
     drive23.run_request(cache, pools, [1, 2, 3, 4, 9, 9, 9, 9, 9], [60], session_id="B")
-    a = SGLangAdapter(cache, None, model="tiny")
+    a = SGLangInProcessAdapter(cache, None, model="tiny")
     assert a.stats().geometry.page_size == page_size
     assert_views_agree(a, cache, pools)
     assert_match_agrees(a, cache, [list(range(1, 12)), [1, 2, 3], [1, 2, 3, 4, 9, 9, 9, 9, 7], [1, 2, 3, 4, 5, 6, 7]])
@@ -485,7 +486,8 @@ def test_plain_radix_cache_tree_stats_match_evict():
         assert "0.5.17+ RadixCache has none" in caps.reason
         on_owner(scheduler, lambda: assert_views_agree(a, k.cache, k.pools))
         st = a.stats()
-        assert (st.open_sessions, st.closed_sessions, st.running_tokens) == (None, None, 2)  # no sessions: unknown
+        running = st.unevictable_tokens - st.protected_tokens
+        assert (st.open_sessions, st.closed_sessions, running) == (None, None, 2)  # no sessions: unknown
         assert all(not c.holders for c in all_children(a, ROOT_ID))
         for call in (lambda: a.sessions(), lambda: a.session("a"), lambda: a.plan_close("a"),
                      lambda: a.close_session("a")):
@@ -531,8 +533,8 @@ def test_rust_core_has_stats_but_no_tree():
         allocator = k.pools.allocator
         assert st.capacity_tokens == allocator.size and st.free_tokens == allocator.available_size()
         assert st.evictable_tokens == k.cache.evictable_size() > 0
-        assert st.running_tokens == 2 and st.protected_tokens == k.cache.protected_size() + 2
-        assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
+        assert st.unevictable_tokens == k.cache.protected_size() + 2 and st.protected_tokens == k.cache.protected_size()
+        assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
         assert st.total_tokens == k.cache.total_size()[0] and st.bytes_per_token == BPT
         assert st.node_count is None and st.open_sessions is None  # it cannot tell: unknown, never 0
         for read in (lambda: a.children(ROOT_ID), lambda: a.node(ROOT_ID), lambda: a.chain(ROOT_ID),
@@ -543,11 +545,11 @@ def test_rust_core_has_stats_but_no_tree():
             a.sessions()
         evicted = a.evict(3)
         assert evicted.evicted_tokens >= 3
-        assert a.stats().free_tokens == st.free_tokens + evicted.evicted_tokens
+        assert a.stats().available_tokens == st.available_tokens + evicted.evicted_tokens
         flushed = a.flush()
         assert flushed.freed_tokens == st.evictable_tokens - evicted.evicted_tokens
         after = a.stats()
-        assert after.evictable_tokens == 0 and after.protected_tokens == st.protected_tokens
+        assert after.evictable_tokens == 0 and after.unevictable_tokens == st.unevictable_tokens
 
 
 def test_tiers_come_from_the_unified_nodes_full_component():

@@ -76,8 +76,8 @@ def test_read_many_is_one_pass_on_the_scheduler_thread():
     thread; a small cache's pass ends within one slice."""
     with known_adapter() as (a, _, scheduler):
         reads, passes, threads = known_reads(a), [], set()
-        call_steps, run = a._owner.call_steps, a._run
-        a._owner.call_steps = lambda steps, timeout: (passes.append(steps), call_steps(steps, timeout))[1]
+        call_pass, run = a._owner.call_pass, a._run
+        a._owner.call_pass = lambda steps, timeout: (passes.append(steps), call_pass(steps, timeout))[1]
         a._run = lambda fn, timeout, urgent=False: (passes.append(fn), run(fn, timeout, urgent))[1]
         stats = a.stats
         a.stats = lambda: (threads.add(threading.current_thread().name), stats())[1]

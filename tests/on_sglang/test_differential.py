@@ -1,6 +1,6 @@
 """Differential tests: radixtop's cache against the REAL SGLang 0.5.16 RadixCache.
 
-Every trace is replayed through radixtop (``gpu_backend.trace.replay``) and through SGLang's own
+Every trace is replayed through radixtop (``gpu_backend.traces.ops.replay``) and through SGLang's own
 ``RadixCache`` + ``SessionRadixCacheMixin`` + ``TokenToKVPoolAllocator`` (``sglang_ref``), and the
 two documents must be identical: one result per op, every tree node (path, size, lock_ref,
 session holders) and the size stats. Both sides read a fresh tick counter instead of
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from radixtop.gpu_backend.trace import replay
+from radixtop.gpu_backend.traces.ops import replay
 from tests.on_sglang.ref.replay_sglang import SGLangUnavailableError, TickClock, import_sglang, replay_sglang
 from tests.support.trace_gen import capacity_for, generate_trace, min_safe_capacity
 

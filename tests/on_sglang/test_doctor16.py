@@ -9,8 +9,8 @@ import pytest
 
 from radixtop.adapters.doctor import diagnosis_text
 from radixtop.adapters.sglang.doctor import running_requests, waiting_requests
-from radixtop.adapters.sglang.inproc import SGLangAdapter
-from radixtop.gpu_backend.owner_queue import OwnerQueue
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.owner.queue import OwnerQueue
 from tests.on_sglang.ref.known16 import OPENED, SchedulerThread, build_known
 from tests.on_sglang.ref.plugin16 import plugin_target
 from tests.on_sglang.ref.replay_sglang import _Req, import_sglang
@@ -32,7 +32,7 @@ def in_process():
                                       last_batch=None, chunked_req=None, waiting_queue=[])
     owner = OwnerQueue("the test scheduler")
     thread = SchedulerThread(owner).start()
-    adapter = SGLangAdapter(replayer.cache, owner, name="sglang", model="tiny", open_sessions=lambda: OPENED,
+    adapter = SGLangInProcessAdapter(replayer.cache, owner, name="sglang", model="tiny", open_sessions=lambda: OPENED,
                             slices=owner.slices, running_requests=lambda: running_requests(scheduler),
                             waiting_requests=lambda: waiting_requests(scheduler))
     adapter.close_session("gone")
@@ -84,7 +84,7 @@ def test_pinned_memory_that_starves_the_waiting_queue(in_process):
     adapter, replayer, scheduler = in_process
     plant_lock(adapter, replayer)
     st = adapter.stats()
-    need = st.free_tokens + st.evictable_tokens + 1
+    need = st.available_tokens + st.evictable_tokens + 1
     scheduler.waiting_queue = [_Req("waiting", list(range(100, 100 + need)), None)]
     d = adapter.diagnose()
     assert [f.kind for f in d.findings] == ["leaked_lock", "starved_admission"]
@@ -105,7 +105,7 @@ def test_through_the_plugin_api():
         assert d.healthy and "leaked_lock" in d.checked, diagnosis_text(d)
         from radixtop.adapters.sglang import plugin as sglang_plugin
 
-        plant_lock(sglang_plugin._ATTACHED[id(loop.scheduler)].adapter, replayer)
+        plant_lock(sglang_plugin.attached_to(loop.scheduler).adapter, replayer)
         assert [f.kind for f in remote.diagnose().findings] == ["leaked_lock"]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from radixtop.adapters.model import ROOT_ID
 from radixtop.adapters.sglang.index import INDEX
-from radixtop.adapters.sglang.inproc import SGLangAdapter
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
 from tests.support.trace_gen import capacity_for, generate_trace
 
@@ -20,10 +20,10 @@ def sgl():
     return import_sglang()
 
 
-def replay_checked(sgl, lines: list[str], size: str) -> tuple[SGLangReplayer, SGLangAdapter]:
+def replay_checked(sgl, lines: list[str], size: str) -> tuple[SGLangReplayer, SGLangInProcessAdapter]:
     replayer = SGLangReplayer(sgl, capacity_for(lines, size), eviction_policy="lru", max_running=8,
                               max_context_len=512)
-    adapter = SGLangAdapter(replayer.cache, model="tiny")  # installs the index on the empty tree
+    adapter = SGLangInProcessAdapter(replayer.cache, model="tiny")  # installs the index on the empty tree
     index = getattr(replayer.cache, INDEX)
     for line_no, op in _parse(lines):
         replayer.apply(line_no, op)
@@ -83,12 +83,12 @@ def test_kept_rankings_of_children_equal_a_full_sort_after_every_operation(sgl):
     only the last top and what changed), equal a sort of all of them, after every operation of
     a trace that keeps splitting, growing, evicting and closing under the nodes read."""
     from radixtop.adapters.sglang import index as index_module
-    from radixtop.gpu_backend.session_rules import run_steps
+    from radixtop.gpu_backend.owner.slices import run_to_end
 
     lines = generate_trace(11, n_ops=300, max_in_flight=4, vocab=6, abort_weight=2)
     replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
                               max_context_len=512)
-    SGLangAdapter(replayer.cache, model="tiny")
+    SGLangInProcessAdapter(replayer.cache, model="tiny")
     index = getattr(replayer.cache, INDEX)
     keep = index_module.KEEP
     index_module.KEEP = 2  # small kept rankings: the thresholds matter at once
@@ -99,7 +99,7 @@ def test_kept_rankings_of_children_equal_a_full_sort_after_every_operation(sgl):
                 if not node.children:
                     continue
                 want = min(1 + line_no % 2, len(node.children))
-                got = [n.id for n in run_steps(index.top_children(node, want))]
+                got = [n.id for n in run_to_end(index.top_children(node, want))]
                 full = sorted(node.children.values(), key=lambda n: (-index.subtree[n.id], n.id))
                 assert got == [n.id for n in full[:want]], (line_no, node.id)
     finally:
@@ -112,7 +112,7 @@ def test_pages_and_details_are_decoded_on_the_readers_thread_not_the_schedulers(
     tens of microseconds a row: 100 rows a page, each poll). The figures are those of one step."""
     import threading
 
-    from radixtop.gpu_backend.owner_queue import OwnerQueue
+    from radixtop.gpu_backend.owner.queue import OwnerQueue
 
     lines = generate_trace(3, n_ops=120, max_in_flight=3, vocab=400)
     replayer, _ = replay_checked(sgl, lines, "large")
@@ -124,9 +124,9 @@ def test_pages_and_details_are_decoded_on_the_readers_thread_not_the_schedulers(
             return " ".join(f"w{i}" for i in ids)
 
     owner = OwnerQueue("test scheduler")
-    adapter = SGLangAdapter(replayer.cache, owner, model="tiny", tokenizer=Tokenizer(), slices=owner.slices)
+    adapter = SGLangInProcessAdapter(replayer.cache, owner, model="tiny", tokenizer=Tokenizer(), slices=owner.slices)
     stop = threading.Event()
-    scheduler = threading.Thread(target=lambda: [owner.step() or stop.wait(0.001) for _ in iter(stop.is_set, True)])
+    scheduler = threading.Thread(target=lambda: [owner.between_steps() or stop.wait(0.001) for _ in iter(stop.is_set, True)])
     scheduler.start()
     try:
         page = adapter.children(ROOT_ID, 0, 100)
@@ -147,7 +147,7 @@ def test_the_index_keeps_its_maps_in_shards_so_no_insert_rebuilds_them_all(sgl):
     """A dict of every node rebuilds its whole table when it grows, and again whenever a cache at
     capacity has used up its deleted slots: at 1M nodes one hooked insert held SGLang's scheduler
     ~50 ms, per map, every ~400k inserts. In shards each rebuild is a 64th of that."""
-    from radixtop.adapters.shards import SHARDS, ShardedMap
+    from radixtop.gpu_backend.owner.shards import SHARDS, ShardedMap
 
     lines = generate_trace(4, n_ops=200, max_in_flight=4, vocab=400)
     replayer, _ = replay_checked(sgl, lines, "large")

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from radixtop.adapters.sglang.index import INDEX
-from radixtop.adapters.sglang.inproc import SGLangAdapter
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from tests.on_sglang.ref import drive23
 
 
@@ -24,7 +24,7 @@ def build(kind: str, capacity: int):
 def test_the_index_follows_every_operation(kind, seed):
     rng = random.Random(seed)
     cache, pools = build(kind, capacity=600)
-    adapter = SGLangAdapter(cache, model="tiny")  # installs the index on the empty tree
+    adapter = SGLangInProcessAdapter(cache, model="tiny")  # installs the index on the empty tree
     index = getattr(cache, INDEX)
     sessions = pools.sessions
     prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]

@@ -27,8 +27,9 @@ import zmq
 
 from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, Unsupported
 from radixtop.adapters.model import ROOT_ID, UNKNOWN
-from radixtop.adapters.sglang.kv_events import KvEventsAdapter, rank_endpoint
-from radixtop.adapters.sglang.kv_events_decode import BlockTree, Cleared, DecodeError, Removed, Stored, decode_batch
+from radixtop.adapters.sglang.events.block_tree import BlockTree
+from radixtop.adapters.sglang.events.wire import Cleared, DecodeError, Removed, Stored, decode_batch
+from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, rank_endpoint
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, SGLangUnavailableError, _parse, _pool_shape, import_sglang
 from tests.support.trace_gen import generate_trace, min_safe_capacity
 
@@ -160,7 +161,7 @@ def shutdown(publisher) -> None:
     atexit.unregister(publisher.shutdown)  # SGLang registers it; a second call waits 1 s at exit
 
 
-def catch_up(adapter: KvEventsAdapter, server: Server, timeout: float = 10.0) -> None:
+def catch_up(adapter: KVEventsAdapter, server: Server, timeout: float = 10.0) -> None:
     """Nudge with empty batches until the adapter has seen one (a SUB socket that has just
     connected misses what was sent before its subscription arrived), then wait for the rest."""
     deadline = time.monotonic() + timeout
@@ -186,7 +187,7 @@ def sglang_blocks(cache, page: int) -> set[tuple[int, ...]]:
     return out
 
 
-def adapter_blocks(adapter: KvEventsAdapter, page: int) -> set[tuple[int, ...]]:
+def adapter_blocks(adapter: KVEventsAdapter, page: int) -> set[tuple[int, ...]]:
     """The same, read through the adapter's public views only (children pages and node detail)."""
     out: set[tuple[int, ...]] = set()
     stack = [(ROOT_ID, ())]
@@ -202,7 +203,7 @@ def adapter_blocks(adapter: KvEventsAdapter, page: int) -> set[tuple[int, ...]]:
     return out
 
 
-def assert_same_tree(adapter: KvEventsAdapter, server: Server) -> None:
+def assert_same_tree(adapter: KVEventsAdapter, server: Server) -> None:
     page = server.page_size
     assert adapter_blocks(adapter, page) == sglang_blocks(server.cache, page)
     assert adapter.stats().total_tokens == server.cache.total_size()
@@ -221,7 +222,7 @@ def test_scheduler_workload_page_size_1(sgl):
     server = Server(sgl, port, replay, capacity=min_safe_capacity(lines), lines=lines)
     rng = random.Random(7)
     try:
-        with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}", bytes_per_token=64) as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}", bytes_per_token=64) as adapter:
             catch_up(adapter, server)
             v0 = adapter.stats().version
             for line_no, op in _parse(lines):
@@ -257,7 +258,7 @@ def test_paged_workload_with_splits_evictions_and_reset(sgl):
     rng = random.Random(11)
     prefixes = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 24))] for _ in range(4)]
     try:
-        with KvEventsAdapter(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}") as adapter:
+        with KVEventsAdapter(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}") as adapter:
             catch_up(adapter, server)
             for step in range(120):
                 if step == 60:
@@ -291,7 +292,7 @@ def test_one_tree_per_dp_rank(sgl):
     """Two ranks publish on base port + rank; one adapter per rank follows its own cache."""
     port, replay = (base := free_ports(4)), base + 2  # ranks 0, 1 on port+0, port+1
     servers = [Server(sgl, port, replay, dp_rank=r) for r in range(2)]
-    adapters = KvEventsAdapter.for_ranks(f"tcp://*:{port}", 2, f"tcp://*:{replay}")
+    adapters = KVEventsAdapter.for_ranks(f"tcp://*:{port}", 2, f"tcp://*:{replay}")
     try:
         assert [a.endpoint for a in adapters] == [f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"]
         for rank, (server, adapter) in enumerate(zip(servers, adapters)):
@@ -308,7 +309,7 @@ def test_one_tree_per_dp_rank(sgl):
         assert adapters[1].match([1, 1, 1, 7]).matched_tokens == 0
     finally:
         for adapter in adapters:
-            adapter.close()
+            adapter.release()
         for server in servers:
             server.close()
 
@@ -324,7 +325,7 @@ def test_late_join_fills_the_gap_from_the_replay_socket(sgl):
             server.insert(tokens)
             server.publish()
         server.flushed()  # sent with nobody subscribed: only the replay buffer has them
-        with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
             catch_up(adapter, server)
             st = adapter.status()
             assert st.replays >= 1 and st.replayed_batches >= 3 and st.complete and st.missed_batches == 0
@@ -346,7 +347,7 @@ def test_a_gap_the_replay_cannot_fill_marks_the_tree_incomplete_until_a_clear(sg
             server.insert(tokens)
             server.publish()
         server.flushed()
-        with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
             catch_up(adapter, server)  # the buffer (2 batches) holds the first nudge: 0..2 are gone
             st = adapter.status()
             assert not st.complete and st.missed_batches >= 3 and st.replays == 1
@@ -373,7 +374,7 @@ def test_without_a_replay_socket_a_late_join_is_reported_not_fatal(sgl):
         server.insert([1, 2, 3])
         server.publish()
         server.flushed()
-        with KvEventsAdapter(f"tcp://*:{port}") as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}") as adapter:
             catch_up(adapter, server)
             st = adapter.status()
             assert not st.complete and st.replays == 0 and st.missed_batches >= 1
@@ -389,7 +390,7 @@ def test_without_a_replay_socket_a_late_join_is_reported_not_fatal(sgl):
 def test_a_restarted_server_restarts_the_tree(sgl):
     port, replay = (base := free_ports(2)), base + 1
     first = Server(sgl, port, replay)
-    with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
+    with KVEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
         try:
             catch_up(adapter, first)
             for i in range(10):
@@ -397,7 +398,7 @@ def test_a_restarted_server_restarts_the_tree(sgl):
                 first.publish()
             assert adapter.wait_for_seq(first.seq)
         finally:
-            first.close()
+            first.release()
         wait_until_free(port, replay)
         second = Server(sgl, port, replay)  # a new process: sequences from 0, a fresh cache
         try:
@@ -412,7 +413,7 @@ def test_a_restarted_server_restarts_the_tree(sgl):
             assert_same_tree(adapter, second)
             assert adapter.status().complete
         finally:
-            second.close()
+            second.release()
 
 
 def replayed(replay_port: int, start: int = 0) -> list[tuple[int, bytes]]:
@@ -450,7 +451,7 @@ def test_a_jump_checks_the_publisher_before_filling_the_gap(sgl, same_publisher)
         history = replayed(replay)
         assert [seq for seq, _ in history] == [0, 1, 2, 3, 4]
         stream.bind(f"tcp://127.0.0.1:{port}")
-        with KvEventsAdapter(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}") as adapter:
+        with KVEventsAdapter(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}") as adapter:
             assert stream.poll(5000) and stream.recv() == b"\x01"  # the adapter's subscription
             if same_publisher:
                 first = history[:2]
@@ -473,8 +474,18 @@ def test_a_jump_checks_the_publisher_before_filling_the_gap(sgl, same_publisher)
 def test_the_adapter_module_loads_neither_torch_nor_textual():
     from tests.support.modules import loaded_modules
 
-    mods = loaded_modules("import radixtop.adapters.sglang.kv_events")
-    assert "zmq" in mods and not {"torch", "textual", "radixtop.gpu_backend", "sglang"} & mods
+    mods = loaded_modules("import radixtop.adapters.sglang.events.zmq")
+    assert "zmq" in mods and not {"torch", "textual", "sglang"} & mods
+    # of the backend, only its pure-Python owner machinery (the block tree's shards and journal)
+    assert not {m for m in mods if m.startswith("radixtop.gpu_backend.") and not m.startswith("radixtop.gpu_backend.owner")}
+
+
+def test_the_event_tree_without_zmq_loads_no_zmq():
+    """The in-process path (the Rust core's events, applied by the plugin) needs no ZMQ."""
+    from tests.support.modules import loaded_modules
+
+    mods = loaded_modules("import radixtop.adapters.sglang.events.core, radixtop.adapters.sglang.events.adapter")
+    assert "radixtop.adapters.sglang.events.adapter" in mods and not {"zmq", "torch", "textual", "sglang"} & mods
 
 
 # ----- the publisher, from the server's /server_info -----
@@ -688,7 +699,7 @@ def test_vllm_shaped_stream_over_zmq(sgl):
                          "replay_endpoint": f"tcp://*:{replay}"})
     publisher = sgl.kv_events.EventPublisherFactory.create(config, 0)
     try:
-        with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", f"tcp://*:{replay}") as adapter:
             publisher.publish(vllm_batch())
             seq = 0
             while not adapter.wait_for_seq(seq, 0.2):
@@ -760,7 +771,7 @@ def test_block_tree_keeps_its_maps_of_every_node_and_block_in_shards():
     """The tree is fed on the events thread, inside SGLang's scheduler process when the plugin
     reads its own server's events: a dict of every block rebuilding its table in one insert held
     the GIL, and so the scheduler, ~50 ms per million entries (``ShardedMap``)."""
-    from radixtop.adapters.shards import ShardedMap
+    from radixtop.gpu_backend.owner.shards import ShardedMap
 
     tree = BlockTree()
     assert isinstance(tree.nodes, ShardedMap) and isinstance(tree.blocks, ShardedMap)
@@ -781,7 +792,7 @@ def test_read_only_refusals_and_unknowns(sgl):
     port = free_ports()
     server = Server(sgl, port, None, host="127.0.0.1")
     try:
-        with KvEventsAdapter(f"tcp://127.0.0.1:{port}", bind=True, bytes_per_token=10,
+        with KVEventsAdapter(f"tcp://127.0.0.1:{port}", bind=True, bytes_per_token=10,
                              capacity_tokens=100) as adapter:
             caps = adapter.capabilities()
             assert caps.read_only and not (caps.sessions or caps.close or caps.evict or caps.flush)
@@ -791,8 +802,9 @@ def test_read_only_refusals_and_unknowns(sgl):
             server.publish()
             assert adapter.wait_for_seq(server.seq)
             st = adapter.stats()
-            assert (st.capacity_tokens, st.free_tokens, st.evictable_tokens) == (100, 97, 3)
-            assert st.protected_tokens == st.running_tokens == 0
+            assert (st.capacity_tokens, st.available_tokens, st.evictable_tokens) == (100, 97, 3)
+            assert st.unevictable_tokens == 0  # locks are not in the events: unknown, never 0
+            assert st.protected_tokens is st.session_held_tokens is st.uncached_tokens is None
             assert st.capacity_bytes == 1000 and st.total_bytes == 30
             child = adapter.children(ROOT_ID).children[0]
             # not in the events, and no session_id in this stream: unknown, never 0 or none
@@ -831,7 +843,7 @@ def test_every_medium_says_which_tiers_hold_each_node(sgl):
     """HiCache's copies in SGLang's own event classes, every medium (new and old names): the tree
     is the GPU's blocks; each node says which other tiers hold all of it, and each tier's tokens
     are in the totals. A tier's removal or a clear takes its copies away."""
-    from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
 
     ke = sgl.kv_events
     tree = EventTreeAdapter(name="tiers", bytes_per_token=2)

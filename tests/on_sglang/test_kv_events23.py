@@ -31,8 +31,8 @@ import msgspec  # noqa: E402
 
 from radixtop.adapters.errors import ReadOnly, UnknownSession  # noqa: E402
 from radixtop.adapters.model import ROOT_ID  # noqa: E402
-from radixtop.adapters.sglang.kv_events import KvEventsAdapter  # noqa: E402
-from radixtop.adapters.sglang.kv_events_decode import Cleared, Removed, Stored, decode_batch  # noqa: E402
+from radixtop.adapters.sglang.events.wire import Cleared, Removed, Stored, decode_batch
+from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
 from tests.on_sglang.ref import drive23  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
@@ -102,7 +102,7 @@ class Server:
         atexit.unregister(self.publisher.shutdown)
 
 
-def catch_up(adapter: KvEventsAdapter, server: Server, timeout: float = 15.0) -> None:
+def catch_up(adapter: KVEventsAdapter, server: Server, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while adapter.status().last_seq < 0:
         assert time.monotonic() < deadline, "the adapter received nothing"
@@ -122,7 +122,7 @@ def sglang_paths(cache) -> set[tuple[int, ...]]:
     return out
 
 
-def adapter_nodes(adapter: KvEventsAdapter) -> dict[tuple[int, ...], object]:
+def adapter_nodes(adapter: KVEventsAdapter) -> dict[tuple[int, ...], object]:
     """Each node's whole token path -> its NodeView."""
     out, stack = {}, [(ROOT_ID, ())]
     while stack:
@@ -162,7 +162,7 @@ def test_sessions_from_a_real_0523_cache_and_its_replay(sgl):
         server.request([1, 2, 3, 5, 6], [9], "b")  # stores 5 6 under 1 2 3
         server.publish()
         server.publisher._event_queue.join()
-        with KvEventsAdapter(f"tcp://*:{port}", f"tcp://*:{port + 1}", bytes_per_token=10) as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", f"tcp://*:{port + 1}", bytes_per_token=10) as adapter:
             catch_up(adapter, server)
             st = adapter.status()
             assert st.replays >= 1 and st.replayed_batches >= 2 and st.complete, st
@@ -254,7 +254,7 @@ def test_the_default_rust_core_s_events(sgl):
     port = free_ports(2)
     server = Server(sgl, port, None, core="rust")
     try:
-        with KvEventsAdapter(f"tcp://*:{port}") as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}") as adapter:
             catch_up(adapter, server)
             for tokens, output in (([1, 2, 3, 4], [7, 8]), ([1, 2, 3, 5, 6], [9]), ([8, 8], [1])):
                 server.request(tokens, output)
@@ -283,24 +283,24 @@ class SchedulerPublishing:
 
 @pytest.mark.parametrize("sglang_publishes", [False, True], ids=["radixtop-takes", "sglang-takes"])
 def test_the_plugin_keeps_the_rust_cores_tree_in_process(sgl, sglang_publishes):
-    """The plugin's in-process path (adapters/sglang/core_events.py) over a real Rust-core cache:
+    """The plugin's in-process path (adapters/sglang/events/core.py) over a real Rust-core cache:
     the tree's tokens equal SGLang's own cached tokens after inserts, evictions and a flush; what
     the events cannot tell is unknown. Where SGLang's own publisher takes the events, the batches
     it publishes reach radixtop too (and still go out on the wire)."""
-    from radixtop.adapters.sglang.core_events import CoreEvents, CoreEventsAdapter, records_events
-    from radixtop.adapters.sglang.inproc import SGLangAdapter
-    from radixtop.adapters.sglang.kv_events import EventTreeAdapter
+    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+    from radixtop.adapters.sglang.events.core import CoreEvents, CoreEventsAdapter, records_events
+    from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 
     port = free_ports(2)
     server = Server(sgl, port, None, core="rust")
     try:
         assert records_events(server.cache)
-        sglang = SGLangAdapter(server.cache)  # no owner queue: this thread is the scheduler's
+        sglang = SGLangInProcessAdapter(server.cache)  # no owner queue: this thread is the scheduler's
         tree = EventTreeAdapter(name="t", geometry=sglang.geometry, capacity_tokens=int(sglang.allocator.size))
         core = CoreEvents(server.cache, tree, SchedulerPublishing(server) if sglang_publishes else None)
         adapter = CoreEventsAdapter(sglang, core)
         assert core.sglang_takes == sglang_publishes
-        with KvEventsAdapter(f"tcp://*:{port}") as wire:
+        with KVEventsAdapter(f"tcp://*:{port}") as wire:
             if sglang_publishes:
                 catch_up(wire, server)
             for tokens, output in (([1, 2, 3, 4], [7, 8]), ([1, 2, 3, 5, 6], [9]), ([8, 8], [1])):
@@ -318,6 +318,6 @@ def test_the_plugin_keeps_the_rust_cores_tree_in_process(sgl, sglang_publishes):
                 assert wire.wait_for_seq(server.seq) and wire.stats().total_tokens == server.cache.evictable_size()
             adapter.flush()
             assert adapter.node(ROOT_ID).node.subtree_tokens == 0 and adapter.children(ROOT_ID).total == 0
-        adapter.close()
+        adapter.release()
     finally:
         server.close()

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
 from tests.on_sglang.test_kv_events import Server, catch_up, free_ports, sgl  # noqa: F401  (the sgl fixture)
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
@@ -27,7 +27,7 @@ async def test_the_dashboard_on_a_kv_event_stream(sgl):  # noqa: F811
     port = free_ports()
     server = Server(sgl, port, None)
     try:
-        with KvEventsAdapter(f"tcp://*:{port}", bytes_per_token=256, capacity_tokens=512) as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", bytes_per_token=256, capacity_tokens=512) as adapter:
             catch_up(adapter, server)
             server.insert([1, 2, 3, 4, 5])
             server.insert([1, 2, 3, 9])
@@ -110,7 +110,7 @@ async def test_the_dashboard_shows_the_sessions_a_stream_attributes(sgl):  # noq
     port = free_ports()
     server = Server(sgl, port, None)
     try:
-        with KvEventsAdapter(f"tcp://*:{port}", bytes_per_token=256, capacity_tokens=512) as adapter:
+        with KVEventsAdapter(f"tcp://*:{port}", bytes_per_token=256, capacity_tokens=512) as adapter:
             catch_up(adapter, server)
             server.publish(sgl.kv_events.KVEventBatch(ts=time.time(), events=[
                 stored([1, 2, 3], None, [1, 2, 3], "alice-7"), stored([4], 3, [4], "bob-9")]))

@@ -50,7 +50,7 @@ def test_a_scheduler_that_stops_draining_times_out_cleanly():
     with plugin_target() as (remote, replayer, loop):
         from radixtop.adapters.sglang import plugin as sglang_plugin
 
-        attached = sglang_plugin._ATTACHED[id(loop.scheduler)]
+        attached = sglang_plugin.attached_to(loop.scheduler)
         attached.adapter.timeout = 0.3
         loop.running.clear()
         with pytest.raises(TargetTimeout, match="SGLang scheduler .DP rank 0. did not take the request"):

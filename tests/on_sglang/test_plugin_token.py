@@ -103,7 +103,29 @@ def test_a_refused_token_file_is_one_line_in_the_log_and_no_admin_api(env, monke
     class Scheduler:
         tp_rank = 0
 
-    plugin._after_init(None, Scheduler())
+    scheduler = Scheduler()
+    plugin._after_init(None, scheduler)
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].exc_info is None and "RADIXTOP_TOKEN" in errors[0].getMessage()
-    assert not plugin._ATTACHED
+    assert plugin.attached_to(scheduler) is None
+
+
+def test_a_scheduler_never_runs_another_schedulers_attachment(monkeypatch):
+    """What radixtop attached is kept on the scheduler itself: a new scheduler that reuses a gone
+    one's id (here every object has the same id) never runs the old one's queue."""
+    ran = []
+
+    class Owner:
+        def between_steps(self, **kwargs):
+            ran.append(kwargs)
+
+    class Scheduler:
+        tree_cache = None
+
+    old, new = Scheduler(), Scheduler()
+    monkeypatch.setattr(plugin, "id", lambda obj: 1, raising=False)  # a reused id
+    setattr(old, plugin.ATTACHED, plugin.Attached(None, Owner(), "", None, None))
+    plugin._after_inputs(None, old)
+    assert len(ran) == 1
+    plugin._after_inputs(None, new)
+    assert len(ran) == 1 and plugin.attached_to(new) is None

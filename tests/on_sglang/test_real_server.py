@@ -53,7 +53,7 @@ def server(tmp_path_factory, kv_port):
 def client(server) -> RadixtopClient:
     remote = RadixtopClient(server.admin_url, token=server.token, timeout=30)
     yield remote
-    remote.close()
+    remote.release()
 
 
 def settle(server: Server, client: RadixtopClient) -> None:
@@ -63,7 +63,7 @@ def settle(server: Server, client: RadixtopClient) -> None:
     while True:
         st, m = client.stats(), server.metrics()
         if (m.get("sglang:num_running_reqs", 0) == 0 and m.get("sglang:num_queue_reqs", 0) == 0
-                and st.free_tokens == m.get("sglang:kv_available_tokens")):
+                and st.available_tokens == m.get("sglang:kv_available_tokens")):
             return
         assert time.monotonic() < deadline, (st, m)
         time.sleep(0.3)
@@ -136,10 +136,12 @@ def test_prompt_and_cached_tokens_equal_sglangs_counters(server, client, driven)
 
 def test_pool_buckets_equal_sglangs_own(server, client, driven):
     st, m = client.stats(), server.metrics()
-    assert st.free_tokens == m["sglang:kv_available_tokens"]
+    assert st.available_tokens == m["sglang:kv_available_tokens"]
     assert st.evictable_tokens == m["sglang:kv_evictable_tokens"]
-    assert st.protected_tokens == m["sglang:kv_used_tokens"]  # SGLang: capacity - available - evictable
-    assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
+    assert st.unevictable_tokens == m["sglang:kv_used_tokens"]  # SGLang: capacity - available - evictable
+    assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
+    parts = (st.available_tokens, st.evictable_tokens, st.protected_tokens, st.session_held_tokens, st.uncached_tokens)
+    assert sum(parts) == st.capacity_tokens  # SGLang's leak-check words, each known through the plugin
 
 
 def test_sglangs_leak_check_buckets_idle_and_busy(server, client, driven):
@@ -151,7 +153,9 @@ def test_sglangs_leak_check_buckets_idle_and_busy(server, client, driven):
     full = st.buckets[0]
     assert (full.total, full.available, full.evictable) == (st.capacity_tokens, m["sglang:kv_available_tokens"],
                                                             m["sglang:kv_evictable_tokens"])
-    assert full.uncached == full.unaccounted == 0 and full.protected + full.session_held == st.protected_tokens
+    assert full.uncached == full.unaccounted == 0 and full.protected + full.session_held == st.unevictable_tokens
+    assert (full.protected, full.session_held, full.uncached) == (
+        st.protected_tokens, st.session_held_tokens, st.uncached_tokens)  # one word, one figure
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(server.generate, fresh(300), 400)
         seen = []
@@ -230,19 +234,19 @@ def test_the_plain_routes_adapter_reads_the_same_totals(server, client, driven):
     try:
         settle(server, client)
         plain, plugin = routes.stats(), client.stats()
-        assert (plain.capacity_tokens, plain.free_tokens, plain.evictable_tokens) == \
-            (plugin.capacity_tokens, plugin.free_tokens, plugin.evictable_tokens)
+        assert (plain.capacity_tokens, plain.available_tokens, plain.evictable_tokens) == \
+            (plugin.capacity_tokens, plugin.available_tokens, plugin.evictable_tokens)
         assert (plain.prompt_tokens, plain.cached_tokens, plain.evicted_tokens) == \
             (plugin.prompt_tokens, plugin.cached_tokens, plugin.evicted_tokens)
         assert plain.node_count is None and plain.open_sessions is None  # it cannot know
     finally:
-        routes.close()
+        routes.release()
 
 
 def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
-    from radixtop.adapters.sglang.kv_events import KvEventsAdapter
+    from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
 
-    events = KvEventsAdapter(f"tcp://127.0.0.1:{kv_port}", None, capacity_tokens=MAX_TOTAL_TOKENS)
+    events = KVEventsAdapter(f"tcp://127.0.0.1:{kv_port}", None, capacity_tokens=MAX_TOTAL_TOKENS)
     try:
         time.sleep(1.0)  # the subscriber connects before the events it must see
         settle(server, client)
@@ -256,13 +260,13 @@ def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
             time.sleep(0.2)
         assert events.stats().total_tokens > 0
     finally:
-        events.close()
+        events.release()
 
 
 def test_kv_events_takes_the_live_servers_url(server, kv_port):
     """``--kv-events http://HOST:PORT``: the publisher comes from the live server's own
     /server_info (its kv_events block), not from the operator."""
-    from radixtop.adapters.sglang.kv_events import discover
+    from radixtop.adapters.sglang.events.zmq import discover
 
     publisher = discover(server.url)
     assert publisher.endpoint == f"tcp://127.0.0.1:{kv_port}" and publisher.dp_size == 1

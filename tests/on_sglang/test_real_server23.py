@@ -89,7 +89,7 @@ def test_counts_it_cannot_know_are_unknown_and_the_rest_equal_sglangs(rust):
     st, m = client.stats(), server.metrics()
     assert st.open_sessions is None and st.closed_sessions is None  # no session ids in this stream
     assert st.node_count == client.stats().node_count > 0
-    assert st.free_tokens == m["sglang:kv_available_tokens"]
+    assert st.available_tokens == m["sglang:kv_available_tokens"]
     assert st.evictable_tokens == m["sglang:kv_evictable_tokens"]
     assert m["sglang:evicted_tokens_total"] > 0 and st.evicted_tokens == m["sglang:evicted_tokens_total"]
     assert st.prompt_tokens == m["sglang:prompt_tokens_total"]

@@ -43,7 +43,7 @@ def adapter(url: str, **kwargs) -> Iterator[SGLangRoutesAdapter]:
     try:
         yield a
     finally:
-        a.close()
+        a.release()
 
 
 def busy_day(sg: FakeSGLang, rank: int = 0) -> None:
@@ -66,9 +66,9 @@ def test_stats_map_sglang_pool_and_counters(version):
     with sglang(version, capacity=4096) as (url, sg), adapter(url, geometry=TINY) as a:
         busy_day(sg)
         st = a.stats()
-    assert (st.capacity_tokens, st.protected_tokens, st.evictable_tokens) == (4096, 30, 80)
-    assert st.free_tokens == 4096 - 30 - 80
-    assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
+    assert (st.capacity_tokens, st.unevictable_tokens, st.evictable_tokens) == (4096, 30, 80)
+    assert st.available_tokens == 4096 - 30 - 80
+    assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
     assert (st.prompt_tokens, st.cached_tokens, st.evicted_tokens) == (150, 60, 10)
     assert st.bytes_per_token == 256 and st.geometry == TINY and st.capacity_bytes == 4096 * 256
     assert version in st.target and (st.node_count, st.open_sessions, st.version) == (None, None, 0)
@@ -83,7 +83,7 @@ def test_bytes_are_unknown_without_a_geometry(version):
         assert (st.geometry.name, st.geometry.page_size) == ("unknown", 16)
         assert "geometry" in a.capabilities().reason
     with sglang(version) as (url, _), adapter(url, bytes_per_token=1000) as a:
-        assert a.stats().free_bytes == 4096 * 1000
+        assert a.stats().available_bytes == 4096 * 1000
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -97,9 +97,9 @@ def test_dp_ranks_are_summed_or_selected_and_tp_ranks_counted_once(version):
             with pytest.raises(BadRequest, match="no DP rank 2"):
                 none.stats()
             assert "DP rank 1 only" in one.capabilities().reason
-    assert (st.capacity_tokens, st.protected_tokens, st.evictable_tokens) == (2000, 30, 80 + 250)
+    assert (st.capacity_tokens, st.unevictable_tokens, st.evictable_tokens) == (2000, 30, 80 + 250)
     assert st.evicted_tokens == 60  # not doubled by the two TP ranks
-    assert (st1.capacity_tokens, st1.protected_tokens, st1.evictable_tokens) == (1000, 0, 250)
+    assert (st1.capacity_tokens, st1.unevictable_tokens, st1.evictable_tokens) == (1000, 0, 250)
     assert st1.evicted_tokens == (50 if version == "0.5.23" else 60)  # 0.5.16's has no rank labels
     assert (st1.prompt_tokens, st1.cached_tokens) == (450, 60)  # the tokenizer's: server-wide
 
@@ -109,7 +109,7 @@ def test_older_route_names_are_used_and_remembered():
         busy_day(sg)
         st = a.stats()
         a.stats()
-    assert (st.capacity_tokens, st.protected_tokens, st.evictable_tokens) == (4096, 30, 80)
+    assert (st.capacity_tokens, st.unevictable_tokens, st.evictable_tokens) == (4096, 30, 80)
     assert paths(sg).count("/get_server_info") == 1  # kept: capacity does not change
     assert paths(sg).count("/v1/loads") == 1 and paths(sg).count("/get_load") == 2
 
@@ -120,8 +120,8 @@ def test_without_metrics_free_and_evictable_are_not_told_apart(version):
         busy_day(sg)
         st = a.stats()
         reason = a.capabilities().reason
-    assert (st.capacity_tokens, st.protected_tokens) == (4096, 30)
-    assert (st.evictable_tokens, st.free_tokens) == (0, 4066)
+    assert (st.capacity_tokens, st.unevictable_tokens) == (4096, 30)
+    assert (st.evictable_tokens, st.available_tokens) == (0, 4066)
     assert (st.prompt_tokens, st.cached_tokens, st.evicted_tokens) == (0, 0, 0)
     assert "--enable-metrics" in reason
 
@@ -189,7 +189,7 @@ def test_flush_when_idle_drops_the_cache(version):
         result = a.flush()
         st = a.stats()
     assert (result.flushed, result.freed_tokens, result.freed_bytes) == (True, 80, 80 * 256)
-    assert (st.evictable_tokens, st.free_tokens) == (0, 4096)
+    assert (st.evictable_tokens, st.available_tokens) == (0, 4096)
     assert ("POST", "/flush_cache", None) in sg.calls
 
 

@@ -38,7 +38,7 @@ def test_commands_over_radixtop_serve_of_a_plain_sglang_server():
             assert "80 tokens" in closed.output and "seen freed" in closed.output
             assert ("POST", "/close_session", {"session_id": "a"}) in sg.calls
             assert run("flush").exit_code != 0  # no terminal, no --yes: refused before asking SGLang
-        local.close()
+        local.release()
 
 
 async def test_the_dashboard_on_a_plain_sglang_server():
@@ -57,5 +57,5 @@ async def test_the_dashboard_on_a_plain_sglang_server():
             await pilot.press("E")  # evict: this target cannot, and says why
             await idle(pilot, app)
             assert any("cannot evict" in n.message for n in app._notifications)
-        adapter.close()
+        adapter.release()
     assert not any(path == "/close_session" for _, path, _ in sg.calls)

@@ -126,19 +126,20 @@ def check_stats(d: dict[str, Any], capacity: int) -> list[str]:
     problems = []
     if d["capacity_tokens"] != capacity:
         problems.append(f"capacity {d['capacity_tokens']} != {capacity}")
-    if d["free_tokens"] + d["evictable_tokens"] + d["protected_tokens"] != d["capacity_tokens"]:
-        problems.append("free + evictable + protected != capacity (tokens)")
-    if d["free_bytes"] + d["evictable_bytes"] + d["protected_bytes"] != d["capacity_bytes"]:
-        problems.append("free + evictable + protected != capacity (bytes)")
-    for name in ("capacity", "free", "evictable", "protected", "total"):
+    states = ("available", "evictable", "protected", "session_held", "uncached")  # SGLang's leak-check words
+    if sum(d[f"{name}_tokens"] for name in states) != d["capacity_tokens"]:
+        problems.append("available + evictable + protected + session_held + uncached != capacity (tokens)")
+    if sum(d[f"{name}_bytes"] for name in states) != d["capacity_bytes"]:
+        problems.append("available + evictable + protected + session_held + uncached != capacity (bytes)")
+    for name in ("capacity", *states, "unevictable", "total"):
         if d[f"{name}_bytes"] != d[f"{name}_tokens"] * bpt:
             problems.append(f"{name}_bytes != {name}_tokens x bytes_per_token")
         if d[f"{name}_tokens"] < 0:
             problems.append(f"{name}_tokens < 0")
-    if not 0 <= d["running_tokens"] <= d["protected_tokens"]:
-        problems.append("running_tokens outside 0..protected_tokens")
-    if d["total_tokens"] != d["evictable_tokens"] + d["protected_tokens"] - d["running_tokens"]:
-        problems.append("total != evictable + protected - running")
+    if d["unevictable_tokens"] != d["protected_tokens"] + d["session_held_tokens"] + d["uncached_tokens"]:
+        problems.append("unevictable != protected + session_held + uncached")
+    if d["total_tokens"] != d["evictable_tokens"] + d["protected_tokens"]:
+        problems.append("total != evictable + protected")
     return [f"stats v{d['version']}: {p}: {json.dumps(d)}" for p in problems]
 
 
@@ -187,7 +188,7 @@ class Worker(threading.Thread):
         except Exception as exc:  # a worker that dies must say why, not shrink the soak
             self.ledger.fail(f"{self.name} died: {type(exc).__name__}: {exc}")
         finally:
-            self.adapter.close()
+            self.adapter.release()
             self.http.close()
 
     def step(self) -> None:

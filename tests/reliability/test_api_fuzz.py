@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.schemas import ErrorOut
 from radixtop.adapters.http.server import MAX_BODY, MAX_ID, MAX_URL, create_app, http_protocol
@@ -495,7 +495,7 @@ def test_a_500_keeps_the_connection_usable(tmp_path):
 
 SERVE_SCRIPT = """
 import sys
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import serve
 from tests.contract.suite import build_engine
 engine = build_engine()

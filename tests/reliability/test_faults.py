@@ -30,7 +30,7 @@ import httpx
 import pytest
 from textual.worker import Worker, WorkerState
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
@@ -346,7 +346,7 @@ async def test_dashboard_rides_out_the_server_killed_and_restarted(served):
                 assert_nothing_escaped(app)
         assert_nothing_escaped(app)
     finally:
-        adapter.close()
+        adapter.release()
 
 
 async def test_an_expanded_node_that_vanishes_is_forgotten_not_an_outage():
@@ -447,8 +447,8 @@ async def test_a_stopped_server_times_out_every_face_and_recovers(served):
                 assert radixtop(url, "stats").returncode == 0
                 assert_nothing_escaped(app)
     finally:
-        adapter.close()
-        client.close()
+        adapter.release()
+        client.release()
 
 
 # ----- 3. the engine thread dies under the live API -----
@@ -526,7 +526,7 @@ async def test_engine_thread_death_is_told_by_every_face():
                         command = await asyncio.to_thread(radixtop, url, *args, token=token)
                         assert_one_line(command, 3, WHY)
             assert_nothing_escaped(app)
-            adapter.close()
+            adapter.release()
     finally:
         engine.stop()
 
@@ -549,7 +549,7 @@ def test_a_command_that_kills_the_engine_thread_is_answered():
                 wait_until(lambda: not engine.alive, "the engine thread to end")
                 with pytest.raises(TargetUnreachable, match="engine thread died: InjectedFault: a read blew up"):
                     client.sessions()
-            client.close()
+            client.release()
     finally:
         engine.stop()
 
@@ -577,14 +577,14 @@ def test_a_request_finishing_after_its_close_and_a_second_close_lose_nothing():
                 assert client.plan_close("d").state == "closed"
             engine.call(check_invariants)
             st = client.stats()
-            assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
-            assert st.running_tokens == 0 and st.protected_tokens == 0
+            assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
+            assert st.uncached_tokens == 0 and st.protected_tokens == 0 and st.unevictable_tokens == 0
             flushed = client.flush()
             assert flushed.freed_tokens == st.evictable_tokens  # every token comes back
             after = client.stats()
-            assert after.free_tokens == after.capacity_tokens and after.node_count == 0
+            assert after.available_tokens == after.capacity_tokens and after.node_count == 0
             engine.call(check_invariants)
-            client.close()
+            client.release()
     finally:
         engine.stop()
 
@@ -623,13 +623,13 @@ def test_closes_racing_the_live_workload_lose_nothing():
                 detail = client.session(sid)
                 assert detail.session.state == "closed" and detail.node_ids == ()
             st = client.stats()
-            assert st.free_tokens + st.evictable_tokens + st.protected_tokens == st.capacity_tokens
+            assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
             client.flush()
             after = client.stats()
-            assert after.free_tokens + after.protected_tokens == after.capacity_tokens
+            assert after.available_tokens + after.unevictable_tokens == after.capacity_tokens
             assert after.evictable_tokens == 0
             engine.call(check_invariants)
-            client.close()
+            client.release()
     finally:
         engine.stop()
 

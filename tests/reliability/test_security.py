@@ -34,14 +34,14 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import ReadOnly
 from radixtop.adapters.http import edge as http_edge
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.cli.main import app as cli_app
-from radixtop.gpu_backend.trace import tree_rows
+from radixtop.gpu_backend.traces.ops import tree_rows
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from tests.contract.suite import build_engine
@@ -502,7 +502,7 @@ async def test_the_dashboard_over_http_cannot_act_on_a_read_only_server(read_onl
         for refused in ("close of session 'b' refused", "evict of 5 tokens refused", "flush refused"):
             assert any("read-only" in m and refused in m for m in told), (refused, told)
         REPORT["dashboard_refusals"] += 6
-    adapter.close()
+    adapter.release()
     assert remote_state(url) == before
 
 
@@ -511,7 +511,7 @@ async def test_the_dashboard_over_http_cannot_act_on_a_read_only_server(read_onl
 SLOW_SERVE = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import serve
 from tests.contract.suite import build_engine
 engine = build_engine()

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from radixtop.adapters.bundled import BundledAdapter
+from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.wire import audit_entry_from_dict
@@ -117,7 +117,7 @@ def test_soak_concurrent_clients_keep_the_pool_exact(tmp_path):
                 worker.join(60)
             stuck = [w.name for w in workers if w.is_alive()]
             prober.http.close()
-            prober.adapter.close()
+            prober.adapter.release()
             # After the run, workload paused: the pool as a whole, on the owner thread.
             nodes = open_sessions = None
             if engine.alive:

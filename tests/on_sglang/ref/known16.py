@@ -11,8 +11,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from radixtop.adapters.sglang.inproc import SGLangAdapter
-from radixtop.gpu_backend.owner_queue import OwnerQueue
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.owner.queue import OwnerQueue
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, import_sglang
 
 TINY_KV = (2, 2, 8, "float32")  # layers, heads, head_dim, dtype: radixtop's "tiny" geometry
@@ -33,7 +33,7 @@ class SchedulerThread:
     def _loop(self) -> None:
         while not self._stop.wait(self.step_s):
             if self.running.is_set():
-                self.owner.step(max_items=64)
+                self.owner.between_steps(max_items=64)
 
     def start(self) -> SchedulerThread:
         self._thread.start()
@@ -67,11 +67,11 @@ OPENED = ("a", "b", "c", "d", "gone")
 
 
 @contextmanager
-def known_adapter(read_only: bool = False) -> Iterator[tuple[SGLangAdapter, SGLangReplayer, SchedulerThread]]:
+def known_adapter(read_only: bool = False) -> Iterator[tuple[SGLangInProcessAdapter, SGLangReplayer, SchedulerThread]]:
     replayer = build_known()
     owner = OwnerQueue("the test scheduler")
     scheduler = SchedulerThread(owner).start()
-    adapter = SGLangAdapter(replayer.cache, owner, name="sglang", model="tiny",
+    adapter = SGLangInProcessAdapter(replayer.cache, owner, name="sglang", model="tiny",
                             open_sessions=lambda: OPENED, timeout=10.0, slices=owner.slices)
     adapter.close_session("gone")
     adapter.read_only = read_only

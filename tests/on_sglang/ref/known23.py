@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from radixtop.adapters.sglang.inproc import SGLangAdapter
-from radixtop.gpu_backend.owner_queue import OwnerQueue
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.owner.queue import OwnerQueue
 from tests.on_sglang.ref import drive23
 from tests.on_sglang.ref.known16 import SchedulerThread
 
@@ -77,15 +77,15 @@ def build_known(kind: str = "unified", capacity: int = CAPACITY, **kwargs: Any) 
 
 @contextmanager
 def known_adapter(kind: str = "unified", read_only: bool = False, close_gone: bool = True,
-                  **kwargs: Any) -> Iterator[tuple[SGLangAdapter, Known, SchedulerThread]]:
-    """``build_known`` wrapped in an SGLangAdapter whose reads and actions run on a scheduler
+                  **kwargs: Any) -> Iterator[tuple[SGLangInProcessAdapter, Known, SchedulerThread]]:
+    """``build_known`` wrapped in an SGLangInProcessAdapter whose reads and actions run on a scheduler
     thread (an OwnerQueue drained between steps). With sessions, "gone" is closed through the
     adapter (as known16 does)."""
     known = build_known(kind, **kwargs)
     owner = OwnerQueue("the test scheduler")
     scheduler = SchedulerThread(owner).start()
     sessions = kind == "unified"
-    adapter = SGLangAdapter(known.cache, owner, name="sglang", model="tiny",
+    adapter = SGLangInProcessAdapter(known.cache, owner, name="sglang", model="tiny",
                             open_sessions=(lambda: OPENED) if sessions else None, timeout=10.0,
                             slices=owner.slices)
     try:

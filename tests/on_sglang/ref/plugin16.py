@@ -110,7 +110,7 @@ def plugin_target(read_only: bool = False, tokenizer: object = None
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    attached = sglang_plugin._ATTACHED[id(scheduler)]
+    attached = sglang_plugin.attached_to(scheduler)
     loop = SchedulerLoop(scheduler)
     remote = RadixtopClient(attached.url, token=TOKEN, timeout=10)
     try:
@@ -122,7 +122,7 @@ def plugin_target(read_only: bool = False, tokenizer: object = None
             attached.adapter.read_only = True
         yield remote, replayer, loop
     finally:
-        remote.close()
+        remote.release()
         loop.stop()
         attached.stop()
-        sglang_plugin._ATTACHED.pop(id(scheduler), None)
+        setattr(scheduler, sglang_plugin.ATTACHED, None)

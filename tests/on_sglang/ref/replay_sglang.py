@@ -1,7 +1,7 @@
 """Replay a radixtop trace through the REAL SGLang 0.5.16 radix cache, as its scheduler drives it.
 
 This is the reference side of the differential tests: ``replay_sglang(lines, capacity)`` returns
-the same document as radixtop's ``gpu_backend.trace.replay`` (``results``, ``tree``, ``stats``;
+the same document as radixtop's ``gpu_backend.traces.ops.replay`` (``results``, ``tree``, ``stats``;
 no ``timing``), computed with SGLang's own objects:
 
 * ``MHATokenToKVPool`` on cpu with a tiny geometry (1 layer, 1 head, head_dim 1, fp16): it builds in

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radixtop.gpu_backend.trace import Op, TraceError, read_lines
+from radixtop.gpu_backend.traces.ops import Op, TraceError, read_lines
 
 FORMATS = ("radixtop", "mooncake", "kv-cache-tester")
 MOONCAKE_BLOCK_SIZE = 512

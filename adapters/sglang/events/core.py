@@ -13,7 +13,7 @@ tree the ZMQ adapter keeps. The scheduler's cost is the core's recording and one
 
 :class:`CoreEventsAdapter` serves the contract: the tree, matches, changes and sessions (where the
 events name them) from the events; totals, evict and flush from SGLang itself
-(:class:`SGLangAdapter`). What the events cannot tell (locks, hit counts, and holders where no
+(:class:`SGLangInProcessAdapter`). What the events cannot tell (locks, hit counts, and holders where no
 request carried a session) is unknown, never 0.
 """
 
@@ -46,9 +46,9 @@ from radixtop.adapters.model import (
     Stats,
     SubtreeView,
 )
-from radixtop.adapters.sglang.inproc import SGLangAdapter
-from radixtop.adapters.sglang.kv_events import EventTreeAdapter
-from radixtop.adapters.sglang.kv_events_decode import batch_of
+from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+from radixtop.adapters.sglang.events.wire import batch_of
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 
 log = logging.getLogger("radixtop.sglang")
 
@@ -170,7 +170,7 @@ class CoreEvents:
 class CoreEventsAdapter(CacheAdapter):
     """The contract over a cache whose tree is known from its own KV events (see the module)."""
 
-    def __init__(self, sglang: SGLangAdapter, core: CoreEvents, sync_timeout: float = 5.0) -> None:
+    def __init__(self, sglang: SGLangInProcessAdapter, core: CoreEvents, sync_timeout: float = 5.0) -> None:
         self.sglang = sglang
         self.core = core
         self.events = core.tree
@@ -278,5 +278,5 @@ class CoreEventsAdapter(CacheAdapter):
     def flush(self) -> FlushResultView:
         return self.sglang.flush()
 
-    def close(self) -> None:
+    def release(self) -> None:
         self.core.close()

@@ -7,8 +7,8 @@ every ~400k inserts, on the thread that called it: SGLang's scheduler, in the in
 tree (measured: ``benchmarks/profile_owner_steps.py``), or any thread in its process (the GIL is
 held throughout). In 64 shards the same rebuild touches a 64th of the entries (~1 ms) and happens
 64 times as often: the same work, never in one stall. Used by the SGLang index, the KV events'
-block tree and the attribution pass (which hands it to ``gpu_backend``'s exclusive-tokens walk);
-it lives here, not in ``gpu_backend``, so that the KV-events adapter loads no backend.
+block tree and the attribution pass (which hands it to the exclusive-tokens walk); pure Python,
+so the KV-events adapter, which loads no torch, uses it too.
 """
 
 from __future__ import annotations

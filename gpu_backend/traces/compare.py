@@ -11,7 +11,7 @@ from typing import Any
 
 from radixtop.gpu_backend.kv_geometry import KVGeometry
 from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler, UnknownRequestError
-from radixtop.gpu_backend.trace import Op, TraceError
+from radixtop.gpu_backend.traces.ops import Op, TraceError
 
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -34,7 +34,7 @@ def split_list(text: str, what: str) -> list[str]:
 
 
 @dataclass
-class SessionFigures:
+class SessionReplayFigures:
     """One session's requests as the cache served them."""
 
     requests: int = 0
@@ -73,7 +73,7 @@ class ReplayFigures:
     bytes_per_token: int = 0
     ops_s: float = 0.0
     stats: dict[str, int] = field(default_factory=dict)
-    sessions: dict[str, SessionFigures] = field(default_factory=dict)
+    sessions: dict[str, SessionReplayFigures] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float | None:
@@ -104,12 +104,12 @@ class FiguresReplayer:
         """Sessions whose previous request was refused: it left nothing to reuse, nothing to lose."""
         self._auto_id = 0
 
-    def _session(self, sid: str | None) -> SessionFigures | None:
+    def _session(self, sid: str | None) -> SessionReplayFigures | None:
         if sid is None:
             return None
         figures = self.figures.sessions.get(sid)
         if figures is None:
-            figures = self.figures.sessions[sid] = SessionFigures()
+            figures = self.figures.sessions[sid] = SessionReplayFigures()
         return figures
 
     def _begin(self, rid: str, f: dict[str, Any]) -> dict[str, Any]:

@@ -1,233 +1,18 @@
-"""The KV-event stream's model, without ZMQ or threads: tolerant decoding of SGLang's and vLLM's
-event batches (msgpack), and the block tree the events build (``BlockTree``).
-
-What is on the wire (each ZMQ message is ``topic, seq (8 bytes, big-endian), payload``), by version:
-
-* SGLang up to 0.5.17 (0.5.16 here): ``array_like`` tagged structs. A batch is
-  ``[ts, events, attn_dp_rank]``; an event is
-  ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
-  ``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. Hashes are signed int64
-  (the first 8 bytes of the page's SHA-256); ``medium`` is ``"GPU"`` (device), ``"CPU_PINNED"``,
-  ``"DISK"`` or ``"EXTERNAL"`` (HiCache tiers; the first releases said ``"CPU_TIER1"`` and
-  ``"CPU_TIER2"`` for host and disk, read here as today's names). Bigram (EAGLE) pages carry
-  ``[t, t_next]`` pairs.
-* SGLang 0.5.18-0.5.19: the same arrays, with a ``BlockStoredMetadata`` map at position 7 (after
-  ``medium``) when the stored node has one: ``{"cache_salt"}`` (sgl-project/sglang#30827), then
-  ``{"cache_salt", "session_id"}``. Where vLLM's arrays have ``lora_name`` (a string) there.
-* SGLang 0.5.19+ (0.5.23 here, #37482): events are tagged maps, ``{"type": "BlockStored",
-  "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-  "cache_salt", "session_id", "lora_name"}``, optional fields left out when None; the batch stays
-  an array. ``session_id`` is the session of the request that stored the blocks (attribution
-  only: others may share them).
-* older vLLM (0.9-era): the same arrays without ``medium`` and without the batch's rank.
-* vLLM now: maps, not arrays: ``{"ts", "events", "data_parallel_rank"}`` and events tagged by
-  ``"type"``, with more trailing fields (``lora_name``, ``extra_keys``, ``group_idx``,
-  ``kv_cache_spec_kind``, ...); hashes may be ``bytes`` as well as ints.
-
-So: arrays and maps both decode; missing trailing fields read as None, extra ones are ignored;
-an unknown tag is counted and skipped; an event whose fields have the wrong types is counted and
-skipped. Only a payload that is not a batch at all raises :class:`DecodeError`.
-"""
+"""The block tree a KV-event stream builds: blocks by hash, the radix tree over them, its change
+journal and what it attributes to sessions (no ZMQ, no threads: ``adapter.EventTreeAdapter`` feeds it)."""
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from itertools import islice
-from typing import Any, Union
-
-import msgspec
+from dataclasses import dataclass
+from typing import Union
 
 from radixtop.adapters.model import Changes
-from radixtop.adapters.shards import ShardedMap
+from radixtop.adapters.sglang.events.wire import BlockHash, Cleared, Event, Removed
+from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
+from radixtop.gpu_backend.owner.shards import ShardedMap
 
-BlockHash = Union[int, bytes]
-"""A block's hash as published: an int (SGLang, older vLLM) or bytes (newer vLLM)."""
-
-STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                 "lora_name", "extra_keys", "group_idx")
-"""An array ``BlockStored``'s fields in order (vLLM's; SGLang 0.5.18's metadata map takes
-``lora_name``'s place)."""
-MEDIUM_ALIASES = {"CPU_TIER1": "CPU_PINNED", "CPU_TIER2": "DISK"}
-"""Tier names of SGLang's first ``medium`` releases (#18205), as it names them now."""
-REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
-BATCH_FIELDS = ("ts", "events", "rank")
-RANK_KEYS = ("attn_dp_rank", "data_parallel_rank")
-
-
-class DecodeError(ValueError):
-    """The payload is not an event batch (not msgpack, or neither an array nor a map)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """``BlockStored``: a chain of blocks; ``token_ids`` is every block's tokens, in order."""
-
-    block_hashes: tuple[BlockHash, ...]
-    parent_block_hash: BlockHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    medium: str | None = None
-    group_idx: int | None = None
-    cache_salt: str | None = None
-    session_id: str | None = None
-    """The session of the request that stored these blocks (SGLang 0.5.19+; None: not said)."""
-
-    def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
-        """(hash, tokens) of each block, root-ward first."""
-        size, tokens = self.block_size, self.token_ids
-        if size == 1:  # SGLang's default page size: a block per token
-            return [(h, (t,)) for h, t in zip(self.block_hashes, tokens)]
-        return [(h, tokens[i * size : (i + 1) * size]) for i, h in enumerate(self.block_hashes)]
-
-
-@dataclass(frozen=True, slots=True)
-class Removed:
-    block_hashes: tuple[BlockHash, ...]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Cleared:
-    """``AllBlocksCleared``: the whole cache was reset."""
-
-
-Event = Union[Stored, Removed, Cleared]
-
-
-@dataclass(slots=True)
-class Batch:
-    ts: float
-    rank: int | None
-    events: list[Event]
-    unknown: Counter[str] = field(default_factory=Counter)
-    """Events skipped, by tag (``"?"`` when an event had no readable tag)."""
-    malformed: int = 0
-    """Events with a known tag whose fields could not be read."""
-
-
-_decoder = msgspec.msgpack.Decoder()
-
-
-def _fields(raw: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """Positional (array) or named (map) fields as a dict; absent ones are left out."""
-    if isinstance(raw, dict):
-        return raw
-    return dict(zip(names, raw))
-
-
-def _hash(value: Any) -> BlockHash:
-    if isinstance(value, bool) or not isinstance(value, (int, bytes)):
-        raise TypeError(f"a block hash must be an int or bytes, got {type(value).__name__}")
-    return value
-
-
-def _token(value: Any) -> int:
-    if isinstance(value, (list, tuple)):  # an SGLang bigram page: (token, next token)
-        value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"a token id must be an int, got {type(value).__name__}")
-    return value
-
-
-def _optional_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _medium(value: Any) -> str | None:
-    return MEDIUM_ALIASES.get(value, value) if isinstance(value, str) else None
-
-
-def _optional_str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _event(tag: str, body: Any) -> Event:
-    if tag == "BlockStored":
-        f = _fields(body, STORED_FIELDS)
-        hashes = tuple(_hash(h) for h in f["block_hashes"])
-        parent = f.get("parent_block_hash")
-        tokens = tuple(_token(t) for t in f["token_ids"])
-        size = f.get("block_size")
-        if not isinstance(size, int) or size < 1:
-            size = len(tokens) // len(hashes) if hashes else 0
-        if not hashes or -(-len(tokens) // size) != len(hashes):  # the last block may be partial
-            raise ValueError(f"{len(hashes)} blocks of {size} tokens do not hold {len(tokens)} tokens")
-        meta = f if isinstance(body, dict) else f.get("lora_name")  # 0.5.18's map at position 7
-        if not isinstance(meta, dict):
-            meta = {}
-        return Stored(hashes, None if parent is None else _hash(parent), tokens, size,
-                      _medium(f.get("medium")), _optional_int(f.get("group_idx")),
-                      _optional_str(meta.get("cache_salt")), _optional_str(meta.get("session_id")))
-    if tag == "BlockRemoved":
-        f = _fields(body, REMOVED_FIELDS)
-        return Removed(tuple(_hash(h) for h in f["block_hashes"]), _medium(f.get("medium")),
-                       _optional_int(f.get("group_idx")))
-    return Cleared()
-
-
-KNOWN_TAGS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-
-
-def batch_of(ts: float, events: list[Any], rank: int | None = None) -> Batch:
-    """A batch of SGLang's own event objects (``BlockStored``... msgspec structs, as a cache's
-    ``take_events()`` returns them) read field by field, with the same rules as the wire's
-    maps: no encoding and decoding between a cache and radixtop in one process."""
-    batch = Batch(float(ts), rank, [])
-    for item in events:
-        tag = type(item).__name__
-        if tag not in KNOWN_TAGS:
-            batch.unknown[tag] += 1
-            continue
-        fields = getattr(item, "__struct_fields__", None)  # () for AllBlocksCleared
-        if fields is None:
-            fields = tuple(getattr(item, "__dict__", ()))
-        try:
-            batch.events.append(_event(tag, {name: getattr(item, name) for name in fields}))
-        except (KeyError, TypeError, ValueError, IndexError):
-            batch.malformed += 1
-    return batch
-
-
-def decode_batch(payload: bytes) -> Batch:
-    """One published payload as a :class:`Batch` (see the module docstring for the tolerance)."""
-    try:
-        raw = _decoder.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise DecodeError(f"not msgpack: {exc}") from None
-    if isinstance(raw, dict):
-        rank = next((raw[k] for k in RANK_KEYS if k in raw), None)
-        raw = {"ts": raw.get("ts"), "events": raw.get("events"), "rank": rank}
-    elif not isinstance(raw, list):
-        raise DecodeError(f"a batch is an array or a map, got {type(raw).__name__}")
-    f = _fields(raw, BATCH_FIELDS)
-    ts, events = f.get("ts"), f.get("events")
-    if not isinstance(events, list):
-        raise DecodeError("the batch has no list of events")
-    batch = Batch(float(ts) if isinstance(ts, (int, float)) else 0.0, _optional_int(f.get("rank")), [])
-    for item in events:
-        if isinstance(item, list) and item and isinstance(item[0], str):
-            tag, body = item[0], item[1:]
-        elif isinstance(item, dict) and isinstance(item.get("type"), str):
-            tag, body = item["type"], item
-        else:
-            batch.unknown["?"] += 1
-            continue
-        if tag not in KNOWN_TAGS:
-            batch.unknown[tag] += 1
-            continue
-        try:
-            batch.events.append(_event(tag, body))
-        except (KeyError, TypeError, ValueError, IndexError):
-            batch.malformed += 1
-    return batch
-
-
-# ----- the tree the events build -----
-
-JOURNAL_LIMIT = 200_000
 BlockKey = Union[BlockHash, tuple[int, BlockHash]]
 """A block's hash, or (group_idx, hash) for vLLM's hybrid models (one block tree per KV group)."""
 
@@ -237,21 +22,21 @@ class _Block:
 
     def __init__(self, key: BlockKey, parent_key: BlockKey | None, tokens: tuple[int, ...]):
         self.key, self.parent_key, self.tokens = key, parent_key, tokens
-        self.node: TreeNode | None = None  # None while detached (its parent block is unknown)
+        self.node: BlockNode | None = None  # None while detached (its parent block is unknown)
         self.refs = 1
         self.sessions: frozenset[str] = frozenset()  # the sessions whose requests stored it
 
 
-class TreeNode:
+class BlockNode:
     """A run of blocks, each the only child of the one before (no branch inside a node)."""
 
     __slots__ = ("id", "parent", "blocks", "children", "tokens", "subtree_tokens", "created",
                  "accessed", "created_version", "holders")
 
-    def __init__(self, node_id: int, parent: TreeNode | None, ts: float):
+    def __init__(self, node_id: int, parent: BlockNode | None, ts: float):
         self.id, self.parent = node_id, parent
         self.blocks: list[_Block] = []
-        self.children: dict[BlockKey, TreeNode] = {}  # by the child's first block
+        self.children: dict[BlockKey, BlockNode] = {}  # by the child's first block
         self.tokens = self.subtree_tokens = 0
         self.created = self.accessed = ts
         self.created_version = 0
@@ -303,8 +88,8 @@ class TreeAttribution:
 @dataclass(frozen=True, slots=True)
 class TreeMatch:
     matched: int
-    node: TreeNode
-    partial: TreeNode | None
+    node: BlockNode
+    partial: BlockNode | None
     partial_tokens: int
 
 
@@ -324,29 +109,27 @@ class BlockTree:
     def __init__(self) -> None:
         self.version = 0
         self._next_id = 1
-        self._journal: deque[int] = deque(maxlen=JOURNAL_LIMIT)
-        self._journal_floor = 0
+        self._journal = ChangeJournal(JOURNAL_LIMIT)
         self.unknown_removes = 0
         self.clear(0.0)
 
     def clear(self, ts: float) -> None:
-        self.root = TreeNode(0, None, ts)
+        self.root = BlockNode(0, None, ts)
         # every node and every block, in shards: a dict of a million rebuilt its table in one
         # insert, holding the GIL (and a scheduler in the same process) ~50 ms (``ShardedMap``)
-        self.nodes: ShardedMap[int, TreeNode] = ShardedMap({0: self.root})
+        self.nodes: ShardedMap[int, BlockNode] = ShardedMap({0: self.root})
         self.blocks: ShardedMap[BlockKey, _Block] = ShardedMap()
         self.waiting: dict[BlockKey, list[_Block]] = {}
         self.detached_tokens = 0
         self.holding: Counter[str] = Counter()
         self.last_store: dict[str, float] = {}
         self.version += 1
-        self._journal.clear()
-        self._journal_floor = self.version
+        self._journal.reset(self.version)
 
     def detached_blocks(self) -> int:
         return sum(len(w) for w in self.waiting.values())
 
-    def _hold(self, node: TreeNode, sessions: frozenset[str], sign: int) -> None:
+    def _hold(self, node: BlockNode, sessions: frozenset[str], sign: int) -> None:
         """A block's ``sessions`` join (+1) or leave (-1) ``node``'s holders."""
         for sid in sessions:
             n = node.holders.get(sid, 0) + sign
@@ -363,16 +146,16 @@ class BlockTree:
         if not self.holding[sid]:
             del self.holding[sid]
 
-    def _touch(self, node: TreeNode) -> None:
+    def _touch(self, node: BlockNode) -> None:
         self.version += 1
-        self._journal.append(node.id)
+        self._journal.record(node.id)
 
     @staticmethod
-    def _resize(node: TreeNode, n: int, ts: float | None = None, own: bool = True) -> None:
+    def _resize(node: BlockNode, n: int, ts: float | None = None, own: bool = True) -> None:
         """``n`` more tokens in ``node`` (``own``) or below it, counted up to the root."""
         if own:
             node.tokens += n
-        up: TreeNode | None = node
+        up: BlockNode | None = node
         while up is not None:
             up.subtree_tokens += n
             if ts is not None:
@@ -484,7 +267,7 @@ class BlockTree:
                 self._resize(parent, len(block.tokens), ts)
                 self._touch(parent)
                 return
-        node = TreeNode(self._next_id, parent, ts)
+        node = BlockNode(self._next_id, parent, ts)
         self._next_id += 1
         node.blocks.append(block)
         block.node = node
@@ -496,9 +279,9 @@ class BlockTree:
         self._touch(node)
         node.created_version = self.version
 
-    def _split(self, node: TreeNode, at: int) -> None:
+    def _split(self, node: BlockNode, at: int) -> None:
         """Blocks ``at..`` of ``node`` (and its children) move to a new child node."""
-        tail = TreeNode(self._next_id, node, node.created)
+        tail = BlockNode(self._next_id, node, node.created)
         self._next_id += 1
         tail.accessed = node.accessed
         tail.blocks = node.blocks[at:]
@@ -551,7 +334,7 @@ class BlockTree:
             self._touch(node.parent)
         return n
 
-    def _detach(self, top: TreeNode) -> None:
+    def _detach(self, top: BlockNode) -> None:
         """Take ``top``'s subtree out of the tree; its blocks wait for their parents."""
         parent = top.parent
         del parent.children[top.blocks[0].key]
@@ -589,21 +372,10 @@ class BlockTree:
         return TreeMatch(pos, node, None, 0)
 
     def changes(self, since: int) -> Changes:
-        oldest = self.version - len(self._journal) + 1
-        floor = max(self._journal_floor, oldest - 1)
-        if since < floor or since > self.version:
+        touched = self._journal.since(since, self.version, self.nodes)
+        if touched is None:
             return Changes(since, self.version, True)
-        touched = dict.fromkeys(islice(reversed(self._journal), self.version - since))
-        added, changed, removed = [], [], []
-        for node_id in touched:
-            node = self.nodes.get(node_id)
-            if node is None:
-                removed.append(node_id)
-            elif node.created_version > since:
-                added.append(node_id)
-            else:
-                changed.append(node_id)
-        return Changes(since, self.version, False, tuple(added), tuple(changed), tuple(removed))
+        return Changes(since, self.version, False, *touched)
 
     def attribute(self) -> TreeAttribution:
         """Every holding session's figures (:class:`SessionFigures`), in one pass, children
@@ -642,7 +414,7 @@ class BlockTree:
                                         self.last_store.get(sid)) for sid in tagged}
         return TreeAttribution(self.version, sessions, beneath)
 
-    def iter_nodes(self) -> Iterator[TreeNode]:
+    def iter_nodes(self) -> Iterator[BlockNode]:
         """Every node but the root, parents before children."""
         stack = list(self.root.children.values())
         while stack:

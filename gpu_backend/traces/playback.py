@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from radixtop.gpu_backend.trace_formats import TimedOp
+from radixtop.gpu_backend.traces.formats import TimedOp
 from radixtop.gpu_backend.workload import Action
 
 MAX_OPS_PER_STEP = 32

@@ -1,15 +1,16 @@
 """Run reads and actions on a cache's owner thread, between its steps: the one queue for it.
 
-A radix cache has one owner thread (radixtop's engine loop, SGLang's scheduler thread). Other
-threads hand it callables through an ``OwnerQueue`` and wait with a timeout; the owner calls
-``drain()`` between its steps (the engine once per loop iteration; SGLang from the plugin's hook
-on ``Scheduler.process_input_requests``, where SGLang applies its own control messages), and
-``slices.run()`` resumes long passes a slice at a time. A call that waits past its timeout is
+A radix cache has one owner thread (radixtop's engine loop, SGLang's scheduler thread); a step is
+one iteration of its loop. Other threads hand it callables through an ``OwnerQueue`` and wait
+with a timeout; the owner calls ``between_steps()`` once per step (the engine once per loop
+iteration; SGLang from the plugin's hook on ``Scheduler.process_input_requests``, where SGLang
+applies its own control messages). That hold runs the queued calls, then a slice of the long
+passes (``slices``), each a chunk at a time. A call that waits past its timeout is
 cancelled if it has not started, so a stuck owner never runs stale work later. Once the queue is
 closed (the owner stopped or died) every call fails at once and nothing queued runs.
 
-Urgent calls (actions, and the cheap reads health checks make) run first, every step, however
-many reads wait. Reads are bounded on a busy owner: per step, until ``READ_BUDGET_S`` is spent
+Urgent calls (actions, and the cheap reads health checks make) run first, every hold, however
+many reads wait. Reads are bounded on a busy owner: per hold, until ``READ_BUDGET_S`` is spent
 (at least one), and overall, with the long passes, to the slices' ``duty`` share of its time;
 an idle owner (between the engine's steps, where it would sleep) runs them all. So a flood of
 reads slows the reads, not the engine, and never the operator's actions.
@@ -27,17 +28,17 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import TypeVar
 
-from radixtop.gpu_backend.slices import LongestOfLate, Slices
+from radixtop.gpu_backend.owner.slices import LongestOfLate, Slices, run_to_end
 
 T = TypeVar("T")
 
 HOLD_S = 0.004
-"""What radixtop takes of a busy owner in one step, queued reads and the passes' slices together
-(the read or pass step that is running when it is spent ends first: each is kept to ~1 ms). The
-goal is a hold of at most 5 ms (issue 15)."""
+"""What radixtop takes of a busy owner in one hold (between two of its steps), queued reads and
+the passes' slice together (the read or chunk that is running when it is spent ends first: each
+is kept to ~1 ms). The goal is a hold of at most 5 ms."""
 READ_BUDGET_S = 0.002
 """Of ``HOLD_S``, what queued reads may take (at least one read runs); the passes get the rest,
-and at least one step of theirs."""
+and at least one chunk of theirs."""
 
 
 class OwnerError(RuntimeError):
@@ -67,7 +68,8 @@ def gc_paused() -> Iterator[None]:
 
 
 class OwnerQueue:
-    """Callables for the owner thread: ``call`` waits for one, ``drain`` (owner only) runs them."""
+    """Callables for the owner thread: ``call`` (or ``call_pass``) waits for one, and the owner's
+    ``between_steps`` runs them."""
 
     def __init__(self, name: str = "the owner thread", wake: Callable[[], None] | None = None) -> None:
         self.name = name
@@ -108,18 +110,18 @@ class OwnerQueue:
                 raise OwnerTimeout(self._late(timeout)) from None
             return future.result()  # it started just now: wait for it rather than lose it
 
-    def call_steps(self, steps: Callable[[], Generator[None, None, T]], timeout: float) -> T:
-        """A long read as a stepwise pass (a generator that yields between slices of its work and
-        returns its result): the owner runs it a slice at a time between its steps (``slices``,
-        at most ``slices.slice_s`` at once), so it never holds the owner longer than that; the
-        caller waits for the end. Past ``timeout`` it is dropped at its next slice (OwnerTimeout).
-        From the owner thread itself it runs to its end at once."""
+    def call_pass(self, make: Callable[[], Generator[None, None, T]], timeout: float) -> T:
+        """A long read as a pass (a generator that yields between chunks of its work and returns
+        its result): the owner runs it a slice at a time between its steps (``slices``, at most
+        ``slices.slice_s`` at once), so it never holds the owner longer than that; the caller
+        waits for the end. Past ``timeout`` it is dropped at its next chunk (OwnerTimeout). From
+        the owner thread itself it runs to its end at once."""
         if self._closed is not None:
             raise OwnerStopped(self._closed)
         if threading.get_ident() == self._owner:
-            return _run_to_end(steps())
+            return run_to_end(make())
         done: Future = Future()
-        self.call(lambda: self.slices.add(_resolving(steps(), done)), timeout)
+        self.call(lambda: self.slices.add(_resolving(make(), done)), timeout)
         try:
             return done.result(timeout)
         except FutureTimeout:
@@ -137,7 +139,8 @@ class OwnerQueue:
     # ----- the owner -----
 
     def drain(self, max_items: int | None = None, read_budget: float | None = None) -> int:
-        """Run what is queued now, on the owner thread (up to ``max_items`` calls): the urgent
+        """Run what is queued now, on the owner thread (up to ``max_items`` calls), without the
+        passes (``between_steps`` runs both): the urgent
         calls, then reads until ``read_budget`` seconds are spent (None: all; 0: none; else at
         least one); how many ran. An exception goes to its caller, never into the owner's loop;
         a BaseException (the thread is dying) also fails its caller with OwnerStopped, then
@@ -178,9 +181,9 @@ class OwnerQueue:
             ran += 1
         return ran
 
-    def step(self, idle: bool = False, max_items: int | None = None, budget: float | None = None) -> int:
-        """What the owner runs between two of its steps: the urgent calls, the reads, then a
-        slice of the long passes; how many calls ran. A busy owner gives it all ``HOLD_S``
+    def between_steps(self, idle: bool = False, max_items: int | None = None, budget: float | None = None) -> int:
+        """The hold: what the owner runs between two of its steps, the urgent calls, the reads,
+        then a slice of the long passes; how many calls ran. A busy owner gives it all ``HOLD_S``
         (``READ_BUDGET_S`` of it to reads), and none while the reads and passes have had their
         ``duty`` share of its time (``Slices`` keeps that account for both); an ``idle`` one runs
         the reads for up to ``budget`` seconds (None: all of them) and the passes flat out. With
@@ -211,6 +214,9 @@ class OwnerQueue:
             if enabled:
                 gc.enable()
 
+    step = between_steps
+    """``between_steps``: the name before 0.2 (kept for one release)."""
+
     def close(self, reason: str) -> None:
         """From now on every call fails with OwnerStopped(reason) at once, and what is queued and
         not started never runs (its callers get the same). A call already running finishes."""
@@ -235,17 +241,9 @@ class OwnerQueue:
         return self._queue.qsize() + self._urgent.qsize()
 
 
-def _run_to_end(steps: Generator[None, None, T]) -> T:
-    try:
-        while True:
-            next(steps)
-    except StopIteration as finished:
-        return finished.value
-
-
 def _resolving(steps: Generator[None, None, T], done: Future) -> Generator[None, None, None]:
     """A pass for ``Slices`` that hands its result (or its exception) to ``done``, and stops at
-    its next slice once its caller gave up (``done`` cancelled)."""
+    its next chunk once its caller gave up (``done`` cancelled)."""
     while not done.cancelled():
         try:
             next(steps)

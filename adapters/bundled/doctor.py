@@ -6,10 +6,10 @@ import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-from radixtop.adapters.doctor import Admission, DoctorInputs, Pool
+from radixtop.adapters.doctor import AdmissionQueue, DoctorInputs, Pool
 
 if TYPE_CHECKING:
-    from radixtop.adapters.bundled import BundledAdapter
+    from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.gpu_backend.scheduler import Scheduler
 
 REFUSED_WINDOW_S = 60.0
@@ -40,15 +40,15 @@ def doctor_inputs(adapter: BundledAdapter, s: Scheduler) -> DoctorInputs:
             if leaves.get(sid) and sid not in closed and sid not in busy:
                 idle.append((sid, now - last))
         return idle
-        yield  # pragma: no cover (a stepwise pass that needs no step)
+        yield  # pragma: no cover (a pass that needs no chunk)
 
-    def admission() -> Admission | None:
+    def admission() -> AdmissionQueue | None:
         now = time.monotonic()
         waiting = [(rid, need) for at, rid, need in s.refused
                    if now - at <= REFUSED_WINDOW_S and rid not in s.running]
         if not waiting:
             return None
-        return Admission(len(waiting), waiting[0][0], waiting[0][1])
+        return AdmissionQueue(len(waiting), waiting[0][0], waiting[0][1])
 
     return DoctorInputs(
         target=adapter.name,

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixtop.adapters.model import SessionsPage, SessionView
-from radixtop.adapters.shards import SHARD_MASK, ShardedMap
-from radixtop.gpu_backend.owner_queue import gc_paused
-from radixtop.gpu_backend.session_rules import exclusive_tokens_steps, run_steps
-from radixtop.gpu_backend.slices import Slices, released
+from radixtop.gpu_backend.owner.queue import gc_paused
+from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
+from radixtop.gpu_backend.owner.slices import Slices, released, run_to_end
+from radixtop.gpu_backend.session_rules import exclusive_tokens_pass
 
 ATTRIBUTION_BUDGET = 400
 """Reuse an attribution for 400x what the next would cost: passes take <= 0.25% of the owner (of
@@ -32,7 +32,7 @@ INLINE_S = 0.005
 runs in slices between the owner's steps."""
 SMALL_S = 0.001
 """A pass this cheap runs on the spot; a costlier one (or the first, of unknown cost, past this
-long) runs in slices only, so that the read's step stays within the hold goal (5 ms)."""
+long) runs in slices only, so that the read's hold stays within the goal (5 ms)."""
 FRESH_WAIT_S = 1.0
 """After an action, how long a read run in slices waits for the figures made afresh (driving the
 pass itself between the owner's steps) before it takes the last ones, marked refreshing: a small
@@ -105,18 +105,18 @@ class Attribution:
         its other end) of the sessions that match ``contains`` (``row_matches``; '' all), and how
         many match. Each order is sorted once per attribution, each filter of it run once, so a
         dashboard's repeated reads cost a slice."""
-        return run_steps(self.page_steps(order, offset, limit, contains, reverse))
+        return run_to_end(self.page_pass(order, offset, limit, contains, reverse))
 
-    def page_steps(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
+    def page_pass(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
                    chunk: int = 1024) -> Generator[None, None, tuple[list[SessionRow], int]]:
-        """``page`` as a stepwise pass: the first read of an order sorts the rows ``chunk`` at a
+        """``page`` as a pass: the first read of an order sorts the rows ``chunk`` at a
         time and merges them, yielding between (50k sessions take tens of ms to sort at once);
         the first read of a filter scans them a chunk at a time."""
         rows = self._ordered.get(order)
         if rows is None:
             key = SESSION_KEYS[order]
             everything: list[SessionRow] = []
-            for part in getattr(self.sessions, "shards", None) or (self.sessions,):  # 50k rows: a shard a step
+            for part in getattr(self.sessions, "shards", None) or (self.sessions,):  # 50k rows: a shard a chunk
                 everything.extend(part.values())
                 yield
             runs = []
@@ -162,10 +162,10 @@ VIEWS_CHUNK = 256
 """Session rows turned into views per slice."""
 
 
-def sessions_page_steps(attribution: Attribution, order: str, offset: int, limit: int, contains: str,
+def sessions_page_pass(attribution: Attribution, order: str, offset: int, limit: int, contains: str,
                         reverse: bool, refreshing: bool) -> Generator[None, None, SessionsPage]:
-    """A sessions page of ``attribution`` as a stepwise pass (``CacheAdapter.sessions``)."""
-    rows, total = yield from attribution.page_steps(order, offset, limit, contains, reverse)
+    """A sessions page of ``attribution`` as a pass (``CacheAdapter.sessions``)."""
+    rows, total = yield from attribution.page_pass(order, offset, limit, contains, reverse)
     now, page = time.monotonic(), []
     for start in range(0, len(rows), VIEWS_CHUNK):
         page.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
@@ -175,22 +175,22 @@ def sessions_page_steps(attribution: Attribution, order: str, offset: int, limit
 
 
 def attribute(*args: Any, **kwargs: Any) -> Attribution:
-    """``attribution_steps(*args, **kwargs)`` run to its end in one go (``in_one_go``)."""
-    return in_one_go(attribution_steps(*args, **kwargs))
+    """``attribution_pass(*args, **kwargs)`` run to its end in one go (``in_one_go``)."""
+    return in_one_go(attribution_pass(*args, **kwargs))
 
 
-def in_one_go(steps: Generator[None, None, Attribution]) -> Attribution:
+def in_one_go(work: Generator[None, None, Attribution]) -> Attribution:
     """A pass run to its end at once: exact, as of now, with ``cost_s`` the time it took and the
     cyclic GC paused meanwhile (paths, dicts and rows by the hundred thousand: a collection
     midway only stalls the owner longer)."""
     started = time.perf_counter()
     with gc_paused():
-        result = run_steps(steps)
+        result = run_to_end(work)
     result.cost_s = time.perf_counter() - started
     return result
 
 
-def attribution_steps(
+def attribution_pass(
     root: Any,
     session_leaves: Mapping[str, Collection[Any]],
     closed: Collection[str],
@@ -223,7 +223,7 @@ def attribution_steps(
     # many sessions each node on those paths serves.
     unions: dict[str, list[Any]] = {}
     # the large maps in shards: a dict of 100k+ entries grows by rebuilding it all in one insert
-    # (2-9 ms in one step of the pass; ``ShardedMap``)
+    # (2-9 ms in one chunk of the pass; ``ShardedMap``)
     beneath: ShardedMap[Any, int] = ShardedMap()
     beneath_shards = beneath.shards
     budget = chunk
@@ -259,12 +259,12 @@ def attribution_steps(
             yield
             budget = chunk
     if frees:
-        exclusive_by_session = yield from exclusive_tokens_steps(root, session_leaves, beneath, chunk, ShardedMap)
+        exclusive_by_session = yield from exclusive_tokens_pass(root, session_leaves, beneath, chunk, ShardedMap)
     else:
         exclusive_by_session = {}
     everyone: dict[str, None] = {}
     # known and closed are the owner's live maps, changed between slices: copied here (a copy of
-    # 50k ids is a fraction of a slice), then taken in a chunk a step
+    # 50k ids is a fraction of a slice), then taken a chunk at a time
     for group in (list(known), list(closed), unions):
         for k, sid in enumerate(group):
             everyone[sid] = None
@@ -313,9 +313,9 @@ class AttributionCache:
     A read gets the last attribution while it is fresh (``Attribution.fresh``). When it is not, a
     new pass starts; where the last one took under ``SMALL_S`` it runs here for at most
     ``inline_s`` (a small cache is attributed in that time, exactly and at once); otherwise, or
-    for what is left, it runs in slices between the owner's steps (``gpu_backend.slices``) while
+    for what is left, it runs in slices between the owner's steps (``gpu_backend.owner.slices``) while
     the last attribution is served, and replaces it when done. So a large cache's attribution
-    never holds the owner longer than one of the pass's steps within a slice. Until the first pass ends
+    never holds the owner longer than one of the pass's chunks within a slice. Until the first pass ends
     there is none to serve (``get`` returns None: a read that needs one waits for it in slices,
     ``ready``). After an action (``invalidate``) the last one is served as stale, with a closed
     session's row shown closed at once, until the next pass ends. Without ``slices`` every pass
@@ -364,7 +364,7 @@ class AttributionCache:
     def get(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
             holding: int | None = None) -> Attribution | None:
         """The attribution to serve now (None: the first pass has not ended yet); ``steps()``
-        starts a new pass (``attribution_steps``); ``holding``: the sessions that hold KV now, if
+        starts a new pass (``attribution_pass``); ``holding``: the sessions that hold KV now, if
         known cheaply (see ``Attribution.fresh``)."""
         current = self.current
         if current is not None and not self.stale and current.fresh(key, self.max_age, self.budget, holding):
@@ -410,7 +410,7 @@ class AttributionCache:
     def ready(self, key: Any, steps: Callable[[], Generator[None, None, Attribution]],
               holding: int | None = None) -> Generator[None, None, Attribution]:
         """``get``, for a read run in slices: until there is an attribution to serve, it drives
-        the pass itself a step at a time, yielding between steps; after an action it does so for
+        the pass itself a chunk at a time, yielding between chunks; after an action it does so for
         up to ``fresh_wait_s`` more, so that the read gets figures made since (an operator who
         closed a session reads the rest as they are now, where the cache allows)."""
         waiting_until = None
@@ -434,7 +434,7 @@ class AttributionCache:
     def _done(self, result: Attribution, work_s: float) -> None:
         result.cost_s = work_s
         old, self.current = self.current, result
-        # 50k rows and 150k counts: freed a chunk a step, where no read holds the old one (a read
+        # 50k rows and 150k counts: freed a chunk at a time, where no read holds the old one (a read
         # that does lets it go when it ends, by its reference count)
         if old is not None and self.slices is not None and sys.getrefcount(old) <= 2:  # ``old`` only
             self.slices.add(_retired(old))
@@ -442,14 +442,14 @@ class AttributionCache:
         self.made += 1
         self.work_s += work_s
 
-    def _sliced(self, steps: Generator[None, None, Attribution], token: object) -> Generator[None, None, None]:
+    def _sliced(self, made: Generator[None, None, Attribution], token: object) -> Generator[None, None, None]:
         work = 0.0
         try:
             while self._refresh is token:  # dropped after an action otherwise
                 started = time.perf_counter()
                 try:
                     with gc_paused():
-                        next(steps)
+                        next(made)
                 except StopIteration as finished:
                     self._done(finished.value, work + time.perf_counter() - started)
                     self.made_in_slices += self._handed is token
@@ -462,6 +462,6 @@ class AttributionCache:
 
 
 def _retired(attribution: Attribution) -> Generator[None, None, None]:
-    """Free a replaced attribution (that nothing else holds) a chunk a step."""
+    """Free a replaced attribution (that nothing else holds) a chunk at a time."""
     yield from released(*attribution._filtered.values(), *attribution._ordered.values(),
                         attribution.beneath, attribution.sessions)

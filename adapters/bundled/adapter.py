@@ -4,32 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from radixtop.adapters.attribution import (
-    ATTRIBUTION_BUDGET,
-    Attribution,
-    AttributionCache,
-    attribution_steps,
-    session_view,
-    sessions_page_steps,
-)
 from radixtop.adapters.base import (
     MAX_MATCH_TOKENS,
     CacheAdapter,
-    OwnerReads,
     check_chain_limit,
     check_child_order,
     check_page,
     check_sessions_read,
     check_tokens,
 )
-from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_steps
-from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, TargetUnreachable, UnknownNode, UnknownSession
+from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
+from radixtop.adapters.errors import (
+    BadRequest,
+    read_only,
+    unknown_node,
+    unknown_session,
+)
 from radixtop.adapters.model import (
+    FIRST_TOKENS,
     ROOT_ID,
     Bucket,
     Capabilities,
@@ -51,21 +47,29 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.units import TEXT_TOKENS, decode_preview
+from radixtop.adapters.owned.attribution import (
+    ATTRIBUTION_BUDGET,
+    Attribution,
+    AttributionCache,
+    attribution_pass,
+    session_view,
+    sessions_page_pass,
+)
+from radixtop.adapters.owned.common import SORT_CHUNK, owner_call
+from radixtop.adapters.owned.reads import OwnerReads
+from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
-from radixtop.gpu_backend.owner_queue import OwnerStopped, OwnerTimeout, gc_paused
+from radixtop.gpu_backend.owner.queue import gc_paused
+from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.radix_cache import ChangeSet
-from radixtop.gpu_backend.session_rules import run_steps
 
 if TYPE_CHECKING:
     from radixtop.gpu_backend.radix_cache import TreeNode
     from radixtop.gpu_backend.scheduler import Scheduler
 
 T = TypeVar("T")
-FIRST_TOKENS = 16
-SORT_CHUNK = 1024
-"""Children ranked at once; a wider node is ranked in chunks of this many, a slice each."""
-MAX_CHANGES = 5_000  # more touches than this since `since` answer resync: re-reading is cheaper
+MAX_CHANGES = 5_000
+"""More touches than this since ``since`` answer resync: re-reading is cheaper."""
 
 _CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
     "bytes": lambda n: (-n.subtree_tokens, n.id),
@@ -92,35 +96,26 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         self.tokenizer = tokenizer
         self.timeout = timeout
         self.attributions = AttributionCache(attribution_max_age, attribution_budget, engine.slices)
-        self._step = threading.local()  # see OwnerReads
+        self._init_owner_reads()
 
     def _call(self, fn: Callable[[Scheduler], T], urgent: bool = False) -> T:
         """``fn(scheduler)`` on the engine thread; ``urgent`` (actions, stats) ahead of queued reads."""
-        owner = self._in_step()
-        if owner is not None:  # inside read_many's step: already on the owner thread
+        owner = self._in_pass()
+        if owner is not None:  # inline in read_many's pass: already on the owner thread
             return fn(*owner)
-        try:
-            return self.engine.call(fn, self.timeout, urgent)
-        except OwnerTimeout as exc:
-            raise TargetTimeout(f"{self.name}: {exc}") from None
-        except OwnerStopped as exc:
-            raise TargetUnreachable(f"{self.name}: {exc}") from None
+        return owner_call(lambda: self.engine.call(fn, self.timeout, urgent), self.name)
 
-    def _call_steps(self, steps: Callable[..., Generator[None, None, T]]) -> T:
+    def _call_pass(self, make: Callable[..., Generator[None, None, T]]) -> T:
         """A read that may need more than a slice of the engine (``OwnerReads``): in its slices."""
-        owner = self._in_step()
+        owner = self._in_pass()
         if owner is not None:  # inside a pass already: on the owner thread
-            return run_steps(steps(*owner))
-        try:
-            return self.engine.owner.call_steps(lambda: steps(self.engine.scheduler), self.timeout)
-        except OwnerTimeout as exc:
-            raise TargetTimeout(f"{self.name}: {exc}") from None
-        except OwnerStopped as exc:
-            raise TargetUnreachable(f"{self.name}: {exc}") from None
+            return run_to_end(make(*owner))
+        return owner_call(lambda: self.engine.owner.call_pass(lambda: make(self.engine.scheduler), self.timeout),
+                          self.name)
 
     def _refuse_if_read_only(self, action: str) -> None:
         if self.read_only:
-            raise ReadOnly(f"{self.name} is read-only: {action} refused")
+            raise read_only(self.name, action)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(read_only=self.read_only,
@@ -135,10 +130,12 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return Stats(
                 target=self.name,
                 capacity_tokens=st.capacity,
-                free_tokens=st.available_size,
+                available_tokens=st.available_size,
                 evictable_tokens=st.evictable_size,
-                protected_tokens=st.protected_size + st.request_size,
-                running_tokens=st.request_size,
+                protected_tokens=st.protected_size,
+                session_held_tokens=0,  # the bundled engine holds no slots for sessions outside the tree
+                uncached_tokens=st.request_size,
+                unevictable_tokens=st.protected_size + st.request_size,
                 total_tokens=st.total_size,
                 bytes_per_token=g.bytes_per_token,
                 node_count=cache.node_count(),
@@ -184,7 +181,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def _lookup(s: Scheduler, node_id: int) -> TreeNode:
         node = s.cache.nodes.get(node_id)
         if node is None:
-            raise UnknownNode(f"node {node_id} is not in the tree (evicted, freed, or never existed)")
+            raise unknown_node(node_id)
         return node
 
     @staticmethod
@@ -198,9 +195,9 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
         check_child_order(order)
-        return self._call_steps(lambda s: self._children_steps(s, node_id, offset, limit, order))
+        return self._call_pass(lambda s: self._children_pass(s, node_id, offset, limit, order))
 
-    def _children_steps(self, s: Scheduler, node_id: int, offset: int = 0, limit: int = 100,
+    def _children_pass(self, s: Scheduler, node_id: int, offset: int = 0, limit: int = 100,
                         order: str = "bytes") -> Generator[None, None, ChildrenPage]:
         check_page(offset, limit)
         check_child_order(order)
@@ -239,9 +236,9 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)
-        return self._call_steps(lambda s: self._node_steps(s, node_id, token_offset, token_limit))
+        return self._call_pass(lambda s: self._node_pass(s, node_id, token_offset, token_limit))
 
-    def _node_steps(self, s: Scheduler, node_id: int, token_offset: int = 0,
+    def _node_pass(self, s: Scheduler, node_id: int, token_offset: int = 0,
                     token_limit: int = 256) -> Generator[None, None, NodeDetail]:
         check_page(token_offset, token_limit)
         self._lookup(s, node_id)  # an unknown node is an error before any attribution
@@ -278,7 +275,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         key = self._attribution_key(s)
         return (yield from self.attributions.ready(
             key,
-            lambda: attribution_steps(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+            lambda: attribution_pass(cache.root_node, cache._session_leaves, cache._closed_session_ids,
                                       s.session_activity, s.session_activity, s.geometry.bytes_per_token,
                                       cache.close_policy != "deref", key, chunk=256),
             len(cache._session_leaves)))
@@ -291,29 +288,29 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def _attribute(self, s: Scheduler) -> Attribution:
         """The attribution to serve, a first pass run to its end here (for callers on the owner
         thread that cannot wait between steps: tests, benchmarks)."""
-        return run_steps(self._attribution_ready(s))
+        return run_to_end(self._attribution_ready(s))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
         check_sessions_read(order, offset, limit, contains)
-        return self._call_steps(lambda s: self._sessions_steps(s, order, offset, limit, contains, reverse))
+        return self._call_pass(lambda s: self._sessions_pass(s, order, offset, limit, contains, reverse))
 
-    def _sessions_steps(self, s: Scheduler, order: str = "exclusive_bytes", offset: int = 0,
+    def _sessions_pass(self, s: Scheduler, order: str = "exclusive_bytes", offset: int = 0,
                         limit: int = 100, contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
         check_sessions_read(order, offset, limit, contains)
         attribution = yield from self._attribution_ready(s)
-        page = yield from sessions_page_steps(attribution, order, offset, limit, contains, reverse,
+        page = yield from sessions_page_pass(attribution, order, offset, limit, contains, reverse,
                                               self.attributions.refreshing)
         return dataclasses.replace(page, figures_current=attribution.key == self._attribution_key(s))
 
     def session(self, session_id: str) -> SessionDetail:
-        return self._call_steps(lambda s: self._session_steps(s, session_id))
+        return self._call_pass(lambda s: self._session_pass(s, session_id))
 
-    def _session_steps(self, s: Scheduler, session_id: str) -> Generator[None, None, SessionDetail]:
+    def _session_pass(self, s: Scheduler, session_id: str) -> Generator[None, None, SessionDetail]:
         attribution = yield from self._attribution_ready(s)
         row = attribution.sessions.get(session_id)
         if row is None:
-            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            raise unknown_session(session_id)
         leaves = s.cache._session_leaves.get(session_id, ())
         view = session_view(row, time.monotonic())
         if view.state == "open":  # the nodes it tags now, and their count, from the same moment
@@ -352,20 +349,20 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
     def diagnose(self, idle_after_s: float = IDLE_AFTER_S) -> Diagnosis:
         check_idle_after(idle_after_s)
-        from radixtop.adapters.bundled_doctor import doctor_inputs
+        from radixtop.adapters.bundled.doctor import doctor_inputs
 
-        return self._call_steps(lambda s: diagnose_steps(doctor_inputs(self, s), idle_after_s))
+        return self._call_pass(lambda s: diagnose_pass(doctor_inputs(self, s), idle_after_s))
 
     def stats_on_owner(self, s: Scheduler) -> Stats:
         """``stats()`` inline, for a pass already on the owner thread (the doctor's)."""
-        saved, self._step.owner = self._in_step(), (s,)
+        saved, self._pass_owner.owner = self._in_pass(), (s,)
         try:
             return self.stats()
         finally:
-            self._step.owner = saved
+            self._pass_owner.owner = saved
 
     def _export_snapshot(self):
-        """Columns of the whole tree, parents first, copied on the owner thread in one step
+        """Columns of the whole tree, parents first, copied on the owner thread in one hold
         (a consistent snapshot; compact arrays, not an object per node)."""
         from array import array
 
@@ -435,7 +432,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         elif plan.known or session_id in s.session_activity:
             state = "open"
         else:
-            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            raise unknown_session(session_id)
         return ClosePlanView(
             session_id, plan.policy, state, plan.freed_node_ids, plan.freed_tokens,
             plan.freed_bytes, plan.released_holds,
@@ -446,7 +443,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         known = (session_id in s.cache._session_leaves or session_id in s.session_activity
                  or s.cache.is_session_closed(session_id))
         if not known:
-            raise UnknownSession(f"session {session_id!r} is not known (never seen, or long gone)")
+            raise unknown_session(session_id)
         r = s.close_session(session_id)
         self.attributions.invalidate(closed=session_id)  # shown closed at once; the rest: next pass
         self.engine.record("close", session=session_id)
@@ -461,7 +458,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         return self._call(lambda s: self._close(s, session_id), urgent=True)
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
-        """Plan and close in one step of the owner thread: nothing runs in between, so the
+        """Plan and close in one hold of the owner thread: nothing runs in between, so the
         result is the plan."""
         self._refuse_if_read_only(f"close of session {session_id!r}")
         return self._call(lambda s: (self._plan(s, session_id), self._close(s, session_id)), urgent=True)
