@@ -387,27 +387,3 @@ def _capped(findings: list[Finding], kind: str, more: str) -> list[Finding]:
                       "the same actions as above, one each (radixtop doctor --json lists them all)",
                       tokens, sum(f.bytes for f in rest), figures={"count": len(rest), "tokens": tokens})
     return [*findings[: MAX_PER_KIND - 1], summary]
-
-
-# ----- as text -----
-
-
-def diagnosis_text(d: Diagnosis) -> str:
-    """The diagnosis as plain text (the command's output, the dashboard's panel). The target's
-    strings in it (ids, names) are as sent: a face shows them through ``units.inert``."""
-    lines = [f"radixtop doctor · {d.target} · checked {', '.join(d.checked) or 'nothing'}"
-             + (f" · {d.nodes_walked:,} nodes walked" if d.nodes_walked is not None else "")]
-    for kind, why in d.skipped.items():
-        lines.append(f"  not checked: {kind}: {why}")
-    if d.healthy:
-        lines.append("healthy: nothing found")
-        return "\n".join(lines)
-    lines.append(f"{len(d.findings)} finding(s):")
-    for f in d.findings:
-        lines.append("")
-        lines.append(f"[{f.kind}] {f.summary}")
-        lines.append(f"  means: {f.meaning}")
-        lines.append(f"  fix:   {f.action}")
-        if f.figures:
-            lines.append("  figures: " + ", ".join(f"{k}={v}" for k, v in f.figures.items()))
-    return "\n".join(lines)

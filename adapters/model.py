@@ -55,6 +55,8 @@ class Capabilities(_View):
 
 @dataclass(frozen=True)
 class Geometry(_View):
+    """A model's KV geometry as a view: what a token's K and V cost in the pool."""
+
     name: str
     num_layers: int
     num_kv_heads: int
@@ -62,6 +64,11 @@ class Geometry(_View):
     dtype: str
     page_size: int
     bytes_per_token: int
+
+    @classmethod
+    def of(cls, g: Any) -> Geometry:
+        """The view of a geometry that has these fields (the backend's ``KVGeometry``)."""
+        return cls(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.page_size, g.bytes_per_token)
 
 
 TIERS = ("GPU", "host", "disk", "external")

@@ -1,6 +1,12 @@
-"""Sizes and ages as people read them (shared by every face; JSON keeps plain integers)."""
+"""Text for people, shared by every face: sizes and ages, confirmations, notes on figures, token
+previews, hostile text made inert, a diagnosis as lines (JSON keeps the plain values)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixtop.adapters.model import Bucket, Diagnosis
 
 
 def human_bytes(n: int | float) -> str:
@@ -34,7 +40,7 @@ def count(n: int | None, what: str) -> str:
     return f"{what} unknown" if n is None else f"{n:,} {what}"
 
 
-def bucket_line(b) -> str:
+def bucket_line(b: Bucket) -> str:
     """One component's buckets as SGLang's leak check writes them (``[full] total=…, available=…``:
     what an operator greps the server's log for), then whether they add up."""
     uncached = "unknown" if b.uncached is None else str(b.uncached)
@@ -105,3 +111,24 @@ def inert(text: str, lines: bool = False) -> str:
     code replaced by '?'; line breaks kept only where ``lines``. Every face shows it so, as plain
     text, never as markup."""
     return text.translate(_INERT if lines else _INERT_LINE)
+
+
+def diagnosis_text(d: Diagnosis) -> str:
+    """The diagnosis as plain text (the command's output, the dashboard's panel). The target's
+    strings in it (ids, names) are as sent: a face shows them through ``inert``."""
+    lines = [f"radixtop doctor · {d.target} · checked {', '.join(d.checked) or 'nothing'}"
+             + (f" · {d.nodes_walked:,} nodes walked" if d.nodes_walked is not None else "")]
+    for kind, why in d.skipped.items():
+        lines.append(f"  not checked: {kind}: {why}")
+    if d.healthy:
+        lines.append("healthy: nothing found")
+        return "\n".join(lines)
+    lines.append(f"{len(d.findings)} finding(s):")
+    for f in d.findings:
+        lines.append("")
+        lines.append(f"[{f.kind}] {f.summary}")
+        lines.append(f"  means: {f.meaning}")
+        lines.append(f"  fix:   {f.action}")
+        if f.figures:
+            lines.append("  figures: " + ", ".join(f"{k}={v}" for k, v in f.figures.items()))
+    return "\n".join(lines)

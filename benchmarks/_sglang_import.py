@@ -2,7 +2,7 @@
 
 ``sglang.srt.utils.common`` imports ``torchvision`` at import time; the PyPI torchvision wheels do not
 load beside the CPU torch build, and nothing on the radix-cache path uses torchvision. So, as the
-differential tests do, the tests' stand-in (``tests/sglang_ref/torchvision_stub.py``) answers
+differential tests do, the tests' stand-in (``tests/on_sglang/ref/torchvision_stub.py``) answers
 ``torchvision`` imports before sglang is imported.
 """
 

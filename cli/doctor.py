@@ -25,7 +25,7 @@ def doctor(idle_after: IdleAfter = 600.0, url: Url = DEFAULT_URL, token: Token =
     request holds, pinned memory that starves admission, closed sessions that still tag nodes,
     idle sessions that still hold memory; each with what it means and what fixes it. Exit 0:
     nothing found; 1: findings (or a refusal); 3: the target is unreachable."""
-    from radixtop.adapters.doctor import diagnosis_text
+    from radixtop.adapters.text import diagnosis_text
 
     with target(url, token, timeout) as t:
         diagnosis = t.diagnose(idle_after)

@@ -479,7 +479,7 @@ class RadixtopApp(ActionFlows, App[None]):
 
     @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
     def run_doctor(self) -> None:
-        from radixtop.adapters.doctor import diagnosis_text
+        from radixtop.adapters.text import diagnosis_text
 
         try:
             diagnosis = self.adapter.diagnose()

@@ -147,8 +147,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
                 closes=s.closes,
                 freed_by_close_tokens=s.freed_by_close_tokens,
                 version=cache.version,
-                geometry=Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype,
-                                  g.page_size, g.bytes_per_token),
+                geometry=Geometry.of(g),
                 # SGLang's leak-check buckets, each counted on its own (no session-held slots here)
                 buckets=(Bucket("full", st.capacity, st.available_size, st.evictable_size, st.protected_size, 0,
                                 s.uncached_size()),),

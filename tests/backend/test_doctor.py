@@ -7,9 +7,9 @@ import time
 import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.doctor import diagnosis_text
 from radixtop.adapters.errors import BadRequest
 from radixtop.adapters.model import FINDING_KINDS, Diagnosis
+from radixtop.adapters.text import diagnosis_text
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler

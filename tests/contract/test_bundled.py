@@ -31,6 +31,16 @@ def read_only_adapter():
     engine.stop()
 
 
+def test_the_bundled_engine_tells_every_pool_state_apart(adapter):
+    """SGLang's five leak-check words, each known (never None) on radixtop's own engine, adding up."""
+    st = adapter.stats()
+    assert (st.protected_tokens, st.session_held_tokens, st.uncached_tokens) == (
+        st.total_tokens - st.evictable_tokens, 0, 2)  # locked nodes; no session slots; the running request's own
+    assert st.available_tokens + st.evictable_tokens + st.protected_tokens + st.session_held_tokens + \
+        st.uncached_tokens == st.capacity_tokens
+    assert st.unevictable_tokens == st.protected_tokens + st.uncached_tokens
+
+
 def test_fast_ndjson_export_equals_the_generic_encoding(adapter):
     import json
 

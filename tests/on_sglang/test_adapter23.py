@@ -1,4 +1,4 @@
-"""The in-process SGLang adapter over the REAL SGLang 0.5.23 caches (tests/sglang_ref/known23):
+"""The in-process SGLang adapter over the REAL SGLang 0.5.23 caches (tests/on_sglang/ref/known23.py):
 ``UnifiedRadixCache`` with sessions (Python tree core; close only dereferences), the plain
 ``RadixCache`` (no sessions at all), and ``UnifiedRadixCache`` on the Rust tree core (no Python
 nodes). Every read and action goes through the owner queue a scheduler thread drains.
@@ -6,7 +6,7 @@ nodes). Every read and action goes through the owner queue a scheduler thread dr
 Expectations come from SGLang's own objects (its tree, allocator, KV pool, session tracker and
 its own matches), not from the bundled cache's numbers: 0.5.23 inserts ``[prompt][output]``,
 keeps KV for ``input + output[:-1]``, tags a session's frontier node only, and frees nothing on
-close. The contract tests that hold unchanged are imported from tests/contract.py; the ones
+close. The contract tests that hold unchanged are imported from tests/contract/suite.py; the ones
 written against the bundled cache's figures have 0.5.23 counterparts here.
 
 Needs sglang 0.5.23 (``.venv-sglang23``, built by ``.ci/setup-sglang23``); skipped otherwise.
@@ -132,7 +132,7 @@ def assert_views_agree(a, cache, pools) -> None:
     """stats, every node and the export against a direct walk of SGLang's tree."""
     st = a.stats()
     assert st.capacity_tokens == pools.allocator.size
-    assert st.free_tokens == pools.allocator.available_size()
+    assert st.available_tokens == pools.allocator.available_size()
     assert st.evictable_tokens == cache.evictable_size()
     running = st.capacity_tokens - st.available_tokens - cache.evictable_size() - cache.protected_size()
     assert st.unevictable_tokens - st.protected_tokens == running >= 0
@@ -531,7 +531,7 @@ def test_rust_core_has_stats_but_no_tree():
         assert "Rust tree core" in caps.reason and "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in caps.reason
         st = a.stats()
         allocator = k.pools.allocator
-        assert st.capacity_tokens == allocator.size and st.free_tokens == allocator.available_size()
+        assert st.capacity_tokens == allocator.size and st.available_tokens == allocator.available_size()
         assert st.evictable_tokens == k.cache.evictable_size() > 0
         assert st.unevictable_tokens == k.cache.protected_size() + 2 and st.protected_tokens == k.cache.protected_size()
         assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens

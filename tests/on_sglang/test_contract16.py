@@ -30,7 +30,7 @@ def test_views_agree_with_sglangs_own_objects():
     with known_adapter() as (a, replayer, _):
         cache, allocator = replayer.cache, replayer.allocator
         st = a.stats()
-        assert st.free_tokens == allocator.available_size() and st.capacity_tokens == allocator.size
+        assert st.available_tokens == allocator.available_size() and st.capacity_tokens == allocator.size
         assert st.evictable_tokens == cache.evictable_size() and st.total_tokens == cache.total_size()
         kv = replayer.kv_pool
         per_token = sum(t[0].numel() * t.element_size() for t in (*kv.k_buffer, *kv.v_buffer))

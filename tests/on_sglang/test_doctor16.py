@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from radixtop.adapters.doctor import diagnosis_text
 from radixtop.adapters.sglang.doctor import running_requests, waiting_requests
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.adapters.text import diagnosis_text
 from radixtop.gpu_backend.owner.queue import OwnerQueue
 from tests.on_sglang.ref.known16 import OPENED, SchedulerThread, build_known
 from tests.on_sglang.ref.plugin16 import plugin_target

@@ -11,7 +11,7 @@ if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only besi
 
 import pytest  # noqa: E402
 
-from radixtop.adapters.doctor import diagnosis_text  # noqa: E402
+from radixtop.adapters.text import diagnosis_text  # noqa: E402
 from tests.on_sglang.ref import drive23, known23  # noqa: E402
 
 pytestmark = pytest.mark.sglang

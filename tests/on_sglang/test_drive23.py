@@ -1,4 +1,4 @@
-"""The real SGLang 0.5.23 RadixCache and UnifiedRadixCache, driven on CPU (tests/sglang_ref/drive23).
+"""The real SGLang 0.5.23 RadixCache and UnifiedRadixCache, driven on CPU (tests/on_sglang/ref/drive23.py).
 
 These pin down the 0.5.23 behaviour radixtop's in-process adapter has to read: prefix sharing,
 session tags on the FULL component (``session_ids`` on frontier nodes, ``session_ref`` counts on
@@ -6,7 +6,7 @@ the path), close as a pure dereference (``release_radix_session`` returns 0 and 
 eviction that takes session-held nodes last, and the tombstone for in-flight requests.
 
 They need sglang 0.5.23 (``.ci/setup-sglang23`` builds ``.venv-sglang23``; run
-``.venv-sglang23/bin/python -m pytest tests/test_sglang23_drive.py -q``). With any other sglang
+``.venv-sglang23/bin/python -m pytest tests/on_sglang/test_drive23.py -q``). With any other sglang
 (the main ``.venv`` has 0.5.16) or none, the whole module is skipped.
 """
 

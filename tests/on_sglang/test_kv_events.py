@@ -398,7 +398,7 @@ def test_a_restarted_server_restarts_the_tree(sgl):
                 first.publish()
             assert adapter.wait_for_seq(first.seq)
         finally:
-            first.release()
+            first.close()
         wait_until_free(port, replay)
         second = Server(sgl, port, replay)  # a new process: sequences from 0, a fresh cache
         try:
@@ -413,7 +413,7 @@ def test_a_restarted_server_restarts_the_tree(sgl):
             assert_same_tree(adapter, second)
             assert adapter.status().complete
         finally:
-            second.release()
+            second.close()
 
 
 def replayed(replay_port: int, start: int = 0) -> list[tuple[int, bytes]]:

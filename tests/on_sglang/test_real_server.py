@@ -289,7 +289,7 @@ def test_the_doctor_finds_nothing_on_a_healthy_server_idle_or_busy(server, clien
     """After a workload (sessions, evictions) the leak doctor finds nothing: SGLang's buckets add up,
     every lock belongs to a running request (also while one runs), nothing waits starved; and the
     command says so with exit code 0."""
-    from radixtop.adapters.doctor import diagnosis_text
+    from radixtop.adapters.text import diagnosis_text
 
     settle(server, client)
     idle = client.diagnose()

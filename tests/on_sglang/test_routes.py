@@ -1,5 +1,5 @@
 """SGLangRoutesAdapter over a real HTTP server on loopback that serves SGLang's own routes and bodies
-(``tests/sglang_ref/fake_sglang_http``: SGLang's LoadSnapshot, auth middleware and metric names,
+(``tests/on_sglang/ref/fake_sglang_http.py``: SGLang's LoadSnapshot, auth middleware and metric names,
 from the 0.5.16 and 0.5.23 wheels on disk)."""
 
 from __future__ import annotations

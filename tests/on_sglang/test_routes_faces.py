@@ -1,6 +1,6 @@
 """The faces over SGLang's plain HTTP surface (no plugin, no events): the dashboard and the
 commands through radixtop's admin API, against the stand-in SGLang server of
-tests/sglang_ref/fake_sglang_http.py. Close is blind there: no preview, what was freed is read
+tests/on_sglang/ref/fake_sglang_http.py. Close is blind there: no preview, what was freed is read
 back afterwards, and every face says so."""
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def test_a_body_of_exactly_the_limit_is_read(api):
     assert response.status_code == 200 and response.json()["requested_tokens"] == 0
 
 
-BAD_EVICT_BODIES = {  # beyond tests/test_http_api.py's
+BAD_EVICT_BODIES = {  # beyond tests/api/test_http_api.py's
     "array-of-objects": b'[{"tokens": 1}]', "string": b'"tokens"', "null": b"null", "number": b"1",
     "tokens-null": b'{"tokens": null}', "tokens-array": b'{"tokens": [1]}',
     "tokens-object": b'{"tokens": {"n": 1}}', "tokens-empty-string": b'{"tokens": ""}',

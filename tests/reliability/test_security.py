@@ -59,7 +59,7 @@ NON_ASCII = {"utf8": b"Bearer " + "jeton-\u00e9\u00e8-\u65e5\u672c".encode(),
              "latin1": b"Bearer \xff\xfe" + TOKEN.encode()}
 REPORT: Counter[str] = Counter()
 
-# The cache of tests/contract.py's build_engine, as a trace `radixtop serve --trace` replays.
+# The cache of tests/contract/suite.py's build_engine, as a trace `radixtop serve --trace` replays.
 TRACE = "\n".join(json.dumps(op) for op in [
     {"op": "request", "input": [1, 2, 3, 4, 5, 6], "output": [7, 8], "session": "a"},
     {"op": "request", "input": [1, 2, 3, 4, 5, 6, 7, 8, 10], "output": [11], "session": "a"},

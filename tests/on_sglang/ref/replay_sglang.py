@@ -23,7 +23,7 @@ Per op, the calls are the scheduler's:
   kv_len_to_handle=len(input)+len(output))`` (insert, free duplicates, tag the session,
   ``dec_lock_ref``), then the row is freed (as ``release_kv_cache`` does).
 * ``request``: a begin then its finish.
-* ``abort`` (not produced by ``tests/trace_gen.py``): SGLang's retract path, see
+* ``abort`` (not produced by ``tests/support/trace_gen.py``): SGLang's retract path, see
   :meth:`SGLangReplayer.abort`.
 * ``close``: ``release_radix_session``; it returns the freed node count, the freed token count is
   the allocator's ``available_size`` after minus before.
