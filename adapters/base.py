@@ -18,6 +18,8 @@ from radixtop.adapters.errors import (
 from radixtop.adapters.model import (
     CHILD_ORDERS,
     EXPORT_COLUMNS,
+    MAX_PATH_NODES,
+    MAX_PATHS,
     MAX_SUBTREE_ROWS,
     SESSION_ORDERS,
     UNKNOWN,
@@ -34,6 +36,7 @@ from radixtop.adapters.model import (
     MatchView,
     NodeDetail,
     NodeView,
+    PathsView,
     SessionDetail,
     SessionsPage,
     Stats,
@@ -57,6 +60,7 @@ READ_PARAMS: dict[str, tuple[str, ...]] = {
     "sessions": ("order", "offset", "limit", "contains", "reverse"),
     "session": ("session_id",),
     "match": ("tokens",),
+    "paths": ("node_ids",),
     "changes": ("since",),
 }
 """The reads ``read_many`` takes: each names a read method, and the parameters it passes to it
@@ -118,6 +122,24 @@ class CacheAdapter(ABC):
 
     @abstractmethod
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail: ...
+
+    def paths(self, node_ids: Sequence[int]) -> PathsView:
+        """The paths from the root to ``node_ids`` (at most MAX_PATHS), read at one moment where
+        the target can (see PathsView); this default reads node after node (right for a target
+        whose reads are of one snapshot)."""
+        from radixtop.gpu_backend.owner.slices import run_to_end  # the one (pure Python); not loaded by importing this
+
+        def view(node_id: int | None) -> NodeView | None:
+            if node_id is None:
+                return None
+            try:
+                return self.node(node_id, 0, 1).node
+            except UnknownNode:  # evicted or freed since (a child's read named it)
+                return None
+
+        asked = check_paths(node_ids)
+        nodes, missing, capped = run_to_end(path_nodes(asked, view, lambda v: view(v.parent_id), lambda v: v.id))
+        return PathsView(asked, tuple(v for v, _ in nodes), tuple(missing), capped)
 
     @abstractmethod
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
@@ -298,6 +320,51 @@ def subtree_pass(node_of: Callable[[int], Generator[None, None, NodeView]],
 
     yield from visit(top, 0)
     return SubtreeView(node_id, depth, limit, order, min_bytes, tuple(rows), capped)
+
+
+def check_paths(node_ids: Sequence[int]) -> tuple[int, ...]:
+    """``node_ids`` as a tuple of ints, or BadRequest."""
+    if isinstance(node_ids, (str, bytes)) or not 1 <= len(node_ids) <= MAX_PATHS:
+        raise BadRequest(f"paths: between 1 and {MAX_PATHS} node ids")
+    if not all(type(i) is int and i >= 0 for i in node_ids):
+        raise BadRequest("paths: node ids are non-negative integers")
+    return tuple(node_ids)
+
+
+PATH_CHUNK = 1024
+"""Nodes a ``paths`` walk takes per chunk."""
+
+
+def path_nodes(asked: tuple[int, ...], lookup: Callable[[int], Any], parent_of: Callable[[Any], Any],
+               key: Callable[[Any], Any] = id) -> Generator[None, None, tuple[list[tuple[Any, int]], list[int], bool]]:
+    """The nodes on the paths from the root to ``asked`` (``CacheAdapter.paths``): each once as
+    (node, depth), the root first and parents before children; the ids ``lookup`` does not find
+    (None); whether MAX_PATH_NODES cut them. ``parent_of(root)`` is None (as is that of a node
+    whose parent went away meanwhile: its path ends there); ``key(node)`` tells one node from
+    another (live tree nodes: their identity; views: their id). A chunk a yield."""
+    depth_of: dict[Any, tuple[Any, int]] = {}
+    missing: list[int] = []
+    budget = PATH_CHUNK
+    for node_id in asked:
+        node = lookup(node_id)
+        if node is None:
+            missing.append(node_id)
+            continue
+        chain = []
+        while node is not None and key(node) not in depth_of:
+            chain.append(node)
+            node = parent_of(node)
+        top = -1 if node is None else depth_of[key(node)][1]
+        for k, up in enumerate(reversed(chain)):
+            depth_of[key(up)] = (up, top + 1 + k)
+        if len(depth_of) >= MAX_PATH_NODES:
+            break
+        budget -= len(chain) + 1
+        if budget <= 0:
+            yield
+            budget = PATH_CHUNK
+    nodes = sorted(depth_of.values(), key=lambda pair: pair[1])[:MAX_PATH_NODES]
+    return nodes, missing, len(depth_of) >= MAX_PATH_NODES
 
 
 def check_page(offset: int, limit: int) -> None:

@@ -288,6 +288,27 @@ class SubtreeView(_View):
 
 
 MAX_SUBTREE_ROWS = 2000
+
+
+@dataclass(frozen=True)
+class PathsView(_View):
+    """The paths from the root to a set of nodes, read at one moment (one hold of the owner where
+    the target has one): every node on them once, the root first and each parent before its
+    children, so a face can open the tree down to them or draw them as a tree of their own."""
+
+    node_ids: tuple[int, ...]
+    """The nodes asked for, as asked."""
+    nodes: tuple[NodeView, ...]
+    missing: tuple[int, ...]
+    """The nodes asked for that are not in the tree (evicted, freed, or never there)."""
+    capped: bool
+    """The nodes stopped at MAX_PATH_NODES: a path past them is left out."""
+
+
+MAX_PATHS = 1024
+"""Nodes one ``paths`` read may ask for."""
+MAX_PATH_NODES = 100_000
+"""Nodes one ``paths`` read answers with at most (paths as deep as a long chain's)."""
 """The most rows one subtree read returns (its hold of the owner grows with them)."""
 
 

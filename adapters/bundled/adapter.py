@@ -14,8 +14,10 @@ from radixtop.adapters.base import (
     check_chain_limit,
     check_child_order,
     check_page,
+    check_paths,
     check_sessions_read,
     check_tokens,
+    path_nodes,
 )
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
@@ -43,6 +45,7 @@ from radixtop.adapters.model import (
     MatchView,
     NodeDetail,
     NodeView,
+    PathsView,
     SessionDetail,
     SessionsPage,
     Stats,
@@ -232,6 +235,13 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return ChainView(node_id, tuple(nodes), len(node.children) == 1)
 
         return self._call(read)
+
+    def _paths_pass(self, s: Scheduler, node_ids: tuple[int, ...]) -> Generator[None, None, PathsView]:
+        asked = check_paths(node_ids)
+        nodes, missing, capped = yield from path_nodes(asked, s.cache.nodes.get, lambda n: n.parent)
+        now = s.cache.clock()
+        views = tuple(self._node_view(s, node, depth, now) for node, depth in nodes)
+        return PathsView(asked, views, tuple(missing), capped)
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_reads
+from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_paths, check_reads
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.proxy import transport_for
 from radixtop.adapters.http.reads import parse_read
@@ -34,6 +34,7 @@ from radixtop.adapters.http.wire import (
     flush_result_from_dict,
     match_from_dict,
     node_detail_from_dict,
+    paths_from_dict,
     session_detail_from_dict,
     sessions_page_from_dict,
     stats_from_dict,
@@ -53,6 +54,7 @@ from radixtop.adapters.model import (
     FlushResultView,
     MatchView,
     NodeDetail,
+    PathsView,
     SessionDetail,
     SessionsPage,
     Stats,
@@ -96,6 +98,7 @@ class RadixtopClient(CacheAdapter):
         self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=self._auth,
                                     transport=transport_for(self.url))
         self._batch_reads = True
+        self._paths_route = True
 
     def __repr__(self) -> str:
         return f"RadixtopClient({self.url!r})"
@@ -188,6 +191,17 @@ class RadixtopClient(CacheAdapter):
     def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
         return self._get(chain_from_dict, f"/v1/nodes/{int(node_id)}/chain", limit=limit)
 
+    def paths(self, node_ids: Sequence[int]) -> PathsView:
+        """One ``GET /v1/paths`` (one hold of the target's owner thread). A server from before
+        the route answers it 404 unknown-route: then node by node, and it remembers."""
+        ids = check_paths(node_ids)
+        if self._paths_route:
+            response = self._send("GET", "/v1/paths", params={"node_ids": ",".join(map(str, ids))})
+            if not (response.status_code == 404 and b'"not_found"' in response.content[:200]):
+                return self._view(paths_from_dict, self._reply(response))
+            self._paths_route = False
+        return super().paths(ids)
+
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         return self._get(node_detail_from_dict, f"/v1/nodes/{int(node_id)}",
                          token_offset=token_offset, token_limit=token_limit)
@@ -225,6 +239,7 @@ class RadixtopClient(CacheAdapter):
         "subtree": subtree_from_dict,
         "chain": chain_from_dict, "node": node_detail_from_dict, "sessions": sessions_page_from_dict,
         "session": session_detail_from_dict, "match": match_from_dict, "changes": changes_from_dict,
+        "paths": paths_from_dict,
     }
 
     def read_many(self, reads: Sequence[Read]) -> list[Any]:

@@ -27,6 +27,7 @@ from radixtop.adapters.base import (
     MAX_DEPTH,
     MAX_MATCH_TOKENS,
     MAX_PAGE,
+    MAX_PATHS,
     MAX_READS,
     READ_PARAMS,
     SESSION_ORDERS,
@@ -102,6 +103,16 @@ def _tokens(where: str, value: Any) -> list[int]:
     return value
 
 
+def _node_ids(where: str, value: Any) -> list[int]:
+    if isinstance(value, list) and 1 <= len(value) <= MAX_PATHS:
+        try:
+            return [_node_id(where, v) for v in value]
+        except BadRequest:
+            pass
+    raise BadRequest(f"{where} must be a list of 1 to {MAX_PATHS} node ids ('root' or integers from 0 to "
+                     f"{MAX_ID}), got {_show(value)}")
+
+
 _REQUIRED = object()
 _PAGE_LIMIT = _int(1, MAX_PAGE)
 # op -> parameter -> (parser, default); the parameters in READ_PARAMS's order
@@ -120,6 +131,7 @@ _SPECS: dict[str, dict[str, tuple[Any, Any]]] = {
                  "limit": (_PAGE_LIMIT, 100), "contains": (_contains, ""), "reverse": (_bool, False)},
     "session": {"session_id": (_text, _REQUIRED)},
     "match": {"tokens": (_tokens, _REQUIRED)},
+    "paths": {"node_ids": (_node_ids, _REQUIRED)},
     "changes": {"since": (_int(0, MAX_ID), _REQUIRED)},
 }
 assert {op: tuple(spec) for op, spec in _SPECS.items()} == READ_PARAMS

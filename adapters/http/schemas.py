@@ -327,3 +327,12 @@ class ChainOut(Schema):
     node_id: int
     nodes: list[NodeOut]
     truncated: bool
+
+
+class PathsOut(Schema):
+    """The paths from the root to a set of nodes, read at one moment."""
+
+    node_ids: list[int] = Field(description="the nodes asked for, as asked")
+    nodes: list[NodeOut] = Field(description="every node on their paths once: the root first, parents before children")
+    missing: list[int] = Field(description="the nodes asked for that are not in the tree")
+    capped: bool = Field(description="the nodes stopped at the most one read answers")

@@ -75,6 +75,7 @@ from radixtop.adapters.http.schemas import (
     HealthOut,
     MatchOut,
     NodeDetailOut,
+    PathsOut,
     ReadOut,
     SessionDetailOut,
     SessionsPageOut,
@@ -90,7 +91,7 @@ from radixtop.adapters.http.wire import (
     error_body,
     error_to_body,
 )
-from radixtop.adapters.model import AuditEntry
+from radixtop.adapters.model import MAX_PATHS, AuditEntry
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ MAX_BODY = 64 * 1024
 EXPORT_CHUNK_ROWS = 1000
 NODE_ID_PATTERN = r"^(root|[0-9]{1,19})$"
 TOKENS_PATTERN = r"^\s*([0-9]{1,19}\s*(,\s*[0-9]{1,19}\s*)*)?$"
+IDS_PATTERN = r"^\s*(root|[0-9]{1,19})\s*(,\s*(root|[0-9]{1,19})\s*)*$"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _STATUS_CODES = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED, 413: PAYLOAD_TOO_LARGE}
@@ -169,6 +171,14 @@ def parse_tokens(raw: str) -> list[int]:
             raise BadRequest(f"tokens must be comma-separated non-negative integers, got {part[:40]!r}")
         tokens.append(int(part))
     return tokens
+
+
+def parse_node_ids(raw: str) -> list[int]:
+    """Comma-separated node ids (``root`` or non-negative integers); 1 to MAX_PATHS of them."""
+    parts = raw.split(",")
+    if len(parts) > MAX_PATHS or not raw.strip():
+        raise BadRequest(f"node_ids must be 1 to {MAX_PATHS} comma-separated node ids")
+    return [parse_node_id(part.strip()) for part in parts]
 
 
 def parse_bool(name: str, raw: str | None) -> bool:
@@ -509,6 +519,13 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
     def match(tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
                                   json_schema_extra={"pattern": TOKENS_PATTERN})) -> JSONResponse:
         return _json(_call(adapter.match, parse_tokens(tokens)))
+
+    @app.get("/v1/paths", response_model=PathsOut,
+             summary="The paths from the root to a set of nodes, read at one moment",
+             responses=_errors(*read_errors, 422, *_TARGET_ERRORS))
+    def paths(node_ids: str = Query(description=f"1 to {MAX_PATHS} comma-separated node ids, e.g. 7,12",
+                                    json_schema_extra={"pattern": IDS_PATTERN})) -> JSONResponse:
+        return _json(_call(adapter.paths, parse_node_ids(node_ids)))
 
     @app.get("/v1/changes", response_model=ChangesOut, summary="Node ids changed since a version",
              responses=_errors(*read_errors, 422, *_TARGET_ERRORS))

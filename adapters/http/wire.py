@@ -28,6 +28,7 @@ from radixtop.adapters.model import (
     FlushResultView,
     MatchView,
     NodeDetail,
+    PathsView,
     SessionDetail,
     SessionsPage,
     Stats,
@@ -121,6 +122,10 @@ def subtree_from_dict(d: dict[str, Any]) -> SubtreeView:
 
 def chain_from_dict(d: dict[str, Any]) -> ChainView:
     return from_wire(ChainView, d)
+
+
+def paths_from_dict(d: dict[str, Any]) -> PathsView:
+    return from_wire(PathsView, d)
 
 
 def node_detail_from_dict(d: dict[str, Any]) -> NodeDetail:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
-from radixtop.adapters.base import Read, check_reads, subtree_pass
+from radixtop.adapters.base import Read, check_paths, check_reads, subtree_pass
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
-from radixtop.adapters.model import ChildrenPage, NodeView, SubtreeView
+from radixtop.adapters.model import ChildrenPage, NodeView, PathsView, SubtreeView
 from radixtop.gpu_backend.owner.slices import LongestOfLate
 
 T = TypeVar("T")
@@ -113,6 +113,13 @@ class OwnerReads:
             raise result
         return result
 
+    def paths(self, node_ids: Sequence[int]) -> PathsView:
+        """``CacheAdapter.paths`` in one pass on the owner (its ``_paths_pass``): one view."""
+        result = self.read_many([("paths", (check_paths(node_ids),))])[0]
+        if isinstance(result, AdapterError):
+            raise result
+        return result
+
     def _subtree_pass(self, owner: tuple[Any, ...], node_id: int = 0, depth: int = 3, limit: int = 10,
                       order: str = "bytes", min_bytes: int = 0) -> Generator[None, None, SubtreeView]:
         def node_of(i: int) -> Generator[None, None, NodeView]:
@@ -153,3 +160,4 @@ class OwnerReads:
     def _in_pass(self) -> tuple[Any, ...] | None:
         """The owner's arguments while a read runs inline in a pass on this thread; else None."""
         return getattr(self._pass_owner, "owner", None)
+

@@ -30,13 +30,16 @@ from radixtop.adapters.base import (
     check_chain_limit,
     check_child_order,
     check_page,
+    check_paths,
     check_sessions_read,
     check_tokens,
+    path_nodes,
 )
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
     AdapterError,
     BadRequest,
+    UnknownNode,
     Unsupported,
     read_only,
     unknown_node,
@@ -60,6 +63,7 @@ from radixtop.adapters.model import (
     MatchView,
     NodeDetail,
     NodeView,
+    PathsView,
     SessionDetail,
     SessionsPage,
     Stats,
@@ -508,6 +512,22 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             return OffOwner(lambda: ChainView(node_id, tuple(map(self._view_of, rows)), more))
 
         return finished(self._call(read))
+
+    def _paths_pass(self, node_ids: tuple[int, ...]) -> Generator[None, None, OffOwner]:
+        asked = check_paths(node_ids)
+        self._need_tree()
+        root = self.tree.root
+
+        def lookup(node_id: int) -> Any:
+            try:
+                return self._lookup(node_id)
+            except UnknownNode:
+                return None
+
+        nodes, missing, capped = yield from path_nodes(asked, lookup, lambda n: None if n is root else n.parent)
+        sizes, now = self._sizes(), time.monotonic()
+        rows = [self._row(node, depth, now, sizes) for node, depth in nodes]
+        return OffOwner(lambda: PathsView(asked, tuple(map(self._view_of, rows)), tuple(missing), capped))
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)

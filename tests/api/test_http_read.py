@@ -87,6 +87,7 @@ def test_each_read_answers_what_its_route_answers(client):
         ({"op": "match", "tokens": [1, 2, 3, 4, 5, 99]}, "/v1/match?tokens=1,2,3,4,5,99"),
         ({"op": "match", "tokens": []}, "/v1/match?tokens="),
         ({"op": "changes", "since": since}, f"/v1/changes?since={since}"),
+        ({"op": "paths", "node_ids": [run, "root", 999_999]}, f"/v1/paths?node_ids={run},root,999999"),
     ]
     assert {item["op"] for item, _ in pairs} == set(READ_PARAMS)
     response = read(client, [item for item, _ in pairs])

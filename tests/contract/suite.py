@@ -12,7 +12,7 @@ import pytest
 
 from radixtop.adapters.base import MAX_READS, READ_PARAMS
 from radixtop.adapters.errors import AdapterError, BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
-from radixtop.adapters.model import POOL_STATES, ROOT_ID, Stats
+from radixtop.adapters.model import MAX_PATHS, POOL_STATES, ROOT_ID, Stats
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
@@ -246,6 +246,32 @@ def test_sessions_sort_filter_and_page_over_all_sessions(adapter):
         adapter.sessions("id", 0, 10, "x" * 201)
 
 
+def test_paths_are_every_node_from_the_root_once_read_at_one_moment(adapter):
+    """The paths to a session's tagged nodes: the root first, each parent before its children,
+    each node once (a and c share their prompt), equal to reading node after node (the
+    contract's default); an id not in the tree is missing, never an error for the others."""
+    from radixtop.adapters.base import CacheAdapter
+
+    tagged = adapter.session("a").node_ids + adapter.session("c").node_ids
+    view = adapter.paths([*tagged, 999_999])
+    assert view.node_ids == (*tagged, 999_999) and view.missing == (999_999,) and not view.capped
+    ids = [n.id for n in view.nodes]
+    assert ids[0] == ROOT_ID and len(ids) == len(set(ids)) and set(tagged) <= set(ids)
+    position = {n.id: k for k, n in enumerate(view.nodes)}
+    for n in view.nodes[1:]:
+        assert position[n.parent_id] < position[n.id] and n.depth == view.nodes[position[n.parent_id]].depth + 1
+    for node_id in tagged:  # every node up from a tagged one is on them
+        current = adapter.node(node_id, 0, 1).node
+        while current.parent_id is not None:
+            assert current.parent_id in position
+            current = view.nodes[position[current.parent_id]]
+    default = CacheAdapter.paths(adapter, [*tagged, 999_999])
+    assert ageless(default.to_dict()) == ageless(view.to_dict())
+    for bad in ([], [-1], ["7"], list(range(MAX_PATHS + 1))):
+        with pytest.raises(BadRequest):
+            adapter.paths(bad)
+
+
 def test_match_is_read_only(adapter):
     before = adapter.stats()
     m = adapter.match([1, 2, 3, 4, 5, 99])
@@ -300,6 +326,7 @@ def known_reads(adapter) -> list[tuple[str, tuple]]:
         ("sessions", ("locked_tokens", 0, 3, "O", True)),
         ("session", ("a",)), ("session", ("gone",)), ("match", ([1, 2, 3, 4, 5, 99],)), ("match", ([],)),
         ("changes", (max(adapter.stats().version - 3, 0),)),
+        ("paths", ([prompt, run, 999_999],)),
     ]
     assert {op for op, _ in reads} == set(READ_PARAMS)
     return reads

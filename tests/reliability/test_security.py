@@ -80,7 +80,7 @@ CHANGING = [(path, body) for requests in ACTION_REQUESTS.values() for path, body
 PREVIEW = "/v1/sessions/b/close?dry_run=true"
 """A close's dry run: a read on an action's route (it needs no token, and is audited)."""
 PATH_PARAMS = {"node_id": "root", "session_id": "a"}
-REQUIRED_QUERY = {"/v1/changes": "?since=0",
+REQUIRED_QUERY = {"/v1/changes": "?since=0", "/v1/paths": "?node_ids=root",
                   "/v1/read": "?reads=" + quote('[{"op":"stats"},{"op":"children","node_id":"root"}]')}
 
 

@@ -21,11 +21,19 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from radixtop.adapters.base import MAX_MATCH_TOKENS, CacheAdapter, check_child_order, check_page, check_sessions_read
+from radixtop.adapters.base import (
+    MAX_MATCH_TOKENS,
+    CacheAdapter,
+    check_child_order,
+    check_page,
+    check_paths,
+    check_sessions_read,
+    path_nodes,
+)
 from radixtop.adapters.errors import BadRequest, UnknownSession, Unsupported, read_only, unknown_node
 from radixtop.adapters.model import (
     FIRST_TOKENS,
@@ -42,6 +50,7 @@ from radixtop.adapters.model import (
     MatchView,
     NodeDetail,
     NodeView,
+    PathsView,
     SessionDetail,
     SessionsPage,
     SessionView,
@@ -379,6 +388,17 @@ class EventTreeAdapter(CacheAdapter):
                               token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=beneath,
                               text=decode_preview(self.tokenizer,
                                                   node.token_slice(token_offset, min(token_limit, TEXT_TOKENS))))
+
+    def paths(self, node_ids: Sequence[int]) -> PathsView:
+        """``CacheAdapter.paths`` under the tree's lock: one moment of the stream."""
+        from radixtop.gpu_backend.owner.slices import run_to_end
+
+        asked = check_paths(node_ids)
+        now = time.time()
+        with self._lock:
+            nodes, missing, capped = run_to_end(path_nodes(asked, self._tree.nodes.get, lambda n: n.parent))
+            views = tuple(self._view(node, depth, now) for node, depth in nodes)
+        return PathsView(asked, views, tuple(missing), capped)
 
     def match(self, tokens: list[int]) -> MatchView:
         """The longest prefix of ``tokens`` made of whole cached blocks (a prefix cache reuses

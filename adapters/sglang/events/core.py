@@ -41,6 +41,7 @@ from radixtop.adapters.model import (
     FlushResultView,
     MatchView,
     NodeDetail,
+    PathsView,
     SessionDetail,
     SessionsPage,
     Stats,
@@ -236,6 +237,9 @@ class CoreEventsAdapter(CacheAdapter):
     def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
                 min_bytes: int = 0) -> SubtreeView:
         return self._read(lambda: self.events.subtree(node_id, depth, limit, order, min_bytes))
+
+    def paths(self, node_ids: Sequence[int]) -> PathsView:
+        return self._read(lambda: self.events.paths(node_ids))
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         return self._read(lambda: self.events.node(node_id, token_offset, token_limit))
