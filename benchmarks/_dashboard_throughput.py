@@ -104,8 +104,8 @@ def serve_in_thread(engine) -> tuple[str, Any, Any, Any]:
     import uvicorn
 
     from radixtop.adapters.bundled.adapter import BundledAdapter
-    from radixtop.adapters.http.audit import AuditLog
     from radixtop.adapters.http.server import create_app
+    from radixtop.adapters.http.server.audit import AuditLog
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

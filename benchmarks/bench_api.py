@@ -634,9 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
 
     from radixtop.adapters.bundled.adapter import BundledAdapter
-    from radixtop.adapters.http.audit import AuditLog
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server import create_app
+    from radixtop.adapters.http.server.audit import AuditLog
     from tests.support.live_server import running_server
 
     results: dict[str, Any] = {"mode": cfg.mode, "config": asdict(cfg), "environment": api_environment(),

@@ -72,8 +72,8 @@ def serve(
     trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
     (--sglang-url), so every command and the dashboard can use them through --url."""
     from radixtop.adapters.bundled.adapter import BundledAdapter
-    from radixtop.adapters.http.logs import limit_repeats
     from radixtop.adapters.http.server import serve as serve_http
+    from radixtop.adapters.http.server.logs import limit_repeats
     from radixtop.cli.demo_view import pick_device
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry

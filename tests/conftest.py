@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
 

@@ -15,8 +15,8 @@ import orjson
 
 from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_paths, check_reads
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+from radixtop.adapters.http.params import parse_read
 from radixtop.adapters.http.proxy import transport_for
-from radixtop.adapters.http.reads import parse_read
 from radixtop.adapters.http.wire import (
     WireError,
     audit_entry_from_dict,

@@ -56,6 +56,13 @@ class WireError(AdapterError):
     """A reply that does not follow the wire schema."""
 
 
+class PayloadTooLarge(AdapterError):
+    """A request over one of the API's size limits (its URL, head, body or a match's tokens)."""
+
+    code = PAYLOAD_TOO_LARGE
+    http_status = 413
+
+
 @cache
 def _field_types(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     hints = typing.get_type_hints(cls)

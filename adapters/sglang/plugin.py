@@ -228,8 +228,7 @@ def _token(port: int) -> str:
 def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> Attached | None:
     """Serve the admin API over ``scheduler.tree_cache`` (what the ``__init__`` hook does).
     Returns None on a TP rank other than the first."""
-    from radixtop.adapters.http.audit import AuditLog
-    from radixtop.adapters.http.server import _bind, check_token_strength, create_app, http_protocol, is_loopback
+    from radixtop.adapters.http.server import AuditLog, check_token_strength, create_app, is_loopback, serve_in_thread
 
     if int(getattr(scheduler, "tp_rank", 0) or 0) != 0:
         return None
@@ -258,15 +257,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     served, core = _over_core_events(scheduler, adapter, dp_rank)
     app = create_app(served, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
                      host=host, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
-    import uvicorn
-
-    sock = _bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name=f"radixtop-api-dp{dp_rank}", daemon=True)
-    thread.start()
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}"
+    server, thread, url = serve_in_thread(app, host, port, name=f"radixtop-api-dp{dp_rank}")
     attached = Attached(served, owner, url, server, thread, waker, core)
     setattr(scheduler, ATTACHED, attached)
     log.info("radixtop admin API for %s on %s%s", adapter.name, url,

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from radixtop.adapters.errors import BadRequest
-from radixtop.adapters.http import audit as audit_module
-from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http.server import audit as audit_module
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import AuditEntry
 
 

@@ -11,11 +11,11 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
     from fastapi.testclient import TestClient
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
-from radixtop.adapters.http.edge import HEAVY_READS
 from radixtop.adapters.http.schemas import DiagnosisOut
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.adapters.http.server.edge import HEAVY_READS
 from tests.contract.suite import build_engine
 from tests.support.live_server import running_server
 

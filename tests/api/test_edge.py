@@ -19,9 +19,9 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from tests.contract.suite import build_engine
 from tests.support.live_server import free_port, running_server
 

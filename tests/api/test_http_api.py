@@ -21,8 +21,7 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
 
 from radixtop.adapters.base import MAX_MATCH_TOKENS
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http import server as http_server
-from radixtop.adapters.http.audit import AuditLog
+from radixtop.adapters.http import params as http_params
 from radixtop.adapters.http.schemas import (
     AuditPageOut,
     CapabilitiesOut,
@@ -48,6 +47,7 @@ from radixtop.adapters.http.server import (
     parse_tokens,
     serve,
 )
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import ROOT_ID
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
@@ -254,7 +254,7 @@ def test_oversized_match_is_413(client, monkeypatch):
     with pytest.raises(PayloadTooLarge):  # the real limit, below HTTP (no client sends such a URL)
         parse_tokens(",".join(["1"] * (MAX_MATCH_TOKENS + 1)))
     assert len(parse_tokens(",".join(["1"] * MAX_MATCH_TOKENS))) == MAX_MATCH_TOKENS
-    monkeypatch.setattr(http_server, "MAX_MATCH_TOKENS", 10)
+    monkeypatch.setattr(http_params, "MAX_MATCH_TOKENS", 10)
     assert client.get("/v1/match", params={"tokens": ",".join(["1"] * 10)}).status_code == 200
     response = client.get("/v1/match", params={"tokens": ",".join(["1"] * 11)})
     assert response.status_code == 413 and error_code(response) == "payload_too_large"
@@ -348,7 +348,7 @@ def cache_state(engine) -> tuple:
 
 def failing_writes(monkeypatch, after: int = 0) -> None:
     """The journal file's writes fail (a full disk) once ``after`` writes have gone through."""
-    from radixtop.adapters.http import audit as audit_module
+    from radixtop.adapters.http.server import audit as audit_module
 
     real, done = audit_module._write_all, []
 

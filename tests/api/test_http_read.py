@@ -18,11 +18,11 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
 from radixtop.adapters.base import MAX_CHAIN, MAX_PAGE, MAX_READS, READ_PARAMS
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable, UnknownNode, UnknownSession
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
-from radixtop.adapters.http.reads import MAX_ID
+from radixtop.adapters.http.params import MAX_ID
 from radixtop.adapters.http.schemas import ReadOut
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import ROOT_ID
 from tests.contract.suite import ageless, build_engine, comparable, known_reads
 from tests.support.live_server import running_server

@@ -13,9 +13,9 @@ import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, TargetUnreachable
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
 from tests.contract.suite import build_engine
 from tests.support.live_server import running_server

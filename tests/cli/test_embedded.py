@@ -15,7 +15,7 @@ import pytest
 
 from radixtop.adapters.errors import AdapterError, TargetUnreachable, Unauthorized
 from radixtop.adapters.http.client import RadixtopClient
-from radixtop.adapters.http.logs import RepeatLimit
+from radixtop.adapters.http.server.logs import RepeatLimit
 from radixtop.cli.embedded import demo_server, wait_healthy
 
 

@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.cli.main import app
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import ROOT_ID, NodeView, SessionView
 from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
 from tests.contract.suite import build_engine

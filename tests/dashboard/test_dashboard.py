@@ -9,9 +9,9 @@ import pytest
 from textual.widgets import Button, Input
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.detail import DetailPanel
 from radixtop.inspector.header import HeaderBar

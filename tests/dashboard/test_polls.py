@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.inspector.app import RadixtopApp
 from tests.contract.suite import build_engine
 from tests.support.live_server import running_server

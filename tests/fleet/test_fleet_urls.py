@@ -19,9 +19,9 @@ from radixtop.adapters.errors import Unauthorized
 from radixtop.adapters.fleet.config import read_fleet_file
 from radixtop.adapters.fleet.probe import FleetPoller
 from radixtop.adapters.fleet.sources import FleetFileSource, Mapping
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.cli.embedded import demo_server
 from radixtop.cli.fleet import open_poller, open_worker
 from tests.support.live_server import free_port

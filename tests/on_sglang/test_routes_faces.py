@@ -9,8 +9,8 @@ import json
 
 from typer.testing import CliRunner
 
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
 from tests.on_sglang.test_routes import TINY, busy_day, sglang
 from tests.support.live_server import running_server

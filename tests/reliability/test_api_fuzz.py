@@ -38,9 +38,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.schemas import ErrorOut
 from radixtop.adapters.http.server import MAX_BODY, MAX_ID, MAX_URL, create_app, http_protocol
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.http.wire import MAX_MESSAGE
 from tests.contract.suite import build_engine
 from tests.support import REPO

@@ -32,9 +32,9 @@ from textual.worker import Worker, WorkerState
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.cli.embedded import _die_with_parent, wait_healthy
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry

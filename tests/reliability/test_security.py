@@ -36,10 +36,10 @@ with warnings.catch_warnings():  # newer starlette asks for httpx2 here; httpx s
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import ReadOnly
-from radixtop.adapters.http import edge as http_edge
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server import edge as http_edge
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.cli.main import app as cli_app
 from radixtop.gpu_backend.traces.ops import tree_rows
 from radixtop.inspector.app import RadixtopApp

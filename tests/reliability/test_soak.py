@@ -16,8 +16,8 @@ import threading
 import time
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
-from radixtop.adapters.http.audit import AuditLog
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.http.wire import audit_entry_from_dict
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry

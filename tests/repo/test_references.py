@@ -51,7 +51,7 @@ def stale() -> list[str]:
         for line_no, line in enumerate(text.splitlines(), 1):
             for match in PATH.finditer(line):
                 path, after = match.group(1), line[match.end():match.end() + 2]
-                if "*" in after or any(c in path for c in "*{<") or path in LEFT_AS_THEY_WERE or path.startswith(OUTPUTS):
+                if "*" in after or any(c in path for c in "*{<") or path in LEFT_AS_THEY_WERE or path.startswith(OUTPUTS.rstrip("/")):
                     continue
                 if not (REPO / path).exists():
                     found.append(f"{rel}:{line_no}: path {path}")

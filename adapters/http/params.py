@@ -1,5 +1,7 @@
-"""The admin API's parameters as the contract's arguments, and ``GET /v1/read``: several reads
-in one request (``CacheAdapter.read_many``), which is how a dashboard polls.
+"""The admin API's parameters as the contract's arguments, parsed in one place for server and client.
+
+Node ids, token lists, flags, and ``GET /v1/read``'s reads: several in one request
+(``CacheAdapter.read_many``), which is how a dashboard polls.
 
 ``reads`` is a JSON list; each item names a read (``op``) and takes the same parameters, with
 the same bounds and defaults, as that read's own route::
@@ -34,20 +36,59 @@ from radixtop.adapters.base import (
     Read,
 )
 from radixtop.adapters.errors import AdapterError, BadRequest
-from radixtop.adapters.http.wire import error_to_body
+from radixtop.adapters.http.wire import PayloadTooLarge, error_to_body
 from radixtop.adapters.model import ROOT_ID
 
 MAX_ID = 2**63 - 1
-_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take '٣'
+"""The largest id or offset the API takes: a signed 64-bit integer's."""
+DIGITS = re.compile(r"[0-9]{1,19}")
+"""A node or token id as text: ASCII digits only (int() would also take '٣'), at most 19 of them."""
+TRUE = frozenset({"1", "true", "yes", "on"})
+"""What ``parse_bool`` reads as true (any case, spaces around)."""
+FALSE = frozenset({"0", "false", "no", "off", ""})
+"""What it reads as false (an empty value too); anything else is a BadRequest."""
 
 
 def parse_node_id(raw: str) -> int:
     """``root`` or a non-negative integer (ASCII digits, below 2**63)."""
     if raw == "root":
         return ROOT_ID
-    if _DIGITS.fullmatch(raw) is None or int(raw) > MAX_ID:
+    if DIGITS.fullmatch(raw) is None or int(raw) > MAX_ID:
         raise BadRequest(f"node id must be 'root' or a non-negative integer, got {raw[:40]!r}")
     return int(raw)
+
+
+def parse_tokens(raw: str) -> list[int]:
+    """Comma-separated non-negative token ids; at most MAX_MATCH_TOKENS of them."""
+    if not raw.strip():
+        return []
+    if raw.count(",") >= MAX_MATCH_TOKENS:
+        raise PayloadTooLarge(f"at most {MAX_MATCH_TOKENS} tokens in a match")
+    tokens = []
+    for part in raw.split(","):
+        part = part.strip()
+        if DIGITS.fullmatch(part) is None or int(part) > MAX_ID:
+            raise BadRequest(f"tokens must be comma-separated non-negative integers, got {part[:40]!r}")
+        tokens.append(int(part))
+    return tokens
+
+
+def parse_node_ids(raw: str) -> list[int]:
+    """Comma-separated node ids (``root`` or non-negative integers); 1 to MAX_PATHS of them."""
+    parts = raw.split(",")
+    if len(parts) > MAX_PATHS or not raw.strip():
+        raise BadRequest(f"node_ids must be 1 to {MAX_PATHS} comma-separated node ids")
+    return [parse_node_id(part.strip()) for part in parts]
+
+
+def parse_bool(name: str, raw: str | None) -> bool:
+    """A flag's text (TRUE or FALSE; absent is false), or BadRequest naming ``name``."""
+    value = (raw or "").strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise BadRequest(f"{name} must be true or false, got {raw[:40]!r}")
 
 
 def _int(low: int, high: int):

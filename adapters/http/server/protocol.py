@@ -10,8 +10,8 @@ import resource
 from functools import cache
 
 from radixtop.adapters.errors import AdapterError, BadRequest
-from radixtop.adapters.http.logs import RepeatLimit
-from radixtop.adapters.http.wire import PAYLOAD_TOO_LARGE, error_body, error_to_body
+from radixtop.adapters.http.server.logs import RepeatLimit
+from radixtop.adapters.http.wire import PayloadTooLarge, error_body, error_to_body
 
 MAX_URL = 65_535  # httptools cannot parse a longer request target; the app holds to the same limit
 MAX_HEAD = MAX_URL + 32 * 1024
@@ -31,11 +31,6 @@ def max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(16, min(MAX_CONNECTIONS, soft // 2))
-
-
-class PayloadTooLarge(AdapterError):
-    code = PAYLOAD_TOO_LARGE
-    http_status = 413
 
 
 def url_too_long() -> PayloadTooLarge:

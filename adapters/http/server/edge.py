@@ -1,6 +1,7 @@
 """The admin API's edge, before any route: which requests it answers at all (the Host it is bound
 to, no page of another origin, a token for reads on a public bind, percent-encodings that name one
-thing) and how many heavy reads run at once."""
+thing, a URL at most MAX_URL bytes), how many heavy reads run at once, what a token must be, and
+the answer to an error no handler took."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized
-from radixtop.adapters.http.wire import BAD_HOST, BUSY, CROSS_ORIGIN, error_body, error_to_body
+from radixtop.adapters.http.server.answers import error_response, internal
+from radixtop.adapters.http.server.protocol import MAX_URL, url_too_long
+from radixtop.adapters.http.wire import BAD_HOST, BUSY, CROSS_ORIGIN, error_body
 
 MIN_TOKEN_LENGTH = 16
 MAX_HEAVY_READS = 4
@@ -37,6 +40,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_in_url(host: str) -> str:
+    """``host`` as a URL or a Host header names it: an IPv6 literal in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def check_token_text(token: str, what: str = "token") -> None:
+    """ValueError unless ``token`` can travel in a header and match there."""
+    if not token:
+        raise ValueError(f"the admin API needs a non-empty {what}")
+    if not (token.isascii() and token.isprintable()) or token != token.strip():
+        # Anything else could never match: HTTP clients send header values as ASCII, and the
+        # server strips the value it is sent.
+        raise ValueError(f"the admin API {what} must be printable ASCII, with no space at either end")
 
 
 def check_token_strength(token: str, what: str = "token") -> str:
@@ -98,8 +116,7 @@ class Bind:
         return is_loopback(self.host)
 
     def names(self) -> frozenset[str]:
-        own = f"[{self.host}]" if ":" in self.host else self.host
-        return LOOPBACK_NAMES | {own.lower()}
+        return LOOPBACK_NAMES | {host_in_url(self.host).lower()}
 
     def accepts(self, host: str | None) -> bool:
         if not self.loopback:
@@ -142,15 +159,10 @@ def _refuse(status: int, code: str, message: str, headers: dict[str, str] | None
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
-def _refuse_error(exc: AdapterError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-    return JSONResponse(error_to_body(exc), status_code=exc.http_status, headers=headers)
-
-
 class Admission:
     """ASGI middleware: refuses what the API must not answer, before routing (nothing refused
     here is journaled: no route ran), and holds heavy reads to ``max_heavy_reads`` at once.
-    Health and actions are never counted (their threads are their own: see ``server.ahead_of_reads``)."""
+    Health and actions are never counted (their threads are their own: see ``answers.ahead_of_reads``)."""
 
     def __init__(self, app: ASGIApp, bind: Bind, tokens: Tokens, max_heavy_reads: int = MAX_HEAVY_READS) -> None:
         self.app, self.bind, self.tokens = app, bind, tokens
@@ -198,7 +210,7 @@ class Admission:
             # (the action routes check their own token, and journal a refusal)
             refused = self.tokens.read_refusal(headers)
             if refused is not None:
-                return _refuse_error(refused)
+                return error_response(refused)
         return None
 
 
@@ -213,3 +225,40 @@ def _authority(origin: str) -> Any:
     default = {"http": ":80", "https": ":443"}[parts.scheme]
     netloc = parts.netloc.lower()
     return netloc[: -len(default)] if netloc.endswith(default) else netloc
+
+
+class Outermost:
+    """The app's outer layer: refuses a URL over MAX_URL with 413 (whatever server runs the app), and
+    answers an unexpected error with the 500 error body itself. Starlette's error middleware would
+    answer too, but then re-raise to the server, which drops the keep-alive connection: a client's
+    next, unrelated request failed with a connection reset."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if _url_length(scope) > MAX_URL:
+            await error_response(url_too_long())(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            if started:  # too late for a status code: the server closes the connection
+                raise
+            await error_response(internal(exc))(scope, receive, send)
+
+
+def _url_length(scope: Scope) -> int:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    return len(path) + (1 + len(query) if query else 0)

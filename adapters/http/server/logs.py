@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
 
+SERVER_LOG = "radixtop.adapters.http.server"
+"""The admin API's one logger, shared by the server's modules: a filter on a logger sees only its own."""
 # Where floods come from: uvicorn's per-connection warnings (a malformed request, an accept that
 # fails for want of files), the demo engine's requests that do not fit, the admin API's own.
-FLOODED_LOGGERS = ("uvicorn.error", "radixtop.gpu_backend.engine", "radixtop.adapters.http.server",
-                   "radixtop.slices")
+FLOODED_LOGGERS = ("uvicorn.error", "radixtop.gpu_backend.engine", SERVER_LOG, "radixtop.slices")
 
 
 class RepeatLimit(logging.Filter):
