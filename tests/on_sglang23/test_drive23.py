@@ -6,7 +6,7 @@ the path), close as a pure dereference (``release_radix_session`` returns 0 and 
 eviction that takes session-held nodes last, and the tombstone for in-flight requests.
 
 They need sglang 0.5.23 (``.ci/setup-sglang23`` builds ``.venv-sglang23``; run
-``.venv-sglang23/bin/python -m pytest tests/on_sglang/test_drive23.py -q``). With any other sglang
+``.venv-sglang23/bin/python -m pytest tests/on_sglang23/test_drive23.py -q``). With any other sglang
 (the main ``.venv`` has 0.5.16) or none, the whole module is skipped.
 """
 
