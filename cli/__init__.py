@@ -1,2 +1,5 @@
-"""The `radixtop` command (typer): the dashboard, serve, replay and the client commands; each opens
-a target and hands it to a face. Heavy imports (torch, textual, uvicorn) stay inside command bodies."""
+"""The `radixtop` command (typer): each command opens a target (``targets.open_target``) and hands it to a face.
+
+``main`` assembles the commands, each in its own module; errors leave through ``errors`` (one line,
+one exit code); heavy imports (torch, textual, uvicorn) stay inside command bodies.
+"""

@@ -1,9 +1,14 @@
-"""A live text view of the embedded demo engine (rich), until the dashboard exists."""
+"""`radixtop demo`'s live text view (rich, no Textual) of the embedded engine, read through the contract.
+
+Every refresh is one ``read_many`` on a ``BundledAdapter``: the engine's owner thread gives it a
+slice between two of its steps (the sessions' figures, attribution, in slices of their own), so
+the view never holds the engine longer than the owner-thread rules allow.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Group
 from rich.live import Live
@@ -11,31 +16,31 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from radixtop.adapters.text import human_bytes
+from radixtop.adapters.base import CacheAdapter
+from radixtop.adapters.errors import AdapterError
+from radixtop.adapters.model import ROOT_ID, ChildrenPage, SessionsPage, Stats
+from radixtop.adapters.text import count, figures_note, human_bytes, inert
+
+TOP_SESSIONS = 10
+"""Sessions shown: those whose close frees the most now."""
+TOP_NODES = 8
+"""Top-level nodes shown: the longest."""
+FIRST_SHOWN = 6
+"""Token ids shown of each top-level node."""
 
 
-def _snapshot(scheduler: Any) -> dict[str, Any]:
-    """Runs on the engine thread: a small consistent picture of the cache."""
-    cache = scheduler.cache
-    stats = scheduler.stats()
-    bpt = scheduler.geometry.bytes_per_token
-    sessions = []
-    for sid in cache.session_ids():
-        plan = cache.plan_close(sid)
-        nodes = cache.session_nodes(sid)
-        sessions.append((sid, len(nodes), plan.freed_tokens * bpt))
-    sessions.sort(key=lambda s: -s[2])
-    top = sorted(cache.root_node.children.values(), key=lambda n: -len(n.key))[:8]
-    return {
-        "stats": stats,
-        "bpt": bpt,
-        "nodes": cache.node_count(),
-        "open": len(sessions),
-        "closed": len(cache.closed_session_ids()),
-        "sessions": sessions[:10],
-        "top": [(n.id, len(n.key), list(n.key[:6]), n.lock_ref, len(n.children)) for n in top],
-        "hit": (scheduler.cached_tokens, scheduler.prompt_tokens),
-    }
+def read_view(adapter: CacheAdapter) -> tuple[Stats, SessionsPage, ChildrenPage]:
+    """One refresh's figures in one ``read_many``; an error of any of its reads raises."""
+    results = adapter.read_many([
+        ("stats", ()),
+        ("sessions", ("exclusive_bytes", 0, TOP_SESSIONS)),
+        ("children", (ROOT_ID, 0, TOP_NODES, "tokens")),
+    ])
+    for result in results:
+        if isinstance(result, AdapterError):
+            raise result
+    stats, sessions, top = results
+    return stats, sessions, top
 
 
 def _bar(parts: list[tuple[int, str]], total: int, width: int = 60) -> Text:
@@ -50,48 +55,46 @@ def _bar(parts: list[tuple[int, str]], total: int, width: int = 60) -> Text:
     return text
 
 
-def render(snap: dict[str, Any], model: str) -> Group:
-    s, bpt = snap["stats"], snap["bpt"]
-    cached, prompt = snap["hit"]
+def render(view: tuple[Stats, SessionsPage, ChildrenPage], title: str) -> Group:
+    """The pool as a bar, the sessions whose close frees the most, the longest top-level nodes."""
+    st, page, top = view
+    bpt = st.bytes_per_token
     head = Text.assemble(
-        (f"radixtop demo · {model}\n", "bold"),
-        f"{snap['nodes']} nodes · {snap['open']} sessions holding KV · {snap['closed']} closed · ",
-        f"cache hit rate {cached / prompt:.1%}" if prompt else "cache hit rate -",
+        (f"radixtop demo · {title}\n", "bold"),
+        f"{count(st.node_count, 'nodes')} · {count(st.open_sessions, 'sessions open')} · "
+        f"{count(st.closed_sessions, 'closed')} · ",
+        f"cache hit rate {st.cached_tokens / st.prompt_tokens:.1%}" if st.prompt_tokens else "cache hit rate -",
     )
-    bar = _bar([(s.protected_size + s.request_size, "red"), (s.evictable_size, "yellow")], s.capacity)
+    bar = _bar([(st.unevictable_tokens, "red"), (st.evictable_tokens, "yellow")], st.capacity_tokens)
     legend = Text.assemble(
-        ("protected ", "red"), f"{s.protected_size + s.request_size} tok ",
-        ("evictable ", "yellow"), f"{s.evictable_size} tok ",
-        ("free ", "grey62"), f"{s.available_size} tok  of {s.capacity} tok ({human_bytes(s.capacity * bpt)})",
+        ("unevictable ", "red"), f"{st.unevictable_tokens} tok ",
+        ("evictable ", "yellow"), f"{st.evictable_tokens} tok ",
+        ("available ", "grey62"),
+        f"{st.available_tokens} tok  of {st.capacity_tokens} tok ({human_bytes(st.capacity_tokens * bpt)})",
     )
-    sessions = Table(title="sessions by bytes a close frees now", expand=True)
+    note = figures_note(page.figures_age_s, page.refreshing, page.figures_current)
+    sessions = Table(title=f"sessions by bytes a close frees now ({note})", expand=True)
     for col in ("session", "tagged nodes", "close frees"):
         sessions.add_column(col, justify="right" if col != "session" else "left")
-    for sid, n, freed in snap["sessions"]:
-        sessions.add_row(sid, str(n), human_bytes(freed))
+    for s in page.sessions:
+        sessions.add_row(inert(s.id), str(s.tagged_nodes), human_bytes(s.exclusive_bytes))
     tree = Table(title="largest top-level nodes", expand=True)
     for col in ("id", "tokens", "first tokens", "lock_ref", "children"):
         tree.add_column(col)
-    for node_id, tokens, first, lock_ref, children in snap["top"]:
-        tree.add_row(str(node_id), str(tokens), " ".join(map(str, first)) + " …", str(lock_ref), str(children))
+    for n in top.children:
+        tree.add_row(str(n.id), str(n.tokens), " ".join(map(str, n.first_tokens[:FIRST_SHOWN])) + " …",
+                     str(n.lock_ref), str(n.num_children))
     return Group(Panel(Group(head, bar, legend)), sessions, tree)
 
 
-def pick_device(device: str, pool_bytes: int) -> str:
-    import torch
-
-    if device != "auto":
-        return device
-    if torch.cuda.is_available():
-        return "cuda"
-    return "cpu" if pool_bytes <= 1 << 30 else "meta"
-
-
-def run_demo(geometry, capacity: int, workload, device: str, refresh: float, duration: float,
-             record_to=None, prepare=None) -> None:
+def run_demo(geometry: Any, capacity: int, workload: Any, device: str, refresh: float, duration: float,
+             record_to: IO[str] | None = None, prepare: Any = None) -> None:
     """The live view until Ctrl-C or ``duration``; ``prepare(scheduler)``, when given, loads a
-    trace and returns the workload (a real-time playback, or None when it was applied at once)."""
+    trace before the engine starts and returns the workload (a real-time playback, or None when
+    it was applied at once)."""
+    from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.kv_pool import pick_device
     from radixtop.gpu_backend.scheduler import Scheduler
     from radixtop.gpu_backend.traces.playback import TracePlayback
 
@@ -100,6 +103,7 @@ def run_demo(geometry, capacity: int, workload, device: str, refresh: float, dur
     if prepare is not None:
         workload = prepare(scheduler)
     engine = Engine(scheduler, workload, step_interval=0.01, record_to=record_to).start()
+    adapter = BundledAdapter(engine, name="radixtop demo")
     base = f"{geometry.name} on {device}" + (" (geometry only)" if device == "meta" else "")
 
     def title() -> str:
@@ -110,11 +114,12 @@ def run_demo(geometry, capacity: int, workload, device: str, refresh: float, dur
 
     deadline = time.monotonic() + duration if duration > 0 else None
     try:
-        with Live(render(engine.call(_snapshot), title()), refresh_per_second=4) as live:
+        with Live(render(read_view(adapter), title()), refresh_per_second=4) as live:
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(refresh)
-                live.update(render(engine.call(_snapshot), title()))
+                live.update(render(read_view(adapter), title()))
     except KeyboardInterrupt:
         pass
     finally:
+        adapter.release()
         engine.stop()

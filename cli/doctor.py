@@ -8,11 +8,13 @@ import typer
 
 from radixtop.adapters.text import inert
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
-from radixtop.cli.remote import emit_json, target
+from radixtop.cli.render import emit_json
+from radixtop.cli.targets import remote_target
 
 app = typer.Typer()
 
 EXIT_FINDINGS = 1
+"""Exit code: the doctor found something (as a refusal: 3 is still an unreachable target)."""
 IdleAfter = Annotated[float, typer.Option(
     "--idle-after", min=0, max=1e9,
     help="Seconds: a session unused this long that still holds memory is a finding.")]
@@ -27,7 +29,7 @@ def doctor(idle_after: IdleAfter = 600.0, url: Url = DEFAULT_URL, token: Token =
     nothing found; 1: findings (or a refusal); 3: the target is unreachable."""
     from radixtop.adapters.text import diagnosis_text
 
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         diagnosis = t.diagnose(idle_after)
     if as_json:
         emit_json(diagnosis.to_dict())

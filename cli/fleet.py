@@ -9,11 +9,11 @@ from typing import Annotated, Any
 import typer
 
 from radixtop.adapters.text import inert
+from radixtop.cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, exits, fail
 from radixtop.cli.options import Json
+from radixtop.cli.targets import fleet_row_spec, open_target
 
 app = typer.Typer()
-
-EXIT_USAGE, EXIT_UNREACHABLE = 2, 3
 
 SmgUrl = Annotated[str | None, typer.Option("--smg", show_default=False,
                                             help="SGLang's model gateway (SMG): its /workers and /get_loads.")]
@@ -71,11 +71,6 @@ def open_poller(smg: str | None, dynamo: str | None, fleet: Path | None, map_fil
     return FleetPoller(source, tokens, timeout, bytes_per_token)
 
 
-def _exit(message: str, code: int) -> typer.Exit:
-    typer.echo(f"radixtop: {inert(message)}", err=True)
-    return typer.Exit(code)
-
-
 DROPPED_WHEN_NARROW = ("reqs", "from", "dp", "hit", "sessions")
 """Columns left out, in this order, while the table is wider than the terminal (--json has all)."""
 
@@ -125,17 +120,10 @@ def print_fleet(view: Any) -> None:
 
 
 def open_worker(row: Any, poller: Any) -> tuple[Any, str]:
-    """(adapter, label) for a row's own dashboard: its radixtop, with the token the tokens file
-    gives that URL (actions need it); or SGLang's own routes (totals, close, flush)."""
-    if row.source == "radixtop":
-        from radixtop.adapters.http.client import RadixtopClient
-
-        return RadixtopClient(row.radixtop_url, token=poller.token_for(row), timeout=poller.timeout), row.radixtop_url
-    from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
-
-    adapter = SGLangRoutesAdapter(row.worker, api_key=poller.tokens.get(row.worker), dp_rank=row.dp_rank,
-                                  timeout=poller.timeout)
-    return adapter, adapter.name
+    """(adapter, label) for a row's own dashboard (``targets.fleet_row_spec``): its radixtop, or
+    SGLang's own routes (totals, close, flush)."""
+    target = open_target(fleet_row_spec(row, poller))
+    return target.adapter, target.label
 
 
 def run_fleet_dashboard(poller: Any, interval: float) -> None:
@@ -180,11 +168,9 @@ def fleet(
     from radixtop.adapters.errors import BadRequest
 
     if as_json and tui:
-        raise _exit("give --json or --tui, not both", EXIT_USAGE)
-    try:
+        raise fail("give --json or --tui, not both", EXIT_USAGE)
+    with exits(BadRequest):
         poller = open_poller(smg, dynamo, fleet_file, map_file, tokens, radixtop_port, timeout, model)
-    except BadRequest as exc:
-        raise _exit(exc.message, EXIT_USAGE) from None
     if tui:
         run_fleet_dashboard(poller, interval)
         return
@@ -195,10 +181,10 @@ def fleet(
         typer.echo(json.dumps(view.to_dict(), separators=(",", ":")))
     else:
         print_fleet(view)
-    if view.error:
-        if not as_json:
-            typer.echo(f"radixtop: {inert(view.error)}", err=True)
+    if view.error and as_json:
         raise typer.Exit(EXIT_UNREACHABLE)
+    if view.error:
+        raise fail(view.error, EXIT_UNREACHABLE)
 
 
 def watch_fleet(spec: str | None, map_file: Path | None, tokens_file: Path | None) -> Any:

@@ -1,10 +1,19 @@
-"""Option aliases shared by several commands."""
+"""Option aliases shared by several commands, and the embedded demo's defaults."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+from radixtop.gpu_backend.kv_geometry import PRESETS
+
+MODELS = ", ".join(PRESETS)
+"""The KV geometry presets, as every --model help lists them."""
+DEMO_MODEL = "llama-3-8b"
+"""The preset the embedded demo runs where --model does not say."""
+DEMO_CAPACITY = 65536
+"""The embedded demo's KV pool, in tokens, where --capacity does not say."""
 
 Capacity = Annotated[int, typer.Option("--capacity", min=1, help="KV pool size in tokens.")]
 PageSize = Annotated[int, typer.Option("--page-size", min=1, help="Tokens per KV page.")]
@@ -20,7 +29,12 @@ ClosePolicy = Annotated[
         "deref: close only drops its holds and eviction frees later.",
     ),
 ]
-Model = Annotated[str, typer.Option("--model", help="KV geometry preset (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny).")]
+Model = Annotated[str, typer.Option("--model", help=f"KV geometry preset ({MODELS}).")]
+TargetModel = Annotated[str | None, typer.Option(
+    "--model", show_default=False,
+    help=f"KV geometry preset ({MODELS}): the embedded engine's ({DEMO_MODEL} if not given), or the bytes "
+    "of a target that does not say them.",
+)]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
 TraceFormat = Annotated[str, typer.Option(
     "--format", help="The trace's format: radixtop (JSON-lines ops), mooncake (Mooncake FAST'25 JSONL) "
@@ -41,3 +55,36 @@ Token = Annotated[
 ]
 Timeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the target.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+# ----- the targets besides a radixtop server (the dashboard and serve) -----
+
+KvEvents = Annotated[
+    str | None,
+    typer.Option("--kv-events", envvar="RADIXTOP_KV_EVENTS", show_default=False,
+                 help="Read-only: rebuild the tree from an SGLang/vLLM server's KV-event stream: its "
+                      "--kv-events-config endpoint (e.g. tcp://127.0.0.1:5557), or an SGLang server's URL "
+                      "(e.g. http://127.0.0.1:30000: the publisher from its /server_info)."),
+]
+KvReplay = Annotated[
+    str | None,
+    typer.Option("--kv-replay", show_default=False,
+                 help="The stream's replay_endpoint (fills gaps after a sequence jump)."),
+]
+DpRank = Annotated[int, typer.Option("--dp-rank", min=0, help="Which DP rank's tree (KV events).")]
+TokenizerSpec = Annotated[
+    str | None,
+    typer.Option("--tokenizer", envvar="RADIXTOP_TOKENIZER", show_default=False,
+                 help="With --kv-events: a Hugging Face tokenizer (a local path, or a name in the local "
+                      "cache) to show previews as text; needs transformers."),
+]
+SGLangUrl = Annotated[
+    str | None,
+    typer.Option("--sglang-url", envvar="RADIXTOP_SGLANG_URL", show_default=False,
+                 help="An SGLang server without the plugin: totals from /metrics, /server_info and "
+                      "/v1/loads; close and flush through its own routes; no tree."),
+]
+SGLangApiKey = Annotated[
+    str | None,
+    typer.Option("--sglang-api-key", envvar="SGLANG_API_KEY", show_default=False,
+                 help="The SGLang server's --api-key, if it has one."),
+]

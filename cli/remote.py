@@ -1,76 +1,27 @@
-"""Commands that talk to a radixtop server over its admin API (stats, tree, sessions, close, ...)."""
+"""Reads of a radixtop server over its admin API: stats, tree, node, sessions, session, match, export, audit."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
 
 from radixtop.adapters.model import POOL_STATES
-from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known, typed_confirmation
-from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
+from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known
+from radixtop.cli.errors import EXIT_REFUSED, EXIT_USAGE, fail
+from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
+from radixtop.cli.render import emit_json, plain_console
+from radixtop.cli.targets import remote_target
 
 app = typer.Typer()
-
-# Exit codes: 0 done, 1 refused or unknown id, 2 usage, 3 target unreachable or timed out.
-EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
-
-
-def _exit(message: str, code: int) -> typer.Exit:
-    typer.echo(f"radixtop: {inert(message)}", err=True)  # it may quote a target's words
-    return typer.Exit(code)
-
-
-@contextlib.contextmanager
-def target(url: str, token: str | None, timeout: float) -> Iterator[Any]:
-    """An RadixtopClient for ``url``; turns every adapter error into one line and an exit code."""
-    from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unauthorized
-    from radixtop.adapters.http.client import RadixtopClient
-
-    try:
-        adapter = RadixtopClient(url, token=token, timeout=timeout)
-    except BadRequest as exc:  # a URL or token that cannot be sent
-        raise _exit(exc.message, EXIT_USAGE) from None
-    try:
-        yield adapter
-    except (TargetUnreachable, TargetTimeout) as exc:
-        raise _exit(exc.message, EXIT_UNREACHABLE) from None
-    except BadRequest as exc:
-        raise _exit(exc.message, EXIT_USAGE) from None
-    except Unauthorized:  # say what to do, not which HTTP header was missing
-        given = "the token given is not this server's" if token else "no token given"
-        raise _exit(f"{url} refused the action: {given}; set RADIXTOP_TOKEN to the token the server "
-                    "printed at start (or its plugin's token file)", EXIT_REFUSED) from None
-    except AdapterError as exc:
-        raise _exit(exc.message, EXIT_REFUSED) from None
-    finally:
-        adapter.release()
-
-
-def emit_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, separators=(",", ":"), default=list))
-
-
-def _console():
-    """Rich without markup, highlighting or emoji codes: what the commands print quotes the
-    target's strings (ids, names, text), which are shown as written, through ``inert``; the
-    commands' own styles are Text styles."""
-    from rich.console import Console
-
-    return Console(markup=False, highlight=False, emoji=False)
-
-
-# ----- reads -----
 
 
 @app.command()
 def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False) -> None:
     """Cache totals in SGLang's words (available, evictable, protected, session_held, uncached), sessions, counters."""
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         st = t.stats()
     if as_json:
         return emit_json(st.to_dict())
@@ -88,7 +39,7 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
             continue
         share = f"{tokens / st.capacity_tokens:.1%}" if st.capacity_tokens else "-"
         table.add_row(name, f"{tokens:,}", human_bytes(tokens * st.bytes_per_token), share)
-    console = _console()
+    console = plain_console()
     console.print(table)
     hit = f"{st.cached_tokens / st.prompt_tokens:.1%}" if st.prompt_tokens else "-"
     console.print(
@@ -129,7 +80,7 @@ def tree(
 ) -> None:
     """The tree as people read it: largest subtrees first, paged."""
     start = _node_id(node)
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         if session is not None:
             doc = _session_tree(t, session)
         else:
@@ -156,7 +107,7 @@ def tree(
         label.append(f" · {' and '.join(unknown)} unknown (this target cannot tell)", style="dim")
     rich_tree = Tree(label)
     build(rich_tree, doc)
-    _console().print(rich_tree)
+    plain_console().print(rich_tree)
 
 
 def _node_id(text: str) -> int:
@@ -166,9 +117,9 @@ def _node_id(text: str) -> int:
     try:
         value = int(text.removeprefix("#"))
     except ValueError:
-        raise _exit(f"node id must be an integer or 'root', got {text!r}", EXIT_USAGE) from None
+        raise fail(f"node id must be an integer or 'root', got {text!r}", EXIT_USAGE) from None
     if value < 0:
-        raise _exit(f"node id must be >= 0, got {value}", EXIT_USAGE)
+        raise fail(f"node id must be >= 0, got {value}", EXIT_USAGE)
     return value
 
 
@@ -199,8 +150,8 @@ def _session_tree(t: Any, session_id: str, attempts: int = 5) -> dict:
             return _session_tree_once(t, session_id)
         except UnknownNode:
             if attempt == attempts - 1:
-                raise _exit(f"the tree of session {session_id!r} kept changing under {attempts} reads; "
-                            "try again", EXIT_REFUSED) from None
+                raise fail(f"the tree of session {session_id!r} kept changing under {attempts} reads; "
+                           "try again", EXIT_REFUSED) from None
     raise AssertionError("unreachable")
 
 
@@ -238,7 +189,7 @@ def node(
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """One node in full: tokens, locks, holders, sizes, ages."""
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         d = t.node(_node_id(node_id), token_offset, token_limit)
     if as_json:
         return emit_json(d.to_dict())
@@ -265,7 +216,7 @@ def node(
         rows.append(("text", inert(n.text, lines=True)))
     for k, v in rows:
         table.add_row(k, v)
-    _console().print(table)
+    plain_console().print(table)
 
 
 def _sessions_table(views: list[Any], title: str):
@@ -295,7 +246,7 @@ def sessions(
 ) -> None:
     """Sessions and the memory they hold: exclusive (a close frees it now), shared, fair share;
     sorted and filtered over all the target's sessions."""
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         page = t.sessions(sort, offset, limit, contains, reverse)
     if as_json:
         return emit_json(page.to_dict())
@@ -304,7 +255,7 @@ def sessions(
     everyone = (f" ({page.all_sessions:,} in all)" if page.contains and page.all_sessions is not None else "")
     title = (f"sessions {shown} of {page.total:,}{matching}{everyone} by {sort}{' reversed' if reverse else ''}, "
              f"{figures_note(page.figures_age_s, page.refreshing, page.figures_current)}")
-    _console().print(_sessions_table(list(page.sessions), title))
+    plain_console().print(_sessions_table(list(page.sessions), title))
 
 
 @app.command()
@@ -313,11 +264,11 @@ def session(
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """One session: its memory and the nodes it holds."""
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         d = t.session(session_id)
     if as_json:
         return emit_json(d.to_dict())
-    console = _console()
+    console = plain_console()
     console.print(_sessions_table([d.session], f"session {inert(session_id)}"))
     console.print(f"holds nodes: {', '.join(f'#{i}' for i in d.node_ids) or '-'}")
 
@@ -329,7 +280,7 @@ def match(
 ) -> None:
     """The longest cached prefix of a token sequence (read-only: nothing split, nothing touched)."""
     ids = _parse_tokens(tokens)
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         m = t.match(ids)
     if as_json:
         return emit_json(m.to_dict())
@@ -347,9 +298,9 @@ def _parse_tokens(parts: list[str]) -> list[int]:
             try:
                 value = int(piece)
             except ValueError:
-                raise _exit(f"token ids must be integers, got {piece!r}", EXIT_USAGE) from None
+                raise fail(f"token ids must be integers, got {piece!r}", EXIT_USAGE) from None
             if value < 0:
-                raise _exit(f"token ids must be >= 0, got {value}", EXIT_USAGE)
+                raise fail(f"token ids must be >= 0, got {value}", EXIT_USAGE)
             ids.append(value)
     return ids
 
@@ -364,15 +315,15 @@ def export(
     """The whole tree, streamed: JSON lines (a header, then a row per node, parents first), or
     the compact columnar form."""
     if fmt not in ("ndjson", "columns"):
-        raise _exit(f"--format must be ndjson or columns, got {fmt!r}", EXIT_USAGE)
+        raise fail(f"--format must be ndjson or columns, got {fmt!r}", EXIT_USAGE)
     if fmt == "columns" and output == "-":
-        raise _exit("--format columns is binary: give --output FILE", EXIT_USAGE)
+        raise fail("--format columns is binary: give --output FILE", EXIT_USAGE)
     try:
         sink = sys.stdout if output == "-" else open(output, "w" if fmt == "ndjson" else "wb")
     except OSError as exc:
-        raise _exit(f"cannot write {output}: {exc.strerror or exc}", EXIT_USAGE) from None
+        raise fail(f"cannot write {output}: {exc.strerror or exc}", EXIT_USAGE) from None
     try:
-        with target(url, token, timeout) as t:
+        with remote_target(url, token, timeout) as t:
             if fmt == "columns":
                 from radixtop.adapters.http.wire import encode_export_columns
 
@@ -395,7 +346,7 @@ def audit(
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """The audit journal, newest first: every action, allowed or refused."""
-    with target(url, token, timeout) as t:
+    with remote_target(url, token, timeout) as t:
         entries = t.audit(limit, offset)
     if as_json:
         return emit_json([e.to_dict() for e in entries])
@@ -411,7 +362,7 @@ def audit(
         outcome = inert(e.error) if e.error else _audit_outcome(e)
         table.add_row(datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S"), inert(e.client), inert(e.action),
                       inert(e.target), "yes" if e.allowed else Text("no", style="red"), outcome)
-    _console().print(table)
+    plain_console().print(table)
 
 
 def _audit_outcome(e: Any) -> str:
@@ -426,156 +377,3 @@ def _audit_outcome(e: Any) -> str:
     if "freed_tokens" in plan:
         return f"plan: frees {plan['freed_tokens']:,} tok"
     return ""
-
-
-# ----- actions: plan, preview, confirm, execute -----
-
-
-def _confirm(question: str, yes: bool, typed: str | None = None) -> None:
-    """Ask before an action: y/N, or for a large or bulk one (``typed``, the dashboard's rule:
-    ``units.typed_confirmation``) the value typed back."""
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        raise _exit("confirmation needed and stdin is not a terminal; pass --yes", EXIT_REFUSED)
-    if typed is None:
-        if not typer.confirm(question, default=False):
-            raise _exit("cancelled; nothing was changed", EXIT_REFUSED)
-        return
-    answer = typer.prompt(f"{question} Type {typed} to confirm", default="", show_default=False)
-    if answer.strip() != typed:
-        raise _exit("cancelled; nothing was changed", EXIT_REFUSED)
-
-
-@app.command()
-def close(
-    session_ids: Annotated[list[str], typer.Argument(help="Sessions to close.")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what a close would free; change nothing.")] = False,
-    yes: Yes = False,
-    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
-) -> None:
-    """Close sessions: shows the exact plan first, then asks (the ids you see are the ids closed)."""
-    from radixtop.adapters.errors import UnknownSession, Unsupported
-
-    ids = list(dict.fromkeys(session_ids))
-    with target(url, token, timeout) as t:
-        plans, unknown = [], []
-        for sid in ids:
-            try:
-                plans.append(t.plan_close(sid))
-            except UnknownSession:
-                unknown.append(sid)
-            except Unsupported as exc:
-                if dry_run:
-                    raise
-                return _close_blind(t, ids, exc.message, yes, as_json)
-        if not as_json or dry_run:
-            _print_plans(plans, as_json and dry_run)
-        for sid in unknown:
-            typer.echo(f"radixtop: session {sid!r} is not known", err=True)
-        if dry_run or not plans:
-            if unknown:
-                raise typer.Exit(EXIT_REFUSED)
-            return
-        total = sum(p.freed_bytes for p in plans)
-        _confirm(f"Close {len(plans)} session(s), freeing {human_bytes(total)} now?", yes,
-                 typed_confirmation("close", sessions=len(plans)))
-        results = [t.close_session(p.session_id) for p in plans]
-    if as_json:
-        emit_json({"plans": [p.to_dict() for p in plans], "results": [r.to_dict() for r in results]})
-    else:
-        for plan, r in zip(plans, results):
-            note = "" if r.freed_tokens == plan.freed_tokens else \
-                f" (the plan said {plan.freed_tokens}: the cache changed in between)"
-            state = "was already closed; " if r.already_closed else ""
-            typer.echo(f"closed {inert(r.session_id)}: {state}freed {r.freed_tokens} tokens "
-                       f"({human_bytes(r.freed_bytes)}) in {len(r.freed_node_ids)} nodes{note}")
-    if unknown:
-        raise typer.Exit(EXIT_REFUSED)
-
-
-def _close_blind(t: Any, ids: list[str], why: str, yes: bool, as_json: bool) -> None:
-    """A target that closes but cannot preview (SGLang's plain HTTP surface): say so, ask, and
-    report what was seen freed afterwards."""
-    typer.echo(f"radixtop: this target cannot show a close plan ({inert(why)}); what a close frees is "
-               "seen only after it", err=True)
-    _confirm(f"Close {len(ids)} session(s) without a preview?", yes, typed_confirmation("close", sessions=len(ids)))
-    results = [t.close_session(sid) for sid in ids]
-    if as_json:
-        return emit_json({"plans": [], "results": [r.to_dict() for r in results]})
-    for r in results:
-        typer.echo(f"closed {inert(r.session_id)} ({inert(r.policy)}): {r.freed_tokens} tokens "
-                   f"({human_bytes(r.freed_bytes)}) seen freed")
-
-
-def _print_plans(plans: list[Any], as_json: bool) -> None:
-    if as_json:
-        return emit_json({"plans": [p.to_dict() for p in plans]})
-    from rich.table import Table
-
-    table = Table(title="close plan (what a close frees right now)")
-    for col in ("session", "state", "frees nodes", "frees tokens", "frees", "holds dropped", "kept (why)"):
-        table.add_column(col)
-    for p in plans:
-        kept = {}
-        for k in p.kept:
-            kept[k.reason] = kept.get(k.reason, 0) + k.tokens
-        table.add_row(inert(p.session_id), p.state, str(len(p.freed_node_ids)), f"{p.freed_tokens:,}",
-                      human_bytes(p.freed_bytes), str(p.released_holds),
-                      ", ".join(f"{v} tok {r}" for r, v in kept.items()) or "-")
-    _console().print(table)
-
-
-@app.command()
-def evict(
-    tokens: Annotated[int, typer.Argument(min=0, help="Tokens to evict (whole least-recently-used leaves).")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would evict; change nothing.")] = False,
-    yes: Yes = False,
-    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
-) -> None:
-    """Evict at least N tokens of unlocked leaves, least recently used first (10% of the
-    capacity or more: type the count to confirm, as in the dashboard)."""
-    with target(url, token, timeout) as t:
-        st = t.stats()
-        if dry_run:
-            would = min(tokens, st.evictable_tokens)
-            doc = {"dry_run": True, "requested_tokens": tokens, "evictable_tokens": st.evictable_tokens,
-                   "would_evict_at_least_tokens": would, "would_evict_at_least_bytes": would * st.bytes_per_token}
-            if as_json:
-                return emit_json(doc)
-            typer.echo(f"would evict at least {would:,} tokens ({human_bytes(would * st.bytes_per_token)}) of "
-                       f"{st.evictable_tokens:,} evictable now, whole least-recently-used leaves first; "
-                       "nothing changed")
-            return
-        _confirm(f"Evict {tokens:,} tokens ({human_bytes(tokens * st.bytes_per_token)}) "
-                 f"of {st.evictable_tokens:,} evictable?", yes,
-                 typed_confirmation("evict", tokens, st.capacity_tokens))
-        r = t.evict(tokens)
-    if as_json:
-        return emit_json(r.to_dict())
-    typer.echo(f"evicted {r.evicted_tokens:,} tokens ({human_bytes(r.evicted_bytes)}) in {r.evicted_nodes} nodes")
-
-
-@app.command()
-def flush(
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would free; change nothing.")] = False,
-    yes: Yes = False,
-    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
-) -> None:
-    """Free everything that no running request locks (type 'flush' to confirm, as in the dashboard)."""
-    with target(url, token, timeout) as t:
-        st = t.stats()
-        if dry_run:
-            doc = {"dry_run": True, "would_free_tokens": st.evictable_tokens, "would_free_bytes": st.evictable_bytes}
-            if as_json:
-                return emit_json(doc)
-            typer.echo(f"would free {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)}); "
-                       f"{st.unevictable_tokens:,} unevictable (locked, held or running) stay; nothing changed")
-            return
-        _confirm(f"Flush {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)})?", yes,
-                 typed_confirmation("flush"))
-        r = t.flush()
-    if as_json:
-        return emit_json(r.to_dict())
-    extra = f"; {inert(r.message)}" if r.message else ""
-    typer.echo(f"flushed {r.freed_tokens:,} tokens ({human_bytes(r.freed_bytes)}) in {r.freed_nodes} nodes{extra}")

@@ -7,26 +7,34 @@ from typing import Annotated
 
 import typer
 
-from radixtop.cli.options import Capacity, ClosePolicy, EvictionPolicy, PageSize, Scale, TraceFormat
-from radixtop.cli.targets import (
+from radixtop.adapters.errors import AdapterError
+from radixtop.cli.errors import EXIT_REFUSED, EXIT_USAGE, MissingExtra, exits, fail, trace_errors
+from radixtop.cli.options import (
+    DEMO_CAPACITY,
+    DEMO_MODEL,
+    Capacity,
+    ClosePolicy,
     DpRank,
+    EvictionPolicy,
     KvEvents,
     KvReplay,
-    MissingExtra,
+    PageSize,
+    Scale,
     SGLangApiKey,
     SGLangUrl,
+    TargetModel,
     TokenizerSpec,
-    open_external,
+    TraceFormat,
 )
+from radixtop.cli.targets import external_spec, open_target
 
 app = typer.Typer()
 
 
 @app.command()
 def serve(
-    capacity: Capacity = 65536,
-    model: Annotated[str | None, typer.Option(show_default=False, help="KV geometry preset (llama-3-8b, "
-                                              "llama-3-70b, qwen2.5-7b, qwen2.5-0.5b, tiny; demo: llama-3-8b).")] = None,
+    capacity: Capacity = DEMO_CAPACITY,
+    model: TargetModel = None,
     page_size: PageSize = 1,
     eviction_policy: EvictionPolicy = "lru",
     close_policy: ClosePolicy = "free",
@@ -74,59 +82,42 @@ def serve(
     from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.adapters.http.server import serve as serve_http
     from radixtop.adapters.http.server.logs import limit_repeats
-    from radixtop.cli.demo_view import pick_device
+    from radixtop.cli.fleet import watch_fleet
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.kv_pool import check_device_choice, pick_device
     from radixtop.gpu_backend.scheduler import Scheduler
-    from radixtop.gpu_backend.traces.ops import TraceError  # late: the engine's imports are heavy
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
-
-    def usage(message: str) -> typer.Exit:
-        typer.echo(f"radixtop: {message}", err=True)
-        return typer.Exit(2)
-
-    from radixtop.cli.fleet import watch_fleet
-
-    try:
+    with exits(ValueError):
         fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)
-    except ValueError as exc:
-        raise usage(str(exc)) from None
 
     def run_server(adapter, release) -> None:
         """Serve ``adapter`` until interrupted; errors become one line and an exit code."""
         try:
-            serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token,
-                       fleet=fleet_poll)
-        except ValueError as exc:
-            raise usage(str(exc)) from None
+            with exits(ValueError):
+                serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token,
+                           fleet=fleet_poll)
         except OSError as exc:
-            typer.echo(f"radixtop: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
-            raise typer.Exit(1) from None
+            raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
         finally:
             release()
 
     if kv_events or sglang_url:
-        try:
-            external = open_external(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key,
-                                     model, None, tokenizer=tokenizer)
-        except ValueError as exc:
-            raise usage(str(exc)) from None
-        except MissingExtra as exc:
-            typer.echo(f"radixtop: {exc}", err=True)
-            raise typer.Exit(1) from None
-        adapter, _, close = external
+        with exits(ValueError, AdapterError, MissingExtra):
+            target = open_target(external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model,
+                                               None, tokenizer=tokenizer))
         if read_only:
-            adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
-        return run_server(adapter, close)
+            target.adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
+        return run_server(target.adapter, target.release)
 
     if tokenizer is not None:
-        raise usage("--tokenizer goes with --kv-events (the demo has its own words; a trace's ids have none)")
-    if device not in ("auto", "cpu", "cuda", "meta"):
-        raise usage(f"unknown device {device!r}; use auto, cpu, cuda or meta")
-    try:
-        geometry = get_geometry(model or "llama-3-8b", page_size)
+        raise fail("--tokenizer goes with --kv-events (the demo has its own words; a trace's ids have none)",
+                   EXIT_USAGE)
+    with exits(ValueError):
+        check_device_choice(device)
+        geometry = get_geometry(model or DEMO_MODEL, page_size)
         scheduler = Scheduler(geometry, capacity, device=pick_device(device, capacity * geometry.bytes_per_token),
                               eviction_policy=eviction_policy, close_policy=close_policy)
         workload = None
@@ -134,20 +125,11 @@ def serve(
             workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
                                       never_closed_share=never_closed, max_running=max_running,
                                       text=not random_ids)
-    except ValueError as exc:
-        raise usage(str(exc)) from None
     if trace is None and (fmt != "radixtop" or scale != 1):
-        raise usage("--format and --scale go with --trace")
+        raise fail("--format and --scale go with --trace", EXIT_USAGE)
     if trace is not None:
-        try:
+        with trace_errors(trace):
             workload = start_trace(scheduler, trace, fmt, scale, speed)
-        except OSError as exc:
-            raise usage(f"cannot read trace {trace}: {exc.strerror or exc}") from None
-        except TraceError as exc:
-            typer.echo(f"radixtop: {trace}: {exc}", err=True)
-            raise typer.Exit(1) from None
-        except ValueError as exc:
-            raise usage(str(exc)) from None
     engine = Engine(scheduler, workload, step_interval=0.01).start()
     name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
     from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER

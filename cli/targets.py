@@ -1,32 +1,179 @@
-"""The targets a face can open besides the embedded engine and a radixtop server: an SGLang
-server's KV-event stream, and an SGLang server's plain HTTP surface. Heavy imports stay inside."""
+"""One way to open a target: ``open_target(spec) -> Target(adapter, label, release)``.
+
+One spec and one opener per kind of target a face attaches to: the embedded demo, a radixtop
+server, a KV-event stream, SGLang's own routes; a fleet's worker is one of the last two
+(``fleet_row_spec``). Heavy imports stay inside the openers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-KvEvents = Annotated[
-    str | None,
-    typer.Option("--kv-events", envvar="RADIXTOP_KV_EVENTS", show_default=False,
-                 help="Read-only: rebuild the tree from an SGLang/vLLM server's KV-event stream: its "
-                      "--kv-events-config endpoint (e.g. tcp://127.0.0.1:5557), or an SGLang server's URL "
-                      "(e.g. http://127.0.0.1:30000: the publisher from its /server_info)."),
-]
-KvReplay = Annotated[
-    str | None,
-    typer.Option("--kv-replay", show_default=False,
-                 help="The stream's replay_endpoint (fills gaps after a sequence jump)."),
-]
-DpRank = Annotated[int, typer.Option("--dp-rank", min=0, help="Which DP rank's tree (KV events).")]
-TokenizerSpec = Annotated[
-    str | None,
-    typer.Option("--tokenizer", envvar="RADIXTOP_TOKENIZER", show_default=False,
-                 help="With --kv-events: a Hugging Face tokenizer (a local path, or a name in the local "
-                      "cache) to show previews as text; needs transformers."),
-]
+from radixtop.adapters.errors import AdapterError, Unauthorized
+from radixtop.cli.errors import MissingExtra, exit_code, exits, fail
+from radixtop.cli.options import DEMO_CAPACITY, DEMO_MODEL
+
+if TYPE_CHECKING:
+    from radixtop.adapters.base import CacheAdapter
+    from radixtop.adapters.fleet.model import WorkerRow
+    from radixtop.adapters.fleet.probe import FleetPoller
+
+KV_EVENTS_EXTRA = ("zmq", "msgspec")
+"""What ``radixtop[kv-events]`` installs (pyzmq, msgspec), by module name."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """An open target: the adapter a face reads, the label it shows, and what ends it (call it once)."""
+
+    adapter: CacheAdapter
+    label: str
+    release: Callable[[], None]
+    notices: Callable[[Callable[[str], None]], None] | None = None
+    """The embedded demo's: given the function that puts a note on screen, it says there when its
+    engine died and was restarted."""
+
+
+# ----- the kinds of target: one spec each, opened by its own opener below -----
+
+
+@dataclass(frozen=True)
+class DemoSpec:
+    """The embedded demo engine in a `radixtop serve` child of its own: its demo workload, or a trace it plays."""
+
+    model: str | None = None
+    capacity: int | None = None
+    sessions: int = 48
+    seed: int = 0
+    arrival_rate: float = 20.0
+    read_only: bool = False
+    trace: Path | None = None
+    fmt: str = "radixtop"
+    scale: int = 1
+    speed: float = 1.0
+    timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class RadixtopSpec:
+    """A radixtop server (``radixtop serve``, or SGLang's radixtop plugin) over its admin API."""
+
+    url: str
+    token: str | None = None
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class KvEventsSpec:
+    """An SGLang or vLLM server's KV-event stream (read-only): its endpoint, or an SGLang server's URL."""
+
+    stream: str
+    replay: str | None = None
+    dp_rank: int = 0
+    api_key: str | None = None
+    model: str | None = None
+    capacity: int | None = None
+    timeout: float = 5.0
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class SGLangRoutesSpec:
+    """A plain SGLang server's own routes (totals, close, flush; no tree)."""
+
+    url: str
+    api_key: str | None = None
+    dp_rank: int | None = None
+    model: str | None = None
+    timeout: float = 5.0
+    label: str | None = None
+    """What a face calls it (None: the adapter's own name)."""
+
+
+TargetSpec = DemoSpec | RadixtopSpec | KvEventsSpec | SGLangRoutesSpec
+
+
+def external_spec(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
+                  sglang_api_key: str | None, model: str | None, capacity: int | None, timeout: float = 5.0,
+                  tokenizer: str | None = None) -> KvEventsSpec | SGLangRoutesSpec | None:
+    """The KV-event stream or SGLang server the options name; None when they name neither.
+    ValueError (a usage error) for a bad combination."""
+    if kv_events and sglang_url:
+        raise ValueError("give --kv-events or --sglang-url, not both")
+    if tokenizer is not None and not kv_events:
+        raise ValueError("--tokenizer goes with --kv-events (a radixtop server or the plugin decodes on its side)")
+    if kv_events:
+        return KvEventsSpec(kv_events, kv_replay, dp_rank, sglang_api_key, model, capacity, timeout, tokenizer)
+    if sglang_url:
+        return SGLangRoutesSpec(sglang_url, sglang_api_key, dp_rank if dp_rank else None, model, timeout,
+                                label=sglang_url)
+    return None
+
+
+def fleet_row_spec(row: WorkerRow, poller: FleetPoller) -> RadixtopSpec | SGLangRoutesSpec:
+    """A fleet row's own target: its radixtop, with the token the tokens file gives that URL
+    (actions need it); or, without one, SGLang's own routes of that worker and rank."""
+    if row.source == "radixtop":
+        return RadixtopSpec(row.radixtop_url, poller.token_for(row), poller.timeout)
+    return SGLangRoutesSpec(row.worker, poller.tokens.get(row.worker), row.dp_rank, timeout=poller.timeout)
+
+
+def open_target(spec: TargetSpec) -> Target:
+    """The target ``spec`` names, open. Raises ValueError (a usage error), MissingExtra, an
+    AdapterError, or RuntimeError (the demo engine did not start): ``cli.errors`` maps each to
+    its exit code."""
+    return OPENERS[type(spec)](spec)
+
+
+@contextlib.contextmanager
+def remote_target(url: str, token: str | None, timeout: float) -> Iterator[CacheAdapter]:
+    """A command's radixtop server at ``url``, released at the end of the block; every adapter
+    error, in opening it or in the block, becomes its one line and exit code (``cli.errors``)."""
+    with exits(AdapterError):
+        target = open_target(RadixtopSpec(url, token, timeout))
+    try:
+        yield target.adapter
+    except Unauthorized as exc:  # say what to do, not which HTTP header was missing
+        given = "the token given is not this server's" if token else "no token given"
+        raise fail(f"{url} refused the action: {given}; set RADIXTOP_TOKEN to the token the server "
+                   "printed at start (or its plugin's token file)", exit_code(exc)) from None
+    except AdapterError as exc:
+        raise fail(exc.message, exit_code(exc)) from None
+    finally:
+        target.release()
+
+
+def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
+                  sglang_api_key: str | None, model: str | None, capacity: int | None,
+                  timeout: float = 5.0, tokenizer: str | None = None) -> tuple[Any, str, Callable[[], None]] | None:
+    """``open_target(external_spec(...))`` as (adapter, label, release); None when the options name
+    no external target."""
+    spec = external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model, capacity, timeout,
+                         tokenizer)
+    if spec is None:
+        return None
+    target = open_target(spec)
+    return target.adapter, target.label, target.release
+
+
+# ----- the openers -----
+
+
+def model_geometry(model: str | None) -> Any:
+    """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
+    if not model:
+        return None
+    from radixtop.adapters.model import Geometry
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+
+    g = get_geometry(model)
+    return Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.page_size, g.bytes_per_token)
 
 
 def load_tokenizer(spec: str | None) -> Any:
@@ -44,80 +191,80 @@ def load_tokenizer(spec: str | None) -> Any:
         raise ValueError(f"cannot load the tokenizer {spec!r} (from local files only): {first[:200]}") from None
 
 
-SGLangUrl = Annotated[
-    str | None,
-    typer.Option("--sglang-url", envvar="RADIXTOP_SGLANG_URL", show_default=False,
-                 help="An SGLang server without the plugin: totals from /metrics, /server_info and "
-                      "/v1/loads; close and flush through its own routes; no tree."),
-]
-SGLangApiKey = Annotated[
-    str | None,
-    typer.Option("--sglang-api-key", envvar="SGLANG_API_KEY", show_default=False,
-                 help="The SGLang server's --api-key, if it has one."),
-]
-
-
-KV_EVENTS_EXTRA = ("zmq", "msgspec")
-"""What ``radixtop[kv-events]`` installs (pyzmq, msgspec), by module name."""
-
-
-class MissingExtra(RuntimeError):
-    """An optional dependency is not installed; the message names the extra that brings it."""
-
-
-def model_geometry(model: str | None) -> Any:
-    """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
-    if not model:
-        return None
-    from radixtop.adapters.model import Geometry
+def _open_demo(spec: DemoSpec) -> Target:
+    from radixtop.adapters.targets import open_radixtop
+    from radixtop.cli.embedded import demo_server
     from radixtop.gpu_backend.kv_geometry import get_geometry
 
-    g = get_geometry(model)
-    return Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.page_size, g.bytes_per_token)
+    geometry = get_geometry(spec.model or DEMO_MODEL)
+    capacity = spec.capacity or DEMO_CAPACITY
+    label = f"embedded demo · {geometry.name}" + (f" · {spec.trace.name}" if spec.trace else "")
+    typer.echo(f"radixtop: starting the embedded demo engine ({geometry.name}, {capacity:,} tokens)...", err=True)
+    trace_args = () if spec.trace is None else ("--trace", str(spec.trace.resolve()), "--format", spec.fmt,
+                                                "--scale", str(spec.scale), "--speed", repr(spec.speed))
+    with contextlib.ExitStack() as stack:
+        child = stack.enter_context(demo_server(label, geometry.name, capacity, spec.sessions, spec.seed,
+                                                spec.arrival_rate, spec.read_only, trace_args=trace_args))
+        adapter = open_radixtop(child.url, child.token, spec.timeout)
+        stop_child = stack.pop_all().close  # from here the child lives until release
 
-
-def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
-                  sglang_api_key: str | None, model: str | None, capacity: int | None,
-                  timeout: float = 5.0, tokenizer: str | None = None) -> tuple[Any, str, Callable[[], None]] | None:
-    """(adapter, label, close) for --kv-events or --sglang-url; None when neither is given.
-    Raises ValueError (a usage error) for a bad combination or value."""
-    if kv_events and sglang_url:
-        raise ValueError("give --kv-events or --sglang-url, not both")
-    if tokenizer is not None and not kv_events:
-        raise ValueError("--tokenizer goes with --kv-events (a radixtop server or the plugin decodes on its side)")
-    geometry = model_geometry(model)
-    if kv_events:
-        from radixtop.adapters.errors import AdapterError
-
+    def release() -> None:
         try:
-            from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
-        except ModuleNotFoundError as exc:
-            if exc.name not in KV_EVENTS_EXTRA:
-                raise
-            raise MissingExtra(f"--kv-events needs {exc.name}, which is not installed: "
-                               "pip install 'radixtop[kv-events]'") from None
+            adapter.release()
+            if child.ended:
+                typer.echo(f"radixtop: the demo engine had ended; its last words: {child.log_tail()[-500:]}",
+                           err=True)
+        finally:
+            stop_child()
 
-        topic, name = "", None
-        try:
-            if kv_events.startswith(("http://", "https://")):  # the server's URL: ask it where it publishes
-                from radixtop.adapters.sglang.events.zmq import discover
+    return Target(adapter, label, release, notices=child.watch)
 
-                found = discover(kv_events, sglang_api_key, timeout)
-                if dp_rank >= found.dp_size:
-                    raise ValueError(f"DP rank {dp_rank} is not published: {kv_events} has "
-                                     f"{found.dp_size} rank{'s' if found.dp_size > 1 else ''}")
-                kv_replay = kv_replay or found.replay_endpoint
-                topic, name = found.topic, f"kv-events rank {dp_rank} of {kv_events}"
-                kv_events = found.endpoint
-            adapter = KVEventsAdapter(kv_events, kv_replay, topic=topic, dp_rank=dp_rank, geometry=geometry,
-                                      capacity_tokens=capacity or 0, name=name, tokenizer=load_tokenizer(tokenizer))
-        except AdapterError as exc:
-            raise ValueError(exc.message) from None
-        return adapter, adapter.name, adapter.release
-    if sglang_url:
-        from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
 
-        adapter = SGLangRoutesAdapter(sglang_url, api_key=sglang_api_key, geometry=geometry,
-                                    dp_rank=dp_rank if dp_rank else None, timeout=timeout)
-        return adapter, sglang_url, adapter.release
-    return None
+def _open_radixtop(spec: RadixtopSpec) -> Target:
+    from radixtop.adapters.targets import open_radixtop
+
+    adapter = open_radixtop(spec.url, spec.token, spec.timeout)
+    return Target(adapter, spec.url, adapter.release)
+
+
+def _open_kv_events(spec: KvEventsSpec) -> Target:
+    geometry = model_geometry(spec.model)
+    try:
+        from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, discover
+    except ModuleNotFoundError as exc:
+        if exc.name not in KV_EVENTS_EXTRA:
+            raise
+        raise MissingExtra(f"--kv-events needs {exc.name}, which is not installed: "
+                           "pip install 'radixtop[kv-events]'") from None
+    stream, replay, topic, name = spec.stream, spec.replay, "", None
+    try:
+        if stream.startswith(("http://", "https://")):  # the server's URL: ask it where it publishes
+            found = discover(stream, spec.api_key, spec.timeout)
+            if spec.dp_rank >= found.dp_size:
+                raise ValueError(f"DP rank {spec.dp_rank} is not published: {stream} has "
+                                 f"{found.dp_size} rank{'s' if found.dp_size > 1 else ''}")
+            replay = replay or found.replay_endpoint
+            topic, name = found.topic, f"kv-events rank {spec.dp_rank} of {stream}"
+            stream = found.endpoint
+        adapter = KVEventsAdapter(stream, replay, topic=topic, dp_rank=spec.dp_rank, geometry=geometry,
+                                  capacity_tokens=spec.capacity or 0, name=name,
+                                  tokenizer=load_tokenizer(spec.tokenizer))
+    except AdapterError as exc:  # a stream that cannot be opened as the options name it
+        raise ValueError(exc.message) from None
+    return Target(adapter, adapter.name, adapter.release)
+
+
+def _open_sglang_routes(spec: SGLangRoutesSpec) -> Target:
+    from radixtop.adapters.targets import open_sglang_routes
+
+    adapter = open_sglang_routes(spec.url, spec.api_key, spec.dp_rank, spec.timeout, model_geometry(spec.model))
+    return Target(adapter, spec.label or adapter.name, adapter.release)
+
+
+OPENERS: dict[type[TargetSpec], Callable[[Any], Target]] = {
+    DemoSpec: _open_demo,
+    RadixtopSpec: _open_radixtop,
+    KvEventsSpec: _open_kv_events,
+    SGLangRoutesSpec: _open_sglang_routes,
+}
+"""The opener of each kind of target (k9s's registry, in small)."""

@@ -34,6 +34,28 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+DEVICE_CHOICES = ("auto", *DEVICES)
+"""What a command's --device takes: a pool's device, or auto (``pick_device``)."""
+AUTO_CPU_MAX_BYTES = 1 << 30
+"""With --device auto and no GPU, a pool up to this size is real tensors on cpu; a larger one is meta."""
+
+
+def check_device_choice(device: str) -> None:
+    """KVPoolError where ``device`` is not one of DEVICE_CHOICES."""
+    if device not in DEVICE_CHOICES:
+        raise KVPoolError(f"unknown device {device!r}; use {', '.join(DEVICE_CHOICES[:-1])} or {DEVICE_CHOICES[-1]}")
+
+
+def pick_device(device: str, pool_bytes: int) -> str:
+    """``device`` as given; for auto: cuda where there is one, else cpu for a pool of
+    ``pool_bytes`` up to AUTO_CPU_MAX_BYTES, else meta (geometry only, no memory)."""
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu" if pool_bytes <= AUTO_CPU_MAX_BYTES else "meta"
+
+
 def pool_device(name: str) -> torch.device:
     """``name`` as a torch device, if a pool can live there."""
     try:

@@ -13,8 +13,7 @@ from radixtop.adapters.errors import AdapterError, TargetTimeout
 from radixtop.adapters.fleet.dump import duplicates
 from radixtop.adapters.fleet.model import FleetView, WorkerRow, by_pressure
 from radixtop.adapters.fleet.sources import Source, WorkerSpec
-from radixtop.adapters.http.client import RadixtopClient
-from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
+from radixtop.adapters.targets import open_radixtop, open_sglang_routes
 
 MAX_THREADS = 32
 PLUGIN_PREFIX = "sglang dp"
@@ -41,7 +40,7 @@ def is_plugin_of(target: str, dp_rank: int | None) -> bool:
 
 
 def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float) -> WorkerRow:
-    client = RadixtopClient(url, token=token, timeout=timeout)
+    client = open_radixtop(url, token=token, timeout=timeout)
     try:
         s = client.stats()
     finally:
@@ -60,8 +59,8 @@ def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float)
 def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str) -> WorkerRow:
     """SGLang's own routes: capacity and unevictable always; available and evictable apart only with its
     KV gauges in /metrics; the hit rate only with --enable-metrics; no sessions."""
-    adapter = SGLangRoutesAdapter(spec.engine_url or spec.worker, api_key=api_key, dp_rank=spec.dp_rank,
-                                  timeout=timeout)
+    adapter = open_sglang_routes(spec.engine_url or spec.worker, api_key=api_key, dp_rank=spec.dp_rank,
+                                 timeout=timeout)
     try:
         t = adapter.read()
     finally:

@@ -103,7 +103,7 @@ def test_a_guessed_radixtop_url_gets_only_its_own_token(monkeypatch):
         def release(self):
             pass
 
-    monkeypatch.setattr(probe, "RadixtopClient", Client)
+    monkeypatch.setattr(probe, "open_radixtop", Client)
     monkeypatch.setattr(probe, "read_sglang", lambda spec, key, timeout, why: WorkerRow(
         spec.worker, spec.dp_rank, None, "sglang", True, why=why))
     tokens = {"http://h:30000": "engine-api-key"}
@@ -135,7 +135,7 @@ def test_a_guessed_url_is_believed_only_for_exactly_its_rank(monkeypatch, target
         def release(self):
             pass
 
-    monkeypatch.setattr(probe, "RadixtopClient", Client)
+    monkeypatch.setattr(probe, "open_radixtop", Client)
     spec = WorkerSpec("http://h:30000", rank, "http://h:30101", True)
     if ok:
         assert probe.read_radixtop(spec, spec.radixtop_url, None, 0.2).source == "radixtop"

@@ -1,0 +1,94 @@
+"""`radixtop tui` (and `radixtop` alone): the dashboard on whichever target the options name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from radixtop.adapters.errors import AdapterError
+from radixtop.cli.errors import EXIT_USAGE, exits, fail
+from radixtop.cli.options import (
+    DEMO_CAPACITY,
+    DpRank,
+    KvEvents,
+    KvReplay,
+    Scale,
+    SGLangApiKey,
+    SGLangUrl,
+    TargetModel,
+    Timeout,
+    Token,
+    TokenizerSpec,
+    TraceFormat,
+)
+from radixtop.cli.targets import DemoSpec, RadixtopSpec, external_spec, open_target
+
+app = typer.Typer()
+
+
+def _keymap(text: str) -> dict[str, str]:
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if not all(len(p) == 2 and p[0].strip() and p[1].strip() for p in pairs):
+        raise fail(f"--keymap wants binding-id=key pairs, e.g. app.pause=P,tree.toggle=enter; got {text!r}", EXIT_USAGE)
+    keys = {k.strip(): v.strip() for k, v in pairs}
+    if keys:
+        from radixtop.inspector.app import binding_ids
+
+        valid = binding_ids()
+        unknown = [k for k in keys if k not in valid]
+        if unknown:
+            raise fail(f"--keymap: no binding {unknown[0]!r}; the ids are {', '.join(valid)}", EXIT_USAGE)
+    return keys
+
+
+@app.command()
+def tui(
+    url: Annotated[str | None, typer.Option(envvar="RADIXTOP_URL", help="A radixtop server; none: the embedded demo.")] = None,
+    token: Token = None,
+    interval: Annotated[float, typer.Option(min=0.25, max=30, help="Seconds between refreshes.")] = 1.0,
+    timeout: Timeout = 5.0,
+    keymap: Annotated[str, typer.Option(help="Remap keys: binding-id=key,... (ids are listed by ?).")] = "",
+    capacity: Annotated[int | None, typer.Option(min=1, show_default=False,
+                                                 help=f"KV pool size in tokens (demo: {DEMO_CAPACITY}).")] = None,
+    model: TargetModel = None,
+    sessions: Annotated[int, typer.Option(help="Embedded demo: sessions open at once.")] = 48,
+    seed: Annotated[int, typer.Option(help="Embedded demo: random seed.")] = 0,
+    arrival_rate: Annotated[float, typer.Option(min=0, help="Embedded demo: requests per second.")] = 20.0,
+    read_only: Annotated[bool, typer.Option("--read-only", help="Embedded demo: refuse every action.")] = False,
+    kv_events: KvEvents = None,
+    kv_replay: KvReplay = None,
+    dp_rank: DpRank = 0,
+    sglang_url: SGLangUrl = None,
+    sglang_api_key: SGLangApiKey = None,
+    tokenizer: TokenizerSpec = None,
+    trace: Annotated[Path | None, typer.Option(help="Embedded engine: play this trace instead of the "
+                                               "demo workload.")] = None,
+    fmt: TraceFormat = "radixtop",
+    scale: Scale = 1,
+    speed: Annotated[float, typer.Option("--speed", min=0, help="Embedded engine: a --format trace at this "
+                                         "many times its own pace (0: all of it at once).")] = 1.0,
+) -> None:
+    """The dashboard: on the embedded demo engine (or a trace it plays, --trace), on a radixtop
+    server or SGLang's radixtop plugin (--url), on an SGLang/vLLM KV-event stream (--kv-events),
+    or on a plain SGLang server (--sglang-url)."""
+    keys = _keymap(keymap)
+    if trace is not None and (url or kv_events or sglang_url):
+        raise fail("--trace plays on the embedded engine; it does not go with --url, --kv-events or --sglang-url",
+                   EXIT_USAGE)
+    if trace is None and (fmt != "radixtop" or scale != 1):
+        raise fail("--format and --scale go with --trace", EXIT_USAGE)
+    with exits(ValueError):
+        spec = external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model, capacity, timeout,
+                             tokenizer)
+    if spec is None and url is not None:
+        spec = RadixtopSpec(url, token, timeout)
+    elif spec is None:
+        spec = DemoSpec(model, capacity, sessions, seed, arrival_rate, read_only, trace, fmt, scale, speed, timeout)
+    from radixtop.inspector.app import run_dashboard
+
+    # the demo engine that did not start: its last words as it wrote them
+    with exits(ValueError, AdapterError), exits(RuntimeError, lines=True):
+        target = open_target(spec)
+    run_dashboard(target.adapter, target.label, interval, keys, on_exit=target.release, notices=target.notices)
