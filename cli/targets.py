@@ -149,22 +149,6 @@ def remote_target(url: str, token: str | None, timeout: float) -> Iterator[Cache
         target.release()
 
 
-def open_external(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
-                  sglang_api_key: str | None, model: str | None, capacity: int | None,
-                  timeout: float = 5.0, tokenizer: str | None = None) -> tuple[Any, str, Callable[[], None]] | None:
-    """``open_target(external_spec(...))`` as (adapter, label, release); None when the options name
-    no external target."""
-    spec = external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model, capacity, timeout,
-                         tokenizer)
-    if spec is None:
-        return None
-    target = open_target(spec)
-    return target.adapter, target.label, target.release
-
-
-# ----- the openers -----
-
-
 def model_geometry(model: str | None) -> Any:
     """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
     if not model:

@@ -528,7 +528,7 @@ def test_kv_events_takes_the_servers_url(sgl):
     host is the URL's. A late join is filled from the replay socket found so."""
     from sglang.srt.server_args import ServerArgs
 
-    from radixtop.cli.targets import open_external
+    from radixtop.cli.targets import external_spec, open_target
 
     port, replay = (base := free_ports(2)), base + 1
     config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay}"})
@@ -540,7 +540,8 @@ def test_kv_events_takes_the_servers_url(sgl):
         server.publish()
         server.flushed()
         with info_server(info) as (url, seen):
-            adapter, label, close = open_external(url, None, 0, None, "key", None, None)
+            target = open_target(external_spec(url, None, 0, None, "key", None, None))
+            adapter, label, close = target.adapter, target.label, target.release
             try:
                 assert (adapter.endpoint, adapter.replay_endpoint) == (f"tcp://127.0.0.1:{port}",
                                                                         f"tcp://127.0.0.1:{replay}")
@@ -551,12 +552,12 @@ def test_kv_events_takes_the_servers_url(sgl):
             finally:
                 close()
             with pytest.raises(ValueError, match="DP rank 1 .* 1 rank"):
-                open_external(url, None, 1, None, None, None, None)
+                open_target(external_spec(url, None, 1, None, None, None, None))
         with info_server({"kv_events": None, "kv_events_config": None}) as (url, _):
             with pytest.raises(ValueError, match="no KV events.*--kv-events-config"):
-                open_external(url + "/", None, 0, None, None, None, None)
+                open_target(external_spec(url + "/", None, 0, None, None, None, None))
         with pytest.raises(ValueError, match="cannot read"):
-            open_external(f"http://127.0.0.1:{free_ports(1)}", None, 0, None, None, None, None, timeout=2)
+            open_target(external_spec(f"http://127.0.0.1:{free_ports(1)}", None, 0, None, None, None, None, timeout=2))
     finally:
         server.close()
 

@@ -219,7 +219,7 @@ def test_kv_events_takes_the_servers_url(sgl):
     the replay port and the topic): the adapter subscribes to the topic and replays from there."""
     from sglang.srt.runtime_context import describe_kv_events_publisher
 
-    from radixtop.cli.targets import open_external
+    from radixtop.cli.targets import external_spec, open_target
 
     port = free_ports(2)
     config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}",
@@ -232,7 +232,8 @@ def test_kv_events_takes_the_servers_url(sgl):
         server.request([1, 2, 3], [4, 5], "a")
         server.publish()
         server.publisher._event_queue.join()
-        adapter, _, close = open_external(url, None, 0, None, None, None, None)
+        target = open_target(external_spec(url, None, 0, None, None, None, None))
+        adapter, _, close = target.adapter, target.label, target.release
         try:
             assert (adapter.endpoint, adapter.replay_endpoint) == (f"tcp://127.0.0.1:{port}",
                                                                     f"tcp://127.0.0.1:{port + 1}")
