@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.model import POOL_STATES
+from radixtop.adapters.model import MAX_PATHS, POOL_STATES, ROOT_ID
 from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known
-from radixtop.cli.errors import EXIT_REFUSED, EXIT_USAGE, fail
+from radixtop.cli.errors import EXIT_USAGE, fail
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
 from radixtop.cli.render import emit_json, plain_console
 from radixtop.cli.targets import remote_target
@@ -140,41 +140,23 @@ def _subtree(t: Any, node_id: int, depth: int, limit: int, min_bytes: int, order
     return top
 
 
-def _session_tree(t: Any, session_id: str, attempts: int = 5) -> dict:
-    """Only the chains from the root to the nodes ``session_id`` holds. Read node by node: where
-    one went away meanwhile (a live cache), the whole read starts again."""
-    from radixtop.adapters.errors import UnknownNode
-
-    for attempt in range(attempts):
-        try:
-            return _session_tree_once(t, session_id)
-        except UnknownNode:
-            if attempt == attempts - 1:
-                raise fail(f"the tree of session {session_id!r} kept changing under {attempts} reads; "
-                           "try again", EXIT_REFUSED) from None
-    raise AssertionError("unreachable")
-
-
-def _session_tree_once(t: Any, session_id: str) -> dict:
+def _session_tree(t: Any, session_id: str) -> dict:
+    """Only the paths from the root to the nodes ``session_id`` holds, read at one moment (one
+    ``paths`` read: a live cache cannot change them between two nodes); a node it held that has
+    gone since its session was read is simply not on them."""
     detail = t.session(session_id)
-    nodes: dict[int, Any] = {}
-    children: dict[int, set[int]] = {}
-    for node_id in detail.node_ids:
-        current = node_id
-        while current is not None and current not in nodes:
-            view = t.node(current, token_limit=1).node
-            nodes[current] = view
-            if view.parent_id is not None:
-                children.setdefault(view.parent_id, set()).add(current)
-            current = view.parent_id
+    view = t.paths(detail.node_ids[:MAX_PATHS] or (ROOT_ID,))
+    nodes = {n.id: n for n in view.nodes}
+    children: dict[int, list[int]] = {}
+    for n in view.nodes:
+        if n.parent_id is not None:
+            children.setdefault(n.parent_id, []).append(n.id)
 
     def walk(node_id: int) -> dict:
         kids = sorted(children.get(node_id, ()), key=lambda i: -nodes[i].subtree_bytes)
         return {"node": nodes[node_id], "children": [walk(k) for k in kids], "more": 0}
 
-    if 0 not in nodes:
-        nodes[0] = t.node(0, token_limit=1).node
-    return walk(0)
+    return walk(ROOT_ID)
 
 
 def _tree_json(d: dict) -> dict:

@@ -72,6 +72,26 @@ def test_tree(server):
     assert len(only_b["children"]) == 1 and only_b["children"][0]["children"][0]["node"]["holders"] == ["b"]
 
 
+def test_a_sessions_tree_is_read_at_one_moment_however_fast_the_tree_changes():
+    """``tree --session`` reads its paths in one read (one hold of the owner): a tree in which
+    every node a node-by-node walk reads has gone by the time it is read (the most a live cache
+    can change) still gives the session's tree, never "kept changing"."""
+    from radixtop.adapters.errors import UnknownNode
+    from radixtop.cli.remote import _session_tree
+
+    class Changing(BundledAdapter):
+        def node(self, node_id, token_offset=0, token_limit=256):
+            raise UnknownNode(f"node {node_id} is not in the tree (evicted since)")
+
+    engine = build_engine()
+    try:
+        doc = _session_tree(Changing(engine), "b")
+    finally:
+        engine.stop()
+    assert doc["node"].id == 0 and len(doc["children"]) == 1
+    assert doc["children"][0]["children"][0]["node"].holders == ("b",)
+
+
 def test_node(server):
     doc = one_json(run(server, "node", "root", "--json"))
     assert doc["node"]["id"] == 0 and doc["sessions_beneath"] == 3
