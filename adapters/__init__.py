@@ -1,8 +1,10 @@
-"""The CacheAdapter contract, the one seam between a cache and radixtop's faces.
+"""The CacheAdapter contract, the one seam between a cache and radixtop's faces, and the adapters.
 
-Here: the frozen views (``model``), the typed errors (``errors``), the abstract adapter with its
-argument checks (``base``), units (``units``) and memory attribution per session
-(``attribution``); the bundled adapter over radixtop's own engine (``bundled``). The adapters for
-other targets are in ``http`` (radixtop's admin API: server and client) and ``sglang`` (a real
-SGLang server: in process, the scheduler plugin, its KV events, its plain HTTP routes).
+The contract: the frozen views (``model``), the typed errors (``errors``), the abstract adapter
+with its argument checks (``base``), and text for people (``text``); the leak doctor's rules
+(``doctor``). The kit of the adapters that run on their cache's owner thread (``owned``), and the
+adapters: ``bundled`` (radixtop's own engine), ``http`` (radixtop's admin API: client, shared
+wire, server), ``sglang`` (a real SGLang server: in process, the scheduler plugin, its KV events,
+its plain HTTP routes), ``fleet`` (many workers through a gateway or an indexer); ``targets``
+builds the adapter for a URL.
 """

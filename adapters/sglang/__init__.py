@@ -1,2 +1,3 @@
-"""Over a real SGLang server: the in-process adapter and its trees, the scheduler plugin, the
-KV-event stream and its decoder, and the adapter for SGLang's plain HTTP routes."""
+"""Over a real SGLang server: the in-process adapter (``inproc``) with its trees, index, counters,
+buckets and doctor; the scheduler plugin (``plugin``); the KV-event stream (``events``); and the
+adapter for SGLang's plain HTTP routes (``routes``)."""
