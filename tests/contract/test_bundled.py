@@ -10,8 +10,7 @@ from radixtop.adapters.errors import TargetUnreachable, UnknownNode
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.workload import WorkloadConfig
 from tests.conftest import make_scheduler
-from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
-from tests.contract.suite import build_engine, known_reads
+from tests.contract.suite import ContractSuite, build_engine, known_reads
 
 BUSY = WorkloadConfig(sessions=4, system_prompts=2, system_prompt_len=16, turn_input_len=(2, 6),
                       turn_output_len=(2, 6), turns=(1, 3), max_running=2, seed=3)
@@ -29,6 +28,11 @@ def read_only_adapter():
     engine = build_engine()
     yield BundledAdapter(engine, read_only=True)
     engine.stop()
+
+
+
+class TestBundled(ContractSuite):
+    """The contract over the bundled adapter, in process."""
 
 
 def test_the_bundled_engine_tells_every_pool_state_apart(adapter):

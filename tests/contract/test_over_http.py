@@ -13,8 +13,7 @@ from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import ROOT_ID, NodeView, SessionView
-from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
-from tests.contract.suite import build_engine
+from tests.contract.suite import ContractSuite, build_engine
 from tests.support.live_server import running_server
 
 TOKEN = "contract-test-token"
@@ -46,6 +45,11 @@ def adapter():
 def read_only_adapter():
     with served(read_only=True) as (remote, _):
         yield remote
+
+
+
+class TestOverHttp(ContractSuite):
+    """The contract over HTTP: a RadixtopClient of a real server over the bundled adapter."""
 
 
 def _ageless(node: NodeView) -> NodeView:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from radixtop.adapters.errors import TargetTimeout
-from tests.contract.suite import *  # noqa: F401,F403  (the shared contract tests)
+from tests.contract.suite import ContractSuite
 from tests.on_sglang.ref.plugin16 import TOKEN, load_plugin, plugin_target
 
 
@@ -24,6 +24,11 @@ def adapter():
 def read_only_adapter():
     with plugin_target(read_only=True) as (remote, _, _):
         yield remote
+
+
+
+class TestPlugin(ContractSuite):
+    """The contract over the plugin's admin API inside a CPU-built SGLang 0.5.16 scheduler."""
 
 
 def test_the_loader_installs_both_hooks_on_the_scheduler():
