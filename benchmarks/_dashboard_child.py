@@ -26,7 +26,7 @@ async def main(url: str, token: str, seconds: float, interval: float) -> None:
             await asyncio.wait_for(done.wait(), seconds)
         except TimeoutError:
             pass
-        print(json.dumps({"polls": app.polls, "down": app.down}), flush=True)
+        print(json.dumps({"polls": app.home.polls, "down": app.home.down}), flush=True)
     adapter.release()
 
 

@@ -36,7 +36,7 @@ def instrument(app) -> None:
     app.bench_first_rows_at = None
     app.bench_displays: list[float] = []
     app.bench_detail_id = None
-    collect, apply, display, show_detail = app.poller.collect, app.apply_snapshot, app._display, app._show_detail
+    collect, apply, display, show_detail = app.home.poller.collect, app.home.apply_snapshot, app._display, app.home._show_detail
 
     def timed_display(screen, renderable):
         if renderable is not None:
@@ -45,10 +45,10 @@ def instrument(app) -> None:
 
     def noted_detail(d):
         show_detail(d)
-        if d.node.id == app.selected_node:
+        if d.node.id == app.home.selected_node:
             app.bench_detail_id = d.node.id
 
-    app._display, app._show_detail = timed_display, noted_detail
+    app._display, app.home._show_detail = timed_display, noted_detail
 
     def timed_collect(request):
         t0 = pc()
@@ -64,7 +64,7 @@ def instrument(app) -> None:
         if app.bench_first_rows_at is None and snap.tree is not None and snap.tree.rows:
             app.bench_first_rows_at = t1
 
-    app.poller.collect, app.apply_snapshot = timed_collect, timed_apply
+    app.home.poller.collect, app.home.apply_snapshot = timed_collect, timed_apply
 
 
 def hook_screen(app) -> None:
@@ -154,7 +154,7 @@ def row_of(tree, key: tuple[str, int]):
 async def prime(pilot, app) -> None:
     """First poll by hand (the timer is off): collect, then apply on the UI thread."""
     await idle(pilot, app)
-    app.apply_snapshot(app.poller.collect(app.poll_request()))
+    app.home.apply_snapshot(app.home.poller.collect(app.home.poll_request()))
     await idle(pilot, app)
 
 
@@ -164,8 +164,8 @@ async def set_view(pilot, app, expand: list[tuple[int, int]], cursor: tuple[str,
     from radixtop.adapters.model import ROOT_ID
     from radixtop.inspector.tree_view import CacheTree
 
-    with app.poller.tree_lock:
-        st = app.poller.tree
+    with app.home.poller.tree_lock:
+        st = app.home.poller.tree
         st.expanded, st.loaded, st.chains, st.order = {ROOT_ID}, {}, {}, "bytes"
         st.load(ROOT_ID)
         for node_id, count in expand:
@@ -173,7 +173,7 @@ async def set_view(pilot, app, expand: list[tuple[int, int]], cursor: tuple[str,
             st.load(node_id, count)
         rows = list(st.flatten())
     tree = app.query_one(CacheTree)
-    tree.set_rows(rows, app.stats.total_bytes, "bytes")
+    tree.set_rows(rows, app.home.stats.total_bytes, "bytes")
     if cursor is not None:
         if row_of(tree, cursor) is None:
             raise RuntimeError(f"row {cursor} is not in the view")
@@ -275,7 +275,7 @@ async def key_session(cfg: BenchConfig, built: Built, method: str) -> dict[str, 
         hook_screen(app)
         await prime(pilot, app)
         tree = app.query_one(CacheTree)
-        st = app.poller.tree
+        st = app.home.poller.tree
         v = views(built)
         p0, p1 = built.system_ids[0], built.system_ids[1]
 
@@ -297,7 +297,7 @@ async def key_session(cfg: BenchConfig, built: Built, method: str) -> dict[str, 
             await set_view(pilot, app, base, ("node", node_id))
             te, tc = [], []
             for _ in range(cfg.press_repeats):
-                with app.poller.tree_lock:
+                with app.home.poller.tree_lock:
                     st.loaded.pop(node_id, None)  # so every expand loads its page again
                 te.append(await press(pilot, app, "enter", lambda: (r := row_of(tree, ("node", node_id)))
                                       is not None and r.expanded))
@@ -375,7 +375,7 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
         tree, table = app.query_one(CacheTree), app.query_one(SessionsTable)
         for vname, view in views(built).items():
             await set_view(pilot, app, view, ("node", built.system_ids[0]))
-            app.apply_snapshot(app.poller.collect(app.poll_request()))  # warm: the next polls see no change
+            app.home.apply_snapshot(app.home.poller.collect(app.home.poll_request()))  # warm: the next polls see no change
             await idle(pilot, app)
             for mode in ("idle", "changed"):
                 rec = {k: [] for k in ("collect", "apply", "render", "total", "screen", "hold", "after")}
@@ -388,10 +388,10 @@ async def frame_session(cfg: BenchConfig, built: Built) -> dict[str, Any]:
                     mark_calls, mark_attr = len(adapter.calls), len(adapter.attribute_log)
                     mark_hold = built.holds.mark()
                     t0 = pc()
-                    snap = app.poller.collect(app.poll_request())
+                    snap = app.home.poller.collect(app.home.poll_request())
                     t1 = pc()
                     mark_after = len(adapter.calls)
-                    app.apply_snapshot(snap)
+                    app.home.apply_snapshot(snap)
                     t2 = pc()
                     for y in range(tree.size.height):
                         tree.render_line(y)

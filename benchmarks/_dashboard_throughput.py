@@ -200,12 +200,12 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
                 async with app.run_test(size=SIZE) as pilot:
                     tree = app.query_one(CacheTree)
                     t0 = pc()
-                    while not (app.polls >= 1 and tree.rows):
+                    while not (app.home.polls >= 1 and tree.rows):
                         if pc() - t0 > 60:
                             raise RuntimeError("no first poll within 60 s")
                         await asyncio.sleep(0.01)
                     await asyncio.sleep(max(0.0, cfg.tp_warmup_s + 3 - (pc() - t0)))
-                    polls0, coll0, attr0, hold0 = (app.polls, len(app.bench_collect),
+                    polls0, coll0, attr0, hold0 = (app.home.polls, len(app.bench_collect),
                                                    len(adapter.attribute_log), holds.mark())
                     gc_mark = GC.mark()
                     start = window_open()
@@ -214,7 +214,7 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
                         series.append(engine.requests_finished)
                     window_close(start)
                     rec["gc"] = GC.since(gc_mark)
-                    polls = app.polls - polls0
+                    polls = app.home.polls - polls0
                     attrs = adapter.attribute_log[attr0:]
                     rec.update({
                         "polls": polls,
@@ -224,7 +224,7 @@ def throughput_run(cfg: BenchConfig, mode: str) -> dict[str, Any]:
                         "attribute_cold_per_poll": sum(1 for c, _ in attrs if c) / max(polls, 1),
                         "attribute_ms": ms_stats([s for c, s in attrs if c], 90),
                         "sessions_listed": len(app.query_one("#sessions").rows),
-                        "sessions_open": app.stats.open_sessions, "sessions_closed": app.stats.closed_sessions,
+                        "sessions_open": app.home.stats.open_sessions, "sessions_closed": app.home.stats.closed_sessions,
                     })
                     await pilot.pause()
 

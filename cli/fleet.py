@@ -129,22 +129,9 @@ def open_worker(row: Any, poller: Any) -> tuple[Any, str]:
 def run_fleet_dashboard(poller: Any, interval: float) -> None:
     """The fleet view; Enter opens that worker's dashboard, whose q comes back to the fleet (the
     cursor on the same worker); q in the fleet view ends."""
-    from radixtop.adapters.errors import AdapterError
-    from radixtop.inspector.app import run_dashboard
-    from radixtop.inspector.fleet_view import FleetApp
+    from radixtop.inspector.app import run_fleet
 
-    key: str | None = None
-    while True:
-        row = FleetApp(poller.poll, interval, cursor_key=key).run()
-        if row is None:
-            return
-        key = row.key
-        try:
-            adapter, label = open_worker(row, poller)
-        except AdapterError as exc:
-            typer.echo(f"radixtop: {inert(exc.message)}", err=True)
-            continue
-        run_dashboard(adapter, label, 1.0, on_exit=adapter.release)
+    run_fleet(poller.poll, interval, lambda row: open_worker(row, poller))
 
 
 @app.command()

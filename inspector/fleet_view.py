@@ -1,26 +1,28 @@
 """The fleet view: one line per worker and DP rank, the most pressed first (a virtual table, Line
 API), with the source's summary above and Dynamo's duplicated prefixes below. Enter on a worker
-ends the view with that row: the caller opens the worker's own dashboard, then the fleet again."""
+pushes that worker's own dashboard (a CacheScreen); its q comes back here."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual import work
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
-from textual.timer import Timer
 from textual.widgets import Footer, Static
 
+from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.fleet.format import COLUMNS, cells, duplicate_cells, reasons, summary
 from radixtop.adapters.fleet.model import FleetView, WorkerRow
 from radixtop.adapters.text import inert
+from radixtop.inspector.cache_screen import CacheScreen
+from radixtop.inspector.poll_loop import PolledScreen, PollLoop, read_in_thread
 from radixtop.inspector.rows_view import RowsView, cursor_bindings
 
 WIDTHS = dict(zip(COLUMNS, (30, 3, 8, 14, 10, 10, 10, 8, 8, 5, 5, 5)))
@@ -101,14 +103,16 @@ class FleetTable(RowsView):
             self.post_message(self.Opened(self.current))
 
 
-class FleetApp(App[WorkerRow | None]):
+class FleetScreen(PolledScreen):
     """Polls ``poll`` (a blocking call, run in a thread; one at a time, re-armed when it ends)
-    and shows its view. Enter on a worker that can open exits with its row; q exits with None."""
+    and shows its view. Enter on a worker that can open pushes its dashboard, made by
+    ``open_worker(row) -> (adapter, label)``; q there comes back here, the cursor on the same
+    worker (the rows stay while it is hidden, and it polls again at once); q here quits."""
 
     TITLE = "radixtop fleet"
     BINDINGS = [
         Binding("r", "refresh_now", "Refresh", id="fleet.refresh"),
-        Binding("q", "quit", "Quit", id="fleet.quit"),
+        Binding("q", "app.quit", "Quit", id="fleet.quit"),
     ]
     DEFAULT_CSS = """
     #summary { height: auto; padding: 0 1; background: $boost; }
@@ -116,19 +120,17 @@ class FleetApp(App[WorkerRow | None]):
     #dups { height: auto; max-height: 12; padding: 0 1; }
     """
 
-    class Polled(Message):
-        def __init__(self, view: FleetView) -> None:
-            self.view = view
-            super().__init__()
-
-    def __init__(self, poll: Callable[[], FleetView], interval: float = 2.0, *, auto_poll: bool = True,
-                 cursor_key: str | None = None) -> None:
+    def __init__(self, poll: Callable[[], FleetView], interval: float = 2.0,
+                 open_worker: Callable[[WorkerRow], tuple[CacheAdapter, str]] | None = None, *,
+                 auto_poll: bool = True) -> None:
         super().__init__()
-        self._poll, self.interval, self._auto = poll, interval, auto_poll
-        self._cursor_key = cursor_key
-        self._polling = False
-        self._timer: Timer | None = None
+        self.interval = interval
+        self._open_worker = open_worker
         self.view: FleetView | None = None
+        self.opened: CacheAdapter | None = None
+        """The adapter of the worker whose dashboard is open (released when it closes)."""
+        self.poll_loop = PollLoop(self, lambda: poll, self.apply_view, self._poll_failed, lambda: self.interval,
+                                  group="fleet-poll", auto=auto_poll)
         self.polls = 0
         """Completed polls (tests wait on it)."""
 
@@ -141,44 +143,17 @@ class FleetApp(App[WorkerRow | None]):
 
     def on_mount(self) -> None:
         self.query_one(FleetTable).focus()
-        self.poll()
+        self.poll_loop.poll()
 
-    def poll(self) -> None:
-        if self._polling:
-            return
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
-        self._polling = True
-        self._poll_worker()
-
-    @work(thread=True, group="fleet-poll", exit_on_error=False)
-    def _poll_worker(self) -> None:
-        try:
-            view = self._poll()
-        except Exception as exc:  # the pollers say failures in the view; anything else is a bug, said
-            view = FleetView("fleet", (), 0.0, 0.0, error=f"{type(exc).__name__}: {exc}")
-        self.post_message(self.Polled(view))
-
-    def on_fleet_app_polled(self, message: Polled) -> None:
-        self._polling = False
-        if not self.is_running:
-            return
-        self.apply_view(message.view)
-        if self._auto:
-            self._timer = self.set_timer(self.interval, self.poll)
+    def _poll_failed(self, error: Exception) -> None:
+        # The pollers say failures in the view; anything else is a bug, said.
+        self.apply_view(FleetView("fleet", (), 0.0, 0.0, error=f"{type(error).__name__}: {error}"))
 
     def apply_view(self, view: FleetView) -> None:
         self.view = view
         self.query_one("#summary", Static).update(Text(inert(summary(view)),
                                                        style="bold red" if view.error else "bold"))
-        table = self.query_one(FleetTable)
-        table.set_rows(view.rows)
-        if self._cursor_key is not None:  # back from a worker: the cursor on it again
-            at = next((i for i, r in enumerate(view.rows) if r.key == self._cursor_key), None)
-            if at is not None:
-                table.cursor = at
-            self._cursor_key = None
+        self.query_one(FleetTable).set_rows(view.rows)
         down = {r.key for r in view.rows if not r.reachable}
         lines = Text()
         for line in reasons(view) + [f"note: {n}" for n in view.notes]:
@@ -195,11 +170,27 @@ class FleetApp(App[WorkerRow | None]):
 
     def on_fleet_table_opened(self, message: FleetTable.Opened) -> None:
         row = message.row
+        if self._open_worker is None:  # (a view that opens nothing: a test's fixed views)
+            return
         if not drillable(row):
             why = row.why or "no radixtop and no engine figures"
             self.notify(inert(f"{row.key} has no dashboard to open: {why}"), severity="warning", markup=False)
             return
-        self.exit(row)
+        read_in_thread(self, partial(self._open_worker, row), self._show_worker, group="open", title="radixtop")
+
+    def _show_worker(self, opened: tuple[CacheAdapter, str]) -> None:
+        adapter, label = opened
+        self.opened = adapter
+        self.app.push_screen(CacheScreen(adapter, label, 1.0), lambda _: self.release(adapter))
+
+    def release(self, adapter: CacheAdapter | None = None) -> None:
+        """Let go of a worker's adapter: ``adapter``, whose dashboard closed; by default the one
+        still open (the app ended)."""
+        adapter = adapter or self.opened
+        if adapter is self.opened:
+            self.opened = None
+        if adapter is not None:
+            adapter.release()
 
     def action_refresh_now(self) -> None:
-        self.poll()
+        self.poll_loop.poll()

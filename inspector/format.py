@@ -1,4 +1,5 @@
-"""Styles for the dashboard: colour by share of memory (the text itself comes from adapters.text)."""
+"""Styles and markup for the dashboard: colour by share of memory, text shown as written inside
+markup (the text itself comes from adapters.text)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ def share_style(share: float) -> Style:
         if share >= threshold:
             return style
     return _SHARE_STYLES[-1][1]
+
+
+def literal(text: str) -> str:
+    """``text`` shown as written inside Textual markup: every ``[`` escaped (Rich's ``escape``
+    leaves a ``[`` that opens no tag, and Textual then reads ``[b][[/]`` as the text ``[[/]``)."""
+    return text.replace("[", "\\[")

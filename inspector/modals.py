@@ -1,6 +1,8 @@
-"""Modal screens: confirm an action (Cancel is the default), ask for a value, help."""
+"""Modal screens: confirm an action (Cancel is the default), ask for a value, help, the doctor."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
 
 from rich.console import RenderableType
 from textual.app import ComposeResult
@@ -8,6 +10,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
+
+from radixtop.inspector.format import literal
 
 _MODAL_CSS = """
 {name} {{ align: center middle; }}
@@ -100,6 +104,26 @@ class AskScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+def help_text(bindings: Iterable[Binding], keymap: Mapping[str, str], key_display: Callable[[Binding], str]) -> str:
+    """One line per binding id: its keys as bound now (``keymap`` remaps an id to its first key
+    there), written by ``key_display`` as people write keys (``?``, ``]``, ``^c``), what it does,
+    and the id ``--keymap`` takes. Bindings without an id or a description are not listed."""
+    keys: dict[str, list[str]] = {}
+    described: dict[str, str] = {}
+    for b in Binding.make_bindings(bindings):
+        if b.id is None or not b.description:
+            continue
+        remapped = keymap.get(b.id)
+        if remapped is not None:
+            b = b.with_key(remapped.split(",")[0].strip())
+        shown = key_display(b)
+        if shown not in keys.setdefault(b.id, []):
+            keys[b.id].append(shown)
+        described.setdefault(b.id, b.description)
+    return "\n".join(f"[b]{literal(' '.join(keys[i]).rjust(16))}[/]  {literal(described[i])}  [dim]({i})[/]"
+                     for i in keys)
 
 
 class HelpScreen(ModalScreen[None]):

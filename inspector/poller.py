@@ -1,10 +1,11 @@
 """The dashboard's data side: what one poll reads from a target, as one frozen Snapshot.
 
-The App decides what the screen needs (a ``PollRequest``, on its own thread), a worker thread runs
-``Poller.collect`` (every read of the target happens here or in the tree operations below), and
-the App applies the ``Snapshot`` it gets back on its own thread. Nothing here touches a widget,
-so it is tested without a screen. Polls never overlap (the App arms the next when one ends); the
-tree's expanded state is shared with the tree operations the user starts, under ``tree_lock``.
+The screen decides what it needs (a ``PollRequest``, on the UI thread), a worker thread runs
+``Poller.collect`` (every read of the target happens here or in the reads below), and the screen
+applies the ``Snapshot`` it gets back on the UI thread. Nothing here touches a widget,
+so it is tested without a screen. Polls never overlap (``poll_loop.py`` arms the next when one
+ends); the tree's expanded state is shared with the tree operations the user asks for (applied one
+at a time, in order), under ``tree_lock``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from radixtop.adapters.model import (
     ROOT_ID,
     Capabilities,
     Changes,
+    Diagnosis,
     MatchView,
     NodeDetail,
     SessionDetail,
     SessionsPage,
     Stats,
 )
+from radixtop.inspector.tree_ops import TreeOp
 from radixtop.inspector.tree_state import Row, TreeState
 
 T = TypeVar("T")
@@ -228,32 +231,15 @@ class Poller:
         except AdapterError:
             return None
 
-    def tree_op(self, op: str, row: Row) -> TreeUpdate:
-        """Expand, collapse, load more, fold a chain or change the order at ``row``."""
-        move_to, note = None, ""
+    def tree_op(self, op: TreeOp) -> TreeUpdate:
+        """Apply one tree operation (the screen runs them one at a time, in the order asked)."""
         with self.tree_lock:
-            state = self.tree
-            if op == "toggle" and row.node is not None:
-                state.toggle(row.node)
-            elif op == "expand" and row.node is not None and not row.expanded and row.node.num_children:
-                state.toggle(row.node)
-            elif op == "collapse":
-                if row.node is not None and row.expanded:
-                    state.collapse(row.node.id)
-                elif row.parent_id != ROOT_ID:
-                    state.collapse(row.parent_id)
-                    move_to = ("node", row.parent_id)
-            elif op == "more":
-                state.load_more(row.parent_id)
-                state.flatten()
-            elif op == "chain" and row.node is not None:
-                top = row.chain[0] if row.chain else row.node
-                if state.fold_chain(top) == 1:
-                    note = "no chain of single children below this node"
-            elif op == "order":
-                state.set_order("recency" if state.order == "bytes" else "bytes")
-                note = f"children sorted by {state.order}"
-            return TreeUpdate(self._rows(), move_to, note)
+            outcome = op.apply(self.tree)
+            return TreeUpdate(self._rows(), outcome.move_to, outcome.note)
+
+    def diagnose(self) -> Diagnosis:
+        """The leak doctor's findings (``CacheAdapter.diagnose``)."""
+        return self.adapter.diagnose()
 
     def _parents(self, node_id: int) -> list[int]:
         """The ids above ``node_id``, nearest first, root excluded."""

@@ -1,5 +1,6 @@
 """SessionsTable: a virtual table over all the target's sessions (Line API): the target sorts,
-filters and pages them; the table holds the window of rows around the cursor."""
+filters and pages them; the table holds the window of rows around the cursor. SessionsTitle and
+FilterBox: the lines above it."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ from dataclasses import dataclass
 
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
+from textual.widgets import Input, Static
 
 from radixtop.adapters.model import SessionsPage, SessionView
-from radixtop.adapters.text import age, human_bytes, inert
+from radixtop.adapters.text import age, figures_note, human_bytes, inert
+from radixtop.inspector.format import literal
 from radixtop.inspector.poller import SESSIONS_LOADED, SessionsQuery
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 
@@ -212,3 +216,57 @@ class SessionsTable(RowsView):
     def action_show_chains(self) -> None:
         if self.current is not None:
             self.post_message(self.Chosen(self.current))
+
+
+class SessionsTitle(Static):
+    """The line above the sessions: 'sessions 10,632 · figures 1s old', or with a filter
+    'sessions 37 of 10,632 · filter 's5''; how old the figures are is always said (the ranking is
+    what the operator acts on)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._figures: tuple[float, bool, bool] = (0.0, False, False)  # age, refreshing, current, as read
+        self._read: tuple[float, int] = (0.0, 0)  # when the sessions were read, the cache's version then
+
+    def figures_read(self, page: SessionsPage, taken_at: float, version: int) -> None:
+        """A poll read the sessions at ``taken_at``, the cache at ``version``."""
+        self._figures = (page.figures_age_s, page.refreshing, page.figures_current)
+        self._read = (taken_at, version)
+
+    def show(self, table: SessionsTable, polled_at: float, version: int | None) -> None:
+        """The title for ``table`` as of the latest poll (at ``polled_at``, the cache at ``version``)."""
+        page = table.page
+        parts = ["[b]sessions[/]"]
+        if page is not None and page.contains == table.filter_text:
+            parts[0] += (f" {page.total:,} of {page.all_sessions:,}" if page.contains and page.all_sessions is not None
+                         else f" {page.total:,}")
+        if table.filter_text:
+            parts.append(f"filter {literal(repr(table.filter_text))}")
+        if table.marked:
+            parts.append(f"{len(table.marked)} marked")
+        if page is not None:
+            # The sessions are read every few seconds, the stats every poll: the figures are as old
+            # as the target said, and as long again as since they were read; exact ("unchanged")
+            # only while the cache's version has not moved since.
+            age_s, refreshing, current = self._figures
+            read_at, read_version = self._read
+            current = current and version == read_version
+            parts.append(figures_note(age_s + max(0.0, polled_at - read_at), refreshing, current))
+        title = " · ".join(parts)
+        if self.content != title:
+            self.update(title, layout=False)  # one line, fixed height
+
+    def unavailable(self) -> None:
+        """The target has no sessions."""
+        self.update(Text("sessions: not available here", style="yellow"))
+
+
+class FilterBox(Input):
+    """The sessions filter: Enter applies it; Escape clears it (and the table's filter) and
+    leaves the box, as it says."""
+
+    BINDINGS = [Binding("escape", "clear_filter", "Clear filter", show=False)]
+
+    def action_clear_filter(self) -> None:
+        self.value = ""
+        self.post_message(self.Submitted(self, ""))

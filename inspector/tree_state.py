@@ -193,6 +193,10 @@ class TreeState:
         self.order = order
         self.refresh(follow_splits=False)
 
+    def is_expanded(self, node_id: int) -> bool:
+        """Whether ``node_id``'s children show (for the top of a folded chain: its last node's)."""
+        return self._chain_end(node_id) in self.expanded
+
     def _chain_end(self, node_id: int) -> int:
         chain = self.chains.get(node_id)
         return chain[-1].id if chain else node_id

@@ -16,14 +16,13 @@ from radixtop.adapters.model import NodeView
 from radixtop.adapters.text import age, human_bytes, inert
 from radixtop.inspector.format import share_style
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
+from radixtop.inspector.tree_ops import Collapse, CycleOrder, Expand, FoldChain, LoadMore, Toggle, TreeOp
 from radixtop.inspector.tree_state import Row
 
 _CURSOR = Style(reverse=True)
 _DIM = Style(dim=True)
 _MARK = Style(bold=True, color="magenta")
 _HEADER = Style(bold=True, underline=True)
-
-
 
 
 def _preview(node: NodeView, text: bool = True) -> str:
@@ -86,11 +85,10 @@ class CacheTree(RowsView):
             super().__init__()
 
     class Request(Message):
-        """Ask the app to run a tree operation (loading happens off the UI thread)."""
+        """Ask for a tree operation (the screen applies them off the UI thread, in order)."""
 
-        def __init__(self, op: str, row: Row) -> None:
+        def __init__(self, op: TreeOp) -> None:
             self.op = op
-            self.row = row
             super().__init__()
 
     def __init__(self, **kwargs) -> None:
@@ -231,21 +229,30 @@ class CacheTree(RowsView):
 
     # ----- keys -----
 
-    def _request(self, op: str) -> None:
+    @property
+    def _node_row(self) -> Row | None:
+        """The row under the cursor where it is a node (or a chain), not a "more" row."""
         row = self.current
-        if row is not None:
-            self.post_message(self.Request(op, row))
+        return row if row is not None and row.node is not None else None
+
+    def _request(self, op: TreeOp) -> None:
+        self.post_message(self.Request(op))
 
     def action_toggle(self) -> None:
         row = self.current
-        if row is not None:
-            self._request("more" if row.kind == "more" else "toggle")
+        if row is not None and row.kind == "more":
+            self._request(LoadMore(row.parent_id))
+        elif (row := self._node_row) is not None:
+            self._request(Toggle(row.node))
 
     def action_expand(self) -> None:
-        self._request("expand")
+        if (row := self._node_row) is not None:
+            self._request(Expand(row.node))
 
     def action_collapse(self) -> None:
-        self._request("collapse")
+        row = self.current
+        if row is not None:
+            self._request(Collapse(row.node, row.parent_id))
 
     def action_toggle_text(self) -> None:
         self.show_text = not self.show_text
@@ -253,8 +260,8 @@ class CacheTree(RowsView):
         self.refresh()
 
     def action_fold_chain(self) -> None:
-        self._request("chain")
+        if (row := self._node_row) is not None:
+            self._request(FoldChain(row.chain[0] if row.chain else row.node))
 
     def action_cycle_order(self) -> None:
-        row = self.current or Row("more", 0)
-        self.post_message(self.Request("order", row))
+        self._request(CycleOrder())

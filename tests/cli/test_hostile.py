@@ -93,7 +93,7 @@ def test_the_dashboard_shows_hostile_strings_and_keeps_running(server):
         app_ = RadixtopApp(RadixtopClient(server, token=TOKEN, timeout=5), interval=0.2)
         async with app_.run_test(size=(160, 48)) as pilot:
             deadline = asyncio.get_running_loop().time() + 10
-            while app_.polls < 3:  # a few polls in, with every pane filled
+            while app_.home.polls < 3:  # a few polls in, with every pane filled
                 assert asyncio.get_running_loop().time() < deadline
                 await pilot.pause(0.1)
             await pilot.press("tab", "down", "enter")

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 
 import pytest
 from textual.widgets import Button, Input
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.adapters.errors import TargetUnreachable
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.adapters.model import Capabilities
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.detail import DetailPanel
 from radixtop.inspector.header import HeaderBar
@@ -31,9 +34,9 @@ def engine():
 
 async def settle(pilot, app, polls: int = 1, timeout: float = 10.0) -> None:
     """Wait until ``polls`` more polls have landed and the workers are idle."""
-    target = app.polls + polls
+    target = app.home.polls + polls
     deadline = asyncio.get_running_loop().time() + timeout
-    while app.polls < target:
+    while app.home.polls < target:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("the dashboard did not poll")
         await pilot.pause(0.05)
@@ -102,10 +105,46 @@ async def test_cursor_keys_expand_collapse_and_order(engine):
         assert tree.current.node.id == prompt
         await pilot.press("o")
         await idle(pilot, app)
-        assert app.poller.tree.order == "recency"
+        assert app.home.poller.tree.order == "recency"
         await pilot.press("o")
         await idle(pilot, app)
-        assert app.poller.tree.order == "bytes"
+        assert app.home.poller.tree.order == "bytes"
+
+
+class GatedAdapter(BundledAdapter):
+    """The bundled adapter, whose next read of a node's children waits for ``gate`` (a slow
+    target: the keys pressed after it come while it loads)."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.gate: threading.Event | None = None
+
+    def children(self, *args, **kwargs):
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            gate.wait(10)
+        return super().children(*args, **kwargs)
+
+
+async def test_quick_tree_keys_apply_in_the_order_pressed(engine):
+    """Right then left, pressed while the expand still loads: the prompt ends collapsed, as if
+    pressed slowly (left read the row as the screen still showed it, collapsed, and did
+    nothing); right, left, right ends expanded. One loader applies the keys in order."""
+    adapter = GatedAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        prompt = node_id_for(engine, [1, 2, 3, 4])
+        assert app.query_one(CacheTree).current.node.id == prompt
+        for keys, expanded in ((("right", "left"), False), (("right", "left", "right"), True)):
+            gate = adapter.gate = threading.Event()  # the first expand's load waits
+            await pilot.press(*keys)
+            gate.set()
+            await idle(pilot, app)
+            await settle(pilot, app)  # a poll after the keys: the rows as the tree state has them
+            assert (prompt in app.home.poller.tree.expanded) == expanded, keys
+            assert any(d == 1 for _, _, d in tree_ids(app)) == expanded, keys
+            assert app.query_one(CacheTree).current.node.id == prompt
 
 
 async def test_chain_of_single_children_folds_into_one_row(engine):
@@ -135,7 +174,7 @@ async def test_many_children_show_a_page_and_a_more_row(engine):
     engine.call(many)  # (the pool holds 256 tokens: the oldest few are evicted on the way)
     adapter = BundledAdapter(engine)
     app = RadixtopApp(adapter, interval=0.2)
-    app.poller.tree.page = 100
+    app.home.poller.tree.page = 100
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         tree = app.query_one(CacheTree)
@@ -175,9 +214,9 @@ async def test_interval_keys(engine):
     app = RadixtopApp(BundledAdapter(engine), interval=1.0)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("plus")
-        assert app.interval == 0.5
+        assert app.home.interval == 0.5
         await pilot.press("minus", "minus")
-        assert app.interval == 2.0
+        assert app.home.interval == 2.0
 
 
 async def open_sessions(pilot, app, session_id: str) -> SessionsTable:
@@ -284,6 +323,45 @@ async def test_read_only_target_disables_actions_and_says_why(engine):
         assert adapter.stats().version == before.version
 
 
+class NoCloseAdapter(BundledAdapter):
+    """A target that evicts and flushes but cannot close sessions (as SGLang's routes)."""
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(close=False, reason="no close route here")
+
+
+async def test_the_footer_hides_what_the_target_cannot_do_and_its_keys_still_say_why(engine):
+    """A face hides what a target cannot do: on a read-only target Close, Evict and Flush leave the
+    footer; their keys (where --keymap put them too) and the palette's entries still say why. A
+    target that cannot close keeps Evict and Flush."""
+    from tests.dashboard.test_snapshots import screen_lines
+
+    app = RadixtopApp(BundledAdapter(engine, read_only=True), interval=0.2, keymap={"app.close": "C"})
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        footer = screen_lines(app)[-1].replace(" ", "")
+        assert "fFilter" in footer and "?Help" in footer and "pPause" in footer, footer
+        assert "Close" not in footer and "Evict" not in footer and "Flush" not in footer, footer
+        for key in ("C", "E", "F"):
+            await pilot.press(key)
+            await idle(pilot, app)
+            assert not isinstance(app.screen, (ConfirmScreen, AskScreen))
+        app.home.action_flush()  # as the command palette calls it
+        await pilot.pause()
+        told = [n.message for n in app._notifications if "read-only" in n.message]
+        assert told == [f"{app.home.target} is read-only: actions are disabled"] * 4
+    app = RadixtopApp(NoCloseAdapter(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        footer = screen_lines(app)[-1].replace(" ", "")
+        assert "Close" not in footer and "EEvict" in footer and "FFlush" in footer, footer
+        await pilot.press("c")
+        await idle(pilot, app)
+        assert any("cannot close: no close route here" in n.message for n in app._notifications)
+        await pilot.press("E")
+        assert isinstance(app.screen, AskScreen)
+
+
 async def test_search_jumps_to_the_longest_cached_prefix(engine):
     app = RadixtopApp(BundledAdapter(engine), interval=0.2)
     async with app.run_test(size=(160, 48)) as pilot:
@@ -332,7 +410,7 @@ async def test_filter_help_palette_and_keymap(engine):
         assert "P " in app.screen.text or " P" in app.screen.text
         await pilot.press("escape")
         await pilot.press("P")  # remapped
-        assert app.paused
+        assert app.home.paused
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert {"Pause / resume", "Close sessions", "Evict tokens", "Flush", "Search a prefix"} <= set(commands)
 
@@ -372,7 +450,7 @@ async def test_target_going_down_shows_a_banner_and_recovers():
                 assert not app.query_one("#banner").display
                 assert " LIVE " in header_title(app)
             deadline = asyncio.get_running_loop().time() + 10
-            while app.down is None and asyncio.get_running_loop().time() < deadline:
+            while app.home.down is None and asyncio.get_running_loop().time() < deadline:
                 await pilot.pause(0.1)
             assert app.query_one("#banner").display and "cannot reach" in screen_text(app)
             before = [n.message for n in app._notifications]
@@ -381,13 +459,56 @@ async def test_target_going_down_shows_a_banner_and_recovers():
             assert [n.message for n in app._notifications] == before  # the banner says it, and stays
             with running_server(server_app, port=port):
                 deadline = asyncio.get_running_loop().time() + 10
-                while app.down is not None and asyncio.get_running_loop().time() < deadline:
+                while app.home.down is not None and asyncio.get_running_loop().time() < deadline:
                     await pilot.pause(0.1)
-                assert app.down is None and not app.query_one("#banner").display
+                assert app.home.down is None and not app.query_one("#banner").display
                 assert " LIVE " in header_title(app) and " DOWN " not in header_title(app)
     finally:
         adapter.close()
         engine.stop()
+
+
+class FailingAdapter(BundledAdapter):
+    """The bundled adapter, whose reads fail as an unreachable target's while ``down``."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.down = False
+        self.reads = 0
+
+    def read_many(self, reads):
+        self.reads += 1
+        if self.down:
+            raise TargetUnreachable("cannot reach the test cache: refused")
+        return super().read_many(reads)
+
+
+async def test_a_failed_poll_backs_off_before_the_next(engine):
+    """dolphie's back-off: after a failed poll the next comes after twice the interval, at least
+    2 s, doubling while it fails (the banner says when), not at the interval; once one succeeds,
+    the interval again."""
+    adapter = FailingAdapter(engine)
+    app = RadixtopApp(adapter, interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        adapter.down = True
+        deadline = asyncio.get_running_loop().time() + 10
+        while app.home.down is None:
+            assert asyncio.get_running_loop().time() < deadline
+            await pilot.pause(0.05)
+        failed = adapter.reads
+        await pilot.pause(1.5)  # seven intervals
+        assert adapter.reads == failed
+        assert "reconnecting in 2s" in str(app.query_one("#banner").content)
+        deadline = asyncio.get_running_loop().time() + 10
+        while adapter.reads == failed:  # the retry, 2 s after the failure: it fails too
+            assert asyncio.get_running_loop().time() < deadline
+            await pilot.pause(0.05)
+        await pilot.pause(0.3)
+        assert "reconnecting in 4s" in str(app.query_one("#banner").content)  # twice as long now
+        adapter.down = False
+        await settle(pilot, app, polls=3)  # the retry (within 4 s), then every 0.2 s again
+        assert app.home.down is None and app.home.poll_loop.retry_after == 2.0
 
 
 async def test_mouse_clicks_move_the_cursor(engine):
@@ -417,16 +538,16 @@ async def test_detail_pages_token_ids():
             assert "ids 0-64" in screen_text(app)
             await pilot.press("right_square_bracket")
             await idle(pilot, app)
-            assert app.detail_offset == 64 and "ids 64-128" in screen_text(app) and "5064" in screen_text(app)
+            assert app.home.detail_offset == 64 and "ids 64-128" in screen_text(app) and "5064" in screen_text(app)
             # a poll that read the first page before the key was pressed lands after it: it must not
             # take the panel back to the page the operator left (this raced in CI)
             panel = app.query_one(DetailPanel)
             shown = list(panel._rows)
-            app._show_detail(app.poller.detail(app.selected_node, 0))
+            app.home._show_detail(app.home.poller.detail(app.home.selected_node, 0))
             assert panel._rows == shown
             await pilot.press("left_square_bracket", "left_square_bracket")
             await idle(pilot, app)
-            assert app.detail_offset == 0
+            assert app.home.detail_offset == 0
     finally:
         engine.stop()
 
@@ -605,9 +726,9 @@ async def test_keys_as_people_write_them_quit_and_help(engine):
         assert not isinstance(app.screen, HelpScreen) and app.is_running
         # ctrl+c with an action in flight: asks once, then quits
         release = __import__("threading").Event()
-        real_evict = app.adapter.evict
-        app.adapter.evict = lambda n: (release.wait(10), real_evict(n))[1]
-        app.perform_action("evict", 1)
+        real_evict = app.home.adapter.evict
+        app.home.adapter.evict = lambda n: (release.wait(10), real_evict(n))[1]
+        app.home.actions.perform("evict", 1)
         await pilot.pause(0.1)
         await pilot.press("ctrl+c")
         assert app.is_running and any("still running" in n.message for n in app._notifications)

@@ -10,6 +10,7 @@ import pytest
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable
 from radixtop.inspector.poller import Poller, PollRequest, Snapshot
+from radixtop.inspector.tree_ops import Collapse, CycleOrder, Expand, Toggle
 from tests.contract.suite import build_engine
 
 
@@ -92,10 +93,29 @@ def test_tree_operations_return_rows_of_a_later_generation(adapter):
     poller = Poller(adapter)
     first = poller.collect(PollRequest()).tree
     expandable = next(r for r in first.rows if r.node is not None and r.node.num_children)
-    update = poller.tree_op("toggle", expandable)
+    update = poller.tree_op(Toggle(expandable.node))
     assert update.tree.generation > first.generation
     assert len(update.tree.rows) > len(first.rows)
     assert any(r.parent_id == expandable.node.id for r in update.tree.rows)
+
+
+def test_tree_operations_read_the_state_when_they_run_not_the_row_they_were_made_from(adapter):
+    """Keys pressed faster than the tree loads are made from rows that do not show the keys before
+    them yet: expand then collapse, both made from the same collapsed row, collapse it; collapse on
+    a row that is no longer expanded collapses its parent (and moves there), as a slow press does."""
+    poller = Poller(adapter)
+    first = poller.collect(PollRequest()).tree
+    row = next(r for r in first.rows if r.node is not None and r.node.num_children)
+    poller.tree_op(Expand(row.node))
+    assert row.node.id in poller.tree.expanded
+    assert poller.tree_op(Collapse(row.node, row.parent_id)).move_to is None
+    assert row.node.id not in poller.tree.expanded
+    poller.tree_op(Expand(row.node))
+    child = next(r for r in poller.tree.rows if r.parent_id == row.node.id)
+    update = poller.tree_op(Collapse(child.node, child.parent_id))  # a leaf, or not expanded: its parent
+    assert row.node.id not in poller.tree.expanded and update.move_to == ("node", row.node.id)
+    order = poller.tree.order
+    assert poller.tree_op(CycleOrder()).note == f"children sorted by {poller.tree.order}" != f"children sorted by {order}"
 
 
 def test_a_sessions_read_the_target_refuses_fails_alone(adapter):

@@ -72,13 +72,13 @@ def subtree_tokens(engine, path: list[int]) -> int:
 
 
 def shown(app, node_id: int):
-    return next(r.node for r in app.poller.tree.rows if r.node is not None and r.node.id == node_id)
+    return next(r.node for r in app.home.poller.tree.rows if r.node is not None and r.node.id == node_id)
 
 
 async def poll_once(pilot, app) -> None:
     """One poll as the poll worker runs it: collect in a thread, apply on the UI thread; then
     what that set off (the cursor's first row selected: its detail loads) ends."""
-    app.apply_snapshot(await asyncio.to_thread(app.poller.collect, app.poll_request()))
+    app.home.apply_snapshot(await asyncio.to_thread(app.home.poller.collect, app.home.poll_request()))
     await pilot.pause()
     await app.workers.wait_for_complete()
     await pilot.pause()
@@ -99,7 +99,7 @@ async def test_a_poll_is_one_step_of_the_owner_while_the_tree_moves_and_while_it
             assert steps[0] == before + 1  # the poll read in one step of the owner
             ops = adapter.batches[-1]
             assert ops[:2] == ["stats", "changes"] and "node" in ops  # the cursor's node, for the detail
-            assert ops.count("children") == len(app.poller.tree.expanded) >= 1
+            assert ops.count("children") == len(app.home.poller.tree.expanded) >= 1
             # what it read with the stats is what the tree shows
             assert shown(app, prompt).subtree_tokens == subtree_tokens(engine, PROMPT)
         await poll_once(pilot, app)  # the tree rests: this poll still reads pages (the last one moved) ...
@@ -108,7 +108,7 @@ async def test_a_poll_is_one_step_of_the_owner_while_the_tree_moves_and_while_it
         assert steps[0] == before + 1 and "children" not in adapter.batches[-1]
         grow(engine, 3)
         await poll_once(pilot, app)  # a change after a rest: one read for the stats, one for the pages
-        assert [ops.count("children") for ops in adapter.batches[-2:]] == [0, len(app.poller.tree.expanded)]
+        assert [ops.count("children") for ops in adapter.batches[-2:]] == [0, len(app.home.poller.tree.expanded)]
         assert shown(app, prompt).subtree_tokens == subtree_tokens(engine, PROMPT)
 
 
@@ -123,14 +123,14 @@ async def test_pages_read_before_an_expand_are_not_used_after_it(engine):
         grow(engine, 1)
 
         def expand_meanwhile() -> None:  # the user expands the prompt while the poll is out
-            with app.poller.tree_lock:
-                app.poller.tree.toggle(prompt)
+            with app.home.poller.tree_lock:
+                app.home.poller.tree.toggle(prompt)
 
         adapter.on_read_many = expand_meanwhile
         await poll_once(pilot, app)
-        assert prompt.id in app.poller.tree.expanded
-        assert adapter.batches[-1] == ["children"] * len(app.poller.tree.expanded)  # it read its own
-        below = {r.node.id for r in app.poller.tree.rows if r.node is not None and r.parent_id == prompt.id}
+        assert prompt.id in app.home.poller.tree.expanded
+        assert adapter.batches[-1] == ["children"] * len(app.home.poller.tree.expanded)  # it read its own
+        below = {r.node.id for r in app.home.poller.tree.rows if r.node is not None and r.parent_id == prompt.id}
         assert below == set(engine.call(lambda s: [c.id for c in s.cache.lookup(PROMPT).last_node.children.values()]))
 
 

@@ -95,9 +95,9 @@ def prepared_app():
 async def feed(pilot) -> None:
     app = pilot.app
     for i in range(1, 40):
-        app.apply_snapshot(snapshot(i, ROWS, SESSIONS))
-    app.selected_node = PROMPT.id
-    app._show_detail(DETAIL)
+        app.home.apply_snapshot(snapshot(i, ROWS, SESSIONS))
+    app.home.selected_node = PROMPT.id
+    app.home._show_detail(DETAIL)
     await pilot.pause()
 
 
@@ -111,7 +111,7 @@ def test_close_plan_modal(snap_compare, prepared_app):
         await feed(pilot)
         plan = ClosePlanView("s7", "free", "open", (1002,), 180, 180 * BPT, 1,
                              (KeptNodeView(1001, 256, "locked"), KeptNodeView(1003, 20, "shared")))
-        pilot.app._confirm_closes([plan, ClosePlanView("s9", "free", "open", (), 0, 0, 1,
+        pilot.app.home.actions.confirm_closes([plan, ClosePlanView("s9", "free", "open", (), 0, 0, 1,
                                                        (KeptNodeView(1005, 40, "shared"),))])
         await pilot.pause()
 
@@ -134,7 +134,7 @@ async def test_a_refresh_repaints_the_rows_that_changed_and_only_those(prepared_
         tree.refresh_line = lambda y: (repainted.append(y), real(y))
 
         def show(rows):
-            app.apply_snapshot(snapshot(40, rows))
+            app.home.apply_snapshot(snapshot(40, rows))
 
         show(list(ROWS))
         await pilot.pause()
@@ -170,7 +170,7 @@ async def test_sessions_cursor_keeps_its_place_when_rows_change(prepared_app):
         assert table.current.id == "s2"
         # s2 is closed: it frees its memory and falls to the end of the order by exclusive bytes
         closed = [s for s in SESSIONS if s.id != "s2"] + [replace(SESSIONS[1], state="closed", exclusive_bytes=0)]
-        app.apply_snapshot(snapshot(50, sessions=closed))
+        app.home.apply_snapshot(snapshot(50, sessions=closed))
         await pilot.pause()
         assert table.cursor == 1 and table.current.id == "s3"
         await pilot.press("end")
@@ -185,7 +185,7 @@ async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
     app = prepared_app
     async with app.run_test(size=(160, 48)) as pilot:
         def show(figures):
-            app.apply_snapshot(snapshot(1, sessions=SESSIONS, figures=figures))
+            app.home.apply_snapshot(snapshot(1, sessions=SESSIONS, figures=figures))
 
         show((2.0, False))
         await pilot.pause()
@@ -230,7 +230,7 @@ async def test_the_used_column_is_whole_when_a_scrollbar_shows(prepared_app):
     many = [*ROWS, *(Row("node", 0, node(2000 + i, 0, 1, 8, 8, 0), 0) for i in range(80))]
     app = prepared_app
     async with app.run_test(size=(160, 48)) as pilot:
-        app.apply_snapshot(snapshot(1, many, SESSIONS))
+        app.home.apply_snapshot(snapshot(1, many, SESSIONS))
         await pilot.pause()
         tree = app.query_one(CacheTree)
         assert tree.scrollbar_size_vertical > 0 and tree.show_vertical_scrollbar  # a scrollbar shows
@@ -252,21 +252,21 @@ async def test_the_figures_age_counts_the_time_since_the_table_was_read(prepared
         def title() -> str:
             return next(line for line in screen_lines(app) if "sessions 29" in line)
 
-        app.apply_snapshot(snapshot(1, sessions=SESSIONS, figures=(2.0, False)))  # read at t=1
+        app.home.apply_snapshot(snapshot(1, sessions=SESSIONS, figures=(2.0, False)))  # read at t=1
         await pilot.pause()
         assert "figures 2s old" in title()
-        app.apply_snapshot(snapshot(5))  # t=5: a poll of the stats only
+        app.home.apply_snapshot(snapshot(5))  # t=5: a poll of the stats only
         await pilot.pause()
         assert "figures 6s old" in title(), title()
-        app.apply_snapshot(snapshot(6, sessions=SESSIONS, figures=(0.0, False)))  # a new read
+        app.home.apply_snapshot(snapshot(6, sessions=SESSIONS, figures=(0.0, False)))  # a new read
         await pilot.pause()
         assert "figures 0s old" in title(), title()
         # a still cache: exact while its version stays; once it moves, the figures are only old
-        app.apply_snapshot(snapshot(7, sessions=SESSIONS, figures=(60.0, False, True)))
+        app.home.apply_snapshot(snapshot(7, sessions=SESSIONS, figures=(60.0, False, True)))
         still = replace(snapshot(9), stats=replace(stats(9), version=stats(7).version))
-        app.apply_snapshot(still)
+        app.home.apply_snapshot(still)
         await pilot.pause()
         assert "unchanged since 62s ago" in title() or "unchanged since 1m ago" in title(), title()
-        app.apply_snapshot(snapshot(10))  # the version moved
+        app.home.apply_snapshot(snapshot(10))  # the version moved
         await pilot.pause()
         assert "figures 1m old" in title() and "unchanged" not in title(), title()

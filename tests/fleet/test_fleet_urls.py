@@ -257,30 +257,35 @@ def test_radixtop_serve_fleet_answers_v1_fleet(workers, tmp_path):
 async def test_enter_in_the_fleet_view_opens_that_workers_dashboard(workers, tmp_path):
     """What `radixtop fleet --tui` does on Enter: the row, then that worker's own dashboard."""
     from radixtop.inspector.app import RadixtopApp
-    from radixtop.inspector.fleet_view import FleetApp, FleetTable
+    from radixtop.inspector.cache_screen import CacheScreen
+    from radixtop.inspector.fleet_view import FleetScreen, FleetTable
 
     a, b = workers
     poller = open_poller(None, None, fleet_file(tmp_path, a.url, b.url), timeout=5)
-    fleet = FleetApp(poller.poll, auto_poll=False)
-    async with fleet.run_test(size=(160, 30)) as pilot:
-        for _ in range(300):
-            if fleet.polls:
-                break
-            await pilot.pause(0.02)
-        second = fleet.query_one(FleetTable).rows[1]
-        await pilot.press("down", "enter")
-    assert fleet.return_value == second
-    adapter, label = open_worker(second, poller)
-    app = RadixtopApp(adapter, label, interval=0.5)
+    opened = []
+
+    def open_row(row):
+        opened.append(row)
+        return open_worker(row, poller)
+
+    fleet = RadixtopApp(home=FleetScreen(poller.poll, open_worker=open_row, auto_poll=False))
     try:
-        async with app.run_test(size=(160, 40)) as pilot:
+        async with fleet.run_test(size=(160, 40)) as pilot:
             for _ in range(300):
-                if app.polls:
+                if fleet.home.polls:
                     break
                 await pilot.pause(0.02)
+            second = fleet.query_one(FleetTable).rows[1]
+            await pilot.press("down", "enter")
+            for _ in range(300):
+                if isinstance(fleet.screen, CacheScreen) and fleet.screen.polls:
+                    break
+                await pilot.pause(0.02)
+            assert opened == [second]
+            app = fleet.screen
             assert app.stats is not None and app.stats.target == ("fleet a" if second.worker == a.url else "fleet b")
     finally:
-        adapter.close()
+        fleet.home.release()
 
 
 def test_radixtop_fleet_tui_in_a_terminal_opens_a_worker_and_comes_back(workers, tmp_path):

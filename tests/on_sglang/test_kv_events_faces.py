@@ -43,7 +43,7 @@ async def test_the_dashboard_on_a_kv_event_stream(sgl):  # noqa: F811
                 await pilot.press("c")  # close: refused, and says why
                 await idle(pilot, app)
                 assert any("read-only" in n.message for n in app._notifications)
-                assert app.down is None  # no poll failed on the missing sessions
+                assert app.home.down is None  # no poll failed on the missing sessions
     finally:
         server.close()
 
@@ -123,6 +123,6 @@ async def test_the_dashboard_shows_the_sessions_a_stream_attributes(sgl):  # noq
                 await pilot.press("c")  # close the holders of the node under the cursor: refused
                 await idle(pilot, app)
                 assert any("read-only" in n.message for n in app._notifications)
-                assert app.down is None
+                assert app.home.down is None
     finally:
         server.close()

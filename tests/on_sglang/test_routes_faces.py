@@ -53,7 +53,7 @@ async def test_the_dashboard_on_a_plain_sglang_server():
             await settle(pilot, app, polls=2)
             text = screen_text(app)
             assert "No tree from this target" in text and "sessions: not available here" in text
-            assert app.stats.evictable_tokens == 80 and app.down is None
+            assert app.home.stats.evictable_tokens == 80 and app.home.down is None
             await pilot.press("E")  # evict: this target cannot, and says why
             await idle(pilot, app)
             assert any("cannot evict" in n.message for n in app._notifications)

@@ -41,6 +41,7 @@ from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
 from radixtop.gpu_backend.workload import ChatWorkload, WorkloadConfig
 from radixtop.inspector.app import RadixtopApp
+from radixtop.inspector.cache_screen import CacheScreen
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable
 from radixtop.inspector.tree_view import CacheTree
@@ -96,7 +97,7 @@ async def until(pilot, predicate: Callable[[], bool], what: str, timeout: float 
         if time.monotonic() > deadline:
             app = pilot.app
             raise AssertionError(f"{what}: not within {timeout:g} s (screen {app.screen!r}, toasts "
-                                 f"{getattr(app, 'toasts', None)}, banner {app.down!r})")
+                                 f"{getattr(app, 'toasts', None)}, banner {app.home.down!r})")
         await pilot.pause(0.05)
 
 
@@ -231,8 +232,8 @@ class WatchedApp(RadixtopApp):
     """The dashboard, recording every failed poll, every toast (they expire on screen) and every
     worker that ended in an error."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, adapter, **kwargs):
+        super().__init__(home=WatchedScreen(adapter, **kwargs))
         self.outages: list[AdapterError] = []
         self.toasts: list[str] = []
         self.worker_errors: list[BaseException | None] = []
@@ -241,13 +242,18 @@ class WatchedApp(RadixtopApp):
         self.toasts.append(message)
         super().notify(message, *args, **kwargs)
 
+
+class WatchedScreen(CacheScreen):
+    """The cache's screen, telling its WatchedApp every failed poll and every worker (they run on
+    the screen) that ended in an error."""
+
     def _show_down(self, exc: AdapterError) -> None:
-        self.outages.append(exc)
+        self.app.outages.append(exc)
         super()._show_down(exc)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
-            self.worker_errors.append(event.worker.error)
+            self.app.worker_errors.append(event.worker.error)
 
 
 def screen_text(app: RadixtopApp) -> str:
@@ -296,19 +302,19 @@ async def test_dashboard_rides_out_the_server_killed_and_restarted(served):
     app = WatchedApp(adapter, interval=0.25)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            await until(pilot, lambda: app.stats is not None and app.stats.evictable_tokens >= 1
+            await until(pilot, lambda: app.home.stats is not None and app.home.stats.evictable_tokens >= 1
                         and app.query_one(SessionsTable).rows and app.query_one(CacheTree).rows,
                         "the demo workload on screen")
             await pilot.press("enter")  # expand the largest subtree: its id means nothing after a restart
             await evict_by_keys(pilot, app, 1)
-            await until(pilot, lambda: app.stats.evicted_tokens >= 1, "our eviction in the header")
+            await until(pilot, lambda: app.home.stats.evicted_tokens >= 1, "our eviction in the header")
             old_name, old_prompts = served.name, prompt_prefixes(served.incarnation)
             assert top_level_prefixes(app) <= old_prompts
 
             with fault("server_sigkill"):
                 served.kill()
-                await until(pilot, lambda: app.down is not None, "the outage banner")
-                last = app.stats
+                await until(pilot, lambda: app.home.down is not None, "the outage banner")
+                last = app.home.stats
                 text = screen_text(app)
                 assert f"cannot reach {served.url}" in banner(app) and "reconnecting" in banner(app)
                 assert f"⚠ cannot reach {served.url}" in text and "showing the last good data" in text
@@ -320,28 +326,28 @@ async def test_dashboard_rides_out_the_server_killed_and_restarted(served):
                 await evict_by_keys(pilot, app, 1)
                 await until(pilot, lambda: any(f"cannot reach {served.url}" in m for m in app.toasts[seen:]),
                             "the failed action's toast")
-                assert app.stats is last and app.down is not None
+                assert app.home.stats is last and app.home.down is not None
                 assert all(isinstance(e, TargetUnreachable) and served.url in e.message for e in app.outages)
 
             with fault("server_restart"):
                 served.launch()
                 await asyncio.to_thread(served.wait_ready)  # the dashboard keeps knocking meanwhile
-                await until(pilot, lambda: app.down is None, "the reconnection")
+                await until(pilot, lambda: app.home.down is None, "the reconnection")
                 assert banner(app) == ""
                 assert f"reconnected to {served.url}" in app.toasts
                 # Fresh stats from the new process: its name, and its own counters (it never evicted).
-                assert app.stats.target == served.name != old_name and app.stats.evicted_tokens == 0
+                assert app.home.stats.target == served.name != old_name and app.home.stats.evicted_tokens == 0
                 # The tree is the new incarnation's, not rows left over from the old one.
                 await until(pilot, lambda: app.query_one(CacheTree).rows, "the new tree")
                 assert top_level_prefixes(app) <= prompt_prefixes(served.incarnation)
                 assert not top_level_prefixes(app) & old_prompts
                 # Actions work again.
-                await until(pilot, lambda: app.stats.evictable_tokens >= 1, "something evictable")
+                await until(pilot, lambda: app.home.stats.evictable_tokens >= 1, "something evictable")
                 seen = len(app.toasts)
                 await evict_by_keys(pilot, app, 1)
                 await until(pilot, lambda: any(m.startswith("evicted ") for m in app.toasts[seen:]),
                             "the eviction's toast")
-                await until(pilot, lambda: app.stats.evicted_tokens >= 1, "the eviction in the header")
+                await until(pilot, lambda: app.home.stats.evicted_tokens >= 1, "the eviction in the header")
                 assert all(isinstance(e, TargetUnreachable) for e in app.outages), app.outages
                 assert_nothing_escaped(app)
         assert_nothing_escaped(app)
@@ -361,13 +367,13 @@ async def test_an_expanded_node_that_vanishes_is_forgotten_not_an_outage():
             run = next(r.node for r in tree.rows if r.node.first_tokens[:2] == (50, 51))
             tree.move_to_key(("node", run.id))
             await pilot.press("enter")
-            await until(pilot, lambda: run.id in app.poller.tree.loaded, "the run expanded")
+            await until(pilot, lambda: run.id in app.home.poller.tree.loaded, "the run expanded")
             with fault("expanded_node_freed"):
-                app.adapter.flush()  # frees the unlocked run [50..55], the expanded node with it
-                polls = app.polls
-                await until(pilot, lambda: app.polls >= polls + 2, "two polls after the flush")
-                assert app.outages == [] and app.down is None and banner(app) == ""
-                assert run.id not in app.poller.tree.expanded
+                app.home.adapter.flush()  # frees the unlocked run [50..55], the expanded node with it
+                polls = app.home.polls
+                await until(pilot, lambda: app.home.polls >= polls + 2, "two polls after the flush")
+                assert app.outages == [] and app.home.down is None and banner(app) == ""
+                assert run.id not in app.home.poller.tree.expanded
                 assert all(r.node.id != run.id for r in tree.rows if r.node)
                 assert_nothing_escaped(app)
     finally:
@@ -421,11 +427,11 @@ async def test_a_stopped_server_times_out_every_face_and_recovers(served):
     app = WatchedApp(adapter, interval=0.25)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            await until(pilot, lambda: app.polls >= 1 and app.query_one(CacheTree).rows, "the first poll")
+            await until(pilot, lambda: app.home.polls >= 1 and app.query_one(CacheTree).rows, "the first poll")
             with fault("server_sigstop"):
                 served.signal(signal.SIGSTOP)
                 try:
-                    await until(pilot, lambda: app.down is not None, "the timeout banner")
+                    await until(pilot, lambda: app.home.down is not None, "the timeout banner")
                     assert f"timed out {url}" in banner(app) and "within 0.5 s" in banner(app)
                     with pytest.raises(TargetTimeout) as info:
                         client.stats()
@@ -437,7 +443,7 @@ async def test_a_stopped_server_times_out_every_face_and_recovers(served):
                     assert all(isinstance(e, TargetTimeout) and url in e.message for e in app.outages)
                 finally:
                     served.signal(signal.SIGCONT)
-                await until(pilot, lambda: app.down is None, "the reconnection")
+                await until(pilot, lambda: app.home.down is None, "the reconnection")
                 assert banner(app) == "" and f"reconnected to {url}" in app.toasts
                 assert client.stats().target == served.name
                 # The unanswered evict ran when the server continued: the message was right to say so.
@@ -487,7 +493,7 @@ async def test_engine_thread_death_is_told_by_every_face():
             adapter = RadixtopClient(url, token=token, timeout=5.0)
             app = WatchedApp(adapter, interval=0.25)
             async with app.run_test(size=(160, 48)) as pilot:
-                await until(pilot, lambda: app.stats is not None and app.query_one(SessionsTable).rows,
+                await until(pilot, lambda: app.home.stats is not None and app.query_one(SessionsTable).rows,
                             "the workload on screen")
                 with fault("engine_thread_death"):
                     workload.die.set()
@@ -514,9 +520,9 @@ async def test_engine_thread_death_is_told_by_every_face():
                         adapter.evict(1)
 
                     # The dashboard: a banner that says why, the last good data, a clear toast.
-                    await until(pilot, lambda: app.down is not None, "the banner")
+                    await until(pilot, lambda: app.home.down is not None, "the banner")
                     assert WHY in banner(app) and WHY in screen_text(app)
-                    assert app.query_one(SessionsTable).rows and app.stats is not None
+                    assert app.query_one(SessionsTable).rows and app.home.stats is not None
                     await evict_by_keys(pilot, app, 1)
                     await until(pilot, lambda: any(WHY in m for m in app.toasts), "the refused action's toast")
                     assert_nothing_escaped(app)

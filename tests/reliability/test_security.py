@@ -486,7 +486,7 @@ async def test_the_dashboard_over_http_cannot_act_on_a_read_only_server(read_onl
     app.notify = lambda message, *args, **kwargs: (told.append(str(message)), notify(message, *args, **kwargs))[1]
     async with app.run_test(size=(160, 48)) as pilot:
         deadline = time.monotonic() + 30
-        while app.polls < 1 or not app.capabilities.read_only:
+        while app.home.polls < 1 or not app.home.capabilities.read_only:
             assert time.monotonic() < deadline, "the dashboard did not poll"
             await pilot.pause(0.05)
         for key in ("c", "E", "F"):
@@ -494,9 +494,9 @@ async def test_the_dashboard_over_http_cannot_act_on_a_read_only_server(read_onl
             await app.workers.wait_for_complete()
             await pilot.pause()
             assert not isinstance(app.screen, (ConfirmScreen, AskScreen))
-        assert [m for m in told if "read-only" in m] == [f"{app.target} is read-only: actions are disabled"] * 3
+        assert [m for m in told if "read-only" in m] == [f"{app.home.target} is read-only: actions are disabled"] * 3
         told.clear()
-        for worker in (app.run_closes(("b",), []), app.perform_action("evict", 5), app.perform_action("flush", 0)):
+        for worker in (app.home.actions.run_closes(("b",), []), app.home.actions.perform("evict", 5), app.home.actions.perform("flush", 0)):
             await worker.wait()
         await pilot.pause()
         for refused in ("close of session 'b' refused", "evict of 5 tokens refused", "flush refused"):

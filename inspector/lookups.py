@@ -1,0 +1,104 @@
+"""The reads a key asks for, shown on the cache screen: a prefix search, a session's chains, the doctor.
+
+Owned by a CacheScreen. Each read goes through the screen's Poller in a thread worker
+(``read_in_thread``); what it found is shown on the UI thread, a target's error said in a toast.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from textual.worker import Worker
+
+from radixtop.adapters.model import ROOT_ID, MatchView, SessionDetail
+from radixtop.adapters.text import inert
+from radixtop.inspector.modals import AskScreen, DoctorScreen
+from radixtop.inspector.poll_loop import read_in_thread
+from radixtop.inspector.poller import TreeRows
+from radixtop.inspector.tree_view import CacheTree
+
+if TYPE_CHECKING:
+    from radixtop.inspector.cache_screen import CacheScreen
+
+
+def parse_token_ids(text: str) -> list[int] | None:
+    """Token ids pasted comma or space separated; None if anything else is there."""
+    parts = text.replace(",", " ").split()
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return [int(p) for p in parts]
+
+
+class Lookups:
+    """Search, a session's chains and the leak doctor, for one CacheScreen."""
+
+    def __init__(self, screen: CacheScreen) -> None:
+        self.screen = screen
+
+    # ----- search -----
+
+    def ask_search(self) -> None:
+        """/: ask for token ids, then jump to their longest cached prefix."""
+        self.screen.app.push_screen(AskScreen("Search the cache", "Paste token ids (comma or space separated); "
+                                              "the tree jumps to the longest cached prefix.", "1, 2, 3"),
+                                    self._search_submitted)
+
+    def _search_submitted(self, text: str | None) -> None:
+        if not text:
+            return
+        tokens = parse_token_ids(text)
+        if tokens is None:
+            self.screen.notify("this target has no tokenizer: paste token ids (integers)", severity="warning")
+            return
+        self.search(tokens)
+
+    def search(self, tokens: list[int]) -> Worker[None]:
+        screen = self.screen
+
+        def show(found: tuple[MatchView, int, TreeRows]) -> None:
+            match, target, tree = found
+            view = screen.query_one(CacheTree)
+            screen.show_rows(tree)
+            if target != ROOT_ID:
+                view.move_to_key(("node", target))
+            view.focus()
+            where = "" if match.partial_node_id is None else \
+                f" ({match.partial_tokens} tokens into #{match.partial_node_id})"
+            screen.notify(f"{match.matched_tokens} of {match.query_tokens} tokens cached{where}", title="search")
+
+        return read_in_thread(screen, partial(screen.poller.search, tokens), show, group="search")
+
+    # ----- a session's chains -----
+
+    def session_chains(self, session_id: str) -> Worker[None]:
+        """Expand the tree down to every node the session holds and mark those chains."""
+        screen = self.screen
+
+        def show(found: tuple[SessionDetail, frozenset[int], TreeRows]) -> None:
+            detail, marked, tree = found
+            view = screen.query_one(CacheTree)
+            screen.show_rows(tree)
+            view.set_marked(marked)
+            if detail.node_ids:
+                view.move_to_key(("node", detail.node_ids[0]))
+            screen.notify(f"session {session_id}: {len(detail.node_ids)} nodes marked in the tree",
+                          title="radixtop")
+
+        return read_in_thread(screen, partial(screen.poller.session_chains, session_id), show, group="chains")
+
+    # ----- the leak doctor -----
+
+    def doctor(self) -> Worker[None]:
+        """D: the leak doctor's findings, in a modal."""
+        screen = self.screen
+        screen.notify("the leak doctor is reading the cache…", title="doctor", timeout=2)
+
+        def read() -> tuple[str, bool]:
+            from radixtop.adapters.text import diagnosis_text
+
+            diagnosis = screen.poller.diagnose()
+            return inert(diagnosis_text(diagnosis), lines=True), diagnosis.healthy  # it quotes the target's ids
+
+        return read_in_thread(screen, read, lambda report: screen.app.push_screen(DoctorScreen(*report)),
+                              group="doctor", title="doctor")
