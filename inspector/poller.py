@@ -241,16 +241,6 @@ class Poller:
         """The leak doctor's findings (``CacheAdapter.diagnose``)."""
         return self.adapter.diagnose()
 
-    def _parents(self, node_id: int) -> list[int]:
-        """The ids above ``node_id``, nearest first, root excluded."""
-        path: list[int] = []
-        current: int | None = node_id
-        while current is not None and current != ROOT_ID:
-            current = self.adapter.node(current, 0, 1).node.parent_id
-            if current is not None and current != ROOT_ID:
-                path.append(current)
-        return path
-
     def _open_down_to(self, node_ids: Sequence[int]) -> TreeRows:
         """Expand every node in ``node_ids`` (ancestors of what is to be shown), then the rows."""
         with self.tree_lock:
@@ -263,19 +253,19 @@ class Poller:
         """The longest cached prefix of ``tokens``, the node it ends in (opened in the tree)."""
         match = self.adapter.match(tokens)
         target = match.partial_node_id if match.partial_node_id is not None else match.node_id
-        path = self._parents(target) if target != ROOT_ID else []
-        return match, target, self._open_down_to(list(reversed(path)))
+        above: list[int] = []
+        if target != ROOT_ID:  # its path, read at one moment (one hold of the owner)
+            above = [n.id for n in self.adapter.paths([target]).nodes if n.id not in (ROOT_ID, target)]
+        return match, target, self._open_down_to(above)
 
     def session_chains(self, session_id: str) -> tuple[SessionDetail, frozenset[int], TreeRows]:
-        """A session's tagged nodes and every node on their paths (to mark), opened in the tree."""
+        """A session's tagged nodes and every node on their paths (to mark), opened in the tree:
+        the paths read at one moment (one hold of the owner)."""
         detail = self.adapter.session(session_id)
-        marked: set[int] = set()
-        ancestors: set[int] = set()
-        for node_id in detail.node_ids[:CHAIN_MARKS]:
-            current: int | None = node_id
-            while current is not None and current != ROOT_ID and current not in marked:  # up to a marked one
-                marked.add(current)
-                current = self.adapter.node(current, 0, 1).node.parent_id
-                if current is not None and current != ROOT_ID:
-                    ancestors.add(current)
-        return detail, frozenset(marked), self._open_down_to(sorted(ancestors))
+        tagged = detail.node_ids[:CHAIN_MARKS]
+        if not tagged:
+            return detail, frozenset(), self._open_down_to([])
+        nodes = self.adapter.paths(tagged).nodes
+        parents = {n.parent_id for n in nodes}
+        marked = frozenset(n.id for n in nodes if n.id != ROOT_ID)
+        return detail, marked, self._open_down_to([n.id for n in nodes if n.id in parents and n.id != ROOT_ID])

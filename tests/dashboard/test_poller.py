@@ -138,3 +138,25 @@ def test_a_sessions_read_the_target_refuses_fails_alone(adapter):
     adapter.read_many = real
     again = poller.collect(PollRequest(sessions=SessionsQuery("exclusive_bytes")))  # a new query: read now
     assert again.sessions is not None and again.sessions_error is None
+
+
+def test_search_and_a_sessions_chains_read_their_paths_at_one_moment():
+    """The nodes above a search's hit and a session's chains come from one ``paths`` read (one
+    hold of the owner), not node by node: even where every single-node read finds its node gone
+    (a cache that changes between any two reads), both open the tree down to what they show."""
+    from radixtop.adapters.errors import UnknownNode
+
+    class Changing(BundledAdapter):
+        def node(self, node_id, token_offset=0, token_limit=256):
+            raise UnknownNode(f"node {node_id} is not in the tree (evicted since)")
+
+    engine = build_engine()
+    try:
+        poller = Poller(Changing(engine))
+        poller.collect(PollRequest())
+        match, target, rows = poller.search([1, 2, 3, 4, 20, 21, 99])
+        assert match.matched_tokens == 6 and target in {r.node.id for r in rows.rows if r.node}
+        detail, marked, rows = poller.session_chains("a")
+        assert set(detail.node_ids) <= marked and set(detail.node_ids) <= {r.node.id for r in rows.rows if r.node}
+    finally:
+        engine.stop()
