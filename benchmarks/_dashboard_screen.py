@@ -226,7 +226,7 @@ async def one_first_paint(built: Built, interval: float) -> dict[str, float]:
         t_screen = next(t for t in app.bench_displays if t > app.bench_first_rows_at)
         await pilot.pause()  # and until the app is idle (Pilot's idle detection)
         t_idle = pc()
-        line = "".join(seg.text for seg in tree.render_line(0))
+        line = "".join(seg.text for seg in tree.render_line(1))  # line 0: the column titles
         if "#" not in line:
             raise RuntimeError(f"first tree line has no node: {line!r}")
         attr = [s for cold, s in adapter.attribute_log if cold]

@@ -136,6 +136,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
     from radixtop.gpu_backend.owner.queue import OwnerQueue
     from radixtop.inspector.poller import Poller, PollRequest
+    from radixtop.inspector.tree_ops import Toggle
 
     owner = OwnerQueue("the benchmark scheduler")
     history = grown["history"]
@@ -230,7 +231,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
         f"({first_holds['longest_cpu_ms']:.1f} ms of the scheduler thread's CPU)")
     top = first.tree.rows[0] if first.tree and first.tree.rows else None
     if top is not None and top.node is not None and top.node.num_children:
-        poller.tree_op("toggle", top)
+        poller.tree_op(Toggle(top.node))
     results: dict[str, dict[str, Any]] = {}
     try:
         for w in range(windows):
@@ -298,6 +299,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.workload import WorkloadConfig
     from radixtop.inspector.poller import Poller, PollRequest
+    from radixtop.inspector.tree_ops import Toggle
 
     cfg = TreeConfig(fmt_nodes(nodes), nodes, sessions=max(1000, nodes // 20), fanouts=(1_000, nodes // 10),
                      chains=(1_000,), extra_capacity=nodes * 40)
@@ -358,7 +360,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
         f"its longest hold {max((h for h, _, _ in holds), default=0.0) * 1e3:.1f} ms ({first_cpu * 1e3:.1f} ms CPU)")
     top = first.tree.rows[0] if first.tree and first.tree.rows else None
     if top is not None and top.node is not None and top.node.num_children:
-        poller.tree_op("toggle", top)
+        poller.tree_op(Toggle(top.node))
     mark = len(holds)
     end = time.monotonic() + window_s * windows
     while time.monotonic() < end:
