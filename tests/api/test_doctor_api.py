@@ -16,7 +16,7 @@ from radixtop.adapters.http.schemas import DiagnosisOut
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.http.server.edge import HEAVY_READS
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
 TOKEN = "doctor-api-test-token-1234"

@@ -22,7 +22,7 @@ from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 from tests.support.live_server import free_port, running_server
 
 TOKEN = "edge-test-action-token-0123"

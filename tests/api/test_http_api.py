@@ -52,8 +52,8 @@ from radixtop.adapters.model import ROOT_ID
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
-from tests.contract.suite import build_engine
 from tests.support import REPO
+from tests.support.engines import build_engine
 from tests.support.live_server import free_port
 
 TOKEN = "s3cret-api-token-for-tests"
@@ -542,7 +542,7 @@ SERVE_SCRIPT = """
 import sys
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import serve
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 engine = build_engine()
 serve(BundledAdapter(engine), port=int(sys.argv[1]), log=lambda line: print(line, flush=True))
 engine.stop()

@@ -24,7 +24,8 @@ from radixtop.adapters.http.schemas import ReadOut
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import ROOT_ID
-from tests.contract.suite import ageless, build_engine, comparable, known_reads
+from tests.contract.suite import ageless, comparable, known_reads
+from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
 TOKEN = "read-route-test-token"

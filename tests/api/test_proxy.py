@@ -17,7 +17,7 @@ from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
 TOKEN = "proxy-test-token-0123456789"

@@ -7,7 +7,7 @@ import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.text import bucket_line
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 
 
 @pytest.fixture

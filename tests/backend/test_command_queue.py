@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import READ_BUDGET_S, OwnerQueue, OwnerStopped, OwnerTimeout
 from radixtop.gpu_backend.workload import WorkloadConfig
-from tests.conftest import make_scheduler
+from tests.support.engines import make_scheduler
 
 CLIENTS = 3
 LONG = 60.0  # never reached by a command that is not held: its caller gets the command's answer

@@ -13,8 +13,7 @@ from radixtop.adapters.text import diagnosis_text
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler
-from tests.conftest import CounterClock
-from tests.contract.suite import build_engine
+from tests.support.engines import CounterClock, build_engine
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import OwnerStopped, OwnerTimeout
 from radixtop.gpu_backend.traces.ops import replay, tree_rows
 from radixtop.gpu_backend.workload import ChatWorkload, WorkloadConfig
-from tests.conftest import CounterClock, check_invariants, make_scheduler
+from tests.support.engines import CounterClock, check_invariants, make_scheduler
 
 SMALL = WorkloadConfig(sessions=6, system_prompts=2, system_prompt_len=32, turn_input_len=(4, 12),
                        turn_output_len=(4, 12), turns=(1, 4), max_running=3, seed=7)

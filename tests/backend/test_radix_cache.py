@@ -7,7 +7,7 @@ import pytest
 
 from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
 from radixtop.gpu_backend.radix_cache import RadixCache
-from tests.conftest import CounterClock, check_invariants, make_scheduler
+from tests.support.engines import CounterClock, check_invariants, make_scheduler
 
 
 def make_cache(size: int = 64, page_size: int = 1, policy: str = "lru", close_policy: str = "free") -> RadixCache:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radixtop.gpu_backend.sessions import CLOSED_SESSION_TOMBSTONE_LIMIT
-from tests.conftest import check_invariants, make_scheduler
+from tests.support.engines import check_invariants, make_scheduler
 
 
 def node_keys(s) -> list[list[int]]:

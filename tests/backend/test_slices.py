@@ -12,7 +12,7 @@ from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.owned.attribution import attribute
 from radixtop.gpu_backend.owner.queue import OwnerQueue
 from radixtop.gpu_backend.owner.slices import Slices
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 
 
 def counting(n: int, seen: list[int], fail_at: int | None = None):

@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixtop.adapters.owned.attribution import attribute, attribution_pass
 from radixtop.gpu_backend.scheduler import OutOfSlotsError
-from tests.conftest import check_invariants, make_scheduler
+from tests.support.engines import check_invariants, make_scheduler
 
 PROMPTS = ([1, 2, 3, 4], [1, 2, 5, 6], [7, 8])
 SESSIONS = st.sampled_from(["a", "b", "c", "d"])

@@ -11,7 +11,7 @@ from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.cli.main import app
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 from tests.support.live_server import free_port, running_server
 
 TOKEN = "doctor-cli-test-token"

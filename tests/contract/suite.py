@@ -1,7 +1,7 @@
 """The adapter contract suite: the same checks against every CacheAdapter implementation.
 
 A test module provides an ``adapter`` fixture (and ``read_only_adapter``) built over
-``build_engine()``'s cache; every test here takes it. See tests/contract/test_bundled.py.
+``build_engine()``'s cache (tests/support/engines.py). See tests/contract/test_bundled.py.
 """
 
 from __future__ import annotations
@@ -13,28 +13,7 @@ import pytest
 from radixtop.adapters.base import MAX_READS, READ_PARAMS
 from radixtop.adapters.errors import AdapterError, BadRequest, ReadOnly, UnknownNode, UnknownSession, Unsupported
 from radixtop.adapters.model import MAX_PATHS, POOL_STATES, ROOT_ID, Stats
-from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
-from radixtop.gpu_backend.scheduler import Scheduler
-from tests.conftest import CounterClock, check_invariants
-
-
-def build_engine() -> Engine:
-    """A known cache: shared prompt [1,2,3,4]; sessions a (two turns), b, c (shares a's node);
-    one request running (locks [1,2,3,4,9,9]); one closed session; no workload."""
-    s = Scheduler(get_geometry("tiny"), 256, device="cpu", clock=CounterClock())
-    s.request("r1", [1, 2, 3, 4, 5, 6], [7, 8], "a")
-    s.request("r2", [1, 2, 3, 4, 5, 6, 7, 8, 10], [11], "a")
-    s.request("r3", [1, 2, 3, 4, 20], [21, 22], "b")
-    s.request("r4", [1, 2, 3, 4, 5, 6], [7, 8], "c")
-    s.request("r5", [30, 31], [32], "gone")
-    s.close_session("gone")
-    s.begin("running", [1, 2, 3, 4, 9, 9], "d")
-    s.request("r6", [40, 41, 42], [43], None)
-    for k, prompt in enumerate(([50, 51], [50, 51, 52, 53], [50, 51, 52, 53, 54, 55])):
-        s.request(f"run{k}", prompt, [prompt[-1] + 1], None)  # a run of single children
-    check_invariants(s)
-    return Engine(s, None).start()
 
 
 def all_children(adapter, node_id, order="bytes"):

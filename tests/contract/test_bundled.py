@@ -9,8 +9,8 @@ from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable, UnknownNode
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.workload import WorkloadConfig
-from tests.conftest import make_scheduler
-from tests.contract.suite import ContractSuite, build_engine, known_reads
+from tests.contract.suite import ContractSuite, known_reads
+from tests.support.engines import build_engine, make_scheduler
 
 BUSY = WorkloadConfig(sessions=4, system_prompts=2, system_prompt_len=16, turn_input_len=(2, 6),
                       turn_output_len=(2, 6), turns=(1, 3), max_running=2, seed=3)

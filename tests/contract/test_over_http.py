@@ -13,7 +13,8 @@ from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.model import ROOT_ID, NodeView, SessionView
-from tests.contract.suite import ContractSuite, build_engine
+from tests.contract.suite import ContractSuite
+from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
 TOKEN = "contract-test-token"

@@ -21,7 +21,7 @@ from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen, HelpScreen
 from radixtop.inspector.sessions_view import SessionsTable
 from radixtop.inspector.tree_view import CacheTree
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 from tests.support.live_server import free_port, running_server
 
 

@@ -10,7 +10,7 @@ from textual.widgets import Static
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.inspector.app import RadixtopApp, binding_ids
 from radixtop.inspector.modals import DoctorScreen
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 
 HOSTILE = "[b]evil[/b]\x1b[2J"
 

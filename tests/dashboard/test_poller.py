@@ -11,7 +11,7 @@ from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import TargetUnreachable
 from radixtop.inspector.poller import Poller, PollRequest, Snapshot
 from radixtop.inspector.tree_ops import Collapse, CycleOrder, Expand, Toggle
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 
 
 class Recording(BundledAdapter):

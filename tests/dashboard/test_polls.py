@@ -13,7 +13,7 @@ from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.inspector.app import RadixtopApp
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
 PROMPT = [1, 2, 3, 4]

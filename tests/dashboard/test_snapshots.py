@@ -22,7 +22,7 @@ from radixtop.adapters.text import human_bytes
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.poller import Snapshot, TreeRows
 from radixtop.inspector.tree_state import Row
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 
 BPT = 131072  # llama-3-8b
 GEOMETRY = Geometry("llama-3-8b", 32, 8, 128, "bfloat16", 1, BPT)

@@ -13,7 +13,7 @@ from radixtop.adapters.fleet.model import DuplicatePrefix, Duplicates, FleetView
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.cache_screen import CacheScreen
 from radixtop.inspector.fleet_view import FleetScreen, FleetTable
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 
 
 def row(worker: str, protected: int | None, reachable: bool = True, source: str = "radixtop", why: str = "") -> WorkerRow:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import SGLANG_VERSION
+from tests.support.engines import SGLANG_VERSION
 
 if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
     raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "
@@ -28,7 +28,7 @@ from radixtop.adapters.errors import BadRequest, ReadOnly, TargetTimeout, Unknow
 from radixtop.adapters.model import ROOT_ID
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter  # noqa: E402
 from radixtop.adapters.sglang.trees import PlainRadixTree, RustUnifiedTree, UnifiedTree  # noqa: E402
-from tests.contract.suite import ContractSuite, all_children  # noqa: E402
+from tests.contract.suite import ContractSuite, all_children
 from tests.on_sglang.ref import drive23, known23  # noqa: E402
 
 pytestmark = pytest.mark.sglang

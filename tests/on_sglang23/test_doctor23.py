@@ -4,7 +4,7 @@ is reported. Needs sglang 0.5.23 (``.venv-sglang23``); not collected beside any 
 
 from __future__ import annotations
 
-from tests.conftest import SGLANG_VERSION
+from tests.support.engines import SGLANG_VERSION
 
 if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
     raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import SGLANG_VERSION
+from tests.support.engines import SGLANG_VERSION
 
 if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
     raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "

@@ -27,7 +27,7 @@ from radixtop.adapters.model import CHILD_ORDERS, ROOT_ID, SESSION_ORDERS, Close
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.scheduler import Scheduler
 from radixtop.gpu_backend.sessions import CLOSED_SESSION_TOMBSTONE_LIMIT
-from tests.conftest import check_invariants
+from tests.support.engines import check_invariants
 
 SESSION_KEYS: dict[str, Callable[[Any], Any]] = {
     "exclusive_bytes": lambda v: (-v.exclusive_bytes, v.id),

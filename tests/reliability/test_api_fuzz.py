@@ -42,8 +42,8 @@ from radixtop.adapters.http.schemas import ErrorOut
 from radixtop.adapters.http.server import MAX_BODY, MAX_ID, MAX_URL, create_app, http_protocol
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.http.wire import MAX_MESSAGE
-from tests.contract.suite import build_engine
 from tests.support import REPO
+from tests.support.engines import build_engine
 from tests.support.live_server import free_port, running_server
 
 TOKEN = "fuzz-test-token"
@@ -497,7 +497,7 @@ SERVE_SCRIPT = """
 import sys
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import serve
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 engine = build_engine()
 serve(BundledAdapter(engine), port=int(sys.argv[1]), token="t" * 16, log=lambda line: print(line, flush=True))
 engine.stop()

@@ -45,9 +45,8 @@ from radixtop.inspector.cache_screen import CacheScreen
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable
 from radixtop.inspector.tree_view import CacheTree
-from tests.conftest import check_invariants
-from tests.contract.suite import build_engine
 from tests.support import REPO  # noqa: E402
+from tests.support.engines import build_engine, check_invariants
 from tests.support.live_server import free_port, running_server
 
 CAPACITY = 65536

@@ -44,8 +44,8 @@ from radixtop.cli.main import app as cli_app
 from radixtop.gpu_backend.traces.ops import tree_rows
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
-from tests.contract.suite import build_engine
 from tests.support import REPO
+from tests.support.engines import build_engine
 from tests.support.live_server import free_port, running_server
 
 ROOT = REPO
@@ -513,7 +513,7 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import serve
-from tests.contract.suite import build_engine
+from tests.support.engines import build_engine
 engine = build_engine()
 serve(BundledAdapter(engine), port=int(sys.argv[1]), token=sys.argv[3], log=lambda line: print(line, flush=True))
 engine.stop()
