@@ -94,7 +94,7 @@ def legend(st: Stats, width: int) -> Text:
         for name, tokens in parts:
             label = name if form in ("full", "bytes") else SHORT[name]
             text.append(f"■ {label} ", style=STYLES[name])
-            text.append(figure(form, tokens) + (" " if form == "compact" else "  "))
+            text.append(figure(form, tokens) + " ")
         if form == "compact":
             text.append("/", style="dim")
             text.append(short_bytes(st.capacity_bytes))
@@ -107,11 +107,16 @@ def legend(st: Stats, width: int) -> Text:
         text = render(form)
         if text.cell_len <= width:
             break
-    extras = []  # most wanted first: the sessions, then the nodes, then the other tiers and components
-    if st.open_sessions is not None:
-        opened = f" · {st.open_sessions:,} sessions open"
-        extras.append(opened if text.cell_len + len(opened) <= width else f" · {st.open_sessions:,} sessions")
-    extras.append(f" · {count(st.node_count, 'nodes')}")
+    nodes = f" · {count(st.node_count, 'nodes')}"
+    extras = [nodes]
+    if st.open_sessions is not None:  # the sessions before the nodes where not both fit
+        for sessions in (f" · {st.open_sessions:,} sessions open", f" · {st.open_sessions:,} sessions"):
+            if text.cell_len + len(nodes) + len(sessions) <= width:
+                extras = [nodes, sessions]
+                break
+            if text.cell_len + len(sessions) <= width:
+                extras = [sessions]
+                break
     for tier, tokens in (st.tier_tokens or {}).items():
         if tier != "GPU":  # HiCache's other tiers beside the device pool
             extras.append(f" · {inert(tier)} {human_bytes(tokens * bpt)}")
