@@ -578,3 +578,25 @@ def test_a_read_starts_only_where_one_as_long_as_the_longest_of_late_fits_the_bu
     for t in threads:
         t.join(5)
     assert ran == list(range(6))
+
+
+def test_the_names_before_0_2_still_work_for_one_release():
+    """What docs/sglang.md showed embedders before 0.2 (radixtop.gpu_backend.owner_queue's
+    OwnerQueue, its step(), SGLangAdapter, an adapter's close()) still works, as aliases."""
+    from radixtop.adapters.base import CacheAdapter
+    from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, KvEventsAdapter
+    from radixtop.adapters.sglang.inproc import SGLangAdapter, SGLangInProcessAdapter
+    from radixtop.gpu_backend.owner import queue
+    from radixtop.gpu_backend.owner_queue import OwnerQueue as Old
+
+    assert Old is queue.OwnerQueue and Old.step is Old.between_steps
+    assert SGLangAdapter is SGLangInProcessAdapter and KvEventsAdapter is KVEventsAdapter
+    released = []
+
+    class Target(CacheAdapter):  # only what a face calls here; the rest is the contract's
+        def release(self):
+            released.append(True)
+
+    Target.__abstractmethods__ = frozenset()
+    Target().close()
+    assert released == [True]
