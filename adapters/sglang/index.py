@@ -178,20 +178,8 @@ class TreeIndex:
             return
         tokens = len(node.key)
         ids[i] = node
-        shards, ranked = self.subtree.shards, self._ranked
-        shards[i & SHARD_MASK][i] = tokens
-        parent, root = node.parent, self.root
-        child = node
-        while parent is not None:  # O(depth): each ancestor's shard reached inline (ids are ints)
-            i = parent.id
-            counts = shards[i & SHARD_MASK]
-            counts[i] = counts.get(i, 0) + tokens
-            if ranked:
-                self._changed_below(child)
-            if parent is root:
-                break
-            child, parent = parent, parent.parent
-        self.changes += 1
+        self.subtree.shards[i & SHARD_MASK][i] = tokens
+        self._carry_up(node, tokens)
 
     def removed(self, node: Any) -> None:
         """``node``, a leaf, left the tree."""
@@ -199,14 +187,19 @@ class TreeIndex:
             return
         tokens = self.subtree.pop(node.id, len(node.key))
         self._ranked.pop(node.id, None)
-        parent, root = node.parent, self.root
-        shards, ranked = self.subtree.shards, self._ranked
-        child = node
+        self._carry_up(node, -tokens)
+
+    def _carry_up(self, node: Any, delta: int) -> None:
+        """``delta`` tokens more in the subtree of each of ``node``'s ancestors, O(depth), each
+        ancestor's shard reached inline (ids are ints: a hot path); a removal leaves an ancestor
+        the index does not know as it is."""
+        shards, ranked, root = self.subtree.shards, self._ranked, self.root
+        child, parent = node, node.parent
         while parent is not None:
             i = parent.id
             counts = shards[i & SHARD_MASK]
-            if i in counts:
-                counts[i] -= tokens
+            if delta > 0 or i in counts:
+                counts[i] = counts.get(i, 0) + delta
             if ranked:
                 self._changed_below(child)
             if parent is root:
