@@ -113,7 +113,7 @@ class CacheAdapter(ABC):
         each in ``order`` whose subtree has at least ``min_bytes``: the tree as `radixtop tree`
         prints it, read at one moment. This default reads node and pages one call after another
         (right for a target whose reads are of one snapshot); an adapter that owns its cache's
-        thread reads it all in one step (``read_many``)."""
+        thread reads it all in one hold (``read_many``)."""
         from radixtop.gpu_backend.owner.slices import run_to_end  # the one (pure Python); not loaded by importing this
 
         return run_to_end(subtree_pass(lambda i: _done(self.node(i, 0, 1).node),
@@ -138,7 +138,8 @@ class CacheAdapter(ABC):
                 return None
 
         asked = check_paths(node_ids)
-        nodes, missing, capped = run_to_end(path_nodes(asked, view, lambda v: view(v.parent_id), lambda v: v.id))
+        nodes, missing, capped = run_to_end(path_nodes(asked, view, lambda v: view(v.parent_id), lambda v: v.id,
+                                                       lambda v: v.parent_id))
         return PathsView(asked, tuple(v for v, _ in nodes), tuple(missing), capped)
 
     @abstractmethod
@@ -166,14 +167,22 @@ class CacheAdapter(ABC):
 
     def export(self) -> Iterator[dict[str, Any]]:
         """The whole tree, a header then one row per node, parents before children."""
-        raise Unsupported(f"{self.name}: this target cannot export its tree")
+        raise Unsupported(f"{self.name} cannot export its tree")
+
+    def _export_rows(self) -> Iterator[dict[str, Any]]:
+        """``export()``'s rows; an adapter written before 0.2 that raises NotImplementedError for
+        it cannot export, as one that raises Unsupported."""
+        try:
+            return iter(self.export())
+        except NotImplementedError:
+            raise Unsupported(f"{self.name} cannot export its tree") from None
 
     def export_columns(self) -> ExportColumns:
         """The export as columns (see ExportColumns); adapters with a snapshot of their own
         override it."""
         from array import array
 
-        rows = iter(self.export())
+        rows = self._export_rows()
         header = next(rows)
         columns = {name: array("q") for name in EXPORT_COLUMNS}
         holders: dict[int, tuple[str, ...]] = {}
@@ -190,7 +199,7 @@ class CacheAdapter(ABC):
         yielded, so a failure can still become a status code), then chunks of ``chunk_rows``
         lines. Adapters with a faster encoding override it."""
         dumps = json.JSONEncoder(separators=(",", ":")).encode
-        rows = iter(self.export())
+        rows = self._export_rows()
         yield dumps(next(rows)) + "\n"
         chunk: list[str] = []
         for row in rows:
@@ -207,7 +216,7 @@ class CacheAdapter(ABC):
         lose the others). An error of the target itself (unreachable, timed out) raises.
 
         A dashboard's poll is one call: an adapter that owns its cache's thread runs them all
-        in one step of it (one wait for a step boundary, one consistent view), and over HTTP it
+        in one hold of it (one wait for the end of a step, one consistent view), and over HTTP it
         is one request. Here (the default) they run one after another."""
         return [self._read_one(op, args) for op, args in check_reads(reads)]
 
@@ -230,7 +239,7 @@ class CacheAdapter(ABC):
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView | None, CloseResultView]:
         """Plan and close, the plan taken as close to the close as the target allows: an adapter
-        that owns its cache's thread takes both in one step, so the result equals the plan. Here
+        that owns its cache's thread takes both in one hold, so the result equals the plan. Here
         (the default) two calls; the plan is None where the target cannot preview a close."""
         try:
             plan = self.plan_close(session_id)
@@ -251,6 +260,11 @@ class CacheAdapter(ABC):
     def close(self) -> None:
         """``release()``: the name before 0.2 (kept for one release)."""
         self.release()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "close" in cls.__dict__ and "release" not in cls.__dict__:  # an adapter written before 0.2
+            cls.release = cls.__dict__["close"]  # type: ignore[method-assign]
 
 
 def check_reads(reads: Sequence[Read]) -> list[Read]:
@@ -332,16 +346,20 @@ def check_paths(node_ids: Sequence[int]) -> tuple[int, ...]:
 
 
 PATH_CHUNK = 1024
-"""Nodes a ``paths`` walk takes per chunk."""
+"""Nodes a ``paths`` walk visits per chunk: the paths faces ask for (a search's, a session's) are
+read in one, so in one hold of an owner; a longer read yields between chunks."""
 
 
 def path_nodes(asked: tuple[int, ...], lookup: Callable[[int], Any], parent_of: Callable[[Any], Any],
-               key: Callable[[Any], Any] = id) -> Generator[None, None, tuple[list[tuple[Any, int]], list[int], bool]]:
+               key: Callable[[Any], Any] = id, parent_key: Callable[[Any], Any] | None = None,
+               ) -> Generator[None, None, tuple[list[tuple[Any, int]], list[int], bool]]:
     """The nodes on the paths from the root to ``asked`` (``CacheAdapter.paths``): each once as
     (node, depth), the root first and parents before children; the ids ``lookup`` does not find
-    (None); whether MAX_PATH_NODES cut them. ``parent_of(root)`` is None (as is that of a node
-    whose parent went away meanwhile: its path ends there); ``key(node)`` tells one node from
-    another (live tree nodes: their identity; views: their id). A chunk a yield."""
+    (None); whether MAX_PATH_NODES cut them (the path being walked then is left out).
+    ``parent_of(root)`` is None, as is that of a node whose parent went away meanwhile (its path
+    ends there); ``key(node)`` tells one node from another (live tree nodes: their identity;
+    views: their id), and ``parent_key(node)``, where given, its parent's key, so that a parent
+    already on a path is not fetched again. A chunk (PATH_CHUNK nodes) a yield."""
     depth_of: dict[Any, tuple[Any, int]] = {}
     missing: list[int] = []
     budget = PATH_CHUNK
@@ -350,21 +368,21 @@ def path_nodes(asked: tuple[int, ...], lookup: Callable[[int], Any], parent_of: 
         if node is None:
             missing.append(node_id)
             continue
-        chain = []
+        chain: list[Any] = []
         while node is not None and key(node) not in depth_of:
             chain.append(node)
-            node = parent_of(node)
+            if len(depth_of) + len(chain) > MAX_PATH_NODES:
+                return sorted(depth_of.values(), key=lambda pair: pair[1]), missing, True
+            budget -= 1
+            if budget <= 0:
+                yield
+                budget = PATH_CHUNK
+            above = parent_key(node) if parent_key is not None else None
+            node = depth_of[above][0] if above is not None and above in depth_of else parent_of(node)
         top = -1 if node is None else depth_of[key(node)][1]
         for k, up in enumerate(reversed(chain)):
             depth_of[key(up)] = (up, top + 1 + k)
-        if len(depth_of) >= MAX_PATH_NODES:
-            break
-        budget -= len(chain) + 1
-        if budget <= 0:
-            yield
-            budget = PATH_CHUNK
-    nodes = sorted(depth_of.values(), key=lambda pair: pair[1])[:MAX_PATH_NODES]
-    return nodes, missing, len(depth_of) >= MAX_PATH_NODES
+    return sorted(depth_of.values(), key=lambda pair: pair[1]), missing, False
 
 
 def check_page(offset: int, limit: int) -> None:

@@ -34,7 +34,7 @@ from radixtop.adapters.text import age
 IDLE_AFTER_S = 600.0
 """A session unused this long that still holds memory is a finding (``--idle-after``)."""
 WALK_CHUNK = 2048
-"""Nodes the walk visits per chunk (a slice of the owner runs chunks up to ~5 ms)."""
+"""Nodes the walk visits per chunk (chunks run within the owner's slices, ``gpu_backend.owner.slices``)."""
 MAX_PER_KIND = 20
 """Findings of one kind listed one by one; the rest are summed in one more."""
 
@@ -47,12 +47,13 @@ def check_idle_after(idle_after_s: float) -> float:
 
 @dataclass(frozen=True)
 class Pool:
-    """The pool's figures now, in tokens (SGLang's names)."""
+    """The pool's figures now, in tokens (SGLang's names; ``unevictable``: protected +
+    session_held + uncached, what the queue cannot have)."""
 
     capacity: int
     available: int
     evictable: int
-    protected: int
+    unevictable: int
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ def leaked_lock_findings(candidates: list[Any], inputs: DoctorInputs,
                                    "running requests lock its path too: it pins nothing more until they finish"),
             "A request locked this node's path (inc_lock_ref) and never released it (dec_lock_ref). Eviction "
             "skips locked nodes, so the path stays in the pool, protected, until the server restarts; "
-            "the evictable and free figures stay low even with nothing running.",
+            "the evictable and available figures stay low even with nothing running.",
             f"This is {inputs.bug_owner}'s bug: report it with these figures. Neither evict nor close "
             "frees a locked node; a restart does.",
             pinned, pinned * bpt, tuple(inputs.node_id(n) for n in path), figures=figures))
@@ -352,18 +353,18 @@ def starvation_finding(admission: AdmissionQueue, pool: Pool, leaked_tokens: int
     can_have = pool.available + pool.evictable
     if admission.waiting <= 0 or can_have >= admission.head_need:
         return None
-    share = pool.protected / pool.capacity if pool.capacity else 0.0
+    share = pool.unevictable / pool.capacity if pool.capacity else 0.0
     figures = {"waiting": admission.waiting, "head_request": admission.head_id, "head_need_tokens": admission.head_need,
-               "available": pool.available, "evictable": pool.evictable, "protected": pool.protected,
-               "capacity": pool.capacity, "protected_share": round(share, 4), "leaked_lock_tokens": leaked_tokens}
+               "available": pool.available, "evictable": pool.evictable, "unevictable": pool.unevictable,
+               "capacity": pool.capacity, "unevictable_share": round(share, 4), "leaked_lock_tokens": leaked_tokens}
     if admission.head_need > pool.capacity:
         action = (f"The first request needs more than the whole pool ({pool.capacity} tokens): it can never run; "
                   "abort it or give the server more KV memory.")
     elif leaked_tokens:
-        action = (f"{leaked_tokens} of the protected tokens are pinned by leaked locks (see leaked_lock): "
+        action = (f"{leaked_tokens} of the unevictable tokens are pinned by leaked locks (see leaked_lock): "
                   f"{bug_owner}'s bug, which only a restart frees; report it with these figures.")
     else:
-        action = ("No lock is leaked: running requests hold the protected memory, and the queue moves as they "
+        action = ("No lock is leaked: running requests hold the unevictable memory, and the queue moves as they "
                   "finish. If it persists, run fewer requests at once (SGLang: --max-running-requests) or "
                   "shorter contexts.")
     if idle_free and admission.head_need <= pool.capacity:
@@ -372,8 +373,9 @@ def starvation_finding(admission: AdmissionQueue, pool: Pool, leaked_tokens: int
         "starved_admission",
         f"{admission.waiting} request(s) wait: the first ({admission.head_id}) needs {admission.head_need} tokens, "
         f"but only {can_have} can be had (available {pool.available} + evictable {pool.evictable}); "
-        f"{pool.protected} tokens ({share:.0%} of capacity) are protected",
-        "Admission needs free or evictable slots; protected (locked) memory cannot be evicted, so the queue "
+        f"{pool.unevictable} tokens ({share:.0%} of capacity) are unevictable (locked, held or running)",
+        "Admission needs available or evictable slots; unevictable memory (locked nodes, session-held and "
+        "running requests' own slots) cannot be evicted, so the queue "
         "stalls while the server still answers its health check.",
         action, admission.head_need - can_have, (admission.head_need - can_have) * bpt, figures=figures)
 

@@ -109,8 +109,6 @@ class Bucket(_View):
 
 POOL_STATES = ("available", "evictable", "protected", "session_held", "uncached")
 """The pool's states in SGLang's words and its leak check's order: they add up to capacity."""
-UNEVICTABLE = ("protected", "session_held", "uncached")
-"""The states that cannot be evicted now; together ``unevictable_tokens``."""
 WIRE_KEYS_BEFORE_0_2 = ("free_tokens", "free_bytes", "running_tokens")
 """Stats keys the admin API still sends for clients of before 0.2 (wire version 1), until 0.3:
 ``free_*`` is ``available_*``; ``running_tokens`` is the unevictable tokens less ``protected``. In
@@ -125,7 +123,7 @@ class Stats(_View):
     ``protected``: locked tree nodes (SGLang's ``protected_size``); ``session_held``: slots that
     sessions hold outside the tree (SGLang 0.5.23's streaming sessions); ``uncached``: the slots
     running requests own beyond their cached prefix. None where the target cannot tell them
-    apart; ``unevictable_tokens``, their sum, is always known.
+    apart; ``unevictable_tokens`` is their sum (None only where the target cannot tell it either).
     """
 
     target: str
@@ -136,8 +134,9 @@ class Stats(_View):
     """None: the target cannot tell locked nodes from running requests' slots (see ``unevictable_tokens``)."""
     session_held_tokens: int | None
     uncached_tokens: int | None
-    unevictable_tokens: int
-    """protected + session_held + uncached: what no eviction can free now."""
+    unevictable_tokens: int | None
+    """protected + session_held + uncached: what no eviction can free now. None: the target
+    cannot tell (a tree kept from KV events, which carry no locks), never 0 for unknown."""
     total_tokens: int
     """Tokens held by the tree (evictable + locked nodes)."""
     bytes_per_token: int
@@ -185,20 +184,35 @@ class Stats(_View):
         return self.evictable_tokens * self.bytes_per_token
 
     @property
-    def unevictable_bytes(self) -> int:
-        return self.unevictable_tokens * self.bytes_per_token
+    def unevictable_bytes(self) -> int | None:
+        return self.bytes_of("unevictable")
 
     @property
     def total_bytes(self) -> int:
         return self.total_tokens * self.bytes_per_token
+
+    @property
+    def free_tokens(self) -> int:
+        """``available_tokens``: the name before 0.2 (kept for one release)."""
+        return self.available_tokens
+
+    @property
+    def free_bytes(self) -> int:
+        """``available_bytes``: the name before 0.2 (kept for one release)."""
+        return self.available_bytes
+
+    @property
+    def running_tokens(self) -> int:
+        """Before 0.2 (kept for one release): the unevictable tokens less ``protected`` (0 where
+        unknown, as it read then)."""
+        return (self.unevictable_tokens or 0) - (self.protected_tokens or 0)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         for state in ("capacity", *POOL_STATES, "unevictable", "total"):
             d[f"{state}_bytes"] = self.bytes_of(state)
         # wire version 1's keys, for clients of before 0.2 (WIRE_KEYS_BEFORE_0_2)
-        d["free_tokens"], d["free_bytes"] = self.available_tokens, self.available_bytes
-        d["running_tokens"] = self.unevictable_tokens - (self.protected_tokens or 0)
+        d["free_tokens"], d["free_bytes"], d["running_tokens"] = self.free_tokens, self.free_bytes, self.running_tokens
         return d
 
 
@@ -273,7 +287,7 @@ class SubtreeRow(_View):
 @dataclass(frozen=True)
 class SubtreeView(_View):
     """A node and its largest descendants, ``depth`` levels deep, at most ``limit`` children
-    each, read at one moment (one step of the owner where the target has one): every row is of
+    each, read at one moment (one hold of the owner where the target has one): every row is of
     the same tree, so no child is larger than its parent and none has vanished in between."""
 
     node_id: int
@@ -288,13 +302,16 @@ class SubtreeView(_View):
 
 
 MAX_SUBTREE_ROWS = 2000
+"""The most rows one subtree read returns (its hold of the owner grows with them)."""
 
 
 @dataclass(frozen=True)
 class PathsView(_View):
-    """The paths from the root to a set of nodes, read at one moment (one hold of the owner where
-    the target has one): every node on them once, the root first and each parent before its
-    children, so a face can open the tree down to them or draw them as a tree of their own."""
+    """The paths from the root to a set of nodes, read at one moment where they are small (in one
+    hold of the owner where the target has one: every path a face asks for); a read of more than
+    a chunk's nodes yields to the owner between chunks, and a node changed meanwhile may end a
+    path short. Every node on them once, the root first and each parent before its children, so
+    a face can open the tree down to them or draw them as a tree of their own."""
 
     node_ids: tuple[int, ...]
     """The nodes asked for, as asked."""
@@ -309,7 +326,6 @@ MAX_PATHS = 1024
 """Nodes one ``paths`` read may ask for."""
 MAX_PATH_NODES = 100_000
 """Nodes one ``paths`` read answers with at most (paths as deep as a long chain's)."""
-"""The most rows one subtree read returns (its hold of the owner grows with them)."""
 
 
 @dataclass(frozen=True)

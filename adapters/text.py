@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from radixtop.adapters.model import POOL_STATES
+
 if TYPE_CHECKING:
-    from radixtop.adapters.model import Bucket, Diagnosis
+    from radixtop.adapters.model import Bucket, Diagnosis, Stats
 
 
 def human_bytes(n: int | float) -> str:
@@ -132,3 +134,24 @@ def diagnosis_text(d: Diagnosis) -> str:
         if f.figures:
             lines.append("  figures: " + ", ".join(f"{k}={v}" for k, v in f.figures.items()))
     return "\n".join(lines)
+
+
+HELD_OR_RUNNING = "session_held+uncached"
+"""The part a target that knows its locked nodes but not the rest shows (unevictable less protected)."""
+
+
+def pool_parts(st: Stats) -> tuple[tuple[str, int | None], ...]:
+    """The pool in SGLang's leak-check words and order, adding up to capacity: available,
+    evictable, protected, session_held, uncached (each None where the target cannot tell). Where
+    the target cannot tell the last three apart, their sum as ``unevictable``; where it knows
+    only ``protected`` of them, the rest as ``session_held+uncached``. The set of parts depends on
+    the target only, never on the figures, so a legend keeps its layout."""
+    if st.protected_tokens is None and st.session_held_tokens is None and st.uncached_tokens is None:
+        return (("available", st.available_tokens), ("evictable", st.evictable_tokens),
+                ("unevictable", st.unevictable_tokens))
+    if st.session_held_tokens is None or st.uncached_tokens is None:
+        rest = (None if st.unevictable_tokens is None or st.protected_tokens is None
+                else st.unevictable_tokens - st.protected_tokens)
+        return (("available", st.available_tokens), ("evictable", st.evictable_tokens),
+                ("protected", st.protected_tokens), (HELD_OR_RUNNING, rest))
+    return tuple((state, st.tokens_of(state)) for state in POOL_STATES)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.text import human_bytes, inert, typed_confirmation
+from radixtop.adapters.text import human_bytes, inert, known, typed_confirmation
 from radixtop.cli.errors import EXIT_REFUSED, fail
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 from radixtop.cli.render import emit_json, plain_console
@@ -155,7 +155,7 @@ def flush(
             if as_json:
                 return emit_json(doc)
             typer.echo(f"would free {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)}); "
-                       f"{st.unevictable_tokens:,} unevictable (locked, held or running) stay; nothing changed")
+                       f"{known(st.unevictable_tokens)} unevictable (locked, held or running) stay; nothing changed")
             return
         _confirm(f"Flush {st.evictable_tokens:,} evictable tokens ({human_bytes(st.evictable_bytes)})?", yes,
                  typed_confirmation("flush"))

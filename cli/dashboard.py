@@ -91,4 +91,5 @@ def tui(
     # the demo engine that did not start: its last words as it wrote them
     with exits(ValueError, AdapterError), exits(RuntimeError, lines=True):
         target = open_target(spec)
-    run_dashboard(target.adapter, target.label, interval, keys, on_exit=target.release, notices=target.notices)
+    with exits(RuntimeError, lines=True):  # the demo engine that fails while it runs, or as it stops: one line
+        run_dashboard(target.adapter, target.label, interval, keys, on_exit=target.release, notices=target.notices)

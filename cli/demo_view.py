@@ -19,7 +19,7 @@ from rich.text import Text
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError
 from radixtop.adapters.model import ROOT_ID, ChildrenPage, SessionsPage, Stats
-from radixtop.adapters.text import count, figures_note, human_bytes, inert
+from radixtop.adapters.text import count, figures_note, human_bytes, inert, known, pool_parts
 
 TOP_SESSIONS = 10
 """Sessions shown: those whose close frees the most now."""
@@ -41,6 +41,11 @@ def read_view(adapter: CacheAdapter) -> tuple[Stats, SessionsPage, ChildrenPage]
             raise result
     stats, sessions, top = results
     return stats, sessions, top
+
+
+STYLES = {"available": "grey62", "evictable": "yellow", "protected": "red", "session_held": "magenta",
+          "uncached": "red3"}
+"""A state's colour in the bar and its legend (unnamed ones: red)."""
 
 
 def _bar(parts: list[tuple[int, str]], total: int, width: int = 60) -> Text:
@@ -65,13 +70,13 @@ def render(view: tuple[Stats, SessionsPage, ChildrenPage], title: str) -> Group:
         f"{count(st.closed_sessions, 'closed')} · ",
         f"cache hit rate {st.cached_tokens / st.prompt_tokens:.1%}" if st.prompt_tokens else "cache hit rate -",
     )
-    bar = _bar([(st.unevictable_tokens, "red"), (st.evictable_tokens, "yellow")], st.capacity_tokens)
-    legend = Text.assemble(
-        ("unevictable ", "red"), f"{st.unevictable_tokens} tok ",
-        ("evictable ", "yellow"), f"{st.evictable_tokens} tok ",
-        ("available ", "grey62"),
-        f"{st.available_tokens} tok  of {st.capacity_tokens} tok ({human_bytes(st.capacity_tokens * bpt)})",
-    )
+    parts = pool_parts(st)  # SGLang's words, as the dashboard's header says them
+    bar = _bar([(tokens or 0, STYLES.get(name, "red")) for name, tokens in parts[1:]], st.capacity_tokens)
+    legend = Text()
+    for name, tokens in parts:
+        legend.append(f"{name} ", style=STYLES.get(name, "red"))
+        legend.append(f"{known(tokens)} tok ")
+    legend.append(f" of {st.capacity_tokens} tok ({human_bytes(st.capacity_tokens * bpt)})")
     note = figures_note(page.figures_age_s, page.refreshing, page.figures_current)
     sessions = Table(title=f"sessions by bytes a close frees now ({note})", expand=True)
     for col in ("session", "tagged nodes", "close frees"):

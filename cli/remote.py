@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.model import MAX_PATHS, POOL_STATES, ROOT_ID
-from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known
+from radixtop.adapters.model import MAX_PATHS, ROOT_ID
+from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known, pool_parts
 from radixtop.cli.errors import EXIT_USAGE, fail
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
 from radixtop.cli.render import emit_json, plain_console
@@ -31,9 +31,7 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
                   show_header=True)
     for col in ("", "tokens", "bytes", "share"):
         table.add_column(col, justify="right" if col else "left")
-    split = st.protected_tokens is not None or st.uncached_tokens is not None
-    for name in (*POOL_STATES, "capacity") if split else ("available", "evictable", "unevictable", "capacity"):
-        tokens = st.tokens_of(name)
+    for name, tokens in (*pool_parts(st), ("capacity", st.capacity_tokens)):
         if tokens is None:  # the target cannot tell: said, never 0
             table.add_row(name, "unknown", "unknown", "-")
             continue
@@ -145,11 +143,14 @@ def _session_tree(t: Any, session_id: str) -> dict:
     ``paths`` read: a live cache cannot change them between two nodes); a node it held that has
     gone since its session was read is simply not on them."""
     detail = t.session(session_id)
-    view = t.paths(detail.node_ids[:MAX_PATHS] or (ROOT_ID,))
-    nodes = {n.id: n for n in view.nodes}
+    nodes: dict[int, Any] = {}
+    for start in range(0, len(detail.node_ids), MAX_PATHS):  # a read per MAX_PATHS nodes it holds
+        nodes.update((n.id, n) for n in t.paths(detail.node_ids[start : start + MAX_PATHS]).nodes)
+    if ROOT_ID not in nodes:  # it holds nothing (now): the root alone
+        nodes[ROOT_ID] = t.node(ROOT_ID, token_limit=1).node
     children: dict[int, list[int]] = {}
-    for n in view.nodes:
-        if n.parent_id is not None:
+    for n in nodes.values():
+        if n.parent_id is not None and n.parent_id in nodes:
             children.setdefault(n.parent_id, []).append(n.id)
 
     def walk(node_id: int) -> dict:

@@ -70,7 +70,7 @@ class RadixtopSpec:
 
 
 @dataclass(frozen=True)
-class KvEventsSpec:
+class KVEventsSpec:
     """An SGLang or vLLM server's KV-event stream (read-only): its endpoint, or an SGLang server's URL."""
 
     stream: str
@@ -96,12 +96,12 @@ class SGLangRoutesSpec:
     """What a face calls it (None: the adapter's own name)."""
 
 
-TargetSpec = DemoSpec | RadixtopSpec | KvEventsSpec | SGLangRoutesSpec
+TargetSpec = DemoSpec | RadixtopSpec | KVEventsSpec | SGLangRoutesSpec
 
 
 def external_spec(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
                   sglang_api_key: str | None, model: str | None, capacity: int | None, timeout: float = 5.0,
-                  tokenizer: str | None = None) -> KvEventsSpec | SGLangRoutesSpec | None:
+                  tokenizer: str | None = None) -> KVEventsSpec | SGLangRoutesSpec | None:
     """The KV-event stream or SGLang server the options name; None when they name neither.
     ValueError (a usage error) for a bad combination."""
     if kv_events and sglang_url:
@@ -109,7 +109,7 @@ def external_spec(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
     if tokenizer is not None and not kv_events:
         raise ValueError("--tokenizer goes with --kv-events (a radixtop server or the plugin decodes on its side)")
     if kv_events:
-        return KvEventsSpec(kv_events, kv_replay, dp_rank, sglang_api_key, model, capacity, timeout, tokenizer)
+        return KVEventsSpec(kv_events, kv_replay, dp_rank, sglang_api_key, model, capacity, timeout, tokenizer)
     if sglang_url:
         return SGLangRoutesSpec(sglang_url, sglang_api_key, dp_rank if dp_rank else None, model, timeout,
                                 label=sglang_url)
@@ -157,7 +157,7 @@ def model_geometry(model: str | None) -> Any:
     from radixtop.gpu_backend.kv_geometry import get_geometry
 
     g = get_geometry(model)
-    return Geometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.page_size, g.bytes_per_token)
+    return Geometry.of(g)
 
 
 def load_tokenizer(spec: str | None) -> Any:
@@ -211,7 +211,7 @@ def _open_radixtop(spec: RadixtopSpec) -> Target:
     return Target(adapter, spec.url, adapter.release)
 
 
-def _open_kv_events(spec: KvEventsSpec) -> Target:
+def _open_kv_events(spec: KVEventsSpec) -> Target:
     geometry = model_geometry(spec.model)
     try:
         from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, discover
@@ -248,7 +248,7 @@ def _open_sglang_routes(spec: SGLangRoutesSpec) -> Target:
 OPENERS: dict[type[TargetSpec], Callable[[Any], Target]] = {
     DemoSpec: _open_demo,
     RadixtopSpec: _open_radixtop,
-    KvEventsSpec: _open_kv_events,
+    KVEventsSpec: _open_kv_events,
     SGLangRoutesSpec: _open_sglang_routes,
 }
 """The opener of each kind of target (k9s's registry, in small)."""

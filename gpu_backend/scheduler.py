@@ -231,7 +231,7 @@ class Scheduler:
     def uncached_size(self) -> int:
         """Slots the running requests own beyond their cached prefix, counted from the requests
         themselves (SGLang's ``kv_private_tokens``), not derived from the other figures: so the
-        pool's buckets (free + evictable + protected + this == capacity) can fail to add up, and
+        pool's buckets (available + evictable + protected + this == capacity) can fail to add up, and
         a slot nobody owns shows."""
         return sum(len(req.slots) - req.cache_protected_len for req in self.running.values())
 

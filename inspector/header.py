@@ -10,30 +10,19 @@ from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from radixtop.adapters.model import POOL_STATES, Stats
-from radixtop.adapters.text import count, human_bytes, inert
+from radixtop.adapters.model import Stats
+from radixtop.adapters.text import HELD_OR_RUNNING, count, human_bytes, inert, pool_parts
 
 HISTORY = 120
 """Samples kept for the sparklines (two minutes at the default one-second poll)."""
 
 
 STYLES = {"available": "grey50", "evictable": "dark_orange", "protected": "red", "session_held": "magenta",
-          "uncached": "red3", "unevictable": "red"}
+          "uncached": "red3", "unevictable": "red", HELD_OR_RUNNING: "red3"}
 """A state's colour, the same in the bar and its legend."""
 SHORT = {"available": "avail", "evictable": "evict", "protected": "prot", "session_held": "sess",
-         "uncached": "unc", "unevictable": "unev"}
+         "uncached": "unc", "unevictable": "unev", HELD_OR_RUNNING: "sess+unc"}
 """A state's label on narrow screens."""
-
-
-def pool_parts(st: Stats) -> tuple[tuple[str, int | None], ...]:
-    """The pool in SGLang's leak-check words and order, adding up to capacity: available,
-    evictable, protected, session_held, uncached (each None where the target cannot tell); where
-    the target cannot tell the last three apart, their sum as ``unevictable``. The set of parts
-    depends on the target only, never on the figures: the legend keeps its layout."""
-    if st.protected_tokens is None and st.session_held_tokens is None and st.uncached_tokens is None:
-        return (("available", st.available_tokens), ("evictable", st.evictable_tokens),
-                ("unevictable", st.unevictable_tokens))
-    return tuple((state, st.tokens_of(state)) for state in POOL_STATES)
 
 
 def memory_bar(st: Stats, width: int) -> Text:
@@ -69,6 +58,54 @@ BYTES_WIDTH = 10
 the legend's parts keep their places while the figures change."""
 
 
+LEGEND_FORMS = ("full", "bytes", "short", "compact")
+"""The legend's forms, widest first: tokens and bytes; bytes; short labels; short labels and figures."""
+
+
+def _figure(form: str, tokens: int | None, bpt: int, token_width: int) -> str:
+    """One part's figure in ``form``, padded to the widest it can be (but in the last form, which
+    has nothing to switch to)."""
+    if form == "compact":
+        return "?" if tokens is None else short_bytes(tokens * bpt)
+    amount = "unknown" if tokens is None else human_bytes(tokens * bpt)
+    if form == "full":
+        count_text = "?" if tokens is None else f"{tokens:,}"
+        return f"{count_text:>{token_width}} tok {amount:>{BYTES_WIDTH}}"
+    return f"{amount:>{BYTES_WIDTH}}"
+
+
+def _parts_text(st: Stats, form: str) -> Text:
+    """The pool's parts (``pool_parts``) and its capacity, in ``form``."""
+    token_width = len(f"{max(st.capacity_tokens, 0):,}")
+    text = Text()
+    for name, tokens in pool_parts(st):
+        text.append(f"■ {name if form in ('full', 'bytes') else SHORT[name]} ", style=STYLES[name])
+        text.append(_figure(form, tokens, st.bytes_per_token, token_width) + " ")
+    text.append("/" if form == "compact" else "of ", style="dim")
+    text.append(short_bytes(st.capacity_bytes) if form == "compact" else human_bytes(st.capacity_bytes))
+    return text
+
+
+def _extras(st: Stats, room: int) -> list[str]:
+    """What follows the parts, most wanted first: the nodes and the sessions (the sessions alone
+    where not both fit in ``room``), HiCache's other tiers, SGLang's other components."""
+    nodes = f" · {count(st.node_count, 'nodes')}"
+    extras = [nodes]
+    if st.open_sessions is not None:
+        for sessions in (f" · {st.open_sessions:,} sessions open", f" · {st.open_sessions:,} sessions"):
+            if len(nodes) + len(sessions) <= room:
+                extras = [nodes, sessions]
+                break
+            if len(sessions) <= room:
+                extras = [sessions]
+                break
+    extras += [f" · {inert(tier)} {human_bytes(tokens * st.bytes_per_token)}"
+               for tier, tokens in (st.tier_tokens or {}).items() if tier != "GPU"]
+    extras += [f" · [{inert(b.component)}] {(b.total - b.available - b.evictable) / b.total:.0%} used"
+               for b in (st.buckets or ())[1:] if b.total]
+    return extras
+
+
 def legend(st: Stats, width: int) -> Text:
     """The memory bar's legend, in SGLang's words (``pool_parts``), as much of it as fits: tokens
     and bytes on wide screens, bytes only on narrower ones, short labels and figures on 80
@@ -76,55 +113,11 @@ def legend(st: Stats, width: int) -> Text:
     width and the pool's capacity, never by the figures: the legend keeps its layout from one
     refresh to the next. The node and session counts, and the other components of SGLang's leak
     check (``swa``, ``mamba``, as a share used), follow where there is room."""
-    bpt = st.bytes_per_token
-    parts = pool_parts(st)
-    token_width = len(f"{max(st.capacity_tokens, 0):,}")
-
-    def figure(form: str, tokens: int | None) -> str:
-        if form == "compact":  # the last form: nothing to switch to, so no room spent on padding
-            return "?" if tokens is None else short_bytes(tokens * bpt)
-        amount = "unknown" if tokens is None else human_bytes(tokens * bpt)
-        if form == "full":
-            count_text = "?" if tokens is None else f"{tokens:,}"
-            return f"{count_text:>{token_width}} tok {amount:>{BYTES_WIDTH}}"
-        return f"{amount:>{BYTES_WIDTH}}"
-
-    def render(form: str) -> Text:
-        text = Text()
-        for name, tokens in parts:
-            label = name if form in ("full", "bytes") else SHORT[name]
-            text.append(f"■ {label} ", style=STYLES[name])
-            text.append(figure(form, tokens) + " ")
-        if form == "compact":
-            text.append("/", style="dim")
-            text.append(short_bytes(st.capacity_bytes))
-        else:
-            text.append("of ", style="dim")
-            text.append(human_bytes(st.capacity_bytes))
-        return text
-
-    for form in ("full", "bytes", "short", "compact"):
-        text = render(form)
+    for form in LEGEND_FORMS:
+        text = _parts_text(st, form)
         if text.cell_len <= width:
             break
-    nodes = f" · {count(st.node_count, 'nodes')}"
-    extras = [nodes]
-    if st.open_sessions is not None:  # the sessions before the nodes where not both fit
-        for sessions in (f" · {st.open_sessions:,} sessions open", f" · {st.open_sessions:,} sessions"):
-            if text.cell_len + len(nodes) + len(sessions) <= width:
-                extras = [nodes, sessions]
-                break
-            if text.cell_len + len(sessions) <= width:
-                extras = [sessions]
-                break
-    for tier, tokens in (st.tier_tokens or {}).items():
-        if tier != "GPU":  # HiCache's other tiers beside the device pool
-            extras.append(f" · {inert(tier)} {human_bytes(tokens * bpt)}")
-    for other in (st.buckets or ())[1:]:
-        if other.total:
-            used = other.total - other.available - other.evictable
-            extras.append(f" · [{inert(other.component)}] {used / other.total:.0%} used")
-    for extra in extras:
+    for extra in _extras(st, width - text.cell_len):
         if text.cell_len + len(extra) > width:
             break
         text.append(extra)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from radixtop.adapters.base import MAX_READS, CacheAdapter
-from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unsupported
+from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unsupported, unknown_node
 from radixtop.adapters.model import (
     ROOT_ID,
     Capabilities,
@@ -152,7 +152,7 @@ class Poller:
         if self._caps_stale:  # first poll, or the target is back (it may have restarted meanwhile)
             capabilities = self.capabilities = self.adapter.capabilities()
             self._caps_stale = False
-        # One read_many: one request, and where the adapter owns the cache's thread one step of
+        # One read_many: one request, and where the adapter owns the cache's thread one hold of
         # it (each read apart waited for a step boundary, and over HTTP cost the target's
         # interpreter a request).
         caps, live, now = self.capabilities, request.live, time.monotonic()
@@ -255,7 +255,10 @@ class Poller:
         target = match.partial_node_id if match.partial_node_id is not None else match.node_id
         above: list[int] = []
         if target != ROOT_ID:  # its path, read at one moment (one hold of the owner)
-            above = [n.id for n in self.adapter.paths([target]).nodes if n.id not in (ROOT_ID, target)]
+            view = self.adapter.paths([target])
+            if view.missing:  # evicted between the match and this read
+                raise unknown_node(target)
+            above = [n.id for n in view.nodes if n.id not in (ROOT_ID, target)]
         return match, target, self._open_down_to(above)
 
     def session_chains(self, session_id: str) -> tuple[SessionDetail, frozenset[int], TreeRows]:

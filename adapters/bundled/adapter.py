@@ -22,7 +22,6 @@ from radixtop.adapters.base import (
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
     BadRequest,
-    read_only,
     unknown_node,
     unknown_session,
 )
@@ -58,7 +57,7 @@ from radixtop.adapters.owned.attribution import (
     session_view,
     sessions_page_pass,
 )
-from radixtop.adapters.owned.common import SORT_CHUNK, owner_call
+from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
@@ -115,10 +114,6 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return run_to_end(make(*owner))
         return owner_call(lambda: self.engine.owner.call_pass(lambda: make(self.engine.scheduler), self.timeout),
                           self.name)
-
-    def _refuse_if_read_only(self, action: str) -> None:
-        if self.read_only:
-            raise read_only(self.name, action)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(read_only=self.read_only,
@@ -239,9 +234,12 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def _paths_pass(self, s: Scheduler, node_ids: tuple[int, ...]) -> Generator[None, None, PathsView]:
         asked = check_paths(node_ids)
         nodes, missing, capped = yield from path_nodes(asked, s.cache.nodes.get, lambda n: n.parent)
-        now = s.cache.clock()
-        views = tuple(self._node_view(s, node, depth, now) for node, depth in nodes)
-        return PathsView(asked, views, tuple(missing), capped)
+        now, views = s.cache.clock(), []
+        for start in range(0, len(nodes), SORT_CHUNK):  # 100k views at once would hold the engine
+            if start:
+                yield
+            views.extend(self._node_view(s, node, depth, now) for node, depth in nodes[start : start + SORT_CHUNK])
+        return PathsView(asked, tuple(views), tuple(missing), capped)
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
         check_page(token_offset, token_limit)
@@ -463,17 +461,17 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         return self._call(lambda s: self._plan(s, session_id), urgent=True)
 
     def close_session(self, session_id: str) -> CloseResultView:
-        self._refuse_if_read_only(f"close of session {session_id!r}")
+        refuse_if_read_only(self, f"close of session {session_id!r}")
         return self._call(lambda s: self._close(s, session_id), urgent=True)
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
         """Plan and close in one hold of the owner thread: nothing runs in between, so the
         result is the plan."""
-        self._refuse_if_read_only(f"close of session {session_id!r}")
+        refuse_if_read_only(self, f"close of session {session_id!r}")
         return self._call(lambda s: (self._plan(s, session_id), self._close(s, session_id)), urgent=True)
 
     def evict(self, num_tokens: int) -> EvictResultView:
-        self._refuse_if_read_only(f"evict of {num_tokens} tokens")
+        refuse_if_read_only(self, f"evict of {num_tokens} tokens")
         check_tokens(num_tokens)
 
         def act(s: Scheduler) -> EvictResultView:
@@ -487,7 +485,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         return self._call(act, urgent=True)
 
     def flush(self) -> FlushResultView:
-        self._refuse_if_read_only("flush")
+        refuse_if_read_only(self, "flush")
 
         def act(s: Scheduler) -> FlushResultView:
             requested = s.cache.evictable_size()

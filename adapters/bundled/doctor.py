@@ -33,7 +33,7 @@ def doctor_inputs(adapter: BundledAdapter, s: Scheduler) -> DoctorInputs:
         busy = {r.session_id for r in s.running.values()}
         leaves, closed = cache._session_leaves, cache._closed_session_ids
         # Least recently used first: the loop stops at the first session used since the threshold,
-        # so it visits the idle ones only (no copy of every session the engine has seen), in one step.
+        # so it visits the idle ones only (no copy of every session the engine has seen), in one chunk.
         for sid, last in s.session_activity.items():
             if now - last < idle_after_s:
                 break

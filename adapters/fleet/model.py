@@ -77,6 +77,9 @@ class WorkerRow:
         d.update(key=self.key, pressure=self.pressure, used_share=self.used_share, hit_rate=self.hit_rate)
         for name in ("capacity", "available", "evictable", "unevictable"):
             d[f"{name}_bytes"] = self.bytes(getattr(self, f"{name}_tokens"))
+        # the keys before 0.2, until 0.3: free was available, protected the unevictable tokens
+        d["free_tokens"], d["free_bytes"] = self.available_tokens, d["available_bytes"]
+        d["protected_tokens"], d["protected_bytes"] = self.unevictable_tokens, d["unevictable_bytes"]
         return d
 
 

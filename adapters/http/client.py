@@ -243,7 +243,7 @@ class RadixtopClient(CacheAdapter):
     }
 
     def read_many(self, reads: Sequence[Read]) -> list[Any]:
-        """One ``GET /v1/read`` (one step of the target's owner thread). Each read is checked
+        """One ``GET /v1/read`` (one hold of the target's owner thread). Each read is checked
         here as the server checks it, so a bad argument is that read's error, not the batch's.
         A server from before the route answers it 404 unknown-route: then one by one, and it
         remembers."""

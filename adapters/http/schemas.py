@@ -83,7 +83,8 @@ class StatsOut(Schema):
     session_held_tokens: int | None = Field(description="slots sessions hold outside the tree; null: unknown")
     uncached_tokens: int | None = Field(description="running requests' slots beyond their cached prefix; "
                                                     "null: unknown")
-    unevictable_tokens: int = Field(description="protected + session_held + uncached")
+    unevictable_tokens: int | None = Field(description="protected + session_held + uncached; null: the target "
+                                                       "cannot tell (KV events carry no locks)")
     total_tokens: int
     bytes_per_token: int
     node_count: int | None = Field(description="null: the target cannot tell")
@@ -105,11 +106,12 @@ class StatsOut(Schema):
     protected_bytes: int | None
     session_held_bytes: int | None
     uncached_bytes: int | None
-    unevictable_bytes: int
+    unevictable_bytes: int | None
     total_bytes: int
     free_tokens: int = Field(deprecated=True, description="available_tokens (wire version 1; until 0.3)")
     free_bytes: int = Field(deprecated=True, description="available_bytes (wire version 1; until 0.3)")
-    running_tokens: int = Field(deprecated=True, description="session_held + uncached (wire version 1; until 0.3)")
+    running_tokens: int = Field(deprecated=True, description="unevictable less protected: session_held + uncached "
+                                "where told apart, every unevictable token where not (wire version 1; until 0.3)")
 
 
 class NodeOut(Schema):

@@ -84,7 +84,7 @@ class Attribution:
     def fresh(self, key: Any, max_age: float, budget: float, holding: int | None = None) -> bool:
         """Still good: nothing changed (same key), or younger than ``max_age`` seconds or than
         ``budget`` times what the next one would cost, whichever is longer (a live cache moves
-        every step). The next one's cost is this one's, scaled by the growth in sessions holding
+        at every step). The next one's cost is this one's, scaled by the growth in sessions holding
         KV (``holding``: their number now, where the caller knows it cheaply), so that a growing
         cache's attribution keeps to its share of the owner's time."""
         if key == self.key:

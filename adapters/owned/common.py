@@ -4,9 +4,9 @@ failures in the contract's words, and the size of their ranking chunks."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from radixtop.adapters.errors import TargetTimeout, TargetUnreachable
+from radixtop.adapters.errors import TargetTimeout, TargetUnreachable, read_only
 from radixtop.gpu_backend.owner.queue import OwnerStopped, OwnerTimeout
 
 T = TypeVar("T")
@@ -25,3 +25,9 @@ def owner_call(run: Callable[[], T], name: str) -> T:
         raise TargetTimeout(f"{name}: {exc}") from None
     except OwnerStopped as exc:
         raise TargetUnreachable(f"{name}: {exc}") from None
+
+
+def refuse_if_read_only(adapter: Any, action: str) -> None:
+    """ReadOnly (in ``errors.read_only``'s one wording) for ``action`` where ``adapter`` is read-only."""
+    if adapter.read_only:
+        raise read_only(adapter.name, action)

@@ -25,7 +25,7 @@ T = TypeVar("T")
 ONE_VIEW_S = 0.0015
 """A ``read_many`` pass runs its reads in one hold of the owner (one view of the cache) while the
 next, as long as the longest read of late, would end within this; then it lets the owner take a
-step before it."""
+step before it (a hold of its own)."""
 
 
 class OffOwner:
@@ -107,15 +107,17 @@ class OwnerReads:
     def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
                 min_bytes: int = 0) -> SubtreeView:
         """``CacheAdapter.subtree`` in one pass on the owner: one view of the cache while its
-        pages are cheap (a page that ranks 100k children in chunks lets the owner step between)."""
-        result = self.read_many([("subtree", (node_id, depth, limit, order, min_bytes))])[0]
-        if isinstance(result, AdapterError):
-            raise result
-        return result
+        pages are cheap (a page that ranks 100k children in chunks lets the owner take steps between)."""
+        return self._read_alone("subtree", (node_id, depth, limit, order, min_bytes))
 
     def paths(self, node_ids: Sequence[int]) -> PathsView:
-        """``CacheAdapter.paths`` in one pass on the owner (its ``_paths_pass``): one view."""
-        result = self.read_many([("paths", (check_paths(node_ids),))])[0]
+        """``CacheAdapter.paths`` in one pass on the owner (its ``_paths_pass``): one view while
+        the paths are small (see PathsView)."""
+        return self._read_alone("paths", (check_paths(node_ids),))
+
+    def _read_alone(self, op: str, args: tuple[Any, ...]) -> Any:
+        """One read as a ``read_many`` pass of its own: its view, or the error it met, raised."""
+        result = self.read_many([(op, args)])[0]
         if isinstance(result, AdapterError):
             raise result
         return result

@@ -3,7 +3,7 @@
 It reads SGLang's own fields (never ``match_prefix``, which splits nodes and refreshes access
 times), computes bytes from the server's real KV pool, and closes sessions the way SGLang does
 (``release_radix_session``, or the scheduler's own ``close_session`` when given). Every read and
-action runs on the cache's owner thread through ``run`` (an ``OwnerQueue.call`` drained between
+action runs on the cache's owner thread through ``run`` (an ``OwnerQueue.call``, run between
 batches by the plugin's hook); without ``run`` the caller must be the owner thread.
 
 SGLang keeps no subtree sizes and no node registry (0.5.16 ``RadixCache``): a ``TreeIndex``
@@ -40,7 +40,6 @@ from radixtop.adapters.errors import (
     BadRequest,
     UnknownNode,
     Unsupported,
-    read_only,
     unknown_node,
     unknown_session,
 )
@@ -73,7 +72,7 @@ from radixtop.adapters.owned.attribution import (
     session_view,
     sessions_page_pass,
 )
-from radixtop.adapters.owned.common import SORT_CHUNK, owner_call
+from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
@@ -129,9 +128,12 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         slices: Slices | None = None,
         close: Callable[[str], None] | None = None,
     ):
-        """``closer``: closes a session the way the server does (the scheduler's own
-        ``close_session``); SGLang's ``release_radix_session`` where not given. ``close``: its
-        name before 0.2 (kept for one release)."""
+        """``run``: the scheduler's ``OwnerQueue`` (or its ``call``): with the queue, long reads run
+        a slice at a time between the scheduler's steps, never holding it longer than a slice;
+        without one (or with ``slices`` alone) they run to their end on the spot. ``closer``:
+        closes a session the way the server does (the scheduler's own ``close_session``); SGLang's
+        ``release_radix_session`` where not given. ``close``: its name before 0.2 (kept for one
+        release)."""
         self.tree: SGLangTree = tree_for(tree_cache)
         self.cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator
@@ -148,7 +150,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self.timeout = timeout
         self.tokenizer = tokenizer
         self._open_sessions = open_sessions or (lambda: ())
-        self._close = closer or close or self.tree.release
+        self._close = closer or close or self.tree.release_session
         self._buckets = buckets
         """SGLang's leak-check buckets per component (``adapters.sglang.buckets``), read on the
         scheduler thread with the other totals; the plugin gives them (they need the scheduler)."""
@@ -364,7 +366,8 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             # What is neither available nor in the tree is held by sessions (0.5.23's streaming
             # sessions) or by running requests beyond their cached prefix: told apart by SGLang's
             # leak check where it can be read, unknown otherwise
-            session_held = min(buckets[0].session_held, running) if buckets else None
+            full = next((b for b in buckets or () if b.component == "full"), None)
+            session_held = min(full.session_held, running) if full is not None else None
             return Stats(
                 target=self.name, capacity_tokens=capacity, available_tokens=free,
                 evictable_tokens=evictable, protected_tokens=protected, session_held_tokens=session_held,
@@ -442,8 +445,11 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                 return None
 
         nodes, missing, capped = yield from path_nodes(asked, lookup, lambda n: None if n is root else n.parent)
-        sizes, now = self._sizes(), time.monotonic()
-        rows = [self._row(node, depth, now, sizes) for node, depth in nodes]
+        sizes, now, rows = self._sizes(), time.monotonic(), []
+        for start in range(0, len(nodes), SORT_CHUNK):  # the views themselves are built off the owner
+            if start:
+                yield
+            rows.extend(self._row(node, depth, now, sizes) for node, depth in nodes[start : start + SORT_CHUNK])
         return OffOwner(lambda: PathsView(asked, tuple(map(self._view_of, rows)), tuple(missing), capped))
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 256) -> NodeDetail:
@@ -626,17 +632,13 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self._need_sessions()
         return self._call(lambda: self._plan(session_id), urgent=True)
 
-    def _refuse_if_read_only(self, action: str) -> None:
-        if self.read_only:
-            raise read_only(self.name, action)
-
     def close_session(self, session_id: str) -> CloseResultView:
         return self.close_session_planned(session_id)[1]
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
         """Plan and close in one hold of the scheduler thread (the result is the plan)."""
         self._need_sessions()
-        self._refuse_if_read_only(f"close of session {session_id!r}")
+        refuse_if_read_only(self, f"close of session {session_id!r}")
 
         def act() -> tuple[ClosePlanView, CloseResultView]:
             plan = self._plan(session_id)
@@ -660,7 +662,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
 
     def evict(self, num_tokens: int) -> EvictResultView:
         check_tokens(num_tokens)
-        self._refuse_if_read_only(f"evict of {num_tokens} tokens")
+        refuse_if_read_only(self, f"evict of {num_tokens} tokens")
 
         def act() -> EvictResultView:
             tokens, nodes = self._evict(num_tokens)
@@ -669,7 +671,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         return self._call(act, urgent=True)
 
     def flush(self) -> FlushResultView:
-        self._refuse_if_read_only("flush")
+        refuse_if_read_only(self, "flush")
 
         def act() -> FlushResultView:
             tokens, nodes = self._evict(self.tree.evictable_size())

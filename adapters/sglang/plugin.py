@@ -8,11 +8,11 @@ Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
   routes and auth as ``radixtop serve``) on ``RADIXTOP_HOST`` (127.0.0.1) at ``RADIXTOP_PORT``
   (30100) plus the DP rank, from the first TP rank only (the others hold the same tree);
 * after ``Scheduler.process_input_requests`` (once per scheduler loop iteration, between batches,
-  where SGLang applies its own control messages): drain the queue of reads and actions, so each
-  runs on the scheduler thread;
+  where SGLang applies its own control messages): the hold, ``OwnerQueue.between_steps``, runs the
+  queued reads and actions and a slice of radixtop's passes on the scheduler thread;
 * before ``RustUnifiedTreeCore.__init__`` (SGLang 0.5.19+, where the module exists): the Rust
   tree core records its KV events, from which radixtop keeps the tree Python cannot read
-  (``core_events``; ``RADIXTOP_CORE_EVENTS=0`` leaves the core as SGLang built it). A request the scheduler does not take within
+  (``events.core``; ``RADIXTOP_CORE_EVENTS=0`` leaves the core as SGLang built it). A request the scheduler does not take within
   ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late. With
   ``--sleep-on-idle`` a queued request wakes the scheduler (``IdleWaker``).
 

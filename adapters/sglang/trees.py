@@ -83,7 +83,7 @@ class SGLangTree:
         """Nodes in the tree, the root excluded, where the tree counts them (None: walk)."""
         return None
 
-    def release(self, session_id: str) -> None:
+    def release_session(self, session_id: str) -> None:
         raise NotImplementedError
 
     def node_by_id(self, node_id: int) -> Any | None:
@@ -147,7 +147,7 @@ class SessionRadixTree(SGLangTree):
     def closed(self) -> Collection[str]:
         return getattr(self.cache, "_closed_session_ids", None) or {}
 
-    def release(self, session_id: str) -> None:
+    def release_session(self, session_id: str) -> None:
         self.cache.release_radix_session(session_id)
 
 
@@ -192,7 +192,7 @@ class UnifiedTree(SGLangTree):
         # (Scheduler -> ensure_session_generation); a close drops it.
         return getattr(self._refs(), "_session_generations", None) or {}
 
-    def release(self, session_id: str) -> None:
+    def release_session(self, session_id: str) -> None:
         self.cache.release_radix_session(session_id)
 
     def node_by_id(self, node_id: int) -> Any | None:

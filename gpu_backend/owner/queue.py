@@ -216,6 +216,8 @@ class OwnerQueue:
 
     step = between_steps
     """``between_steps``: the name before 0.2 (kept for one release)."""
+    call_steps = call_pass
+    """``call_pass``: the name before 0.2 (kept for one release)."""
 
     def close(self, reason: str) -> None:
         """From now on every call fails with OwnerStopped(reason) at once, and what is queued and

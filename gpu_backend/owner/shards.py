@@ -4,7 +4,7 @@ A Python dict grows by rebuilding its whole table, and one that keeps as many en
 some come and others go (a cache at capacity: nodes added and evicted every step) rebuilds it all
 again each time its deleted slots run out. At a million entries that is one insert of ~50 ms,
 every ~400k inserts, on the thread that called it: SGLang's scheduler, in the index's hook on its
-tree (measured: ``benchmarks/profile_owner_steps.py``), or any thread in its process (the GIL is
+tree (measured: ``benchmarks/profile_owner_chunks.py``), or any thread in its process (the GIL is
 held throughout). In 64 shards the same rebuild touches a 64th of the entries (~1 ms) and happens
 64 times as often: the same work, never in one stall. Used by the SGLang index, the KV events'
 block tree and the attribution pass (which hands it to the exclusive-tokens walk); pure Python,

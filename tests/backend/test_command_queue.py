@@ -584,19 +584,30 @@ def test_the_names_before_0_2_still_work_for_one_release():
     """What docs/sglang.md showed embedders before 0.2 (radixtop.gpu_backend.owner_queue's
     OwnerQueue, its step(), SGLangAdapter, an adapter's close()) still works, as aliases."""
     from radixtop.adapters.base import CacheAdapter
-    from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, KvEventsAdapter
+    from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
     from radixtop.adapters.sglang.inproc import SGLangAdapter, SGLangInProcessAdapter
+    from radixtop.adapters.sglang.kv_events import KvEventsAdapter
     from radixtop.gpu_backend.owner import queue
     from radixtop.gpu_backend.owner_queue import OwnerQueue as Old
+    from tests.dashboard.test_snapshots import stats
 
-    assert Old is queue.OwnerQueue and Old.step is Old.between_steps
+    assert Old is queue.OwnerQueue and Old.step is Old.between_steps and Old.call_steps is Old.call_pass
     assert SGLangAdapter is SGLangInProcessAdapter and KvEventsAdapter is KVEventsAdapter
+    st = stats(1)
+    assert (st.free_tokens, st.free_bytes, st.running_tokens) == (
+        st.available_tokens, st.available_bytes, st.session_held_tokens + st.uncached_tokens)
     released = []
 
-    class Target(CacheAdapter):  # only what a face calls here; the rest is the contract's
+    class Target(CacheAdapter):  # a face calls release(); the old name still calls it
         def release(self):
-            released.append(True)
+            released.append("release")
 
-    Target.__abstractmethods__ = frozenset()
+    class OldTarget(CacheAdapter):  # written before 0.2: its close() is what release() runs
+        def close(self):
+            released.append("close")
+
+    for cls in (Target, OldTarget):
+        cls.__abstractmethods__ = frozenset()
     Target().close()
-    assert released == [True]
+    OldTarget().release()
+    assert released == ["release", "close"]

@@ -128,7 +128,7 @@ def test_pinned_memory_that_starves_admission_is_reported():
         assert kinds(d) == ["starved_admission"]
         (f,) = d.findings
         assert f.figures["head_request"] == "next" and f.figures["head_need_tokens"] == 16
-        assert f.figures["available"] + f.figures["evictable"] == 8 and f.figures["protected"] == 24
+        assert f.figures["available"] + f.figures["evictable"] == 8 and f.figures["unevictable"] == 24
         assert f.tokens == 8 and "No lock is leaked" in f.action
         engine.call(lambda s: s.finish("big", [1]))  # room again: nothing waits for what cannot be had
         assert BundledAdapter(engine).diagnose().healthy

@@ -36,7 +36,7 @@ def test_the_demo_engine_runs_in_its_own_process_and_goes_with_the_block():
         pids = subprocess.run(["pgrep", "-f", "--", f"--port {url.rsplit(':', 1)[1]}"], capture_output=True,
                               text=True).stdout.split()
         assert pids, "the child should be a separate process"
-        adapter.close()
+        adapter.release()
     with pytest.raises(TargetUnreachable):
         RadixtopClient(url, timeout=2).stats()
 
@@ -114,7 +114,7 @@ def test_a_killed_demo_is_restarted_and_says_so():
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert any("restarted" in note and "signal 9" in note for note in notes), notes
-        client.close()
+        client.release()
     assert not _alive(first)  # reaped, not a zombie
 
 

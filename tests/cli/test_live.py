@@ -24,7 +24,7 @@ def live():
         while (client.stats().node_count or 0) < 40 or client.stats().evicted_tokens == 0:  # full, and evicting
             assert time.monotonic() < deadline, client.stats()
             time.sleep(0.2)
-        client.close()
+        client.release()
         yield url, token
 
 

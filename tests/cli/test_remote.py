@@ -92,6 +92,28 @@ def test_a_sessions_tree_is_read_at_one_moment_however_fast_the_tree_changes():
     assert doc["children"][0]["children"][0]["node"].holders == ("b",)
 
 
+def test_a_session_whose_nodes_all_went_before_their_paths_were_read_is_the_root_alone(server):
+    """A session read, then every node it held evicted before its paths are read (a live cache):
+    the root alone, never a KeyError; and a closed session (it holds nothing) likewise."""
+    import dataclasses
+
+    from radixtop.cli.remote import _session_tree
+
+    class Gone(BundledAdapter):
+        def session(self, session_id):
+            detail = super().session(session_id)
+            return dataclasses.replace(detail, node_ids=(424_242, 424_243))  # evicted since
+
+    engine = build_engine()
+    try:
+        doc = _session_tree(Gone(engine), "b")
+    finally:
+        engine.stop()
+    assert doc["node"].id == 0 and doc["children"] == []
+    closed = one_json(run(server, "tree", "--session", "gone", "--json"))
+    assert closed["node"]["id"] == 0 and closed["children"] == []
+
+
 def test_node(server):
     doc = one_json(run(server, "node", "root", "--json"))
     assert doc["node"]["id"] == 0 and doc["sessions_beneath"] == 3

@@ -141,7 +141,7 @@ def test_serve_plays_a_trace_in_real_time():
         assert client.stats().total_tokens == 0  # every session closed: the free policy freed it all
         assert "kv_cache_tester" in client.stats().target
     finally:
-        client.close()
+        client.release()
         proc.terminate()
         proc.wait(10)
 
@@ -171,7 +171,7 @@ def test_the_dashboards_embedded_engine_plays_a_trace(tmp_path):
             stats = client.stats()
             assert stats.prompt_tokens > stats.cached_tokens > 0 and stats.target.endswith("excerpt")
         finally:
-            client.close()
+            client.release()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0}\n')
     with pytest.raises(RuntimeError, match="bad.jsonl: line 1: missing field 'input_length'"):
@@ -205,7 +205,7 @@ def test_serve_at_speed_zero_applies_the_whole_trace_before_it_listens():
         # (10,897 at scale 8) refused by a 6,144-token pool instead of stopping the server.
         assert stats.closes == 26 and stats.evicted_tokens > 0 and stats.prompt_tokens > 0
     finally:
-        client.close()
+        client.release()
         proc.terminate()
         proc.wait(10)
 

@@ -38,7 +38,7 @@ def workers():
             while client.stats().prompt_tokens == 0 or not client.stats().open_sessions:
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
-            client.close()
+            client.release()
         yield a, b
 
 
@@ -149,14 +149,14 @@ def test_a_workers_dashboard_opens_with_its_own_token_and_actions_need_it(worker
         assert adapter.plan_close(session).session_id == session
         assert adapter.close_session(session).session_id == session  # its token: the action runs
     finally:
-        adapter.close()
+        adapter.release()
     adapter, _ = open_worker(rows[b.url], poller)
     try:
         session = adapter.sessions(limit=1).sessions[0].id
         with pytest.raises(Unauthorized):  # no token for b in the file: b refuses actions
             adapter.close_session(session)
     finally:
-        adapter.close()
+        adapter.release()
 
 
 def test_v1_fleet_aggregates_and_is_no_route_without_a_fleet(workers, tmp_path):
@@ -176,7 +176,7 @@ def test_v1_fleet_aggregates_and_is_no_route_without_a_fleet(workers, tmp_path):
             assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
             assert "/v1/fleet" not in http.get("/openapi.json").json()["paths"]
     finally:
-        own.close()
+        own.release()
 
 
 @pytest.mark.timeout(60)
@@ -219,7 +219,7 @@ def test_v1_fleet_readers_during_a_slow_poll_get_the_last_view_at_once(workers):
             assert http.get("/v1/fleet").json()["rows"][0]["worker"] == "http://10.9.9.3:1"
     finally:
         release.set()
-        own.close()
+        own.release()
 
 
 def test_serve_takes_fleet_options_only_together():

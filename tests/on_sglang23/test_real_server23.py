@@ -22,7 +22,7 @@ def rust(tmp_path_factory):
                  max_total_tokens=MAX_TOTAL_TOKENS)
     client = RadixtopClient(srv.admin_url, token=srv.token, timeout=30)
     yield srv, client
-    client.close()
+    client.release()
     srv.stop()
 
 

@@ -1,4 +1,4 @@
-"""The admin API's actions: a router of its POST routes, each an ``Action`` that ``Audited`` begins.
+"""The admin API's actions: a router of its POST routes, each an ``AuditedAction`` that ``Audited`` begins.
 
 ``Audited`` authorises the action and journals its intent; ``async with`` the action journals its
 outcome. A route body is its action: close, evict, flush."""
@@ -33,7 +33,7 @@ router = APIRouter()
 
 
 @dataclass
-class Action:
+class AuditedAction:
     """One request for an action, authorised, its body read, and its intent journaled where it needs
     the token. ``async with`` it around the work: what the work sets here (``plan``, ``result``,
     ``extra``) and how it ended (allowed, or the error it raised) is journaled as its outcome before
@@ -51,7 +51,7 @@ class Action:
     result: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    async def __aenter__(self) -> Action:
+    async def __aenter__(self) -> AuditedAction:
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -100,10 +100,10 @@ class Audited:
     def __init__(self, name: str, target: str = "cache", previews: bool = False) -> None:
         self.name, self.target, self.previews = name, target, previews
 
-    async def __call__(self, request: Request, state: State) -> Action:
+    async def __call__(self, request: Request, state: State) -> AuditedAction:
         dry_run = self.previews and (request.query_params.get("dry_run") or "").strip().lower() in TRUE
         refused_token = state.tokens.action_refusal(request.headers)
-        action = Action(
+        action = AuditedAction(
             name=f"{self.name}_dry_run" if dry_run else self.name,
             target=self.target.format(**request.path_params),
             client=request.client.host if request.client is not None else "unknown",
@@ -171,9 +171,9 @@ DRY_RUN_PARAM = {"parameters": [{
 """``dry_run``, published by hand: the route reads it itself, so that a bad value is a refusal it
 journals rather than FastAPI's 422."""
 
-Closing = Annotated[Action, Depends(Audited("close", "session:{session_id}", previews=True))]
-Evicting = Annotated[Action, Depends(Audited("evict"))]
-Flushing = Annotated[Action, Depends(Audited("flush"))]
+Closing = Annotated[AuditedAction, Depends(Audited("close", "session:{session_id}", previews=True))]
+Evicting = Annotated[AuditedAction, Depends(Audited("evict"))]
+Flushing = Annotated[AuditedAction, Depends(Audited("flush"))]
 
 
 @router.post("/v1/sessions/{session_id:anytext}/close", response_model=CloseOut | ClosePlanOut,
@@ -185,7 +185,7 @@ async def close_session(session_id: SessionId, request: Request, adapter: Adapte
             action.plan = (await ahead_of_reads(adapter.plan_close, session_id)).to_dict()
             answer = action.plan
         else:
-            # One step where the adapter owns its cache's thread: the result is the plan. A target
+            # One hold where the adapter owns its cache's thread: the result is the plan. A target
             # that can close but not preview answers a null plan (its result says what it saw).
             plan, result = await ahead_of_reads(adapter.close_session_planned, session_id)
             action.plan = plan.to_dict() if plan is not None else None

@@ -26,7 +26,7 @@ MAX_HEAVY_READS = 4
 """Heavy reads served at once by one server; more are answered 429 at once, never queued."""
 RETRY_AFTER_S = 1
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-HEAVY_READS = re.compile(r"/v1/(read|export|match|doctor|sessions(/.*)?|nodes/[^/]+/(subtree|chain))", re.S)
+HEAVY_READS = re.compile(r"/v1/(read|export|match|paths|doctor|sessions(/.*)?|nodes/[^/]+/(subtree|chain))", re.S)
 """Reads whose cost follows the cache (a page of sessions, a subtree, a batch, the export, the doctor's walk)."""
 UNGUARDED = frozenset({"/healthz"})
 """Answered on a public bind without a token (a probe's)."""

@@ -158,7 +158,7 @@ def match(adapter: Adapter, tokens: str = Query("", description="comma-separated
 
 @router.get("/v1/paths", response_model=PathsOut,
             summary="The paths from the root to a set of nodes, read at one moment",
-            responses=documented(422, *TARGET_ERRORS))
+            responses=documented(429, 422, *TARGET_ERRORS))
 def paths(adapter: Adapter, node_ids: str = Query(description=f"1 to {MAX_PATHS} comma-separated node ids, e.g. 7,12",
                                                   json_schema_extra={"pattern": IDS_PATTERN})) -> Response:
     return json_response(call(adapter.paths, parse_node_ids(node_ids)))
@@ -184,7 +184,7 @@ def doctor(adapter: Adapter, idle_after_s: Annotated[float, Query(ge=0, le=MAX_I
                         "parameters, such as ``[{\"op\": \"stats\"}, {\"op\": \"children\", "
                         "\"node_id\": \"root\"}]``. Ops: " + ", ".join(READ_PARAMS) + ". Answers each "
                         "read's result (``ok``) or error (``error``, ``status``) in order; an adapter "
-                        "that owns its cache's thread reads them all in one step of it.",
+                        "that owns its cache's thread reads them all in one hold of it.",
             responses=documented(429, 422, *TARGET_ERRORS))
 def read(adapter: Adapter, reads: str = Query(description=f"A JSON list of 1 to {MAX_READS} reads.",
                                               max_length=MAX_URL)) -> Response:

@@ -128,7 +128,7 @@ class EventTreeAdapter(CacheAdapter):
                  dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
                  capacity_tokens: int = 0, medium: str = "GPU", tokenizer: Any = None):
         """``bytes_per_token`` (or ``geometry``) and ``capacity_tokens`` are not in the events:
-        give them, or bytes and free space read 0. ``medium``: the storage tier whose blocks make
+        give them, or bytes and available space read 0. ``medium``: the storage tier whose blocks make
         the tree (events without a medium count as this one); events of other tiers say which
         tiers also hold each node, and how many tokens each tier holds."""
         self.dp_rank = dp_rank
@@ -335,7 +335,7 @@ class EventTreeAdapter(CacheAdapter):
         # slots outside the tree is unknown.
         return Stats(target=self.name, capacity_tokens=cap, available_tokens=max(cap - total, 0) if cap else 0,
                      evictable_tokens=total, protected_tokens=None, session_held_tokens=None,
-                     uncached_tokens=None, unevictable_tokens=0, total_tokens=total,
+                     uncached_tokens=None, unevictable_tokens=None, total_tokens=total,
                      bytes_per_token=bpt, node_count=nodes, open_sessions=holding, closed_sessions=None,
                      prompt_tokens=0, cached_tokens=0, evicted_tokens=removed, closes=0,
                      freed_by_close_tokens=0, version=version, geometry=geometry, tier_tokens=tiers)

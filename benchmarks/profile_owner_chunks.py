@@ -1,12 +1,12 @@
-"""Where the longest steps of radixtop's passes go, on a real SGLang tree: each step of an
+"""Where the longest chunks of radixtop's passes go, on a real SGLang tree: each chunk of an
 attribution pass (its exclusive-tokens walk and its freeing included) and of the first sort of the
 sessions page, timed on its own thread's CPU clock, named by the lines it ran between.
 
-    .venv/bin/python benchmarks/profile_owner_steps.py --nodes 1000000            # 0.5.16
-    .venv-sglang23/bin/python benchmarks/profile_owner_steps.py --unified --nodes 1000000
+    .venv/bin/python benchmarks/profile_owner_chunks.py --nodes 1000000            # 0.5.16
+    .venv-sglang23/bin/python benchmarks/profile_owner_chunks.py --unified --nodes 1000000
 
 The tree is grown as ``bench_sglang_holds.py`` grows it (~5% of nodes tagged by sessions), each call
-of the index's hooks (inside SGLang's insert, split and delete) timed meanwhile. No other thread runs: each step's time is its own work, not a wait for the GIL. A companion to the
+of the index's hooks (inside SGLang's insert, split and delete) timed meanwhile. No other thread runs: each chunk's time is its own work, not a wait for the GIL. A companion to the
 holds bench, which measures holds as the scheduler sees them; this one says which code to shorten.
 """
 
@@ -38,8 +38,8 @@ def innermost(gen: Any) -> tuple[str, int]:
     return name, line
 
 
-def profile(steps: Any, label: str, top: int) -> Any:
-    """Run ``steps`` to its end a step at a time; log the longest steps and the per-place totals."""
+def profile(work: Any, label: str, top: int) -> Any:
+    """Run ``work`` (a pass) to its end a chunk at a time; log the longest chunks and the per-place totals."""
     rows: list[tuple[float, float, str]] = []
     by_place: dict[str, list[float]] = defaultdict(list)
     where = f"{label} start"
@@ -48,13 +48,13 @@ def profile(steps: Any, label: str, top: int) -> Any:
         while True:
             c0, t0 = thread_time(), pc()
             try:
-                next(steps)
+                next(work)
             except StopIteration as done:
                 result = done.value
                 break
             finally:
                 cpu, wall = thread_time() - c0, pc() - t0
-                name, line = innermost(steps)
+                name, line = innermost(work)
                 place = f"{where} -> {name}:{line}"
                 rows.append((cpu, wall, place))
                 by_place[place].append(cpu)
@@ -63,10 +63,10 @@ def profile(steps: Any, label: str, top: int) -> Any:
         gc.enable()
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    log(f"{label}: {len(rows)} steps, {total:.2f} s CPU; longest steps (CPU ms, wall ms, from -> to):")
+    log(f"{label}: {len(rows)} chunks, {total:.2f} s CPU; longest chunks (CPU ms, wall ms, from -> to):")
     for cpu, wall, place in rows[:top]:
         log(f"  {cpu * 1e3:6.2f} {wall * 1e3:6.2f}  {place}")
-    log(f"{label}: by place (steps, longest CPU ms, total CPU ms):")
+    log(f"{label}: by place (chunks, longest CPU ms, total CPU ms):")
     for place, cpus in sorted(by_place.items(), key=lambda kv: -max(kv[1]))[:top]:
         log(f"  {len(cpus):6d} {max(cpus) * 1e3:6.2f} {sum(cpus) * 1e3:8.1f}  {place}")
     return result
@@ -105,7 +105,7 @@ def report_hooks(calls: dict[str, list[tuple[float, float]]], label: str) -> Non
 
 def time_poll_reads(adapter: Any, top: int, repeats: int = 20) -> None:
     """Each read of a dashboard's poll (its ``read_many`` batch: stats, changes, sessions, the
-    selected node, pages of children), as the plugin runs it on the owner, step by step."""
+    selected node, pages of children), as the plugin runs it on the owner, chunk by chunk."""
     from radixtop.adapters.model import ROOT_ID
     from radixtop.adapters.owned.reads import finished
     from radixtop.gpu_backend.owner.slices import run_to_end
@@ -119,17 +119,17 @@ def time_poll_reads(adapter: Any, top: int, repeats: int = 20) -> None:
     for op, op_args in reads:
         cpus: list[float] = []
         for _ in range(repeats):
-            steps = adapter._read_pass((), op, op_args)
+            chunks = adapter._read_pass((), op, op_args)
             while True:
                 c0 = thread_time()
                 try:
-                    next(steps)
+                    next(chunks)
                 except StopIteration:
                     cpus.append(thread_time() - c0)
                     break
                 cpus.append(thread_time() - c0)
         cpus.sort()
-        log(f"poll read {op}{op_args}: {len(cpus)} steps in {repeats} reads, median {cpus[len(cpus) // 2] * 1e3:.2f} ms, "
+        log(f"poll read {op}{op_args}: {len(cpus)} chunks in {repeats} reads, median {cpus[len(cpus) // 2] * 1e3:.2f} ms, "
             f"longest {cpus[-1] * 1e3:.2f} ms CPU")
 
 
