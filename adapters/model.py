@@ -109,10 +109,6 @@ class Bucket(_View):
 
 POOL_STATES = ("available", "evictable", "protected", "session_held", "uncached")
 """The pool's states in SGLang's words and its leak check's order: they add up to capacity."""
-WIRE_KEYS_BEFORE_0_2 = ("free_tokens", "free_bytes", "running_tokens")
-"""Stats keys the admin API still sends for clients of before 0.2 (wire version 1), until 0.3:
-``free_*`` is ``available_*``; ``running_tokens`` is the unevictable tokens less ``protected``. In
-version 1 ``protected_tokens`` was the unevictable aggregate; it is SGLang's ``protected`` now."""
 
 
 @dataclass(frozen=True)
@@ -211,17 +207,9 @@ class Stats(_View):
         d = super().to_dict()
         for state in ("capacity", *POOL_STATES, "unevictable", "total"):
             d[f"{state}_bytes"] = self.bytes_of(state)
-        # wire version 1's keys, for clients of before 0.2 (WIRE_KEYS_BEFORE_0_2)
+        # wire version 1's keys, for clients of before 0.2, until 0.3 (http.wire.WIRE_VERSION)
         d["free_tokens"], d["free_bytes"], d["running_tokens"] = self.free_tokens, self.free_bytes, self.running_tokens
         return d
-
-
-def stats_from_wire_1(d: dict[str, Any]) -> dict[str, Any]:
-    """A stats reply of a radixtop before 0.2 (wire version 1: ``free_tokens``, and
-    ``protected_tokens`` for every unevictable token) in today's keys: the split of the
-    unevictable tokens is unknown."""
-    return {**d, "available_tokens": d["free_tokens"], "protected_tokens": None, "session_held_tokens": None,
-            "uncached_tokens": None, "unevictable_tokens": d["protected_tokens"]}
 
 
 @dataclass(frozen=True)

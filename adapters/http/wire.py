@@ -33,7 +33,6 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
     SubtreeView,
-    stats_from_wire_1,
 )
 
 V = TypeVar("V")
@@ -41,7 +40,9 @@ V = TypeVar("V")
 WIRE_VERSION = 2
 """The admin API's wire version (its OpenAPI ``info.version``). 2 (radixtop 0.2): the pool in
 SGLang's leak-check words (``docs/api.md``); version 1's stats keys are still sent until 0.3
-(``model.WIRE_KEYS_BEFORE_0_2``), and a version 1 reply is still read."""
+(``Stats.to_dict``: ``free_tokens`` and ``free_bytes``, the available ones; ``running_tokens``,
+the unevictable less ``protected``), and a version 1 reply is still read (``stats_from_dict``).
+In version 1 ``protected_tokens`` was every unevictable token; it is SGLang's ``protected`` now."""
 
 # Codes the HTTP edge uses for conditions that are not adapter errors (routing, sizes).
 NOT_FOUND = "not_found"
@@ -115,7 +116,10 @@ def capabilities_from_dict(d: dict[str, Any]) -> Capabilities:
 
 def stats_from_dict(d: dict[str, Any]) -> Stats:
     if isinstance(d, dict) and "available_tokens" not in d and "free_tokens" in d:
-        d = stats_from_wire_1(d)  # a radixtop before 0.2 (a fleet may mix versions)
+        # a radixtop before 0.2 (a fleet may mix versions): its free tokens are the available
+        # ones, its protected every unevictable one; the split of those is unknown
+        d = {**d, "available_tokens": d["free_tokens"], "protected_tokens": None, "session_held_tokens": None,
+             "uncached_tokens": None, "unevictable_tokens": d["protected_tokens"]}
     return from_wire(Stats, d)
 
 

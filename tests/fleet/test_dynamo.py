@@ -16,7 +16,8 @@ import pytest
 from radixtop.adapters.fleet.probe import poll_fleet
 from radixtop.adapters.fleet.sources import DynamoSource, Mapping
 from tests.fleet.engines import dynamo_indexer
-from tests.on_sglang.test_kv_events import Server, free_ports, sgl  # noqa: F401  (sgl: the fixture)
+from tests.on_sglang.test_kv_events import Server, sgl  # noqa: F401  (sgl: the fixture)
+from tests.support.live_server import free_ports
 
 BLOCK = 16
 SHARED = list(range(100, 164))  # 4 blocks

@@ -20,8 +20,8 @@ from radixtop.adapters.fleet.sources import DynamoSource, Mapping, SmgSource
 from radixtop.cli.embedded import demo_server
 from tests.fleet.engines import dynamo_indexer, smg
 from tests.on_sglang.server import BYTES_PER_TOKEN, launch
-from tests.on_sglang.test_kv_events import Server, free_ports, sgl  # noqa: F401  (sgl: the fixture)
-from tests.support.live_server import free_port
+from tests.on_sglang.test_kv_events import Server, sgl  # noqa: F401  (sgl: the fixture)
+from tests.support.live_server import free_port, free_ports
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from radixtop.adapters.sglang.events.block_tree import BlockTree
 from radixtop.adapters.sglang.events.wire import Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, rank_endpoint
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, SGLangUnavailableError, _parse, _pool_shape, import_sglang
+from tests.support.live_server import free_ports
 from tests.support.trace_gen import generate_trace, min_safe_capacity
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(60)]
@@ -48,26 +49,6 @@ def sgl():
 
     return types.SimpleNamespace(**vars(base), kv_events=kv_events, InsertParams=InsertParams,
                                  PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator)
-
-
-def free_ports(n: int = 1) -> int:
-    """A base port such that base .. base+n-1 are all free (a test's ports; DP ranks add their rank)."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 60_000)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
 
 
 def wait_until_free(*ports: int, timeout: float = 5.0) -> None:

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
-from tests.on_sglang.test_kv_events import Server, catch_up, free_ports, sgl  # noqa: F401  (the sgl fixture)
+from tests.on_sglang.test_kv_events import Server, catch_up, sgl  # noqa: F401  (the sgl fixture)
+from tests.support.live_server import free_ports
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.engines import SGLANG_VERSION
+from tests.support.live_server import free_ports
 
 if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
     raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "
@@ -22,8 +23,6 @@ if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only besi
 import atexit  # noqa: E402
 import http.server  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
-import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
@@ -48,24 +47,6 @@ def sgl():
 
     base.kv_events = kv_events
     return base
-
-
-def free_ports(n: int) -> int:
-    rng = random.Random()
-    for _ in range(200):
-        base, socks = rng.randrange(20_000, 60_000), []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
 
 
 class Server:

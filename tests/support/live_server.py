@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
@@ -15,6 +16,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_ports(n: int = 1) -> int:
+    """A base port such that base .. base+n-1 are all free (a test's ports; DP ranks add their rank)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 60_000)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
 
 
 @contextmanager

@@ -59,6 +59,7 @@ from radixtop.adapters.model import (
 from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree, SessionFigures, TreeAttribution
 from radixtop.adapters.sglang.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
+from radixtop.gpu_backend.owner.slices import run_to_end
 
 log = logging.getLogger(__name__)
 
@@ -391,8 +392,6 @@ class EventTreeAdapter(CacheAdapter):
 
     def paths(self, node_ids: Sequence[int]) -> PathsView:
         """``CacheAdapter.paths`` under the tree's lock: one moment of the stream."""
-        from radixtop.gpu_backend.owner.slices import run_to_end
-
         asked = check_paths(node_ids)
         now = time.time()
         with self._lock:
