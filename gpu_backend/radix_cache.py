@@ -12,6 +12,7 @@ import numpy as np
 
 from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
 from radixtop.gpu_backend.eviction import get_eviction_strategy
+from radixtop.gpu_backend.ledger import SessionLedger
 from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
 from radixtop.gpu_backend.owner.slices import released
 from radixtop.gpu_backend.sessions import SessionRadixCacheMixin
@@ -145,6 +146,7 @@ class RadixCache(SessionRadixCacheMixin):
         close_policy: str = "free",
         clock: Callable[[], float] = time.monotonic,
         bytes_per_token: int = 0,
+        ledger: bool = True,
     ):
         if allocator.page_size != page_size:
             raise ValueError(f"allocator page_size {allocator.page_size} != cache page_size {page_size}")
@@ -164,7 +166,12 @@ class RadixCache(SessionRadixCacheMixin):
         self.background: Callable[[Iterator[None]], None] | None = None
         """Where the cache's long passes run (the engine's slices, between its steps); None: on
         the spot (a trace replay, a test)."""
+        self.ledger: SessionLedger | None = None
         self.reset()
+        if ledger:
+            self.ledger = SessionLedger(self.root_node, frees=close_policy == "free")
+        """Every session's figures, kept as the tree changes (None: not kept, for a benchmark's
+        baseline)."""
 
     # ----- public API -----
 
@@ -185,6 +192,8 @@ class RadixCache(SessionRadixCacheMixin):
         self._heap_seq = 0
         self._compacting: list[tuple[Any, int, TreeNode]] | None = None  # the heap a sliced compaction builds
         self._reset_session_radix_state()
+        if self.ledger is not None:
+            self.ledger.reset(self.root_node)
 
     def page_aligned(self, key: Sequence[int]) -> tuple[int, ...]:
         key = tuple(key)
@@ -318,14 +327,18 @@ class RadixCache(SessionRadixCacheMixin):
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock the path from ``node`` to the root against eviction; returns the evictable delta."""
         delta = 0
-        root = self.root_node
+        root, ledger = self.root_node, self.ledger
         while node is not root:
             if node.lock_ref == 0:
                 n = len(node.key)
                 self.evictable_size_ -= n
                 self.protected_size_ += n
                 delta -= n
-            node.lock_ref += 1
+                node.lock_ref = 1
+                if ledger is not None:
+                    ledger.lock_changed(node)
+            else:
+                node.lock_ref += 1
             self._mark(node)
             self._update_leaf_status(node)
             node = node.parent
@@ -336,14 +349,18 @@ class RadixCache(SessionRadixCacheMixin):
         if node is not self.root_node and node.lock_ref <= 0:
             raise ValueError(f"dec_lock_ref on node {node.id}, which is not locked")
         delta = 0
-        root = self.root_node
+        root, ledger = self.root_node, self.ledger
         while node is not root:
             if node.lock_ref == 1:
                 n = len(node.key)
                 self.evictable_size_ += n
                 self.protected_size_ -= n
                 delta += n
-            node.lock_ref -= 1
+                node.lock_ref = 0
+                if ledger is not None:
+                    ledger.lock_changed(node)
+            else:
+                node.lock_ref -= 1
             self._mark(node)
             self._update_leaf_status(node)
             node = node.parent
@@ -464,6 +481,8 @@ class RadixCache(SessionRadixCacheMixin):
         node.subtree_tokens = len(key)
         self._mark(node)
         node.created_version = self.version
+        if self.ledger is not None:
+            self.ledger.added(node)
         return node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -487,6 +506,8 @@ class RadixCache(SessionRadixCacheMixin):
         self._mark(child)
         self._mark(head)
         head.created_version = self.version
+        if self.ledger is not None:
+            self.ledger.split(head, child)
         return head
 
     def _delete_leaf(self, node: TreeNode) -> None:
@@ -494,8 +515,8 @@ class RadixCache(SessionRadixCacheMixin):
         settled by ``_flush_subtree`` at the end of the operation, so freeing a whole chain
         costs O(depth) once, not once per node."""
         parent = node.parent
-        del parent.children[self._child_key(node.key)]
         self._discard_session_leaf(node)
+        del parent.children[self._child_key(node.key)]
         self.evictable_size_ -= len(node.key)
         self.evictable_leaves.discard(node)
         del self.nodes[node.id]
@@ -506,6 +527,8 @@ class RadixCache(SessionRadixCacheMixin):
         self._mark(node)
         self._mark(parent)
         self._update_leaf_status(parent)
+        if self.ledger is not None:
+            self.ledger.removed(node, parent)
 
     def _flush_subtree(self) -> None:
         pending, self._pending_subtree = self._pending_subtree, {}

@@ -11,6 +11,7 @@ import numpy as np
 
 from radixtop.gpu_backend.kv_geometry import KVGeometry
 from radixtop.gpu_backend.kv_pool import KVPool
+from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.radix_cache import EvictResult, RadixCache, Req
 from radixtop.gpu_backend.sessions import CloseResult
 
@@ -59,6 +60,7 @@ class Scheduler:
         close_policy: str = "free",
         clock=None,
         write_kv: bool = True,
+        ledger: bool = True,
     ):
         if capacity < geometry.page_size or capacity % geometry.page_size:
             raise ValueError(f"capacity {capacity} must be a positive multiple of page size {geometry.page_size}")
@@ -72,6 +74,7 @@ class Scheduler:
             eviction_policy=eviction_policy,
             close_policy=close_policy,
             bytes_per_token=geometry.bytes_per_token,
+            ledger=ledger,
             **kwargs,
         )
         self.running: dict[str, Req] = {}
@@ -90,6 +93,17 @@ class Scheduler:
         # cached prefix), newest last. There is no waiting queue here (a refused turn is retried
         # as a new request): the leak doctor reads recent refusals as the requests that wait.
         self.refused: deque[tuple[float, str, int]] = deque(maxlen=64)
+        self.orders: SessionOrders | None = None
+        """The sessions in order, as of every read (None without the cache's ledger)."""
+        if self.cache.ledger is not None:
+            cache = self.cache
+            self.orders = SessionOrders(
+                cache.ledger, geometry.bytes_per_token,
+                known=lambda sid: sid in self.session_activity, is_closed=cache.is_session_closed,
+                seen_at=lambda sid: self.session_activity.get(sid),
+                leaves_of=lambda sid: cache._session_leaves.get(sid, ()),
+                everyone=lambda: itertools.chain(self.session_activity, cache._closed_session_ids,
+                                                 cache.ledger.tags))
 
     # ----- requests -----
 
@@ -171,6 +185,9 @@ class Scheduler:
         self.closes += 1
         self.freed_by_close_tokens += result.freed_tokens
         self._touch_session(session_id)
+        if self.orders is not None:
+            for sid in oldest:  # open again, or no longer listed
+                self.orders.dirty(sid)
         return result
 
     def register_session(self, session_id: str) -> None:
@@ -197,6 +214,8 @@ class Scheduler:
         if activity.pop(session_id, None) is None and not self.cache.is_session_closed(session_id):
             self.open_session_count += 1  # re-insert: most recent last
         activity[session_id] = time.monotonic()
+        if self.orders is not None:
+            self.orders.dirty(session_id)
         if len(activity) > 2 * (len(self.cache._session_leaves) + len(self.cache._closed_session_ids)) + 1024:
             self._prune_sessions()
 
@@ -204,10 +223,14 @@ class Scheduler:
         """Forget sessions that hold nothing, run nothing and are past their tombstone."""
         cache = self.cache
         running = {r.session_id for r in self.running.values()}
+        before = self.session_activity
         self.session_activity = {
-            sid: t for sid, t in self.session_activity.items()
+            sid: t for sid, t in before.items()
             if sid in cache._session_leaves or sid in running or cache.is_session_closed(sid)
         }
+        if self.orders is not None:
+            for sid in before.keys() - self.session_activity.keys():
+                self.orders.dirty(sid)
         self.open_session_count = sum(1 for sid in self.session_activity if not cache.is_session_closed(sid))
 
     def evict(self, num_tokens: int) -> EvictResult:

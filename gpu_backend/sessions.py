@@ -120,6 +120,8 @@ class SessionRadixCacheMixin:
             node.session_ids = set()
         node.session_ids.add(session_id)
         self._session_leaves.setdefault(session_id, {})[node] = None
+        if self.ledger is not None:
+            self.ledger.tag(session_id, node)
         self._mark(node)
         if self.close_policy == "deref":
             self._refresh(node)
@@ -128,7 +130,10 @@ class SessionRadixCacheMixin:
         """A node leaves the tree: drop it from the index of every session that held it."""
         if not node.session_ids:
             return
+        ledger = self.ledger
         for sid in tuple(node.session_ids):
+            if ledger is not None:
+                ledger.untag(sid, node)
             leaves = self._session_leaves.get(sid)
             if leaves is not None:
                 leaves.pop(node, None)
@@ -212,3 +217,5 @@ class SessionRadixCacheMixin:
         node.session_ids.discard(session_id)
         if not node.session_ids:
             node.session_ids = None
+        if self.ledger is not None:
+            self.ledger.untag(session_id, node)

@@ -1,0 +1,280 @@
+"""SessionLedger: each session's figures kept with the tree, updated by every change in O(depth).
+
+The tree's owner (the bundled cache, or the hooks on an SGLang cache) tells the ledger what
+changed, after it changed: a session tagged or untagged a node, a leaf was added or removed, a
+node was split, a node's lock count crossed zero, the tree was reset. The ledger keeps, per node,
+
+* ``below[n]``: how many of each session's tagged nodes lie in n's subtree (its keys: the
+  sessions beneath n; a session's *path* is every node with it below);
+* ``owner[n]``: the one session whose close frees n now, under SessionRadixCacheMixin's rule: n
+  is unlocked, every leaf of its subtree is tagged, and one session alone holds anything there.
+  Bottom-up: a leaf is owned by its only holder; an inner node by the owner of all its children,
+  where it holds nothing else (``kids[n]`` counts its children's owners);
+
+and per session its exclusive tokens (the nodes it owns), its path tokens, and its tagged nodes.
+A change moves an owner or a count on the path from the change to the root only, so each costs
+O(depth); a split copies the child's ``below`` (one dict copy, C speed). Fair shares and locked
+tokens depend on every session beneath a node, so they are summed per session when read
+(``shares``: O(the session's path)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``; its size through ``size``
+
+
+def _key_len(node: Node) -> int:
+    return len(node.key)
+
+
+class SessionLedger:
+    """Figures of every session that holds a node of one tree (owner thread only).
+
+    ``size(node)``: a node's tokens; ``frees``: a close frees a session's exclusive nodes
+    (SessionRadixCacheMixin's ``free`` policy); False (``deref``) keeps exclusive at 0.
+    ``changed(sid)`` is called whenever a session's exclusive, path or tagged count moves.
+    """
+
+    def __init__(self, root: Node, size: Callable[[Node], int] = _key_len, frees: bool = True,
+                 changed: Callable[[str], None] | None = None):
+        self.size = size
+        self.frees = frees
+        self.changed = changed or (lambda sid: None)
+        self.reset(root)
+
+    def reset(self, root: Node) -> None:
+        """A new, empty tree: every session's figures go to 0."""
+        touched = set(self.tags) if hasattr(self, "tags") else set()
+        self.root = root
+        self.held: dict[Node, set[str]] = {}
+        """The holders of each tagged node, as told."""
+        self.below: dict[Node, dict[str, int]] = {}
+        self.owner: dict[Node, str] = {}
+        self.kids: dict[Node, dict[str, int]] = {}
+        self.exclusive: dict[str, int] = {}
+        self.path: dict[str, int] = {}
+        self.tags: dict[str, int] = {}
+        for sid in touched:
+            self.changed(sid)
+
+    # ----- reads -----
+
+    def beneath(self, node: Node) -> int:
+        """Sessions with a tagged node in ``node``'s subtree (for the root: every holding session)."""
+        return len(self.below.get(node, ()))
+
+    def figures(self, sid: str) -> tuple[int, int, int]:
+        """(tagged nodes, exclusive tokens, path tokens) of ``sid`` now."""
+        return self.tags.get(sid, 0), self.exclusive.get(sid, 0), self.path.get(sid, 0)
+
+    def shares(self, leaves: Iterable[Node]) -> tuple[float, int]:
+        """(fair-share tokens, locked tokens) of a session whose tagged nodes are ``leaves``: its
+        path's nodes, each split evenly among the sessions beneath it, and those locked. Summed
+        in the order of ``leaves`` (the from-scratch computation's order, to the last bit)."""
+        size, below, root = self.size, self.below, self.root
+        seen: set[Node] = set()
+        fair, locked = 0.0, 0
+        for leaf in leaves:
+            node = leaf
+            while node is not root and node is not None and node not in seen:
+                seen.add(node)
+                n = size(node)
+                fair += n / len(below[node])
+                if node.lock_ref > 0:
+                    locked += n
+                node = node.parent
+        return fair, locked
+
+    # ----- what changed -----
+
+    def tag(self, sid: str, node: Node) -> None:
+        """``sid`` now holds ``node`` (no-op where it did already)."""
+        held = self.held.get(node)
+        if held is None:
+            self.held[node] = held = set()
+        elif sid in held:
+            return
+        held.add(sid)
+        self._carry(sid, node, 1)
+        self.tags[sid] = self.tags.get(sid, 0) + 1
+        self.changed(sid)
+        if self.frees:
+            self._settle(node)
+
+    def untag(self, sid: str, node: Node) -> None:
+        """``sid`` no longer holds ``node`` (no-op where it did not)."""
+        held = self.held.get(node)
+        if held is None or sid not in held:
+            return
+        held.discard(sid)
+        if not held:
+            del self.held[node]
+        self._carry(sid, node, -1)
+        left = self.tags[sid] - 1
+        if left:
+            self.tags[sid] = left
+        else:
+            del self.tags[sid]
+        self.changed(sid)
+        if self.frees:
+            self._settle(node)
+
+    def sync(self, node: Node, holders: Iterable[str] | None) -> None:
+        """Make the holders of ``node`` (still in the tree) what they are now (``holders``), for a
+        caller that cannot tell which sessions came or went."""
+        now = set(holders or ())
+        was = self.held.get(node, set())
+        for sid in was - now:
+            self.untag(sid, node)
+        for sid in now - was:
+            self.tag(sid, node)
+
+    def added(self, node: Node) -> None:
+        """``node`` is a new leaf, holding nothing and unlocked, under its parent."""
+        if self.frees and node.parent is not None:
+            self._settle(node.parent)  # one more child, owned by no one
+
+    def split(self, head: Node, tail: Node) -> None:
+        """``head`` took the first part of ``tail``'s tokens, above it (holding nothing, locked as
+        it is). The same sessions lie beneath both and the same one owns both, so no session's
+        figures move."""
+        below = self.below.get(tail)
+        if below:
+            self.below[head] = below.copy()
+        owner = self.owner.get(tail)
+        if owner is not None:
+            self.owner[head] = owner
+            self.kids[head] = {owner: 1}
+            # the parent counted the tail's owner; it counts the head's now: the same
+
+    def removed(self, node: Node, parent: Node | None) -> None:
+        """``node``, a leaf, left the tree; it was ``parent``'s child. What it still held (a
+        cache that drops holders without telling) is untagged here."""
+        for sid in list(self.held.get(node, ())):
+            self.held[node].discard(sid)
+            self._carry(sid, node, -1, parent)
+            left = self.tags[sid] - 1
+            if left:
+                self.tags[sid] = left
+            else:
+                del self.tags[sid]
+            self.changed(sid)
+        self.held.pop(node, None)
+        self.below.pop(node, None)
+        self.kids.pop(node, None)
+        owner = self.owner.pop(node, None)
+        if owner is not None:
+            self._credit(owner, -self.size(node))
+            if parent is not None:
+                self._count_kid(parent, owner, -1)
+        if self.frees and parent is not None:
+            self._settle(parent)
+
+    def lock_changed(self, node: Node) -> None:
+        """``node``'s lock count went from 0 to more, or back to 0."""
+        if self.frees:
+            self._settle(node)
+
+    # ----- upkeep -----
+
+    def _carry(self, sid: str, node: Node, delta: int, parent: Node | None = None) -> None:
+        """One more (``delta`` 1) or one fewer (-1) of ``sid``'s tags below ``node`` and each of its
+        ancestors; the nodes it comes to or leaves move its path tokens. ``parent``: where the walk
+        goes on from a node already unlinked."""
+        below, size = self.below, self.size
+        gained = 0
+        first = True
+        while node is not None:
+            counts = below.get(node)
+            if delta > 0:
+                if counts is None:
+                    below[node] = counts = {}
+                was = counts.get(sid, 0)
+                counts[sid] = was + 1
+                if not was:
+                    gained += size(node)
+            elif counts is not None and sid in counts:
+                left = counts[sid] - 1
+                if left:
+                    counts[sid] = left
+                else:
+                    del counts[sid]
+                    gained -= size(node)
+                    if not counts:
+                        del below[node]
+            node = parent if first and parent is not None else node.parent
+            first = False
+        if gained:
+            path = self.path.get(sid, 0) + gained
+            if path:
+                self.path[sid] = path
+            else:
+                self.path.pop(sid, None)
+
+    def _owner_of(self, node: Node) -> str | None:
+        """Whose close frees ``node`` now, from its own state and its children's owners."""
+        if node.lock_ref != 0:
+            return None
+        held = self.held.get(node)
+        mine = None
+        if held:
+            if len(held) > 1:
+                return None
+            for mine in held:
+                pass
+        children = len(node.children)
+        if not children:
+            return mine
+        kids = self.kids.get(node)
+        if kids is None or len(kids) != 1:
+            return None
+        for sid, count in kids.items():
+            if count != children or (mine is not None and mine != sid):
+                return None
+            return sid
+        return None
+
+    def _settle(self, node: Node) -> None:
+        """Recompute ``node``'s owner and, while it moves, its ancestors'."""
+        root, owners = self.root, self.owner
+        while node is not None and node is not root:
+            new = self._owner_of(node)
+            old = owners.get(node)
+            if new == old:
+                return
+            n = self.size(node)
+            parent = node.parent
+            if old is not None:
+                del owners[node]
+                self._credit(old, -n)
+                if parent is not None:
+                    self._count_kid(parent, old, -1)
+            if new is not None:
+                owners[node] = new
+                self._credit(new, n)
+                if parent is not None:
+                    self._count_kid(parent, new, 1)
+            node = parent
+
+    def _credit(self, sid: str, tokens: int) -> None:
+        total = self.exclusive.get(sid, 0) + tokens
+        if total:
+            self.exclusive[sid] = total
+        else:
+            self.exclusive.pop(sid, None)
+        self.changed(sid)
+
+    def _count_kid(self, parent: Node, sid: str, delta: int) -> None:
+        kids = self.kids.get(parent)
+        if kids is None:
+            self.kids[parent] = kids = {}
+        count = kids.get(sid, 0) + delta
+        if count:
+            kids[sid] = count
+        else:
+            del kids[sid]
+            if not kids:
+                del self.kids[parent]

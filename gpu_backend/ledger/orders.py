@@ -1,0 +1,199 @@
+"""SessionOrders: the sessions kept in order for a page, as of the read (owner thread only).
+
+Each order a reader asked for is a sorted list of keys (``sortedcontainers.SortedList``), made
+once at its first read; afterwards a session whose figures, activity or state moved is re-keyed
+at the next read (O(log n) each), so a page costs O(log n + page) plus the sessions that moved
+since. Orders by a figure the ledger sums at read time (fair share, locked tokens) are made at
+their read from every session's figures (``ranked_pass``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Collection, Generator, Iterable
+from typing import Any
+
+from sortedcontainers import SortedKeyList, SortedList
+
+from radixtop.gpu_backend.ledger.figures import SessionLedger
+
+# (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
+#  last activity as a monotonic time or None)
+SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
+
+KEPT_ORDERS = ("exclusive_bytes", "shared_bytes", "tagged_nodes", "last_activity", "state", "id")
+"""Orders kept sorted between reads; the others are ranked at their read."""
+CHUNK = 512
+"""Sessions re-keyed, made into rows or matched per step of a pass."""
+
+
+def row_matches(sid: str, closed: bool, needle: str) -> bool:
+    """``needle`` (lower case) in the session's id, or the session's state (``open``, ``closed``)."""
+    return needle in sid.lower() or needle == ("closed" if closed else "open")
+
+
+class SessionOrders:
+    """The listed sessions of one cache and their orders.
+
+    A session is listed while it is ``known`` (seen by the server: open, running, registered),
+    closed (``is_closed``: tombstoned), or holds a node. ``seen_at(sid)``: its last activity
+    (``time.monotonic()``) or None; ``leaves_of(sid)``: the nodes it tags, in the cache's order;
+    ``everyone()``: every session that may be listed (an order's first read sorts them). The
+    owner calls ``dirty(sid)`` whenever a session's state, activity or listing moves; the
+    ledger's own changes come through ``SessionLedger.changed``.
+    """
+
+    def __init__(self, ledger: SessionLedger, bytes_per_token: int,
+                 known: Callable[[str], bool], is_closed: Callable[[str], bool],
+                 seen_at: Callable[[str], float | None], leaves_of: Callable[[str], Collection[Any]],
+                 everyone: Callable[[], Iterable[str]]):
+        self.ledger = ledger
+        ledger.changed = self.dirty
+        self.bpt = bytes_per_token
+        self.known, self.is_closed, self.seen_at = known, is_closed, seen_at
+        self.leaves_of, self.everyone = leaves_of, everyone
+        self._orders: dict[str, _Order] = {}
+
+    # ----- what the owner tells -----
+
+    def dirty(self, sid: str) -> None:
+        for order in self._orders.values():
+            order.pending.add(sid)
+
+    # ----- reads -----
+
+    def listed(self, sid: str) -> bool:
+        return self.known(sid) or self.is_closed(sid) or sid in self.ledger.tags
+
+    def row(self, sid: str) -> SessionRow:
+        """``sid``'s figures now (tokens to bytes at the cache's bytes per token)."""
+        tagged, exclusive, path = self.ledger.figures(sid)
+        leaves = self.leaves_of(sid)
+        fair, locked = self.ledger.shares(leaves) if leaves else (0.0, 0)
+        bpt = self.bpt
+        return (sid, self.is_closed(sid), tagged, exclusive * bpt, max(0, path - exclusive) * bpt,
+                round(fair * bpt), locked, self.seen_at(sid))
+
+    def page_pass(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
+                  ) -> Generator[None, None, tuple[list[SessionRow], int, int]]:
+        """Rows ``offset:offset+limit`` of the listed sessions that match ``contains`` (''
+        all) in ``order`` (``reverse``: from its other end), how many match, and how many are
+        listed; a pass that yields every ``CHUNK`` sessions it re-keys or matches."""
+        if order not in KEPT_ORDERS:
+            return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
+        kept = self._orders.get(order)
+        if kept is None:
+            kept = yield from self._made(order)
+        yield from kept.catch_up(self)
+        keys = kept.keys
+        needle = contains.strip().lower()
+        if not needle:
+            total = len(keys)
+            if reverse:
+                start, stop = max(total - offset - limit, 0), max(total - offset, 0)
+                ids = [k[-1] for k in keys.islice(start, stop)][::-1]
+            else:
+                ids = [k[-1] for k in keys.islice(offset, offset + limit)]
+            return [self.row(sid) for sid in ids], total, total
+        matching: list[str] = []
+        total = 0
+        want = offset + limit
+        closed = self.is_closed
+        for k, key in enumerate(reversed(keys) if reverse else keys):
+            sid = key[-1]
+            if row_matches(sid, closed(sid), needle):
+                if offset <= total < want:
+                    matching.append(sid)
+                total += 1
+            if k % CHUNK == CHUNK - 1:
+                yield
+        return [self.row(sid) for sid in matching], total, len(keys)
+
+    def ranked_pass(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
+                    ) -> Generator[None, None, tuple[list[SessionRow], int, int]]:
+        """A page in an order not kept between reads: every listed session's row made (``CHUNK``
+        a step) and the page picked from them."""
+        key = ROW_KEYS[order]
+        needle = contains.strip().lower()
+        rows: list[SessionRow] = []
+        listed = 0
+        for k, sid in enumerate(list(self.everyone())):
+            if self.listed(sid):
+                listed += 1
+                row = self.row(sid)
+                if not needle or row_matches(sid, row[1], needle):
+                    rows.append(row)
+            if k % CHUNK == CHUNK - 1:
+                yield
+        want = offset + limit
+        picked = (heapq.nlargest if reverse else heapq.nsmallest)(want, rows, key=key)
+        return picked[offset:want], len(rows), listed
+
+    def _made(self, order: str) -> Generator[None, None, _Order]:
+        """An order made at its first read: every listed session keyed, then sorted at once."""
+        key = KEY_OF[order]
+        made = _Order()
+        keys = []
+        for k, sid in enumerate(list(self.everyone())):
+            if sid not in made.key_of and self.listed(sid):
+                made.key_of[sid] = kv = key(self, sid)
+                keys.append(kv)
+            if k % CHUNK == CHUNK - 1:
+                yield
+        made.keys = SortedList(keys)
+        made.key = key
+        self._orders[order] = made
+        return made
+
+
+class _Order:
+    __slots__ = ("keys", "key_of", "pending", "key")
+
+    def __init__(self) -> None:
+        self.keys: SortedList | SortedKeyList = SortedList()
+        self.key_of: dict[str, tuple] = {}
+        self.pending: set[str] = set()
+        self.key: Callable[[SessionOrders, str], tuple] = KEY_OF["id"]
+
+    def catch_up(self, orders: SessionOrders) -> Generator[None, None, None]:
+        """Re-key the sessions that moved since the last read, ``CHUNK`` a step."""
+        keys, key_of, key = self.keys, self.key_of, self.key
+        while self.pending:
+            for _ in range(min(CHUNK, len(self.pending))):
+                sid = self.pending.pop()
+                old = key_of.pop(sid, None)
+                if old is not None:
+                    keys.remove(old)
+                if orders.listed(sid):
+                    key_of[sid] = new = key(orders, sid)
+                    keys.add(new)
+            if self.pending:
+                yield
+
+
+def _shared(o: SessionOrders, sid: str) -> int:
+    _, exclusive, path = o.ledger.figures(sid)
+    return max(0, path - exclusive)
+
+
+KEY_OF: dict[str, Callable[[SessionOrders, str], tuple]] = {
+    "exclusive_bytes": lambda o, sid: (-o.ledger.exclusive.get(sid, 0), sid),
+    "shared_bytes": lambda o, sid: (-_shared(o, sid), sid),
+    "tagged_nodes": lambda o, sid: (-o.ledger.tags.get(sid, 0), sid),
+    "last_activity": lambda o, sid: ((t := o.seen_at(sid)) is None, -(t or 0.0), sid),
+    "state": lambda o, sid: (o.is_closed(sid), sid),
+    "id": lambda o, sid: (sid,),
+}
+"""Each kept order's key of a session (its id last: the key names the session)."""
+
+ROW_KEYS: dict[str, Callable[[SessionRow], Any]] = {
+    "exclusive_bytes": lambda r: (-r[3], r[0]),
+    "shared_bytes": lambda r: (-r[4], r[0]),
+    "fair_share_bytes": lambda r: (-r[5], r[0]),
+    "locked_tokens": lambda r: (-r[6], r[0]),
+    "tagged_nodes": lambda r: (-r[2], r[0]),
+    "last_activity": lambda r: (r[7] is None, -(r[7] or 0.0), r[0]),
+    "state": lambda r: (r[1], r[0]),
+    "id": lambda r: r[0],
+}
+"""Every order's key of a row (the same orders as ``KEY_OF``)."""
