@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -49,16 +47,9 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.owned.attribution import (
-    ATTRIBUTION_BUDGET,
-    Attribution,
-    AttributionCache,
-    attribution_pass,
-    session_view,
-    sessions_page_pass,
-)
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
+from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import gc_paused
@@ -90,14 +81,12 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     """Runs every read and action on the engine's owner thread through its command queue."""
 
     def __init__(self, engine: Engine, name: str = "bundled", read_only: bool = False,
-                 tokenizer: Any = None, timeout: float = 10.0, attribution_max_age: float = 1.0,
-                 attribution_budget: float = ATTRIBUTION_BUDGET):
+                 tokenizer: Any = None, timeout: float = 10.0):
         self.engine = engine
         self.name = name
         self.read_only = read_only
         self.tokenizer = tokenizer
         self.timeout = timeout
-        self.attributions = AttributionCache(attribution_max_age, attribution_budget, engine.slices)
         self._init_owner_reads()
 
     def _call(self, fn: Callable[[Scheduler], T], urgent: bool = False) -> T:
@@ -248,54 +237,21 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def _node_pass(self, s: Scheduler, node_id: int, token_offset: int = 0,
                     token_limit: int = 256) -> Generator[None, None, NodeDetail]:
         check_page(token_offset, token_limit)
-        self._lookup(s, node_id)  # an unknown node is an error before any attribution
-        attribution = yield from self._attribution_ready(s)
+        yield from ()  # one hold
         node = self._lookup(s, node_id)
         depth = self._depth(node)
         path_tokens, up = 0, node
         while up is not None:
             path_tokens += len(up.key)
             up = up.parent
-        if node is s.cache.root_node:
-            beneath = attribution.sessions_holding
-        else:
-            beneath = attribution.beneath.get(node.id, 0)
         return NodeDetail(
             node=self._node_view(s, node, depth, s.cache.clock()),
             token_ids=(page := tuple(node.key[token_offset : token_offset + token_limit])),
             token_offset=token_offset,
             text=decode_preview(self.tokenizer, page[:TEXT_TOKENS]),
             path_tokens=path_tokens,
-            sessions_beneath=beneath,
+            sessions_beneath=s.cache.ledger.beneath(node),
         )
-
-    def _attribution_ready(self, s: Scheduler) -> Generator[None, None, Attribution]:
-        """Attribution of memory to sessions (owner thread). It costs O(sessions' paths) and a
-        dashboard reads it several times per poll, so it is reused while the tree has not
-        changed, and on a live engine (where the version moves every step) while it is younger
-        than ``attribution_max_age`` seconds or than ``attribution_budget`` times what the next
-        one would cost, whichever is longer: a large cache is re-attributed less often rather than
-        taking more than ~0.25% of the engine. A pass runs here for at most 5 ms, then in slices
-        between the engine's steps while the last one is served; without one yet, this waits for
-        it in slices (``AttributionCache``). Close plans never use it: ``plan_close`` is exact."""
-        cache = s.cache
-        key = self._attribution_key(s)
-        return (yield from self.attributions.ready(
-            key,
-            lambda: attribution_pass(cache.root_node, cache._session_leaves, cache._closed_session_ids,
-                                      s.session_activity, s.session_activity, s.geometry.bytes_per_token,
-                                      cache.close_policy != "deref", key, chunk=256),
-            len(cache._session_leaves)))
-
-    @staticmethod
-    def _attribution_key(s: Scheduler) -> tuple[int, int]:
-        """What changes whenever the attribution would: the tree's version, the sessions seen."""
-        return s.cache.version, len(s.session_activity)
-
-    def _attribute(self, s: Scheduler) -> Attribution:
-        """The attribution to serve, a first pass run to its end here (for callers on the owner
-        thread that cannot wait between steps: tests, benchmarks)."""
-        return run_to_end(self._attribution_ready(s))
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
@@ -305,23 +261,15 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def _sessions_pass(self, s: Scheduler, order: str = "exclusive_bytes", offset: int = 0,
                         limit: int = 100, contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
         check_sessions_read(order, offset, limit, contains)
-        attribution = yield from self._attribution_ready(s)
-        page = yield from sessions_page_pass(attribution, order, offset, limit, contains, reverse,
-                                              self.attributions.refreshing)
-        return dataclasses.replace(page, figures_current=attribution.key == self._attribution_key(s))
+        return (yield from sessions_page_pass(s.orders, order, offset, limit, contains, reverse))
 
     def session(self, session_id: str) -> SessionDetail:
         return self._call_pass(lambda s: self._session_pass(s, session_id))
 
     def _session_pass(self, s: Scheduler, session_id: str) -> Generator[None, None, SessionDetail]:
-        attribution = yield from self._attribution_ready(s)
-        row = attribution.sessions.get(session_id)
-        if row is None:
-            raise unknown_session(session_id)
+        yield from ()  # one hold: the view and its nodes of one moment
+        view = session_row(s.orders, session_id)
         leaves = s.cache._session_leaves.get(session_id, ())
-        view = session_view(row, time.monotonic())
-        if view.state == "open":  # the nodes it tags now, and their count, from the same moment
-            view = dataclasses.replace(view, tagged_nodes=len(leaves))
         return SessionDetail(view, tuple(sorted(node.id for node in leaves)))
 
     def match(self, tokens: list[int]) -> MatchView:
@@ -452,7 +400,6 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         if not known:
             raise unknown_session(session_id)
         r = s.close_session(session_id)
-        self.attributions.invalidate(closed=session_id)  # shown closed at once; the rest: next pass
         self.engine.record("close", session=session_id)
         return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
                                r.freed_tokens, r.freed_bytes, r.released_holds)
@@ -476,7 +423,6 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
         def act(s: Scheduler) -> EvictResultView:
             r = s.evict(num_tokens)
-            self.attributions.invalidate()  # the next read starts a new pass
             self.engine.record("evict", tokens=num_tokens)
             bpt = s.geometry.bytes_per_token
             return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
@@ -490,7 +436,6 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         def act(s: Scheduler) -> FlushResultView:
             requested = s.cache.evictable_size()
             r = s.flush()
-            self.attributions.invalidate()  # the next read starts a new pass
             self.engine.record("evict", tokens=requested)
             locked = s.cache.protected_size()
             message = f"{locked} tokens locked by running requests stay" if locked else ""

@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixtop.gpu_backend.ledger import SessionLedger
 from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 
 INDEX = "_radixtop_index"
@@ -61,6 +62,8 @@ class TreeIndex:
         self.changes = 0
         """Mutations seen (a node split, added or removed): the tree's version."""
         self._ranked: dict[int, _Ranked] = {}
+        self.ledger: SessionLedger | None = None
+        """Every session's figures, kept by the hooks (``install``) where the tree has sessions."""
         self.rebuild()
 
     # ----- reads -----
@@ -273,10 +276,80 @@ def install(cache: Any) -> TreeIndex | None:
             _wrap(cache, "_delete_leaf", lambda result, node, *a, **k: index.removed(node)),
             _wrap(cache, "reset", lambda result, *a, **k: index.rebuild()),
         ]
+        if all(hooks) and getattr(cache, "enable_session_radix_cache", False) \
+                and hasattr(cache, "release_radix_session"):
+            hooks.append(_keep_ledger(cache, index))
     if not all(hooks):
         return None
     setattr(cache, INDEX, index)
     return index
+
+
+def _holders(node: Any) -> set[str] | None:
+    return getattr(node, "session_ids", None)
+
+
+def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
+    """Keep a ``SessionLedger`` of a 0.5.15/0.5.16 ``RadixCache`` with sessions (the free
+    policy), after the index's own hooks (wrapped outside them, so it sees the index updated):
+    the session mixin's tag and close, and the locks crossing zero. Each adds O(depth)."""
+    ledger = SessionLedger(cache.root_node, frees=True)
+    ledger.rebuild(cache.root_node, _holders)
+    index.ledger = ledger
+
+    def tagged(result: Any, req: Any, radix_key: Any = None, node: Any = None, *a: Any, **k: Any) -> None:
+        sid = getattr(req, "session_id", None)
+        if sid is None:
+            return
+        if node is None:  # SGLang matched the node itself (it warns): which one is not known here
+            ledger.rebuild(cache.root_node, _holders)
+        elif sid in (_holders(node) or ()):
+            ledger.tag(sid, node)
+
+    def locked(result: Any, node: Any, *a: Any, **k: Any) -> None:
+        root = cache.root_node
+        while node is not None and node is not root:
+            if node.lock_ref == 1:  # from 0
+                ledger.lock_changed(node)
+            node = node.parent
+
+    def unlocked(result: Any, node: Any, *a: Any, **k: Any) -> None:
+        root = cache.root_node
+        while node is not None and node is not root:
+            if node.lock_ref == 0:  # from 1
+                ledger.lock_changed(node)
+            node = node.parent
+
+    hooks = [
+        _wrap(cache, "_split_node", lambda new_node, key, child, *a, **k: ledger.split(new_node, child)),
+        _wrap(cache, "_insert_helper", lambda result, *a, **k: ledger.added(result[1])
+              if result[1] is not cache.root_node and result[1].parent is not None else None),
+        _wrap(cache, "_delete_leaf", lambda result, node, *a, **k: ledger.removed(node, node.parent)),
+        _wrap(cache, "reset", lambda result, *a, **k: ledger.reset(cache.root_node)),
+        _wrap(cache, "_tag_session_leaf", tagged),
+        _wrap(cache, "inc_lock_ref", locked),
+        _wrap(cache, "dec_lock_ref", unlocked),
+    ]
+    original = cache.release_radix_session
+
+    @functools.wraps(original)
+    def release(session_id: str, *a: Any, **k: Any) -> Any:
+        leaves = getattr(cache, "_session_leaves", None) or {}
+        closed = getattr(cache, "_closed_session_ids", None) or {}
+        tagged_nodes = list(leaves.get(session_id, ()))
+        oldest = next(iter(closed), None)
+        try:
+            return original(session_id, *a, **k)
+        finally:
+            for node in tagged_nodes:  # the holds the close dropped on nodes it kept
+                if session_id not in (_holders(node) or ()):
+                    ledger.untag(session_id, node)
+            ledger.changed(session_id)  # closed now
+            if oldest is not None and oldest not in closed:  # its tombstone fell off: open again
+                ledger.changed(oldest)
+
+    cache.release_radix_session = release
+    return all(hooks)
 
 
 def _host_node(index: TreeIndex, core: Any, result: Any) -> None:

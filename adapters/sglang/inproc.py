@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -74,10 +75,13 @@ from radixtop.adapters.owned.attribution import (
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
+from radixtop.adapters.owned.sessions import session_row
+from radixtop.adapters.owned.sessions import sessions_page_pass as kept_sessions_page
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
+from radixtop.gpu_backend.ledger import KEPT_ORDERS, SessionOrders
 from radixtop.gpu_backend.owner.queue import OwnerQueue, gc_paused
 from radixtop.gpu_backend.owner.slices import Slices, released, run_to_end
 from radixtop.gpu_backend.session_rules import plan_release
@@ -162,6 +166,19 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self.attributions = AttributionCache(attribution_max_age, slices=slices)
         self._index = install(tree_cache) if self.tree.has_nodes else None
         self._walk: _Walk | None = None  # only for a tree the index cannot follow
+        self._known: set[str] = set()
+        self._closed: set[str] = set()
+        self._orders: SessionOrders | None = None
+        """The sessions and their figures kept with the tree (the index's ledger), where SGLang's
+        tree has one; the attribution passes otherwise."""
+        ledger = self._index.ledger if self._index is not None else None
+        if ledger is not None:
+            tree = self.tree
+            self._orders = SessionOrders(
+                ledger, self.bpt, known=self._known.__contains__, is_closed=lambda sid: sid in tree.closed(),
+                seen_at=self._seen_at, leaves_of=lambda sid: tree.session_leaves().get(sid, ()),
+                everyone=lambda: itertools.chain(self._known, tree.closed(), ledger.tags),
+                kept=tuple(o for o in KEPT_ORDERS if o != "last_activity"))
         self._init_owner_reads()
         self.version = 0
         # Counters, updated on the scheduler thread by SGLang's own calls (see ``observe``).
@@ -357,7 +374,11 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                 closed = tree.closed()
                 closed_count = len(closed)
                 attribution = self.attributions.current
-                if len(tree.session_leaves()) <= COUNT_INLINE:
+                if self._orders is not None:  # set operations over the ids, no pass in Python
+                    self._known_now()
+                    opened = len((self._known | self._orders.ledger.tags.keys()) - closed.keys()
+                                 if hasattr(closed, "keys") else (self._known | self._orders.ledger.tags.keys()) - set(closed))
+                elif len(tree.session_leaves()) <= COUNT_INLINE:
                     open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
                     opened = len(open_ids - set(closed))
                 elif attribution is not None:  # counting them here is O(sessions) each read
@@ -461,14 +482,17 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         check_page(token_offset, token_limit)
         self._need_tree()
         self._lookup(node_id)  # an unknown node is an error before any attribution
-        attribution = yield from self._attribution_ready()
+        if self._orders is None:
+            attribution = yield from self._attribution_ready()
         node = self._lookup(node_id)
         sizes = self._sizes()
         path_tokens, up, root = 0, node, self.tree.root
         while up is not root:
             path_tokens += len(up.key)
             up = up.parent
-        if node is root:
+        if self._orders is not None:
+            beneath = self._orders.ledger.beneath(node)
+        elif node is root:
             beneath = attribution.sessions_holding
         else:
             beneath = attribution.beneath.get(node.id, 0)
@@ -481,6 +505,29 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             text=decode_preview(self.tokenizer, page[:TEXT_TOKENS]), path_tokens=path_tokens,
             sessions_beneath=beneath,
         ))
+
+    def _seen_at(self, sid: str) -> float | None:
+        """A session's last activity: its newest tagged node's last access (SGLang's clock)."""
+        if not self.tree.clock_is_time:
+            return None
+        nodes = self.tree.session_leaves().get(sid)
+        return max(n.last_access_time for n in nodes) if nodes else None
+
+    def _known_now(self) -> None:
+        """The sessions SGLang knows open, as of this read; those that came or went are ranked
+        again (set operations over the ids, no pass in Python)."""
+        now = self._known_open()
+        orders = self._orders
+        if orders is not None and now != self._known:
+            for sid in now ^ self._known:
+                orders.dirty(sid)
+            self._known.clear()
+            self._known.update(now)
+        closed = set(self.tree.closed())  # tombstones: 8,192 at most
+        if orders is not None and closed != self._closed:
+            for sid in closed ^ self._closed:  # a tombstone dropped or added untold
+                orders.dirty(sid)
+            self._closed = closed
 
     def _attribution_ready(self) -> Generator[None, None, Attribution]:
         """The attribution to serve; without one yet (a first pass), wait for it in slices."""
@@ -520,6 +567,9 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                         contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
         check_sessions_read(order, offset, limit, contains)
         self._need_sessions()
+        if self._orders is not None:
+            self._known_now()
+            return (yield from kept_sessions_page(self._orders, order, offset, limit, contains, reverse))
         attribution = yield from self._attribution_ready()
         return (yield from sessions_page_pass(attribution, order, offset, limit, contains, reverse,
                                                self.attributions.refreshing))
@@ -530,6 +580,11 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
 
     def _session_pass(self, session_id: str) -> Generator[None, None, SessionDetail]:
         self._need_sessions()
+        if self._orders is not None:
+            self._known_now()
+            view = session_row(self._orders, session_id)
+            nodes = self.tree.session_leaves().get(session_id, ())
+            return SessionDetail(view, tuple(sorted(self._id(n) for n in nodes)))
         row = (yield from self._attribution_ready()).sessions.get(session_id)
         if row is None:
             raise unknown_session(session_id)

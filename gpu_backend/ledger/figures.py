@@ -39,9 +39,12 @@ class SessionLedger:
     """
 
     def __init__(self, root: Node, size: Callable[[Node], int] = _key_len, frees: bool = True,
-                 changed: Callable[[str], None] | None = None):
+                 changed: Callable[[str], None] | None = None,
+                 lock_of: Callable[[Node], int] | None = None):
         self.size = size
         self.frees = frees
+        self.lock_of = lock_of
+        """A node's lock count, where it is not ``node.lock_ref``."""
         self.changed = changed or (lambda sid: None)
         self.reset(root)
 
@@ -74,7 +77,7 @@ class SessionLedger:
         """(fair-share tokens, locked tokens) of a session whose tagged nodes are ``leaves``: its
         path's nodes, each split evenly among the sessions beneath it, and those locked. Summed
         in the order of ``leaves`` (the from-scratch computation's order, to the last bit)."""
-        size, below, root = self.size, self.below, self.root
+        size, below, root, lock_of = self.size, self.below, self.root, self.lock_of
         seen: set[Node] = set()
         fair, locked = 0.0, 0
         for leaf in leaves:
@@ -83,7 +86,7 @@ class SessionLedger:
                 seen.add(node)
                 n = size(node)
                 fair += n / len(below[node])
-                if node.lock_ref > 0:
+                if (node.lock_ref if lock_of is None else lock_of(node)) > 0:
                     locked += n
                 node = node.parent
         return fair, locked
@@ -178,6 +181,17 @@ class SessionLedger:
         if self.frees:
             self._settle(node)
 
+    def rebuild(self, root: Node, holders: Callable[[Node], Iterable[str] | None]) -> None:
+        """Start again from the tree as it is (a change the ledger was not told of): one walk,
+        for the rare path that needs it."""
+        self.reset(root)
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            for sid in holders(node) or ():
+                self.tag(sid, node)
+
     # ----- upkeep -----
 
     def _carry(self, sid: str, node: Node, delta: int, parent: Node | None = None) -> None:
@@ -216,7 +230,7 @@ class SessionLedger:
 
     def _owner_of(self, node: Node) -> str | None:
         """Whose close frees ``node`` now, from its own state and its children's owners."""
-        if node.lock_ref != 0:
+        if (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
             return None
         held = self.held.get(node)
         mine = None

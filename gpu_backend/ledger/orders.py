@@ -46,13 +46,16 @@ class SessionOrders:
     def __init__(self, ledger: SessionLedger, bytes_per_token: int,
                  known: Callable[[str], bool], is_closed: Callable[[str], bool],
                  seen_at: Callable[[str], float | None], leaves_of: Callable[[str], Collection[Any]],
-                 everyone: Callable[[], Iterable[str]]):
+                 everyone: Callable[[], Iterable[str]], kept: Iterable[str] = KEPT_ORDERS):
         self.ledger = ledger
         ledger.changed = self.dirty
         self.bpt = bytes_per_token
         self.known, self.is_closed, self.seen_at = known, is_closed, seen_at
         self.leaves_of, self.everyone = leaves_of, everyone
         self._orders: dict[str, _Order] = {}
+        self.kept = frozenset(kept)
+        """The orders kept between reads (an order by a figure that moves untold, such as an
+        SGLang node's access time, is ranked at its read)."""
 
     # ----- what the owner tells -----
 
@@ -79,7 +82,7 @@ class SessionOrders:
         """Rows ``offset:offset+limit`` of the listed sessions that match ``contains`` (''
         all) in ``order`` (``reverse``: from its other end), how many match, and how many are
         listed; a pass that yields every ``CHUNK`` sessions it re-keys or matches."""
-        if order not in KEPT_ORDERS:
+        if order not in self.kept:
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = self._orders.get(order)
         if kept is None:
@@ -117,7 +120,7 @@ class SessionOrders:
         needle = contains.strip().lower()
         rows: list[SessionRow] = []
         listed = 0
-        for k, sid in enumerate(list(self.everyone())):
+        for k, sid in enumerate(dict.fromkeys(self.everyone())):
             if self.listed(sid):
                 listed += 1
                 row = self.row(sid)

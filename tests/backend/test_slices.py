@@ -94,18 +94,14 @@ def test_an_idle_engine_runs_its_passes_and_still_takes_commands():
 
 
 @pytest.fixture
-def sliced():
-    """The known cache with every stale attribution made again in slices (as for a large cache),
-    and reused only while nothing changed."""
+def kept():
     engine = build_engine()
-    adapter = BundledAdapter(engine, attribution_max_age=0.0, attribution_budget=0.0)
-    adapter.attributions.inline_s = -1.0
-    yield adapter
+    yield BundledAdapter(engine)
     engine.stop()
 
 
 def exact(adapter: BundledAdapter):
-    """An attribution of the cache as it is now, in one go."""
+    """An attribution of the cache as it is now, from scratch, in one go (the oracle)."""
     def run(s):
         c = s.cache
         return attribute(c.root_node, c._session_leaves, c._closed_session_ids, s.session_activity,
@@ -117,60 +113,25 @@ def add_to_session(adapter: BundledAdapter, session: str) -> None:
     adapter.engine.call(lambda s: s.request(f"more-{session}-{time.monotonic_ns()}", [60, 61, 62], [63], session))
 
 
-def read_on_the_owner(adapter: BundledAdapter, then=None):
-    """The attribution a read gets and whether a pass is in flight right after it, both on the
-    owner thread (between them the engine could otherwise run the whole pass); ``then(s)`` runs
-    next in the same step."""
-    def run(s):
-        got = adapter._attribute(s)
-        refreshing = adapter.attributions.refreshing
-        return got, refreshing, then(s) if then else None
-    return adapter.engine.call(run)
+def figures(page) -> dict[str, tuple]:
+    return {v.id: (v.state == "closed", v.tagged_nodes, v.exclusive_bytes, v.shared_bytes, v.fair_share_bytes,
+                   v.locked_tokens) for v in page.sessions}
 
 
-def test_a_stale_attribution_is_served_while_a_new_one_runs_in_slices(sliced):
-    first, refreshing, _ = read_on_the_owner(sliced)  # the first attribution: on the spot
-    assert sliced.attributions.made == 1 and not refreshing
-    add_to_session(sliced, "b")  # b now holds more
-    stale, refreshing, _ = read_on_the_owner(sliced)
-    assert stale is first and refreshing  # served as it was, while a new one runs
-    wait_until(lambda: sliced.attributions.made_in_slices == 1)
-    assert not sliced.attributions.refreshing
-    fresh = sliced.session("b").session
-    assert fresh.exclusive_bytes > first.sessions["b"][3]
-    want = exact(sliced)
-    got = sliced.attributions.current
-    assert {sid: row[:7] for sid, row in got.sessions.items()} == {sid: row[:7] for sid, row in want.sessions.items()}
-    assert got.beneath == want.beneath and got.cost_s > 0
-
-
-def test_an_action_drops_the_pass_in_flight_and_shows_a_close_at_once(sliced):
-    """A close (an action) drops the pass that began before it; the closed session shows closed
-    and holding nothing at once (``invalidate``), and the next read waits, between the engine's
-    steps, for the pass made after the close, so the rest of its figures are exact too."""
-    sliced.sessions()
-    add_to_session(sliced, "b")
-    _, refreshing, closed = read_on_the_owner(sliced, lambda s: sliced._close(s, "c"))
-    assert refreshing and closed.session_id == "c"  # the close came before the pass's first slice
-    assert not sliced.attributions.refreshing
-    shown = sliced.engine.call(lambda s: sliced.attributions.current.sessions["c"])
-    assert shown[1] and shown[2] == 0 and shown[3] == 0  # closed, no tags, no bytes: before any pass
-    made = sliced.attributions.made
-    page = {s.id: s for s in sliced.sessions("id").sessions}
-    want = exact(sliced).sessions
-    assert page["c"].state == "closed" and page["c"].exclusive_bytes == want["c"][3] == 0
-    assert page["c"].tagged_nodes == 0
-    assert page["b"].exclusive_bytes == want["b"][3]
-    assert not sliced.attributions.stale
-    assert sliced.attributions.made == made + 1  # the dropped pass replaced nothing; the next did
-
-
-def test_a_cheap_attribution_is_made_again_on_the_spot(sliced):
-    sliced.attributions.inline_s = 60.0
-    sliced.sessions()
-    add_to_session(sliced, "b")
-    assert sliced.session("b").session.exclusive_bytes == exact(sliced).sessions["b"][3]
-    assert not sliced.attributions.refreshing and sliced.attributions.made == 2
+def test_every_read_is_current_after_a_change_and_an_action(kept):
+    """The figures a read gets are the cache's at that step: right after a request, and right
+    after a close, with no pass to wait for (age 0, current)."""
+    first = kept.sessions("id")
+    assert first.figures_age_s == 0.0 and first.figures_current and not first.refreshing
+    add_to_session(kept, "b")
+    page = kept.sessions("id")
+    want = {sid: row[1:7] for sid, row in exact(kept).sessions.items()}
+    assert figures(page) == want
+    assert figures(page)["b"][2] > figures(first)["b"][2]  # b holds more now
+    kept.close_session("c")
+    page = kept.sessions("id")
+    assert figures(page) == {sid: row[1:7] for sid, row in exact(kept).sessions.items()}
+    assert figures(page)["c"][:3] == (True, 0, 0)
 
 
 def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost():

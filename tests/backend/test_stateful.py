@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixtop.adapters.owned.attribution import attribute, attribution_pass
-from radixtop.gpu_backend.ledger import KEPT_ORDERS
+from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.scheduler import OutOfSlotsError
 from tests.support.engines import check_invariants, make_scheduler
@@ -152,7 +152,7 @@ class CacheMachine(RuleBasedStateMachine):
         got_beneath = {n.id: ledger.beneath(n) for n in cache.iter_nodes() if ledger.beneath(n)}
         assert got_beneath == dict(want.beneath.items())
         assert ledger.beneath(cache.root_node) == want.sessions_holding
-        for order in KEPT_ORDERS:
+        for order in ROW_KEYS:
             for reverse in (False, True):
                 rows, total, _ = run_to_end(orders.page_pass(order, 0, 100, reverse=reverse))
                 expected, count = want.page(order, 0, 100, reverse=reverse)

@@ -1,0 +1,40 @@
+"""Sessions pages and details from a cache's kept figures (``gpu_backend.ledger``): exact as of
+the owner step that serves them, for the in-process adapters (bundled and SGLang)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+
+from radixtop.adapters.errors import unknown_session
+from radixtop.adapters.model import SessionsPage, SessionView
+from radixtop.adapters.owned.attribution import SessionRow, session_view
+from radixtop.gpu_backend.ledger import SessionOrders
+
+VIEWS_CHUNK = 256
+"""Session rows turned into views per slice."""
+
+
+def sessions_page_pass(orders: SessionOrders, order: str, offset: int, limit: int, contains: str = "",
+                       reverse: bool = False) -> Generator[None, None, SessionsPage]:
+    """A sessions page (``CacheAdapter.sessions``) as a pass on the owner thread: its figures
+    are the ledger's now (age 0, current)."""
+    rows, total, listed = yield from orders.page_pass(order, offset, limit, contains, reverse)
+    return SessionsPage(offset, limit, total, order, (yield from views_pass(rows)), 0.0, False,
+                        contains.strip(), reverse, listed, figures_current=True)
+
+
+def views_pass(rows: list[SessionRow]) -> Generator[None, None, tuple[SessionView, ...]]:
+    now, views = time.monotonic(), []
+    for start in range(0, len(rows), VIEWS_CHUNK):
+        views.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
+        if start + VIEWS_CHUNK < len(rows):
+            yield
+    return tuple(views)
+
+
+def session_row(orders: SessionOrders, session_id: str) -> SessionView:
+    """One session's view now; an unknown one is an error."""
+    if not orders.listed(session_id):
+        raise unknown_session(session_id)
+    return session_view(orders.row(session_id), time.monotonic())
