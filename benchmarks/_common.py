@@ -192,6 +192,7 @@ class TreeConfig:
     token_pool: int = 1 << 20  # token ids drawn up front and handed out in turn
     vocab: int = 128_256  # llama-3
     seed: int = 11
+    ledger: bool = True  # keep every session's figures with the tree (False: the baseline without)
 
 
 class TokenPool:
@@ -253,7 +254,7 @@ def build_tree(cfg: TreeConfig, with_facts: bool = True) -> Built:
            + cfg.running_requests * 2 * cfg.user_len[1])
     capacity = (int(est * 1.2) + cfg.extra_capacity) // 1024 * 1024 + 1024
     geometry = get_geometry("llama-3-8b")
-    s = Scheduler(geometry, capacity, device="meta")
+    s = Scheduler(geometry, capacity, device="meta", ledger=cfg.ledger)
     cache, allocator = s.cache, s.pool.allocator
     prng = random.Random(cfg.seed)
     tokens = TokenPool(np.random.default_rng(cfg.seed), cfg.vocab, cfg.token_pool)

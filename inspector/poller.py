@@ -35,10 +35,10 @@ from radixtop.inspector.tree_state import Row, TreeState
 T = TypeVar("T")
 
 SESSIONS_LOADED = 1000
-SESSIONS_EVERY = 5.0
-"""Seconds between reloads of the sessions table: attributing memory to every session walks all
-their paths on the owner thread, so a live dashboard does it at this pace, not every poll
-(an action reloads it at once; close plans are always exact)."""
+SESSIONS_EVERY = 0.0
+"""Least seconds between reloads of the sessions table: 0, every poll (the in-process targets keep
+every session's figures with the tree, so a page costs O(log n + page) and ranks live; a target
+that still attributes in passes reuses its last pass between them)."""
 DETAIL_TOKENS = 64
 """Token ids the detail panel shows at once (``[`` and ``]`` page through them)."""
 CHAIN_MARKS = 64

@@ -87,6 +87,8 @@ class SessionOrders:
         kept = self._orders.get(order)
         if kept is None:
             kept = yield from self._made(order)
+        while not kept.ready:  # another read is making it, between the same steps
+            yield
         yield from kept.catch_up(self)
         keys = kept.keys
         needle = contains.strip().lower()
@@ -133,30 +135,32 @@ class SessionOrders:
         return picked[offset:want], len(rows), listed
 
     def _made(self, order: str) -> Generator[None, None, _Order]:
-        """An order made at its first read: every listed session keyed, then sorted at once."""
+        """An order made at its first read: every listed session keyed and added, ``CHUNK`` a step
+        (a session that moves meanwhile is re-keyed by ``catch_up``)."""
         key = KEY_OF[order]
         made = _Order()
-        keys = []
+        made.key = key
+        keys = made.keys
+        self._orders[order] = made  # a session that moves while it is made is pending at once
         for k, sid in enumerate(list(self.everyone())):
             if sid not in made.key_of and self.listed(sid):
                 made.key_of[sid] = kv = key(self, sid)
-                keys.append(kv)
+                keys.add(kv)  # one at a time: a sort of 50k keys at once is tens of ms in one step
             if k % CHUNK == CHUNK - 1:
                 yield
-        made.keys = SortedList(keys)
-        made.key = key
-        self._orders[order] = made
+        made.ready = True
         return made
 
 
 class _Order:
-    __slots__ = ("keys", "key_of", "pending", "key")
+    __slots__ = ("keys", "key_of", "pending", "key", "ready")
 
     def __init__(self) -> None:
         self.keys: SortedList | SortedKeyList = SortedList()
         self.key_of: dict[str, tuple] = {}
         self.pending: set[str] = set()
         self.key: Callable[[SessionOrders, str], tuple] = KEY_OF["id"]
+        self.ready = False
 
     def catch_up(self, orders: SessionOrders) -> Generator[None, None, None]:
         """Re-key the sessions that moved since the last read, ``CHUNK`` a step."""
