@@ -264,6 +264,9 @@ def install(cache: Any) -> TreeIndex | None:
             _wrap(core, "reset", lambda result, *a, **k: index.rebuild()),
         ]
         _wrap(core, "insert_host", lambda result, *a, **k: _host_node(index, core, result))
+        full = _full_component(cache)
+        if all(hooks) and full is not None and getattr(cache, "enable_session_radix_cache", False):
+            hooks.append(_keep_unified_ledger(core, full, index))
     else:
         if not hasattr(cache, "root_node"):
             return None
@@ -283,6 +286,38 @@ def install(cache: Any) -> TreeIndex | None:
         return None
     setattr(cache, INDEX, index)
     return index
+
+
+FULL = 0
+"""``ComponentType.FULL``: a unified node's ``component_data`` is a list indexed by it."""
+
+
+def _full_component(cache: Any) -> Any | None:
+    components = getattr(cache, "components", None) or ()
+    for component in components.values() if isinstance(components, dict) else components:
+        if int(getattr(component, "component_type", -1)) == FULL:
+            return component
+    return None
+
+
+def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
+    """Keep a ``SessionLedger`` of a 0.5.17+ ``UnifiedRadixCache`` on the Python tree core with
+    sessions (the deref policy: a close drops references, frees nothing, so exclusive stays 0 and
+    no lock needs following): its full component's mark and unmark of a session leaf are every
+    change of a node's holders; the core's split, new node and removal, the tree's."""
+    holders = lambda node: node.component_data[FULL].session_ids  # noqa: E731
+    ledger = SessionLedger(core.root_node, frees=False, lock_of=lambda node: node.component_data[FULL].lock_ref)
+    ledger.rebuild(core.root_node, holders)
+    index.ledger = ledger
+    hooks = [
+        _wrap(core, "_split_node", lambda result, key, child, *a, **k: ledger.split(result[0], child)),
+        _wrap(core, "_add_new_node", lambda result, *a, **k: ledger.added(result)),
+        _wrap(core, "_remove_leaf_from_parent", lambda result, node, *a, **k: ledger.removed(node, node.parent)),
+        _wrap(core, "reset", lambda result, *a, **k: ledger.rebuild(core.root_node, holders)),
+        _wrap(full, "_mark_session_leaf", lambda result, sid, leaf, *a, **k: ledger.tag(sid, leaf)),
+        _wrap(full, "_unmark_session_leaf", lambda result, sid, leaf, *a, **k: ledger.untag(sid, leaf)),
+    ]
+    return all(hooks)
 
 
 def _holders(node: Any) -> set[str] | None:

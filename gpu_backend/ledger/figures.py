@@ -137,8 +137,9 @@ class SessionLedger:
 
     def added(self, node: Node) -> None:
         """``node`` is a new leaf, holding nothing and unlocked, under its parent."""
-        if self.frees and node.parent is not None:
-            self._settle(node.parent)  # one more child, owned by no one
+        parent = node.parent
+        if self.frees and parent is not None and parent in self.owner:
+            self._settle(parent)  # one more child, owned by no one: the parent no longer owned
 
     def split(self, head: Node, tail: Node) -> None:
         """``head`` took the first part of ``tail``'s tokens, above it (holding nothing, locked as
@@ -177,8 +178,10 @@ class SessionLedger:
             self._settle(parent)
 
     def lock_changed(self, node: Node) -> None:
-        """``node``'s lock count went from 0 to more, or back to 0."""
-        if self.frees:
+        """``node``'s lock count went from 0 to more, or back to 0. A lock only takes an owner
+        away, an unlock only gives one to a node that holds or has owned children: the others
+        (most nodes a request locks) are left as they are."""
+        if self.frees and (node in self.owner or node in self.held or node in self.kids):
             self._settle(node)
 
     def rebuild(self, root: Node, holders: Callable[[Node], Iterable[str] | None]) -> None:
