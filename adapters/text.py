@@ -78,9 +78,10 @@ def typed_confirmation(action: str, tokens: int = 0, capacity: int = 0, sessions
 def figures_note(age_s: float, refreshing: bool, current: bool = False) -> str:
     """How old a sessions page's figures are, always (an operator ranks and acts on them): 'figures
     3s old', 'figures 3m old, refreshing'; 'unchanged since 18m ago' where the cache has not
-    changed since they were made (exact now, however old)."""
-    if current and age_s >= 1.0:
-        return f"unchanged since {age(age_s)} ago"
+    changed since they were made (exact now, however old); 'figures current' where they are as of
+    the read (a target that keeps them with the tree)."""
+    if current:
+        return f"unchanged since {age(age_s)} ago" if age_s >= 1.0 else "figures current"
     return f"figures {age(age_s)} old" + (", refreshing" if refreshing else "")
 
 

@@ -18,10 +18,12 @@ VIEWS_CHUNK = 256
 def sessions_page_pass(orders: SessionOrders, order: str, offset: int, limit: int, contains: str = "",
                        reverse: bool = False) -> Generator[None, None, SessionsPage]:
     """A sessions page (``CacheAdapter.sessions``) as a pass on the owner thread: its figures
-    are the ledger's now (age 0, current)."""
-    rows, total, listed = yield from orders.page_pass(order, offset, limit, contains, reverse)
-    return SessionsPage(offset, limit, total, order, (yield from views_pass(rows)), 0.0, False,
-                        contains.strip(), reverse, listed, figures_current=True)
+    are the ledger's now; in an order kept sorted (exclusive, shared, tagged, ...) so is its
+    ranking (age 0, current), in one ranked at its read (fair share, locked) the ranking may be
+    reused a while (its age)."""
+    rows, total, listed, age = yield from orders.page_pass(order, offset, limit, contains, reverse)
+    return SessionsPage(offset, limit, total, order, (yield from views_pass(rows)), age, False,
+                        contains.strip(), reverse, listed, figures_current=age == 0.0)
 
 
 def views_pass(rows: list[SessionRow]) -> Generator[None, None, tuple[SessionView, ...]]:

@@ -51,6 +51,8 @@ class SessionLedger:
     def reset(self, root: Node) -> None:
         """A new, empty tree: every session's figures go to 0."""
         touched = set(self.tags) if hasattr(self, "tags") else set()
+        self.moves = getattr(self, "moves", 0) + 1
+        """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
         self.root = root
         self.held: dict[Node, set[str]] = {}
         """The holders of each tagged node, as told."""
@@ -95,6 +97,7 @@ class SessionLedger:
 
     def tag(self, sid: str, node: Node) -> None:
         """``sid`` now holds ``node`` (no-op where it did already)."""
+        self.moves += 1
         held = self.held.get(node)
         if held is None:
             self.held[node] = held = set()
@@ -109,6 +112,7 @@ class SessionLedger:
 
     def untag(self, sid: str, node: Node) -> None:
         """``sid`` no longer holds ``node`` (no-op where it did not)."""
+        self.moves += 1
         held = self.held.get(node)
         if held is None or sid not in held:
             return
@@ -137,6 +141,7 @@ class SessionLedger:
 
     def added(self, node: Node) -> None:
         """``node`` is a new leaf, holding nothing and unlocked, under its parent."""
+        self.moves += 1
         parent = node.parent
         if self.frees and parent is not None and parent in self.owner:
             self._settle(parent)  # one more child, owned by no one: the parent no longer owned
@@ -145,6 +150,7 @@ class SessionLedger:
         """``head`` took the first part of ``tail``'s tokens, above it (holding nothing, locked as
         it is). The same sessions lie beneath both and the same one owns both, so no session's
         figures move."""
+        self.moves += 1
         below = self.below.get(tail)
         if below:
             self.below[head] = below.copy()
@@ -157,6 +163,7 @@ class SessionLedger:
     def removed(self, node: Node, parent: Node | None) -> None:
         """``node``, a leaf, left the tree; it was ``parent``'s child. What it still held (a
         cache that drops holders without telling) is untagged here."""
+        self.moves += 1
         for sid in list(self.held.get(node, ())):
             self.held[node].discard(sid)
             self._carry(sid, node, -1, parent)
@@ -181,6 +188,7 @@ class SessionLedger:
         """``node``'s lock count went from 0 to more, or back to 0. A lock only takes an owner
         away, an unlock only gives one to a node that holds or has owned children: the others
         (most nodes a request locks) are left as they are."""
+        self.moves += 1
         if self.frees and (node in self.owner or node in self.held or node in self.kids):
             self._settle(node)
 

@@ -9,8 +9,9 @@ their read from every session's figures (``ranked_pass``).
 
 from __future__ import annotations
 
-import heapq
+import time
 from collections.abc import Callable, Collection, Generator, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sortedcontainers import SortedKeyList, SortedList
@@ -23,8 +24,15 @@ SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
 
 KEPT_ORDERS = ("exclusive_bytes", "shared_bytes", "tagged_nodes", "last_activity", "state", "id")
 """Orders kept sorted between reads; the others are ranked at their read."""
+RANK_BUDGET = 100
+"""A ranking of every session (an order not kept) is reused for this many times its cost."""
+RANK_MIN_S = 1.0
+RANK_FORGET_S = 600.0
 CHUNK = 512
-"""Sessions re-keyed, made into rows or matched per step of a pass."""
+"""Sessions re-keyed or matched per step of a pass."""
+ROWS_CHUNK = 128
+"""Rows made per step of a pass (a row sums its session's path: the first page of a read is of
+one step)."""
 
 
 def row_matches(sid: str, closed: bool, needle: str) -> bool:
@@ -53,6 +61,9 @@ class SessionOrders:
         self.known, self.is_closed, self.seen_at = known, is_closed, seen_at
         self.leaves_of, self.everyone = leaves_of, everyone
         self._orders: dict[str, _Order] = {}
+        self._ranked: dict[tuple[str, str, bool], _Ranking] = {}
+        self.rank_min_s, self.rank_budget = RANK_MIN_S, RANK_BUDGET
+        self.moves = 0
         self.kept = frozenset(kept)
         """The orders kept between reads (an order by a figure that moves untold, such as an
         SGLang node's access time, is ranked at its read)."""
@@ -60,6 +71,7 @@ class SessionOrders:
     # ----- what the owner tells -----
 
     def dirty(self, sid: str) -> None:
+        self.moves += 1
         for order in self._orders.values():
             order.pending.add(sid)
 
@@ -78,10 +90,10 @@ class SessionOrders:
                 round(fair * bpt), locked, self.seen_at(sid))
 
     def page_pass(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
-                  ) -> Generator[None, None, tuple[list[SessionRow], int, int]]:
+                  ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
         """Rows ``offset:offset+limit`` of the listed sessions that match ``contains`` (''
-        all) in ``order`` (``reverse``: from its other end), how many match, and how many are
-        listed; a pass that yields every ``CHUNK`` sessions it re-keys or matches."""
+        all) in ``order`` (``reverse``: from its other end), how many match, how many are
+        listed, and how old their order is (0: as of the read; see ``ranked_pass``); a pass that yields every ``CHUNK`` sessions it re-keys or matches."""
         if order not in self.kept:
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = self._orders.get(order)
@@ -99,7 +111,7 @@ class SessionOrders:
                 ids = [k[-1] for k in keys.islice(start, stop)][::-1]
             else:
                 ids = [k[-1] for k in keys.islice(offset, offset + limit)]
-            return [self.row(sid) for sid in ids], total, total
+            return (yield from self.rows_pass(ids)), total, total, 0.0
         matching: list[str] = []
         total = 0
         want = offset + limit
@@ -112,27 +124,65 @@ class SessionOrders:
                 total += 1
             if k % CHUNK == CHUNK - 1:
                 yield
-        return [self.row(sid) for sid in matching], total, len(keys)
+        return (yield from self.rows_pass(matching)), total, len(keys), 0.0
+
+    def rows_pass(self, ids: list[str]) -> Generator[None, None, list[SessionRow]]:
+        """The rows of ``ids``, ``ROWS_CHUNK`` a step (each sums its session's path)."""
+        rows = []
+        for start in range(0, len(ids), ROWS_CHUNK):
+            if start:
+                yield
+            rows.extend(self.row(sid) for sid in ids[start : start + ROWS_CHUNK])
+        return rows
 
     def ranked_pass(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
-                    ) -> Generator[None, None, tuple[list[SessionRow], int, int]]:
-        """A page in an order not kept between reads: every listed session's row made (``CHUNK``
-        a step) and the page picked from them."""
-        key = ROW_KEYS[order]
+                    ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
+        """A page in an order not kept between reads (fair share, locked tokens; SGLang's last
+        activity): every listed session's row made (``ROWS_CHUNK`` a step) and ranked. The ranking
+        is reused while younger than ``RANK_BUDGET`` times what it cost (or ``RANK_MIN_S``), so
+        such an order costs the owner at most ~1%; the page's rows are made anew at every read
+        (current), their order is as of the ranking (its age, returned last)."""
         needle = contains.strip().lower()
+        ask = (order, needle, reverse)
+        now = time.monotonic()
+        kept = self._ranked.get(ask)
+        if kept is not None and kept.stamp == self._stamp() and order != "last_activity":  # nothing moved since
+            # (an access time moves untold): as of now
+            rows = yield from self.rows_pass(kept.ids[offset : offset + limit])
+            return rows, len(kept.ids), kept.listed, 0.0
+        if kept is None or now - kept.taken_at >= max(self.rank_min_s, self.rank_budget * kept.cost_s):
+            kept = yield from self._ranking(order, needle, reverse)
+            self._ranked = {k: v for k, v in self._ranked.items() if now - v.taken_at < RANK_FORGET_S}
+            self._ranked[ask] = kept
+            age = 0.0  # made by this read
+        else:
+            age = max(1e-6, now - kept.taken_at)
+        rows = yield from self.rows_pass(kept.ids[offset : offset + limit])
+        return rows, len(kept.ids), kept.listed, age
+
+    def _stamp(self) -> tuple[int, int]:
+        return self.ledger.moves, self.moves
+
+    def _ranking(self, order: str, needle: str, reverse: bool) -> Generator[None, None, _Ranking]:
+        key = ROW_KEYS[order]
+        stamp = self._stamp()
         rows: list[SessionRow] = []
-        listed = 0
+        listed, work = 0, 0.0
+        started = time.perf_counter()
         for k, sid in enumerate(dict.fromkeys(self.everyone())):
             if self.listed(sid):
                 listed += 1
                 row = self.row(sid)
                 if not needle or row_matches(sid, row[1], needle):
                     rows.append(row)
-            if k % CHUNK == CHUNK - 1:
+            if k % ROWS_CHUNK == ROWS_CHUNK - 1:
+                work += time.perf_counter() - started
                 yield
-        want = offset + limit
-        picked = (heapq.nlargest if reverse else heapq.nsmallest)(want, rows, key=key)
-        return picked[offset:want], len(rows), listed
+                started = time.perf_counter()
+        rows.sort(key=key, reverse=reverse)
+        work += time.perf_counter() - started
+        moved = stamp != self._stamp()  # between its steps: as of its start, so already old
+        return _Ranking([r[0] for r in rows], listed, time.monotonic(), work, None if moved else stamp)
 
     def _made(self, order: str) -> Generator[None, None, _Order]:
         """An order made at its first read: every listed session keyed and added, ``CHUNK`` a step
@@ -150,6 +200,15 @@ class SessionOrders:
                 yield
         made.ready = True
         return made
+
+
+@dataclass
+class _Ranking:
+    ids: list[str]
+    listed: int
+    taken_at: float
+    cost_s: float
+    stamp: tuple[int, int] | None
 
 
 class _Order:

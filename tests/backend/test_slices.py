@@ -151,7 +151,7 @@ def test_the_faces_note_old_figures_only():
 
     assert figures_note(0.4, False) == "figures 0s old"  # always said: the operator acts on them
     assert figures_note(1080.0, False, current=True) == "unchanged since 18m ago"
-    assert figures_note(0.2, False, current=True) == "figures 0s old"
+    assert figures_note(0.0, False, current=True) == "figures current"
     assert figures_note(40.0, False) == "figures 40s old"
     assert figures_note(130.0, True) == "figures 2m old, refreshing"
 
@@ -342,3 +342,21 @@ def test_a_slice_starts_no_step_it_expects_to_run_past_its_end(monkeypatch):
         per_slice.append(len(seen) - before)
     assert per_slice[:20] == [1] * 20  # while 7 ms is remembered, one step fills a slice
     assert max(per_slice) >= 5  # forgotten at last: several 0.5 ms steps a slice again
+
+
+def test_an_order_ranked_at_its_read_is_reused_with_its_age_and_current_rows(kept):
+    """Fair share moves for every session under a node when one more joins it, so it is not kept
+    sorted: its ranking is made at a read and reused a while (said by its age, not current);
+    the rows of the page are made at every read."""
+    first = kept.sessions("fair_share_bytes")
+    assert first.figures_current and first.figures_age_s == 0.0
+    add_to_session(kept, "b")
+    again = kept.sessions("fair_share_bytes")
+    assert not again.figures_current and again.figures_age_s > 0.0
+    assert [v.id for v in again.sessions] == [v.id for v in first.sessions]  # the same ranking
+    want = {sid: row[1:7] for sid, row in exact(kept).sessions.items()}
+    assert figures(again) == want  # its rows as they are now
+    kept.engine.call(lambda s: setattr(s.orders, "rank_min_s", 0.0) or setattr(s.orders, "rank_budget", 0))
+    fresh = kept.sessions("fair_share_bytes")
+    assert fresh.figures_current
+    assert [v.id for v in fresh.sessions] == sorted(want, key=lambda sid: (-want[sid][4], sid))

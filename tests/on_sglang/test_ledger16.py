@@ -27,6 +27,7 @@ def sgl():
 
 def check_kept(cache, adapter: SGLangInProcessAdapter) -> None:
     orders = adapter._orders
+    orders.rank_min_s = orders.rank_budget = 0  # an order ranked at its read: ranked anew each time
     ledger = getattr(cache, INDEX).ledger
     adapter._known_now()
     want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, adapter._known,
@@ -46,7 +47,7 @@ def check_kept(cache, adapter: SGLangInProcessAdapter) -> None:
     for order in ROW_KEYS:
         if order == "last_activity":  # SGLang's access times: the oracle above has none
             continue
-        rows, total, _ = run_to_end(orders.page_pass(order, 0, 1000))
+        rows, total, _, _ = run_to_end(orders.page_pass(order, 0, 1000))
         expected, count = want.page(order, 0, 1000)
         assert ([r[:7] for r in rows], total) == ([r[:7] for r in expected], count), order
 
