@@ -125,8 +125,10 @@ class EngineHolds:
 
 
 def timed_adapter(engine, reads: tuple[str, ...] = (), **kwargs):
-    """A BundledAdapter that logs each ``_attribute`` call (whether it recomputed, seconds) in
-    ``attribute_log``, and (method, seconds) of each read named in ``reads`` in ``calls``."""
+    """A BundledAdapter that logs the owner-thread work of each sessions read (its pass's steps
+    added up: since issue 25 the figures are kept with the tree, so that is the page's cost, as
+    ``(True, seconds)``; before, it was the attribution's) in ``attribute_log``, and (method,
+    seconds) of each read named in ``reads`` in ``calls``."""
     from radixtop.adapters.bundled.adapter import BundledAdapter
 
     class TimedAdapter(BundledAdapter):
@@ -135,12 +137,19 @@ def timed_adapter(engine, reads: tuple[str, ...] = (), **kwargs):
             self.calls: list[tuple[str, float]] = []
             self.attribute_log: list[tuple[bool, float]] = []
 
-        def _attribute(self, s):
-            before = self.attributions.current
-            t0 = pc()
-            result = super()._attribute(s)
-            self.attribute_log.append((result is not before, pc() - t0))
-            return result
+        def _sessions_pass(self, *args, **kw):
+            work = super()._sessions_pass(*args, **kw)
+            spent = 0.0
+            while True:
+                t0 = pc()
+                try:
+                    next(work)
+                except StopIteration as done:
+                    spent += pc() - t0
+                    self.attribute_log.append((True, spent))
+                    return done.value
+                spent += pc() - t0
+                yield
 
     def wrap(name):
         def method(self, *args, **kw):

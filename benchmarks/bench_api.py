@@ -652,8 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = start_engine(built)
     holds = built.holds
     # Measure the cost of attribution itself: every read after a tree change recomputes it.
-    adapter = timed_adapter(engine, attribution_max_age=0.0, attribution_budget=0.0)
-    adapter.attributions.inline_s = float("inf")  # on the spot, never in slices: its cost is what is timed
+    adapter = timed_adapter(engine)  # a sessions read's owner-thread work is its page (issue 25: no pass)
     token = "bench-token"
     app = create_app(adapter, token, AuditLog(None))
     try:

@@ -302,10 +302,10 @@ def alternating_table(cfg: BenchConfig, alt: dict[str, Any]) -> str:
         f"{alt['ratio_engine_time_for_requests']:.1%} | - | - |",
         f"| engine hold by the dashboard's reads (ms per s, windows with it; most in one window) | "
         f"{alt['hold_ms_per_s_with']:.1f}; {max(w['hold_ms'] for w in ws):,.0f} ms | - | - |",
-        f"| attribution in slices between the engine's steps (ms per s) without / with; most in one "
-        f"window; attributions made (in slices) | {alt['slices_ms_per_s']['without']:.1f} / "
+        f"| passes in slices between the engine's steps (ms per s) without / with; most in one "
+        f"window; sessions reads (their work) | {alt['slices_ms_per_s']['without']:.1f} / "
         f"{alt['slices_ms_per_s']['with']:.1f}; {alt['slices_ms_most_in_a_window']:,.0f} ms; "
-        f"{alt['attributions']['made']} ({alt['attributions']['in_slices']}) | - | - |",
+        f"{alt['sessions_reads']['n']} ({alt['sessions_reads']['work_s'] * 1e3:,.0f} ms) | - | - |",
         f"| admin API event-loop thread CPU (ms per s) without / with | "
         f"{alt['api_cpu_ms_per_s']['without']:.1f} / {alt['api_cpu_ms_per_s']['with']:.1f} | - | - |",
         f"| engine thread CPU (ms per s) without / with | "

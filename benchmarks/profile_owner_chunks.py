@@ -157,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.passes):
         made = profile(adapter._attribution_pass(), f"attribution pass {k + 1}", args.top)
     assert made is not None
-    profile(made.page_pass("exclusive_bytes", 0, 100), "first sort of the sessions page", args.top)
+    profile(made.page_pass("exclusive_bytes", 0, 100), "first sort of the sessions page (a pass's)", args.top)
+    if adapter._orders is not None:  # the figures kept with the tree (issue 25): what a read costs now
+        adapter._known_now()
+        profile(adapter._orders.page_pass("exclusive_bytes", 0, 100), "first page of the kept order", args.top)
+        profile(adapter._orders.page_pass("exclusive_bytes", 0, 100), "next page of the kept order", args.top)
     time_poll_reads(adapter, args.top)
     profile(released(dict(made.sessions), dict(made.beneath)), "freeing a replaced attribution", args.top)
     adapter.close()

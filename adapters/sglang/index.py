@@ -306,7 +306,8 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
     no lock needs following): its full component's mark and unmark of a session leaf are every
     change of a node's holders; the core's split, new node and removal, the tree's."""
     holders = lambda node: node.component_data[FULL].session_ids  # noqa: E731
-    ledger = SessionLedger(core.root_node, frees=False, lock_of=lambda node: node.component_data[FULL].lock_ref)
+    ledger = SessionLedger(core.root_node, frees=False, lock_of=lambda node: node.component_data[FULL].lock_ref,
+                           locks_told=False)
     ledger.rebuild(core.root_node, holders)
     index.ledger = ledger
     hooks = [

@@ -16,6 +16,10 @@ A change moves an owner or a count on the path from the change to the root only,
 O(depth); a split copies the child's ``below`` (one dict copy, C speed). Fair shares and locked
 tokens depend on every session beneath a node, so they are summed per session when read
 (``shares``: O(the session's path)).
+
+A node's figures are one record (``_Rec``), kept only while a session lies beneath it, in a
+``ShardedMap`` by node: one lookup per node a change passes, and no map of every node on the
+sessions' paths rebuilt whole in one insert (a stall of milliseconds at 100k+ entries).
 """
 
 from __future__ import annotations
@@ -23,11 +27,26 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
+
 Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``; its size through ``size``
 
 
 def _key_len(node: Node) -> int:
     return len(node.key)
+
+
+class _Rec:
+    """A node's figures: each session's tagged nodes below it (``below``), the sessions that hold
+    it (``held``), the one whose close frees it (``owner``), and its children's owners (``kids``)."""
+
+    __slots__ = ("below", "held", "owner", "kids")
+
+    def __init__(self) -> None:
+        self.below: dict[str, int] = {}
+        self.held: set[str] | None = None
+        self.owner: str | None = None
+        self.kids: dict[str, int] | None = None
 
 
 class SessionLedger:
@@ -40,36 +59,46 @@ class SessionLedger:
 
     def __init__(self, root: Node, size: Callable[[Node], int] = _key_len, frees: bool = True,
                  changed: Callable[[str], None] | None = None,
-                 lock_of: Callable[[Node], int] | None = None):
+                 lock_of: Callable[[Node], int] | None = None, locks_told: bool = True):
         self.size = size
+        self.locks_told = locks_told
+        """Every lock count crossing zero is told (``lock_changed``): False where no lock is
+        followed (a deref tree), so ``moves`` does not see locks move."""
         self.frees = frees
         self.lock_of = lock_of
         """A node's lock count, where it is not ``node.lock_ref``."""
         self.changed = changed or (lambda sid: None)
+        self.moves = 0
+        """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
+        self.tags: dict[str, int] = {}
         self.reset(root)
 
     def reset(self, root: Node) -> None:
         """A new, empty tree: every session's figures go to 0."""
-        touched = set(self.tags) if hasattr(self, "tags") else set()
-        self.moves = getattr(self, "moves", 0) + 1
-        """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
+        touched = list(self.tags)
+        self.moves += 1
         self.root = root
-        self.held: dict[Node, set[str]] = {}
-        """The holders of each tagged node, as told."""
-        self.below: dict[Node, dict[str, int]] = {}
-        self.owner: dict[Node, str] = {}
-        self.kids: dict[Node, dict[str, int]] = {}
+        self.recs: ShardedMap[Node, _Rec] = ShardedMap()
         self.exclusive: dict[str, int] = {}
         self.path: dict[str, int] = {}
-        self.tags: dict[str, int] = {}
+        self.tags = {}
         for sid in touched:
             self.changed(sid)
+
+    def _rec(self, node: Node) -> _Rec | None:
+        return self.recs.shards[hash(node) & SHARD_MASK].get(node)
 
     # ----- reads -----
 
     def beneath(self, node: Node) -> int:
         """Sessions with a tagged node in ``node``'s subtree (for the root: every holding session)."""
-        return len(self.below.get(node, ()))
+        rec = self._rec(node)
+        return len(rec.below) if rec is not None else 0
+
+    def owner(self, node: Node) -> str | None:
+        """The session whose close frees ``node`` now (None: none)."""
+        rec = self._rec(node)
+        return rec.owner if rec is not None else None
 
     def figures(self, sid: str) -> tuple[int, int, int]:
         """(tagged nodes, exclusive tokens, path tokens) of ``sid`` now."""
@@ -79,7 +108,7 @@ class SessionLedger:
         """(fair-share tokens, locked tokens) of a session whose tagged nodes are ``leaves``: its
         path's nodes, each split evenly among the sessions beneath it, and those locked. Summed
         in the order of ``leaves`` (the from-scratch computation's order, to the last bit)."""
-        size, below, root, lock_of = self.size, self.below, self.root, self.lock_of
+        size, shards, root, lock_of = self.size, self.recs.shards, self.root, self.lock_of
         seen: set[Node] = set()
         fair, locked = 0.0, 0
         for leaf in leaves:
@@ -87,7 +116,7 @@ class SessionLedger:
             while node is not root and node is not None and node not in seen:
                 seen.add(node)
                 n = size(node)
-                fair += n / len(below[node])
+                fair += n / len(shards[hash(node) & SHARD_MASK][node].below)
                 if (node.lock_ref if lock_of is None else lock_of(node)) > 0:
                     locked += n
                 node = node.parent
@@ -98,13 +127,15 @@ class SessionLedger:
     def tag(self, sid: str, node: Node) -> None:
         """``sid`` now holds ``node`` (no-op where it did already)."""
         self.moves += 1
-        held = self.held.get(node)
-        if held is None:
-            self.held[node] = held = set()
-        elif sid in held:
+        rec = self._rec(node)
+        if rec is not None and rec.held is not None and sid in rec.held:
             return
-        held.add(sid)
         self._carry(sid, node, 1)
+        rec = self._rec(node)
+        if rec.held is None:
+            rec.held = {sid}
+        else:
+            rec.held.add(sid)
         self.tags[sid] = self.tags.get(sid, 0) + 1
         self.changed(sid)
         if self.frees:
@@ -113,12 +144,12 @@ class SessionLedger:
     def untag(self, sid: str, node: Node) -> None:
         """``sid`` no longer holds ``node`` (no-op where it did not)."""
         self.moves += 1
-        held = self.held.get(node)
-        if held is None or sid not in held:
+        rec = self._rec(node)
+        if rec is None or rec.held is None or sid not in rec.held:
             return
-        held.discard(sid)
-        if not held:
-            del self.held[node]
+        rec.held.discard(sid)
+        if not rec.held:
+            rec.held = None
         self._carry(sid, node, -1)
         left = self.tags[sid] - 1
         if left:
@@ -133,7 +164,8 @@ class SessionLedger:
         """Make the holders of ``node`` (still in the tree) what they are now (``holders``), for a
         caller that cannot tell which sessions came or went."""
         now = set(holders or ())
-        was = self.held.get(node, set())
+        rec = self._rec(node)
+        was = set(rec.held or ()) if rec is not None else set()
         for sid in was - now:
             self.untag(sid, node)
         for sid in now - was:
@@ -143,53 +175,55 @@ class SessionLedger:
         """``node`` is a new leaf, holding nothing and unlocked, under its parent."""
         self.moves += 1
         parent = node.parent
-        if self.frees and parent is not None and parent in self.owner:
-            self._settle(parent)  # one more child, owned by no one: the parent no longer owned
+        if self.frees and parent is not None:
+            rec = self._rec(parent)
+            if rec is not None and rec.owner is not None:
+                self._settle(parent)  # one more child, owned by no one: the parent no longer owned
 
     def split(self, head: Node, tail: Node) -> None:
         """``head`` took the first part of ``tail``'s tokens, above it (holding nothing, locked as
         it is). The same sessions lie beneath both and the same one owns both, so no session's
         figures move."""
         self.moves += 1
-        below = self.below.get(tail)
-        if below:
-            self.below[head] = below.copy()
-        owner = self.owner.get(tail)
-        if owner is not None:
-            self.owner[head] = owner
-            self.kids[head] = {owner: 1}
+        rec = self._rec(tail)
+        if rec is None:
+            return
+        made = self.recs.shards[hash(head) & SHARD_MASK][head] = _Rec()
+        made.below = rec.below.copy()
+        if rec.owner is not None:
+            made.owner = rec.owner
+            made.kids = {rec.owner: 1}
             # the parent counted the tail's owner; it counts the head's now: the same
 
     def removed(self, node: Node, parent: Node | None) -> None:
         """``node``, a leaf, left the tree; it was ``parent``'s child. What it still held (a
         cache that drops holders without telling) is untagged here."""
         self.moves += 1
-        for sid in list(self.held.get(node, ())):
-            self.held[node].discard(sid)
-            self._carry(sid, node, -1, parent)
-            left = self.tags[sid] - 1
-            if left:
-                self.tags[sid] = left
-            else:
-                del self.tags[sid]
-            self.changed(sid)
-        self.held.pop(node, None)
-        self.below.pop(node, None)
-        self.kids.pop(node, None)
-        owner = self.owner.pop(node, None)
-        if owner is not None:
-            self._credit(owner, -self.size(node))
-            if parent is not None:
-                self._count_kid(parent, owner, -1)
+        rec = self._rec(node)
+        if rec is not None:
+            for sid in list(rec.held or ()):
+                rec.held.discard(sid)
+                self._carry(sid, node, -1, parent)
+                left = self.tags[sid] - 1
+                if left:
+                    self.tags[sid] = left
+                else:
+                    del self.tags[sid]
+                self.changed(sid)
+            rec = self.recs.shards[hash(node) & SHARD_MASK].pop(node, None)
+            if rec is not None and rec.owner is not None:
+                self._credit(rec.owner, -self.size(node))
+                if parent is not None:
+                    self._count_kid(parent, rec.owner, -1)
         if self.frees and parent is not None:
-            self._settle(parent)
+            if self._rec(parent) is not None:  # one child fewer: the rest may be one session's now
+                self._settle(parent)  # (a node no session lies beneath has no owner to gain or lose)
 
     def lock_changed(self, node: Node) -> None:
-        """``node``'s lock count went from 0 to more, or back to 0. A lock only takes an owner
-        away, an unlock only gives one to a node that holds or has owned children: the others
-        (most nodes a request locks) are left as they are."""
+        """``node``'s lock count went from 0 to more, or back to 0. Only a node some session lies
+        beneath can gain or lose an owner: the others (most nodes a request locks) are left."""
         self.moves += 1
-        if self.frees and (node in self.owner or node in self.held or node in self.kids):
+        if self.frees and self.recs.shards[hash(node) & SHARD_MASK].get(node) is not None:
             self._settle(node)
 
     def rebuild(self, root: Node, holders: Callable[[Node], Iterable[str] | None]) -> None:
@@ -208,28 +242,31 @@ class SessionLedger:
     def _carry(self, sid: str, node: Node, delta: int, parent: Node | None = None) -> None:
         """One more (``delta`` 1) or one fewer (-1) of ``sid``'s tags below ``node`` and each of its
         ancestors; the nodes it comes to or leaves move its path tokens. ``parent``: where the walk
-        goes on from a node already unlinked."""
-        below, size = self.below, self.size
+        goes on from a node already unlinked. A node's record goes when no session lies beneath it."""
+        shards, size = self.recs.shards, self.size
         gained = 0
         first = True
         while node is not None:
-            counts = below.get(node)
+            shard = shards[hash(node) & SHARD_MASK]
+            rec = shard.get(node)
             if delta > 0:
-                if counts is None:
-                    below[node] = counts = {}
+                if rec is None:
+                    shard[node] = rec = _Rec()
+                counts = rec.below
                 was = counts.get(sid, 0)
                 counts[sid] = was + 1
                 if not was:
                     gained += size(node)
-            elif counts is not None and sid in counts:
-                left = counts[sid] - 1
-                if left:
+            elif rec is not None:
+                counts = rec.below
+                left = counts.get(sid, 0) - 1
+                if left > 0:
                     counts[sid] = left
-                else:
+                elif left == 0:
                     del counts[sid]
                     gained -= size(node)
-                    if not counts:
-                        del below[node]
+                    if not counts and rec.owner is None and rec.kids is None and rec.held is None:
+                        del shard[node]
             node = parent if first and parent is not None else node.parent
             first = False
         if gained:
@@ -239,11 +276,11 @@ class SessionLedger:
             else:
                 self.path.pop(sid, None)
 
-    def _owner_of(self, node: Node) -> str | None:
+    def _owner_of(self, node: Node, rec: _Rec | None) -> str | None:
         """Whose close frees ``node`` now, from its own state and its children's owners."""
-        if (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
+        if rec is None or (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
             return None
-        held = self.held.get(node)
+        held = rec.held
         mine = None
         if held:
             if len(held) > 1:
@@ -253,7 +290,7 @@ class SessionLedger:
         children = len(node.children)
         if not children:
             return mine
-        kids = self.kids.get(node)
+        kids = rec.kids
         if kids is None or len(kids) != 1:
             return None
         for sid, count in kids.items():
@@ -264,21 +301,22 @@ class SessionLedger:
 
     def _settle(self, node: Node) -> None:
         """Recompute ``node``'s owner and, while it moves, its ancestors'."""
-        root, owners = self.root, self.owner
+        root, shards = self.root, self.recs.shards
         while node is not None and node is not root:
-            new = self._owner_of(node)
-            old = owners.get(node)
+            rec = shards[hash(node) & SHARD_MASK].get(node)
+            new = self._owner_of(node, rec)
+            old = rec.owner if rec is not None else None
             if new == old:
                 return
             n = self.size(node)
             parent = node.parent
             if old is not None:
-                del owners[node]
+                rec.owner = None
                 self._credit(old, -n)
                 if parent is not None:
                     self._count_kid(parent, old, -1)
             if new is not None:
-                owners[node] = new
+                rec.owner = new
                 self._credit(new, n)
                 if parent is not None:
                     self._count_kid(parent, new, 1)
@@ -293,13 +331,16 @@ class SessionLedger:
         self.changed(sid)
 
     def _count_kid(self, parent: Node, sid: str, delta: int) -> None:
-        kids = self.kids.get(parent)
+        rec = self._rec(parent)
+        if rec is None:  # an owned child has its owner's tags below it, so below its parent too
+            return
+        kids = rec.kids
         if kids is None:
-            self.kids[parent] = kids = {}
+            rec.kids = kids = {}
         count = kids.get(sid, 0) + delta
         if count:
             kids[sid] = count
         else:
             del kids[sid]
             if not kids:
-                del self.kids[parent]
+                rec.kids = None

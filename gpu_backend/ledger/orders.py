@@ -146,8 +146,7 @@ class SessionOrders:
         ask = (order, needle, reverse)
         now = time.monotonic()
         kept = self._ranked.get(ask)
-        if kept is not None and kept.stamp == self._stamp() and order != "last_activity":  # nothing moved since
-            # (an access time moves untold): as of now
+        if kept is not None and kept.stamp == self._stamp() and self._told(order):  # nothing moved since: as of now
             rows = yield from self.rows_pass(kept.ids[offset : offset + limit])
             return rows, len(kept.ids), kept.listed, 0.0
         if kept is None or now - kept.taken_at >= max(self.rank_min_s, self.rank_budget * kept.cost_s):
@@ -159,6 +158,11 @@ class SessionOrders:
             age = max(1e-6, now - kept.taken_at)
         rows = yield from self.rows_pass(kept.ids[offset : offset + limit])
         return rows, len(kept.ids), kept.listed, age
+
+    def _told(self, order: str) -> bool:
+        """Whether every change to ``order``'s figure moves the stamp (an SGLang node's access time
+        does not; a lock does only where locks are followed)."""
+        return order != "last_activity" and (order != "locked_tokens" or self.ledger.locks_told)
 
     def _stamp(self) -> tuple[int, int]:
         return self.ledger.moves, self.moves
