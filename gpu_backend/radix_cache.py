@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -369,6 +370,10 @@ class RadixCache(SessionRadixCacheMixin):
     def evict(self, num_tokens: int) -> EvictResult:
         """Free whole unlocked leaves, lowest priority first (LRU by default), until at least
         ``num_tokens`` tokens are freed or nothing evictable is left."""
+        with self.ledger.batch() if self.ledger is not None else nullcontext():
+            return self._evict(num_tokens)
+
+    def _evict(self, num_tokens: int) -> EvictResult:
         num_evicted = 0
         num_nodes = 0
         free = self.token_to_kv_pool_allocator.free

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,10 +131,7 @@ class SessionRadixCacheMixin:
         """A node leaves the tree: drop it from the index of every session that held it."""
         if not node.session_ids:
             return
-        ledger = self.ledger
-        for sid in tuple(node.session_ids):
-            if ledger is not None:
-                ledger.untag(sid, node)
+        for sid in tuple(node.session_ids):  # (the ledger drops them where the node leaves: removed)
             leaves = self._session_leaves.get(sid)
             if leaves is not None:
                 leaves.pop(node, None)
@@ -156,6 +154,10 @@ class SessionRadixCacheMixin:
                     holds += 1
                     self._refresh(node)
             return CloseResult(session_id, "deref", already_closed, (), 0, 0, holds)
+        with self.ledger.batch() if self.ledger is not None else nullcontext():
+            return self._release_free(session_id, already_closed, indexed)
+
+    def _release_free(self, session_id: str, already_closed: bool, indexed: dict[TreeNode, None]) -> CloseResult:
         freed: list[int] = []
         freed_tokens = 0
         holds = sum(1 for n in indexed if n.session_ids and session_id in n.session_ids)

@@ -374,17 +374,26 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         closed = getattr(cache, "_closed_session_ids", None) or {}
         tagged_nodes = list(leaves.get(session_id, ()))
         oldest = next(iter(closed), None)
-        try:
-            return original(session_id, *a, **k)
-        finally:
-            for node in tagged_nodes:  # the holds the close dropped on nodes it kept
-                if session_id not in (_holders(node) or ()):
-                    ledger.untag(session_id, node)
-            ledger.changed(session_id)  # closed now
-            if oldest is not None and oldest not in closed:  # its tombstone fell off: open again
-                ledger.changed(oldest)
+        with ledger.batch():  # each node's owner settled once, after the close
+            try:
+                return original(session_id, *a, **k)
+            finally:
+                for node in tagged_nodes:  # the holds the close dropped on nodes it kept
+                    if session_id not in (_holders(node) or ()):
+                        ledger.untag(session_id, node)
+                ledger.moved.add(session_id)  # closed now
+                if oldest is not None and oldest not in closed:  # its tombstone fell off: open again
+                    ledger.moved.add(oldest)
 
     cache.release_radix_session = release
+    evict = cache.evict
+
+    @functools.wraps(evict)
+    def batched_evict(*a: Any, **k: Any) -> Any:
+        with ledger.batch():
+            return evict(*a, **k)
+
+    cache.evict = batched_evict
     return all(hooks)
 
 

@@ -49,16 +49,36 @@ class _Rec:
         self.kids: dict[str, int] | None = None
 
 
+class _Batch:
+    __slots__ = ("ledger", "outer")
+
+    def __init__(self, ledger: SessionLedger) -> None:
+        self.ledger = ledger
+        self.outer = False
+
+    def __enter__(self) -> None:
+        self.outer = self.ledger._deferred is None
+        if self.outer:
+            self.ledger._deferred = set()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outer:
+            ledger, nodes = self.ledger, self.ledger._deferred
+            ledger._deferred = None
+            for node in nodes:  # each after its last change: the owners end as if settled each time
+                ledger._settle(node)
+
+
 class SessionLedger:
     """Figures of every session that holds a node of one tree (owner thread only).
 
     ``size(node)``: a node's tokens; ``frees``: a close frees a session's exclusive nodes
     (SessionRadixCacheMixin's ``free`` policy); False (``deref``) keeps exclusive at 0.
-    ``changed(sid)`` is called whenever a session's exclusive, path or tagged count moves.
+    Each session whose exclusive, path or tagged figure moved is added to ``moved`` (a set: one
+    C call where the tree changes), which ``SessionOrders`` takes at its next read.
     """
 
     def __init__(self, root: Node, size: Callable[[Node], int] = _key_len, frees: bool = True,
-                 changed: Callable[[str], None] | None = None,
                  lock_of: Callable[[Node], int] | None = None, locks_told: bool = True):
         self.size = size
         self.locks_told = locks_told
@@ -67,7 +87,8 @@ class SessionLedger:
         self.frees = frees
         self.lock_of = lock_of
         """A node's lock count, where it is not ``node.lock_ref``."""
-        self.changed = changed or (lambda sid: None)
+        self.moved: set[str] = set()
+        self._deferred: set[Node] | None = None
         self.moves = 0
         """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
         self.tags: dict[str, int] = {}
@@ -83,7 +104,7 @@ class SessionLedger:
         self.path: dict[str, int] = {}
         self.tags = {}
         for sid in touched:
-            self.changed(sid)
+            self.moved.add(sid)
 
     def _rec(self, node: Node) -> _Rec | None:
         return self.recs.shards[hash(node) & SHARD_MASK].get(node)
@@ -127,24 +148,25 @@ class SessionLedger:
     def tag(self, sid: str, node: Node) -> None:
         """``sid`` now holds ``node`` (no-op where it did already)."""
         self.moves += 1
-        rec = self._rec(node)
+        shard = self.recs.shards[hash(node) & SHARD_MASK]
+        rec = shard.get(node)
         if rec is not None and rec.held is not None and sid in rec.held:
             return
         self._carry(sid, node, 1)
-        rec = self._rec(node)
+        rec = shard[node]
         if rec.held is None:
             rec.held = {sid}
         else:
             rec.held.add(sid)
         self.tags[sid] = self.tags.get(sid, 0) + 1
-        self.changed(sid)
+        self.moved.add(sid)
         if self.frees:
-            self._settle(node)
+            self._settle_now_or_later(node)
 
     def untag(self, sid: str, node: Node) -> None:
         """``sid`` no longer holds ``node`` (no-op where it did not)."""
         self.moves += 1
-        rec = self._rec(node)
+        rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
         if rec is None or rec.held is None or sid not in rec.held:
             return
         rec.held.discard(sid)
@@ -156,9 +178,9 @@ class SessionLedger:
             self.tags[sid] = left
         else:
             del self.tags[sid]
-        self.changed(sid)
+        self.moved.add(sid)
         if self.frees:
-            self._settle(node)
+            self._settle_now_or_later(node)
 
     def sync(self, node: Node, holders: Iterable[str] | None) -> None:
         """Make the holders of ``node`` (still in the tree) what they are now (``holders``), for a
@@ -178,7 +200,7 @@ class SessionLedger:
         if self.frees and parent is not None:
             rec = self._rec(parent)
             if rec is not None and rec.owner is not None:
-                self._settle(parent)  # one more child, owned by no one: the parent no longer owned
+                self._settle_now_or_later(parent)  # one more child, owned by no one: the parent no longer owned
 
     def split(self, head: Node, tail: Node) -> None:
         """``head`` took the first part of ``tail``'s tokens, above it (holding nothing, locked as
@@ -199,7 +221,9 @@ class SessionLedger:
         """``node``, a leaf, left the tree; it was ``parent``'s child. What it still held (a
         cache that drops holders without telling) is untagged here."""
         self.moves += 1
-        rec = self._rec(node)
+        shards = self.recs.shards
+        shard = shards[hash(node) & SHARD_MASK]
+        rec = shard.get(node)
         if rec is not None:
             for sid in list(rec.held or ()):
                 rec.held.discard(sid)
@@ -209,22 +233,31 @@ class SessionLedger:
                     self.tags[sid] = left
                 else:
                     del self.tags[sid]
-                self.changed(sid)
-            rec = self.recs.shards[hash(node) & SHARD_MASK].pop(node, None)
+                self.moved.add(sid)
+            rec = shard.pop(node, None)
             if rec is not None and rec.owner is not None:
                 self._credit(rec.owner, -self.size(node))
                 if parent is not None:
                     self._count_kid(parent, rec.owner, -1)
         if self.frees and parent is not None:
-            if self._rec(parent) is not None:  # one child fewer: the rest may be one session's now
-                self._settle(parent)  # (a node no session lies beneath has no owner to gain or lose)
+            if parent in shards[hash(parent) & SHARD_MASK]:  # one child fewer: the rest may be one session's now
+                self._settle_now_or_later(parent)  # (a node no session lies beneath has no owner to gain or lose)
 
     def lock_changed(self, node: Node) -> None:
         """``node``'s lock count went from 0 to more, or back to 0. Only a node some session lies
         beneath can gain or lose an owner: the others (most nodes a request locks) are left."""
         self.moves += 1
-        if self.frees and self.recs.shards[hash(node) & SHARD_MASK].get(node) is not None:
-            self._settle(node)
+        if not self.frees:
+            return
+        rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
+        if rec is None:
+            return
+        if (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
+            if rec.owner is None:  # a lock only takes an owner away
+                return
+        elif rec.held is None and rec.kids is None:  # unlocked, but no holder, no owned child
+            return
+        self._settle_now_or_later(node)
 
     def rebuild(self, root: Node, holders: Callable[[Node], Iterable[str] | None]) -> None:
         """Start again from the tree as it is (a change the ledger was not told of): one walk,
@@ -237,13 +270,24 @@ class SessionLedger:
             for sid in holders(node) or ():
                 self.tag(sid, node)
 
+    def batch(self) -> _Batch:
+        """``with ledger.batch():`` around an operation that changes many nodes near each other (a
+        close, an evict): each node's owner is settled once, at the end, not at every change."""
+        return _Batch(self)
+
     # ----- upkeep -----
+
+    def _settle_now_or_later(self, node: Node) -> None:
+        if self._deferred is None:
+            self._settle(node)
+        else:
+            self._deferred.add(node)
 
     def _carry(self, sid: str, node: Node, delta: int, parent: Node | None = None) -> None:
         """One more (``delta`` 1) or one fewer (-1) of ``sid``'s tags below ``node`` and each of its
         ancestors; the nodes it comes to or leaves move its path tokens. ``parent``: where the walk
         goes on from a node already unlinked. A node's record goes when no session lies beneath it."""
-        shards, size = self.recs.shards, self.size
+        shards, size = self.recs.shards, (None if self.size is _key_len else self.size)
         gained = 0
         first = True
         while node is not None:
@@ -256,7 +300,7 @@ class SessionLedger:
                 was = counts.get(sid, 0)
                 counts[sid] = was + 1
                 if not was:
-                    gained += size(node)
+                    gained += len(node.key) if size is None else size(node)
             elif rec is not None:
                 counts = rec.below
                 left = counts.get(sid, 0) - 1
@@ -264,7 +308,7 @@ class SessionLedger:
                     counts[sid] = left
                 elif left == 0:
                     del counts[sid]
-                    gained -= size(node)
+                    gained -= len(node.key) if size is None else size(node)
                     if not counts and rec.owner is None and rec.kids is None and rec.held is None:
                         del shard[node]
             node = parent if first and parent is not None else node.parent
@@ -276,51 +320,64 @@ class SessionLedger:
             else:
                 self.path.pop(sid, None)
 
-    def _owner_of(self, node: Node, rec: _Rec | None) -> str | None:
-        """Whose close frees ``node`` now, from its own state and its children's owners."""
-        if rec is None or (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
-            return None
-        held = rec.held
-        mine = None
-        if held:
-            if len(held) > 1:
-                return None
-            for mine in held:
-                pass
-        children = len(node.children)
-        if not children:
-            return mine
-        kids = rec.kids
-        if kids is None or len(kids) != 1:
-            return None
-        for sid, count in kids.items():
-            if count != children or (mine is not None and mine != sid):
-                return None
-            return sid
-        return None
-
     def _settle(self, node: Node) -> None:
-        """Recompute ``node``'s owner and, while it moves, its ancestors'."""
-        root, shards = self.root, self.recs.shards
+        """Recompute ``node``'s owner and, while it moves, its ancestors'. A node's owner: none where
+        it is locked or two sessions hold it; a leaf's only holder; an inner node's children's
+        one owner, where all of them have it and the node holds no one else. (Inline, with the
+        credit and the parent's count: this runs at every tag and unlock.)"""
+        root, shards, lock_of, moved = self.root, self.recs.shards, self.lock_of, self.moved
+        exclusive = self.exclusive
+        keyed = self.size is _key_len
+        rec = shards[hash(node) & SHARD_MASK].get(node)
         while node is not None and node is not root:
-            rec = shards[hash(node) & SHARD_MASK].get(node)
-            new = self._owner_of(node, rec)
-            old = rec.owner if rec is not None else None
+            if rec is None:
+                return  # no session beneath: no owner, and none before
+            new = None
+            if (node.lock_ref if lock_of is None else lock_of(node)) == 0:
+                held = rec.held
+                if held is None or len(held) == 1:
+                    mine = next(iter(held)) if held is not None else None
+                    children = len(node.children)
+                    if not children:
+                        new = mine
+                    else:
+                        kids = rec.kids
+                        if kids is not None and len(kids) == 1:
+                            for sid, count in kids.items():
+                                if count == children and (mine is None or mine == sid):
+                                    new = sid
+            old = rec.owner
             if new == old:
                 return
-            n = self.size(node)
+            n = len(node.key) if keyed else self.size(node)
             parent = node.parent
+            up = shards[hash(parent) & SHARD_MASK].get(parent) if parent is not None else None
             if old is not None:
-                rec.owner = None
-                self._credit(old, -n)
-                if parent is not None:
-                    self._count_kid(parent, old, -1)
+                left = exclusive[old] - n
+                if left:
+                    exclusive[old] = left
+                else:
+                    del exclusive[old]
+                moved.add(old)
+                if up is not None:
+                    kids = up.kids
+                    count = kids[old] - 1
+                    if count:
+                        kids[old] = count
+                    elif len(kids) == 1:
+                        up.kids = None
+                    else:
+                        del kids[old]
+            rec.owner = new
             if new is not None:
-                rec.owner = new
-                self._credit(new, n)
-                if parent is not None:
-                    self._count_kid(parent, new, 1)
-            node = parent
+                exclusive[new] = exclusive.get(new, 0) + n
+                moved.add(new)
+                if up is not None:
+                    if up.kids is None:
+                        up.kids = {new: 1}
+                    else:
+                        up.kids[new] = up.kids.get(new, 0) + 1
+            node, rec = parent, up
 
     def _credit(self, sid: str, tokens: int) -> None:
         total = self.exclusive.get(sid, 0) + tokens
@@ -328,7 +385,7 @@ class SessionLedger:
             self.exclusive[sid] = total
         else:
             self.exclusive.pop(sid, None)
-        self.changed(sid)
+        self.moved.add(sid)
 
     def _count_kid(self, parent: Node, sid: str, delta: int) -> None:
         rec = self._rec(parent)

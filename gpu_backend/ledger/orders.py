@@ -48,7 +48,7 @@ class SessionOrders:
     (``time.monotonic()``) or None; ``leaves_of(sid)``: the nodes it tags, in the cache's order;
     ``everyone()``: every session that may be listed (an order's first read sorts them). The
     owner calls ``dirty(sid)`` whenever a session's state, activity or listing moves; the
-    ledger's own changes come through ``SessionLedger.changed``.
+    ledger's own changes come through ``SessionLedger.moved``.
     """
 
     def __init__(self, ledger: SessionLedger, bytes_per_token: int,
@@ -56,7 +56,6 @@ class SessionOrders:
                  seen_at: Callable[[str], float | None], leaves_of: Callable[[str], Collection[Any]],
                  everyone: Callable[[], Iterable[str]], kept: Iterable[str] = KEPT_ORDERS):
         self.ledger = ledger
-        ledger.changed = self.dirty
         self.bpt = bytes_per_token
         self.known, self.is_closed, self.seen_at = known, is_closed, seen_at
         self.leaves_of, self.everyone = leaves_of, everyone
@@ -72,8 +71,15 @@ class SessionOrders:
 
     def dirty(self, sid: str) -> None:
         self.moves += 1
-        for order in self._orders.values():
-            order.pending.add(sid)
+        self.ledger.moved.add(sid)
+
+    def _take_moved(self) -> None:
+        """The sessions that moved since the last read go to every kept order's pending set."""
+        moved = self.ledger.moved
+        if moved:
+            self.ledger.moved = set()
+            for order in self._orders.values():
+                order.pending |= moved
 
     # ----- reads -----
 
@@ -94,6 +100,7 @@ class SessionOrders:
         """Rows ``offset:offset+limit`` of the listed sessions that match ``contains`` (''
         all) in ``order`` (``reverse``: from its other end), how many match, how many are
         listed, and how old their order is (0: as of the read; see ``ranked_pass``); a pass that yields every ``CHUNK`` sessions it re-keys or matches."""
+        self._take_moved()
         if order not in self.kept:
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = self._orders.get(order)
@@ -101,6 +108,7 @@ class SessionOrders:
             kept = yield from self._made(order)
         while not kept.ready:  # another read is making it, between the same steps
             yield
+        self._take_moved()
         yield from kept.catch_up(self)
         keys = kept.keys
         needle = contains.strip().lower()
@@ -228,7 +236,10 @@ class _Order:
     def catch_up(self, orders: SessionOrders) -> Generator[None, None, None]:
         """Re-key the sessions that moved since the last read, ``CHUNK`` a step."""
         keys, key_of, key = self.keys, self.key_of, self.key
-        while self.pending:
+        while True:
+            orders._take_moved()  # those that moved between its steps too
+            if not self.pending:
+                return
             for _ in range(min(CHUNK, len(self.pending))):
                 sid = self.pending.pop()
                 old = key_of.pop(sid, None)
