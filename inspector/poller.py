@@ -34,7 +34,9 @@ from radixtop.inspector.tree_state import Row, TreeState
 
 T = TypeVar("T")
 
-SESSIONS_LOADED = 1000
+SESSIONS_LOADED = 200
+"""Sessions the table loads around its cursor at each poll (a few screens: it reads them every
+poll now, each row a walk of its session's path on the owner thread)."""
 SESSIONS_EVERY = 0.0
 """Least seconds between reloads of the sessions table: 0, every poll (the in-process targets keep
 every session's figures with the tree, so a page costs O(log n + page) and ranks live; a target

@@ -130,13 +130,14 @@ class SessionLedger:
         path's nodes, each split evenly among the sessions beneath it, and those locked. Summed
         in the order of ``leaves`` (the from-scratch computation's order, to the last bit)."""
         size, shards, root, lock_of = self.size, self.recs.shards, self.root, self.lock_of
+        keyed = size is _key_len
         seen: set[Node] = set()
         fair, locked = 0.0, 0
         for leaf in leaves:
             node = leaf
             while node is not root and node is not None and node not in seen:
                 seen.add(node)
-                n = size(node)
+                n = len(node.key) if keyed else size(node)
                 fair += n / len(shards[hash(node) & SHARD_MASK][node].below)
                 if (node.lock_ref if lock_of is None else lock_of(node)) > 0:
                     locked += n

@@ -29,7 +29,9 @@ RANK_BUDGET = 100
 RANK_MIN_S = 1.0
 RANK_FORGET_S = 600.0
 CHUNK = 512
-"""Sessions re-keyed or matched per step of a pass."""
+"""Sessions keyed or matched per step of a pass."""
+REKEY_CHUNK = 128
+"""Sessions re-keyed per step of a read (a remove and an add in the sorted keys each)."""
 ROWS_CHUNK = 128
 """Rows made per step of a pass (a row sums its session's path: the first page of a read is of
 one step)."""
@@ -240,7 +242,7 @@ class _Order:
             orders._take_moved()  # those that moved between its steps too
             if not self.pending:
                 return
-            for _ in range(min(CHUNK, len(self.pending))):
+            for _ in range(min(REKEY_CHUNK, len(self.pending))):
                 sid = self.pending.pop()
                 old = key_of.pop(sid, None)
                 if old is not None:
