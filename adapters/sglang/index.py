@@ -317,6 +317,8 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
         _wrap(core, "reset", lambda result, *a, **k: ledger.rebuild(core.root_node, holders)),
         _wrap(full, "_mark_session_leaf", lambda result, sid, leaf, *a, **k: ledger.tag(sid, leaf)),
         _wrap(full, "_unmark_session_leaf", lambda result, sid, leaf, *a, **k: ledger.untag(sid, leaf)),
+        _wrap(full, "register_session_leaf", lambda result, sid, *a, **k: ledger.touch(sid)),
+        _wrap(full, "release_session", lambda result, sid, *a, **k: ledger.touch(sid)),
     ]
     return all(hooks)
 
@@ -331,12 +333,18 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
     the session mixin's tag and close, and the locks crossing zero. Each adds O(depth)."""
     ledger = SessionLedger(cache.root_node, frees=True)
     ledger.rebuild(cache.root_node, _holders)
+    # what each session did before radixtop came: its newest tagged node's last access (SGLang's
+    # RadixCache reads time.monotonic()); from now on, its requests' finishes
+    for sid, leaves in list((getattr(cache, "_session_leaves", None) or {}).items()):
+        if leaves:
+            ledger.seen[sid] = max(node.last_access_time for node in leaves)
     index.ledger = ledger
 
     def tagged(result: Any, req: Any, radix_key: Any = None, node: Any = None, *a: Any, **k: Any) -> None:
         sid = getattr(req, "session_id", None)
         if sid is None:
             return
+        ledger.touch(sid)
         if node is None:  # SGLang matched the node itself (it warns): which one is not known here
             ledger.rebuild(cache.root_node, _holders)
         elif sid in (_holders(node) or ()):
@@ -381,7 +389,7 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
                 for node in tagged_nodes:  # the holds the close dropped on nodes it kept
                     if session_id not in (_holders(node) or ()):
                         ledger.untag(session_id, node)
-                ledger.moved.add(session_id)  # closed now
+                ledger.touch(session_id)  # closed now
                 if oldest is not None and oldest not in closed:  # its tombstone fell off: open again
                     ledger.moved.add(oldest)
 

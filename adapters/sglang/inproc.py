@@ -81,7 +81,7 @@ from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
-from radixtop.gpu_backend.ledger import KEPT_ORDERS, SessionOrders
+from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.queue import OwnerQueue, gc_paused
 from radixtop.gpu_backend.owner.slices import Slices, released, run_to_end
 from radixtop.gpu_backend.session_rules import plan_release
@@ -168,6 +168,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self._walk: _Walk | None = None  # only for a tree the index cannot follow
         self._known: set[str] = set()
         self._closed: set[str] = set()
+        self._known_stamp: tuple | None = None
         self._orders: SessionOrders | None = None
         """The sessions and their figures kept with the tree (the index's ledger), where SGLang's
         tree has one; the attribution passes otherwise."""
@@ -176,9 +177,8 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             tree = self.tree
             self._orders = SessionOrders(
                 ledger, self.bpt, known=self._known.__contains__, is_closed=lambda sid: sid in tree.closed(),
-                seen_at=self._seen_at, leaves_of=lambda sid: tree.session_leaves().get(sid, ()),
-                everyone=lambda: itertools.chain(self._known, tree.closed(), ledger.tags),
-                kept=tuple(o for o in KEPT_ORDERS if o != "last_activity"))
+                seen_at=ledger.seen.get, leaves_of=lambda sid: tree.session_leaves().get(sid, ()),
+                everyone=lambda: itertools.chain(self._known, tree.closed(), ledger.tags))
         self._init_owner_reads()
         self.version = 0
         # Counters, updated on the scheduler thread by SGLang's own calls (see ``observe``).
@@ -376,8 +376,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                 attribution = self.attributions.current
                 if self._orders is not None:  # set operations over the ids, no pass in Python
                     self._known_now()
-                    opened = len((self._known | self._orders.ledger.tags.keys()) - closed.keys()
-                                 if hasattr(closed, "keys") else (self._known | self._orders.ledger.tags.keys()) - set(closed))
+                    opened = self._orders.open_count()  # kept as sessions move: no pass over them
                 elif len(tree.session_leaves()) <= COUNT_INLINE:
                     open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
                     opened = len(open_ids - set(closed))
@@ -506,28 +505,30 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             sessions_beneath=beneath,
         ))
 
-    def _seen_at(self, sid: str) -> float | None:
-        """A session's last activity: its newest tagged node's last access (SGLang's clock)."""
-        if not self.tree.clock_is_time:
-            return None
-        nodes = self.tree.session_leaves().get(sid)
-        return max(n.last_access_time for n in nodes) if nodes else None
-
     def _known_now(self) -> None:
-        """The sessions SGLang knows open, as of this read; those that came or went are ranked
-        again (set operations over the ids, no pass in Python)."""
-        now = self._known_open()
+        """The sessions SGLang knows open, and its tombstones, as of this read: where their counts
+        or newest tombstone moved since the last read, those that came or went are ranked again
+        (set operations over the ids, no pass in Python; an open and a close between two reads
+        move the tombstones)."""
         orders = self._orders
-        if orders is not None and now != self._known:
+        if orders is None:
+            return
+        opened, generations, closed = self._open_sessions(), self.tree.open_ids(), self.tree.closed()
+        stamp = (len(opened), len(generations), len(closed), next(reversed(closed), None) if closed else None)
+        if stamp == self._known_stamp:
+            return
+        self._known_stamp = stamp
+        now = set(opened) | set(generations)
+        if now != self._known:
             for sid in now ^ self._known:
                 orders.dirty(sid)
             self._known.clear()
             self._known.update(now)
-        closed = set(self.tree.closed())  # tombstones: 8,192 at most
-        if orders is not None and closed != self._closed:
-            for sid in closed ^ self._closed:  # a tombstone dropped or added untold
+        tombs = set(closed)  # 8,192 at most
+        if tombs != self._closed:
+            for sid in tombs ^ self._closed:  # a tombstone dropped or added untold
                 orders.dirty(sid)
-            self._closed = closed
+            self._closed = tombs
 
     def _attribution_ready(self) -> Generator[None, None, Attribution]:
         """The attribution to serve; without one yet (a first pass), wait for it in slices."""

@@ -24,6 +24,7 @@ sessions' paths rebuilt whole in one insert (a stall of milliseconds at 100k+ en
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -88,6 +89,9 @@ class SessionLedger:
         self.lock_of = lock_of
         """A node's lock count, where it is not ``node.lock_ref``."""
         self.moved: set[str] = set()
+        self.seen: dict[str, float] = {}
+        """Each session's last activity told (``touch``: a request of it finished, it closed), as
+        ``time.monotonic()``, where the tree's owner tells it."""
         self._deferred: set[Node] | None = None
         self.moves = 0
         """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
@@ -182,6 +186,12 @@ class SessionLedger:
         self.moved.add(sid)
         if self.frees:
             self._settle_now_or_later(node)
+
+    def touch(self, sid: str) -> None:
+        """A request of ``sid`` finished (or it closed) now: its last activity."""
+        self.moves += 1
+        self.seen[sid] = time.monotonic()
+        self.moved.add(sid)
 
     def sync(self, node: Node, holders: Iterable[str] | None) -> None:
         """Make the holders of ``node`` (still in the tree) what they are now (``holders``), for a

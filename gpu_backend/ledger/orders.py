@@ -64,6 +64,9 @@ class SessionOrders:
         self._orders: dict[str, _Order] = {}
         self._ranked: dict[tuple[str, str, bool], _Ranking] = {}
         self.rank_min_s, self.rank_budget = RANK_MIN_S, RANK_BUDGET
+        self._open: set[str] = set()
+        for sid in everyone():  # what the owner knows already: counted as it moves from now on
+            ledger.moved.add(sid)
         self.moves = 0
         self.kept = frozenset(kept)
         """The orders kept between reads (an order by a figure that moves untold, such as an
@@ -76,12 +79,24 @@ class SessionOrders:
         self.ledger.moved.add(sid)
 
     def _take_moved(self) -> None:
-        """The sessions that moved since the last read go to every kept order's pending set."""
+        """The sessions that moved since the last read go to every kept order's pending set, and
+        the count of open listed sessions follows them."""
         moved = self.ledger.moved
         if moved:
             self.ledger.moved = set()
             for order in self._orders.values():
                 order.pending |= moved
+            opened, listed, closed = self._open, self.listed, self.is_closed
+            for sid in moved:
+                if listed(sid) and not closed(sid):
+                    opened.add(sid)
+                else:
+                    opened.discard(sid)
+
+    def open_count(self) -> int:
+        """Listed sessions that are open, now (kept as sessions move: O(those that moved))."""
+        self._take_moved()
+        return len(self._open)
 
     # ----- reads -----
 
