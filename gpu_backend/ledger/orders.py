@@ -30,6 +30,8 @@ RANK_MIN_S = 1.0
 RANK_FORGET_S = 600.0
 CHUNK = 512
 """Sessions keyed or matched per step of a pass."""
+RECOUNT_AT_ONCE = 4096
+"""Sessions a stats read recounts at once (a few ms at most)."""
 REKEY_CHUNK = 128
 """Sessions re-keyed per step of a read (a remove and an add in the sorted keys each)."""
 ROWS_CHUNK = 128
@@ -65,6 +67,7 @@ class SessionOrders:
         self._ranked: dict[tuple[str, str, bool], _Ranking] = {}
         self.rank_min_s, self.rank_budget = RANK_MIN_S, RANK_BUDGET
         self._open: set[str] = set()
+        self._recount: set[str] = set()
         for sid in everyone():  # what the owner knows already: counted as it moves from now on
             ledger.moved.add(sid)
         self.moves = 0
@@ -86,17 +89,23 @@ class SessionOrders:
             self.ledger.moved = set()
             for order in self._orders.values():
                 order.pending |= moved
-            opened, listed, closed = self._open, self.listed, self.is_closed
-            for sid in moved:
-                if listed(sid) and not closed(sid):
-                    opened.add(sid)
-                else:
-                    opened.discard(sid)
+            self._recount |= moved
 
-    def open_count(self) -> int:
-        """Listed sessions that are open, now (kept as sessions move: O(those that moved))."""
+    def _recount_some(self, most: int) -> None:
+        opened, listed, closed, recount = self._open, self.listed, self.is_closed, self._recount
+        for _ in range(min(most, len(recount))):
+            sid = recount.pop()
+            if listed(sid) and not closed(sid):
+                opened.add(sid)
+            else:
+                opened.discard(sid)
+
+    def open_count(self) -> int | None:
+        """Listed sessions that are open, now (kept as sessions move: O(those that moved)); None
+        while more moved than one read recounts (at attach: a sessions read drains them)."""
         self._take_moved()
-        return len(self._open)
+        self._recount_some(RECOUNT_AT_ONCE)
+        return None if self._recount else len(self._open)
 
     # ----- reads -----
 
@@ -118,6 +127,10 @@ class SessionOrders:
         all) in ``order`` (``reverse``: from its other end), how many match, how many are
         listed, and how old their order is (0: as of the read; see ``ranked_pass``); a pass that yields every ``CHUNK`` sessions it re-keys or matches."""
         self._take_moved()
+        while self._recount:  # the open count, for the sessions that moved (all of them at attach)
+            self._recount_some(CHUNK)
+            if self._recount:
+                yield
         if order not in self.kept:
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = self._orders.get(order)

@@ -36,6 +36,7 @@ def check_kept(cache, adapter: SGLangInProcessAdapter) -> None:
     assert listed == set(want.sessions)
     for sid, row in want.sessions.items():
         assert orders.row(sid) == row, sid
+    assert adapter.stats().open_sessions == sum(1 for row in want.sessions.values() if not row[1])
     stack, beneath = list(cache.root_node.children.values()), {}
     while stack:
         node = stack.pop()
