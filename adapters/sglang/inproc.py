@@ -520,14 +520,12 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self._known_stamp = stamp
         now = set(opened) | set(generations)
         if now != self._known:
-            for sid in now ^ self._known:
-                orders.dirty(sid)
+            orders.dirty_all(now ^ self._known)
             self._known.clear()
             self._known.update(now)
         tombs = set(closed)  # 8,192 at most
         if tombs != self._closed:
-            for sid in tombs ^ self._closed:  # a tombstone dropped or added untold
-                orders.dirty(sid)
+            orders.dirty_all(tombs ^ self._closed)  # a tombstone dropped or added untold
             self._closed = tombs
 
     def _attribution_ready(self) -> Generator[None, None, Attribution]:
