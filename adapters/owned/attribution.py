@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixtop.adapters.model import SessionsPage, SessionView
+from radixtop.gpu_backend.ledger.orders import ROW_KEYS, SessionRow
 from radixtop.gpu_backend.owner.queue import gc_paused
 from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 from radixtop.gpu_backend.owner.slices import Slices, released, run_to_end
@@ -39,19 +40,8 @@ pass itself between the owner's steps) before it takes the last ones, marked ref
 cache's pass ends well within it, so the page read after a close is exact; a large one's page
 comes within a second, its figures from before the action (the closed session shown closed)."""
 
-# (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
-#  last activity as a monotonic time or None)
-SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
-SESSION_KEYS: dict[str, Callable[[SessionRow], Any]] = {  # each order's first rows: what it is about
-    "exclusive_bytes": lambda r: (-r[3], r[0]),
-    "shared_bytes": lambda r: (-r[4], r[0]),
-    "fair_share_bytes": lambda r: (-r[5], r[0]),
-    "locked_tokens": lambda r: (-r[6], r[0]),
-    "tagged_nodes": lambda r: (-r[2], r[0]),
-    "last_activity": lambda r: (r[7] is None, -(r[7] or 0.0), r[0]),
-    "state": lambda r: (r[1], r[0]),  # open first
-    "id": lambda r: r[0],
-}
+SESSION_KEYS = ROW_KEYS
+"""Each order's key of a row (``gpu_backend.ledger.orders``: the same orders as the kept ones)."""
 
 
 def row_matches(row: SessionRow, needle: str) -> bool:

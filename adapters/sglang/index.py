@@ -350,19 +350,16 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         elif sid in (_holders(node) or ()):
             ledger.tag(sid, node)
 
-    def locked(result: Any, node: Any, *a: Any, **k: Any) -> None:
-        root = cache.root_node
-        while node is not None and node is not root:
-            if node.lock_ref == 1:  # from 0
-                ledger.lock_changed(node)
-            node = node.parent
-
-    def unlocked(result: Any, node: Any, *a: Any, **k: Any) -> None:
-        root = cache.root_node
-        while node is not None and node is not root:
-            if node.lock_ref == 0:  # from 1
-                ledger.lock_changed(node)
-            node = node.parent
+    def crossed(now: int) -> Callable[..., None]:
+        """After a lock (``now`` 1: from 0) or an unlock (``now`` 0: from 1) of a path: the
+        nodes on it whose count crossed zero."""
+        def walk(result: Any, node: Any, *a: Any, **k: Any) -> None:
+            root = cache.root_node
+            while node is not None and node is not root:
+                if node.lock_ref == now:
+                    ledger.lock_changed(node)
+                node = node.parent
+        return walk
 
     hooks = [
         _wrap(cache, "_split_node", lambda new_node, key, child, *a, **k: ledger.split(new_node, child)),
@@ -371,8 +368,8 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         _wrap(cache, "_delete_leaf", lambda result, node, *a, **k: ledger.removed(node, node.parent)),
         _wrap(cache, "reset", lambda result, *a, **k: ledger.reset(cache.root_node)),
         _wrap(cache, "_tag_session_leaf", tagged),
-        _wrap(cache, "inc_lock_ref", locked),
-        _wrap(cache, "dec_lock_ref", unlocked),
+        _wrap(cache, "inc_lock_ref", crossed(1)),
+        _wrap(cache, "dec_lock_ref", crossed(0)),
     ]
     original = cache.release_radix_session
 

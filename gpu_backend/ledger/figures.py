@@ -178,12 +178,7 @@ class SessionLedger:
         if not rec.held:
             rec.held = None
         self._carry(sid, node, -1)
-        left = self.tags[sid] - 1
-        if left:
-            self.tags[sid] = left
-        else:
-            del self.tags[sid]
-        self.moved.add(sid)
+        self._one_tag_fewer(sid)
         if self.frees:
             self._settle_now_or_later(node)
 
@@ -239,12 +234,7 @@ class SessionLedger:
             for sid in list(rec.held or ()):
                 rec.held.discard(sid)
                 self._carry(sid, node, -1, parent)
-                left = self.tags[sid] - 1
-                if left:
-                    self.tags[sid] = left
-                else:
-                    del self.tags[sid]
-                self.moved.add(sid)
+                self._one_tag_fewer(sid)
             rec = shard.pop(node, None)
             if rec is not None and rec.owner is not None:
                 self._credit(rec.owner, -self.size(node))
@@ -389,6 +379,14 @@ class SessionLedger:
                     else:
                         up.kids[new] = up.kids.get(new, 0) + 1
             node, rec = parent, up
+
+    def _one_tag_fewer(self, sid: str) -> None:
+        left = self.tags[sid] - 1
+        if left:
+            self.tags[sid] = left
+        else:
+            del self.tags[sid]
+        self.moved.add(sid)
 
     def _credit(self, sid: str, tokens: int) -> None:
         total = self.exclusive.get(sid, 0) + tokens
