@@ -143,6 +143,8 @@ class SessionOrders:
             kept = yield from self._made(order)
         while not kept.ready:  # another read is making it, between the same steps
             yield
+            if self._orders.get(order) is not kept:  # that read was dropped midway
+                kept = self._orders.get(order) or (yield from self._made(order))
         self._take_moved()
         yield from kept.catch_up(self)
         keys = kept.keys
@@ -239,13 +241,17 @@ class SessionOrders:
         made.key = key
         keys = made.keys
         self._orders[order] = made  # a session that moves while it is made is pending at once
-        for k, sid in enumerate(list(self.everyone())):
-            if sid not in made.key_of and self.listed(sid):
-                made.key_of[sid] = kv = key(self, sid)
-                keys.add(kv)  # one at a time: a sort of 50k keys at once is tens of ms in one step
-            if k % CHUNK == CHUNK - 1:
-                yield
-        made.ready = True
+        try:
+            for k, sid in enumerate(list(self.everyone())):
+                if sid not in made.key_of and self.listed(sid):
+                    made.key_of[sid] = kv = key(self, sid)
+                    keys.add(kv)  # one at a time: a sort of 50k keys at once is tens of ms in one step
+                if k % CHUNK == CHUNK - 1:
+                    yield
+            made.ready = True
+        finally:
+            if not made.ready and self._orders.get(order) is made:  # dropped midway: made again next time
+                del self._orders[order]
         return made
 
 

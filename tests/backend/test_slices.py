@@ -360,3 +360,23 @@ def test_an_order_ranked_at_its_read_is_reused_with_its_age_and_current_rows(kep
     fresh = kept.sessions("fair_share_bytes")
     assert fresh.figures_current
     assert [v.id for v in fresh.sessions] == sorted(want, key=lambda sid: (-want[sid][4], sid))
+
+
+def test_an_order_whose_first_read_was_dropped_is_made_again():
+    """A read dropped midway through making an order (its caller timed out, the owner stopped)
+    leaves no half-made order behind: the next read makes it and answers."""
+    from radixtop.gpu_backend.ledger.orders import CHUNK
+    from radixtop.gpu_backend.owner.slices import run_to_end
+    from tests.support.engines import make_scheduler
+
+    s = make_scheduler(4096, 1, "lru", "free")
+    for k in range(CHUNK + 50):
+        s.request(f"r{k}", [1, 2, k + 10], [], f"s{k:04d}")
+    first = s.orders.page_pass("tagged_nodes", 0, 5)
+    while "tagged_nodes" not in s.orders._orders:  # past the count of the sessions that moved
+        next(first)
+    next(first)  # the order made in part (it yields every CHUNK sessions)
+    assert not s.orders._orders["tagged_nodes"].ready
+    first.close()  # dropped
+    rows, total, _, _ = run_to_end(s.orders.page_pass("tagged_nodes", 0, 5))
+    assert total == CHUNK + 50 and [r[0] for r in rows] == [f"s{k:04d}" for k in range(5)]
