@@ -120,11 +120,6 @@ class SessionLedger:
         rec = self._rec(node)
         return len(rec.below) if rec is not None else 0
 
-    def owner(self, node: Node) -> str | None:
-        """The session whose close frees ``node`` now (None: none)."""
-        rec = self._rec(node)
-        return rec.owner if rec is not None else None
-
     def figures(self, sid: str) -> tuple[int, int, int]:
         """(tagged nodes, exclusive tokens, path tokens) of ``sid`` now."""
         return self.tags.get(sid, 0), self.exclusive.get(sid, 0), self.path.get(sid, 0)
@@ -187,17 +182,6 @@ class SessionLedger:
         self.moves += 1
         self.seen[sid] = time.monotonic()
         self.moved.add(sid)
-
-    def sync(self, node: Node, holders: Iterable[str] | None) -> None:
-        """Make the holders of ``node`` (still in the tree) what they are now (``holders``), for a
-        caller that cannot tell which sessions came or went."""
-        now = set(holders or ())
-        rec = self._rec(node)
-        was = set(rec.held or ()) if rec is not None else set()
-        for sid in was - now:
-            self.untag(sid, node)
-        for sid in now - was:
-            self.tag(sid, node)
 
     def added(self, node: Node) -> None:
         """``node`` is a new leaf, holding nothing and unlocked, under its parent."""

@@ -58,7 +58,7 @@ class SessionOrders:
     def __init__(self, ledger: SessionLedger, bytes_per_token: int,
                  known: Callable[[str], bool], is_closed: Callable[[str], bool],
                  seen_at: Callable[[str], float | None], leaves_of: Callable[[str], Collection[Any]],
-                 everyone: Callable[[], Iterable[str]], kept: Iterable[str] = KEPT_ORDERS):
+                 everyone: Callable[[], Iterable[str]]):
         self.ledger = ledger
         self.bpt = bytes_per_token
         self.known, self.is_closed, self.seen_at = known, is_closed, seen_at
@@ -71,9 +71,6 @@ class SessionOrders:
         for sid in everyone():  # what the owner knows already: counted as it moves from now on
             ledger.moved.add(sid)
         self.moves = 0
-        self.kept = frozenset(kept)
-        """The orders kept between reads (an order by a figure that moves untold, such as an
-        SGLang node's access time, is ranked at its read)."""
 
     # ----- what the owner tells -----
 
@@ -136,7 +133,7 @@ class SessionOrders:
             self._recount_some(CHUNK)
             if self._recount:
                 yield
-        if order not in self.kept:
+        if order not in KEPT_ORDERS:
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = self._orders.get(order)
         if kept is None:
@@ -182,8 +179,7 @@ class SessionOrders:
 
     def ranked_pass(self, order: str, offset: int, limit: int, contains: str = "", reverse: bool = False,
                     ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
-        """A page in an order not kept between reads (fair share, locked tokens; SGLang's last
-        activity): every listed session's row made (``ROWS_CHUNK`` a step) and ranked. The ranking
+        """A page in an order not kept between reads (fair share, locked tokens): every listed session's row made (``ROWS_CHUNK`` a step) and ranked. The ranking
         is reused while younger than ``RANK_BUDGET`` times what it cost (or ``RANK_MIN_S``), so
         such an order costs the owner at most ~1%; the page's rows are made anew at every read
         (current), their order is as of the ranking (its age, returned last)."""
@@ -191,7 +187,7 @@ class SessionOrders:
         ask = (order, needle, reverse)
         now = time.monotonic()
         kept = self._ranked.get(ask)
-        if kept is not None and kept.stamp == self._stamp() and self._told(order):  # nothing moved since: as of now
+        if kept is not None and kept.stamp == self._stamp() and self._told(order):  # nothing moved since
             rows = yield from self.rows_pass(kept.ids[offset : offset + limit])
             return rows, len(kept.ids), kept.listed, 0.0
         if kept is None or now - kept.taken_at >= max(self.rank_min_s, self.rank_budget * kept.cost_s):
@@ -205,9 +201,9 @@ class SessionOrders:
         return rows, len(kept.ids), kept.listed, age
 
     def _told(self, order: str) -> bool:
-        """Whether every change to ``order``'s figure moves the stamp (an SGLang node's access time
-        does not; a lock does only where locks are followed)."""
-        return order != "last_activity" and (order != "locked_tokens" or self.ledger.locks_told)
+        """Whether every change to ``order``'s figure moves the stamp (a lock does only where
+        locks are followed)."""
+        return order != "locked_tokens" or self.ledger.locks_told
 
     def _stamp(self) -> tuple[int, int]:
         return self.ledger.moves, self.moves
