@@ -142,7 +142,7 @@ def exclusive_tokens_pass(root: Node, session_leaves: Mapping[str, Collection[No
             owner[node] = held_by
             continue
         below: str | None = None
-        for k, child in enumerate(list(children.values()) if len(children) > chunk else children.values()):
+        for k, child in enumerate(list(children.values()) if len(children) >= chunk else children.values()):
             child_owner = owner.get(child)
             if child_owner is None or (below is not None and child_owner != below):
                 below = None

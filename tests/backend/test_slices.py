@@ -380,3 +380,38 @@ def test_an_order_whose_first_read_was_dropped_is_made_again():
     first.close()  # dropped
     rows, total, _, _ = run_to_end(s.orders.page_pass("tagged_nodes", 0, 5))
     assert total == CHUNK + 50 and [r[0] for r in rows] == [f"s{k:04d}" for k in range(5)]
+
+
+def test_the_owner_pass_survives_a_node_with_a_chunk_of_children_changing_between_its_slices():
+    """The close rule's pass reads a node's children and yields after every ``chunk`` of them:
+    with exactly ``chunk`` children it yielded inside its walk of the live dict, and a child the
+    owner added meanwhile failed it ('dictionary changed size during iteration'; hypothesis found
+    it)."""
+    from radixtop.gpu_backend.session_rules import exclusive_tokens_pass
+
+    class Node:
+        def __init__(self, parent, key):
+            self.parent, self.children, self.key, self.lock_ref = parent, {}, key, 0
+            self.session_ids = {"s"} if len(key) == 2 else None  # the leaves: the session's tags
+
+    def node(parent, key):
+        n = Node(parent, key)
+        if parent is not None:
+            parent.children[len(parent.children)] = n
+        return n
+
+    for change_at in range(8):  # the owner adds a child to the node between two slices: each in turn
+        root = node(None, [])
+        top = node(root, [1])
+        leaves = [node(top, [2, k]) for k in range(4)]  # a chunk of children
+        steps = exclusive_tokens_pass(root, {"s": leaves}, chunk=4)
+        for turn in range(100):
+            try:
+                next(steps)
+            except StopIteration as done:
+                assert done.value["s"] in (8, 9)  # top, changed meanwhile, may count for no one
+                break
+            if turn == change_at:
+                node(top, [3])
+        else:
+            raise AssertionError("the pass did not end")
