@@ -4,7 +4,7 @@ the owner step that serves them, for the in-process adapters (bundled and SGLang
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from radixtop.adapters.errors import unknown_session
 from radixtop.adapters.model import SessionsPage, SessionView
@@ -16,18 +16,19 @@ VIEWS_CHUNK = 256
 
 
 def sessions_page_pass(orders: SessionOrders, order: str, offset: int, limit: int, contains: str = "",
-                       reverse: bool = False) -> Generator[None, None, SessionsPage]:
+                       reverse: bool = False, clock: Callable[[], float] = time.monotonic,
+                       ) -> Generator[None, None, SessionsPage]:
     """A sessions page (``CacheAdapter.sessions``) as a pass on the owner thread: its figures
     are the ledger's now; in an order kept sorted (exclusive, shared, tagged, ...) so is its
     ranking (age 0, current), in one ranked at its read (fair share, locked) the ranking may be
-    reused a while (its age)."""
+    reused a while (its age). ``clock``: the clock of the sessions' last activity."""
     rows, total, listed, age = yield from orders.page_pass(order, offset, limit, contains, reverse)
-    return SessionsPage(offset, limit, total, order, (yield from views_pass(rows)), age, False,
+    return SessionsPage(offset, limit, total, order, (yield from views_pass(rows, clock())), age, False,
                         contains.strip(), reverse, listed, figures_current=age == 0.0)
 
 
-def views_pass(rows: list[SessionRow]) -> Generator[None, None, tuple[SessionView, ...]]:
-    now, views = time.monotonic(), []
+def views_pass(rows: list[SessionRow], now: float) -> Generator[None, None, tuple[SessionView, ...]]:
+    views = []
     for start in range(0, len(rows), VIEWS_CHUNK):
         views.extend(session_view(r, now) for r in rows[start : start + VIEWS_CHUNK])
         if start + VIEWS_CHUNK < len(rows):
@@ -35,8 +36,8 @@ def views_pass(rows: list[SessionRow]) -> Generator[None, None, tuple[SessionVie
     return tuple(views)
 
 
-def session_row(orders: SessionOrders, session_id: str) -> SessionView:
+def session_row(orders: SessionOrders, session_id: str, clock: Callable[[], float] = time.monotonic) -> SessionView:
     """One session's view now; an unknown one is an error."""
     if not orders.listed(session_id):
         raise unknown_session(session_id)
-    return session_view(orders.row(session_id), time.monotonic())
+    return session_view(orders.row(session_id), clock())

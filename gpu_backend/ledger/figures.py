@@ -124,8 +124,8 @@ class SessionLedger:
         """(tagged nodes, exclusive tokens, path tokens) of ``sid`` now."""
         return self.tags.get(sid, 0), self.exclusive.get(sid, 0), self.path.get(sid, 0)
 
-    def shares(self, leaves: Iterable[Node]) -> tuple[float, int]:
-        """(fair-share tokens, locked tokens) of a session whose tagged nodes are ``leaves``: its
+    def shares(self, sid: str, leaves: Iterable[Node]) -> tuple[float, int]:
+        """(fair-share tokens, locked tokens) of ``sid``, whose tagged nodes are ``leaves``: its
         path's nodes, each split evenly among the sessions beneath it, and those locked. Summed
         in the order of ``leaves`` (the from-scratch computation's order, to the last bit)."""
         size, shards, root, lock_of = self.size, self.recs.shards, self.root, self.lock_of

@@ -12,11 +12,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sortedcontainers import SortedKeyList, SortedList
 
-from radixtop.gpu_backend.ledger.figures import SessionLedger
+
+class Ledger(Protocol):
+    """What the orders read of a ledger: ``SessionLedger`` (a tree of nodes) or the KV events'
+    ``BlockLedger`` (a tree of blocks)."""
+
+    moved: set[str]
+    moves: int
+    locks_told: bool
+
+    @property
+    def tags(self) -> dict[str, int]: ...
+    @property
+    def exclusive(self) -> dict[str, int]: ...
+    def figures(self, sid: str) -> tuple[int, int, int]: ...
+    def shares(self, sid: str, leaves: Iterable[Any]) -> tuple[float, int]: ...
+
 
 # (id, closed, tagged_nodes, exclusive_bytes, shared_bytes, fair_share_bytes, locked_tokens,
 #  last activity as a monotonic time or None)
@@ -55,7 +70,7 @@ class SessionOrders:
     ledger's own changes come through ``SessionLedger.moved``.
     """
 
-    def __init__(self, ledger: SessionLedger, bytes_per_token: int,
+    def __init__(self, ledger: Ledger, bytes_per_token: int,
                  known: Callable[[str], bool], is_closed: Callable[[str], bool],
                  seen_at: Callable[[str], float | None], leaves_of: Callable[[str], Collection[Any]],
                  everyone: Callable[[], Iterable[str]]):
@@ -118,7 +133,7 @@ class SessionOrders:
         """``sid``'s figures now (tokens to bytes at the cache's bytes per token)."""
         tagged, exclusive, path = self.ledger.figures(sid)
         leaves = self.leaves_of(sid)
-        fair, locked = self.ledger.shares(leaves) if leaves else (0.0, 0)
+        fair, locked = self.ledger.shares(sid, leaves) if leaves else (0.0, 0)
         bpt = self.bpt
         return (sid, self.is_closed(sid), tagged, exclusive * bpt, max(0, path - exclusive) * bpt,
                 round(fair * bpt), locked, self.seen_at(sid))

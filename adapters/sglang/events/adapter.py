@@ -8,9 +8,9 @@ run of blocks with no branch inside, so SGLang's one-token pages (its default ``
 still read as whole prompts. Nothing in the events says what is locked: actions, lock counts,
 hit counts and capacity are unavailable, and the capabilities say so. Sessions are known where
 the stream says which session's request stored each block (``session_id``, SGLang 0.5.19+): a
-node's holders are those sessions, and the sessions read attributes the tree to them
-(``SessionFigures``); before the stream has carried one, sessions are unavailable (unknown, not
-none).
+node's holders are those sessions, and their figures are kept as the tree changes
+(``figures.BlockLedger``); before the stream has carried one, sessions are unavailable
+(unknown, not none).
 """
 
 from __future__ import annotations
@@ -53,28 +53,17 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
-    SessionView,
     Stats,
 )
-from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree, SessionFigures, TreeAttribution
+from radixtop.adapters.owned.attribution import session_view
+from radixtop.adapters.owned.sessions import sessions_page_pass
+from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree
 from radixtop.adapters.sglang.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
+from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.slices import run_to_end
 
 log = logging.getLogger(__name__)
-
-ATTRIBUTION_MAX_AGE_S = 1.0
-"""A sessions read reuses the last attribution this long while the tree changes."""
-_SESSION_KEYS = {  # over (id, figures): each order's first rows are what it is about
-    "exclusive_bytes": lambda r: (-r[1].exclusive, r[0]),
-    "shared_bytes": lambda r: (-(r[1].path - r[1].exclusive), r[0]),
-    "fair_share_bytes": lambda r: (-r[1].fair, r[0]),
-    "locked_tokens": lambda r: r[0],
-    "tagged_nodes": lambda r: (-r[1].tagged_nodes, r[0]),
-    "last_activity": lambda r: (r[1].last_store is None, -(r[1].last_store or 0.0), r[0]),
-    "state": lambda r: r[0],
-    "id": lambda r: r[0],
-}
 
 _CHILD_KEYS = {
     "bytes": lambda n: (-n.subtree_tokens, n.id),
@@ -159,8 +148,8 @@ class EventTreeAdapter(CacheAdapter):
         self._last_batch_at: float | None = None
         self._last_error: str | None = None
         self._sessions_seen = False  # a BlockStored with a session_id has been applied
-        self._attribution: TreeAttribution | None = None
-        self._attributed_at = 0.0
+        self._orders: SessionOrders | None = None
+        """The sessions in order, over the tree's ledger (made again when the tree is cleared)."""
 
     source = "rebuilt from KV events"
     """How the tree is known, for the capabilities' reason."""
@@ -383,7 +372,11 @@ class EventTreeAdapter(CacheAdapter):
             while up is not None:
                 path_tokens += up.tokens
                 up = up.parent
-            beneath = self._attribute().beneath.get(node_id, 0) if self._sessions_seen else None
+            if self._sessions_seen:
+                self._tree.ledger.settle()
+                beneath = self._tree.ledger.beneath(node)
+            else:
+                beneath = None
             return NodeDetail(node=self._view(node, node.depth(), time.time()),
                               token_ids=node.token_slice(token_offset, token_limit),
                               token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=beneath,
@@ -433,54 +426,39 @@ class EventTreeAdapter(CacheAdapter):
     def _no_sessions(self) -> NoReturn:
         raise Unsupported(f"{self.name}: this KV-event stream has carried no session_id (SGLang 0.5.19+ sends it)")
 
-    def _attribute(self) -> TreeAttribution:
-        """The tree's attribution (under the lock): made again when the tree has changed and the
-        last one is older than ATTRIBUTION_MAX_AGE_S."""
-        a = self._attribution
-        if a is None or (a.version != self._tree.version
-                         and time.monotonic() - self._attributed_at >= ATTRIBUTION_MAX_AGE_S):
-            a = self._attribution = self._tree.attribute()
-            self._attributed_at = time.monotonic()
-        return a
-
-    def _session_view(self, sid: str, f: SessionFigures, now: float) -> SessionView:
-        bpt = self.bytes_per_token
-        return SessionView(id=sid, state="open", tagged_nodes=f.tagged_nodes, exclusive_bytes=f.exclusive * bpt,
-                           shared_bytes=(f.path - f.exclusive) * bpt, fair_share_bytes=round(f.fair * bpt),
-                           locked_tokens=0,
-                           last_activity_age_s=None if f.last_store is None else max(0.0, now - f.last_store))
+    def _sessions(self) -> SessionOrders:
+        """The tree's figures settled, and the sessions' orders over them (under the lock)."""
+        if not self._sessions_seen:
+            self._no_sessions()
+        tree = self._tree
+        tree.ledger.settle()
+        orders = self._orders
+        if orders is None or orders.ledger is not tree.ledger:
+            ledger = tree.ledger
+            orders = self._orders = SessionOrders(
+                ledger, self.bytes_per_token, known=ledger.tags.__contains__, is_closed=lambda sid: False,
+                seen_at=tree.last_store.get, leaves_of=lambda sid: ledger.held.get(sid, ()),
+                everyone=lambda: ledger.tags)
+        return orders
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
         """The sessions whose requests stored blocks still cached (all "open": the events do not
-        say when a session closes; locks are not in them, so ``locked_tokens`` reads 0)."""
+        say when a session closes; locks are not in them, so ``locked_tokens`` reads 0). Figures
+        and order as of the last event applied (the ledger keeps them as the tree changes)."""
         check_sessions_read(order, offset, limit, contains)
         with self._lock:
-            if not self._sessions_seen:
-                self._no_sessions()
-            a = self._attribute()
-            current = a.version == self._tree.version
-        now, needle = time.time(), contains.lower()
-        rows = [r for r in a.sessions.items() if needle in r[0].lower() or needle == "open"]
-        rows.sort(key=_SESSION_KEYS[order], reverse=reverse)
-        views = tuple(self._session_view(sid, f, now) for sid, f in rows[offset : offset + limit])
-        return SessionsPage(offset, limit, len(rows), order, views,
-                            figures_age_s=max(0.0, time.monotonic() - self._attributed_at), contains=contains,
-                            reverse=reverse, all_sessions=len(a.sessions), figures_current=current)
+            return run_to_end(sessions_page_pass(self._sessions(), order, offset, limit, contains, reverse,
+                                                 clock=time.time))
 
     def session(self, session_id: str) -> SessionDetail:
         with self._lock:
-            if not self._sessions_seen:
-                self._no_sessions()
-            a = self._attribute()
-            if session_id in self._tree.holding and session_id not in a.sessions:  # newer than the figures
-                self._attribution = None
-                a = self._attribute()
-            figures = a.sessions.get(session_id)
-            if figures is None or session_id not in self._tree.holding:
+            orders = self._sessions()
+            if session_id not in self._tree.holding:
                 raise UnknownSession(f"no cached block was stored by session {session_id!r}")
-            node_ids = tuple(n.id for n in self._tree.iter_nodes() if session_id in n.holders)
-        return SessionDetail(self._session_view(session_id, figures, time.time()), node_ids)
+            view = session_view(orders.row(session_id), time.time())
+            node_ids = tuple(n.id for n in self._tree.ledger.held.get(session_id, ()))
+        return SessionDetail(view, node_ids)
 
     def plan_close(self, session_id: str) -> ClosePlanView:
         with self._lock:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from radixtop.adapters.model import Changes
+from radixtop.adapters.sglang.events.figures import BlockLedger
 from radixtop.adapters.sglang.events.wire import BlockHash, Cleared, Event, Removed
 from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
 from radixtop.gpu_backend.owner.shards import ShardedMap
@@ -31,7 +32,7 @@ class BlockNode:
     """A run of blocks, each the only child of the one before (no branch inside a node)."""
 
     __slots__ = ("id", "parent", "blocks", "children", "tokens", "subtree_tokens", "created",
-                 "accessed", "created_version", "holders")
+                 "accessed", "created_version", "holders", "under", "part", "excl")
 
     def __init__(self, node_id: int, parent: BlockNode | None, ts: float):
         self.id, self.parent = node_id, parent
@@ -42,6 +43,12 @@ class BlockNode:
         self.created_version = 0
         self.holders: dict[str, int] = {}
         """Session -> how many of this node's blocks its requests stored."""
+        self.under: dict[str, int] | None = None
+        """Session -> how many blocks it stored in the nodes below (``BlockLedger``)."""
+        self.part: dict[str, int] | None = None
+        """Session -> the end of the last block it stored here, in tokens (``BlockLedger``)."""
+        self.excl: tuple[str, int] | None = None
+        """The session this node's tokens are exclusive to, and how many (``BlockLedger``)."""
 
     def depth(self) -> int:
         depth, node = 0, self.parent
@@ -123,14 +130,17 @@ class BlockTree:
         self.detached_tokens = 0
         self.holding: Counter[str] = Counter()
         self.last_store: dict[str, float] = {}
+        self.ledger = BlockLedger(self)
+        """Every session's figures, kept as the tree changes (``settle()`` before reading them)."""
         self.version += 1
         self._journal.reset(self.version)
 
     def detached_blocks(self) -> int:
         return sum(len(w) for w in self.waiting.values())
 
-    def _hold(self, node: BlockNode, sessions: frozenset[str], sign: int) -> None:
-        """A block's ``sessions`` join (+1) or leave (-1) ``node``'s holders."""
+    def _hold(self, node: BlockNode, sessions: frozenset[str], sign: int, tell: bool = True) -> None:
+        """A block's ``sessions`` join (+1) or leave (-1) ``node``'s holders (``tell``: the
+        ledger hears of it; a split tells it at once)."""
         for sid in sessions:
             n = node.holders.get(sid, 0) + sign
             if n > 0:
@@ -140,6 +150,8 @@ class BlockTree:
             else:
                 del node.holders[sid]
                 self._release(sid)
+            if tell:
+                self.ledger.held_by(node, sid, sign)
 
     def _release(self, sid: str) -> None:
         self.holding[sid] -= 1
@@ -150,11 +162,11 @@ class BlockTree:
         self.version += 1
         self._journal.record(node.id)
 
-    @staticmethod
-    def _resize(node: BlockNode, n: int, ts: float | None = None, own: bool = True) -> None:
+    def _resize(self, node: BlockNode, n: int, ts: float | None = None, own: bool = True) -> None:
         """``n`` more tokens in ``node`` (``own``) or below it, counted up to the root."""
         if own:
             node.tokens += n
+            self.ledger.resized(node, n)
         up: BlockNode | None = node
         while up is not None:
             up.subtree_tokens += n
@@ -217,6 +229,7 @@ class BlockTree:
         if taken:
             if session is not None:
                 self.last_store[session] = ts
+                self.ledger.stored_at(session)
                 self._hold(node, sessions, taken)
             self._resize(node, added, ts)
             self._touch(node)
@@ -226,6 +239,7 @@ class BlockTree:
               session: str | None = None) -> None:
         if session is not None:
             self.last_store[session] = ts
+            self.ledger.stored_at(session)
         block = self.blocks.get(key)
         if block is not None:
             block.refs += 1
@@ -281,6 +295,7 @@ class BlockTree:
 
     def _split(self, node: BlockNode, at: int) -> None:
         """Blocks ``at..`` of ``node`` (and its children) move to a new child node."""
+        self.ledger.before_split(node)
         tail = BlockNode(self._next_id, node, node.created)
         self._next_id += 1
         tail.accessed = node.accessed
@@ -291,11 +306,12 @@ class BlockTree:
             child.parent = tail
         for block in tail.blocks:
             block.node = tail
-            self._hold(node, block.sessions, -1)
-            self._hold(tail, block.sessions, +1)
+            self._hold(node, block.sessions, -1, tell=False)
+            self._hold(tail, block.sessions, +1, tell=False)
         tail.tokens = sum(len(b.tokens) for b in tail.blocks)
         node.tokens -= tail.tokens
         tail.subtree_tokens = node.subtree_tokens - node.tokens
+        self.ledger.split(node, tail)
         self.nodes[tail.id] = tail
         self._touch(node)
         self._touch(tail)
@@ -336,6 +352,7 @@ class BlockTree:
 
     def _detach(self, top: BlockNode) -> None:
         """Take ``top``'s subtree out of the tree; its blocks wait for their parents."""
+        self.ledger.detached(top)
         parent = top.parent
         del parent.children[top.blocks[0].key]
         self._resize(parent, -top.subtree_tokens, own=False)
