@@ -141,7 +141,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     owner = OwnerQueue("the benchmark scheduler")
     history = grown["history"]
     adapter = SGLangInProcessAdapter(tree.cache, owner, model="bench", open_sessions=lambda: history,
-                            slices=owner.slices, timeout=60.0)
+                            timeout=60.0)
     index = adapter._index
     by_op: dict[str, list[float]] = {}  # what the holds were made of: each read of a poll, timed
     by_cpu: dict[str, list[float]] = {}  # the same steps on the scheduler thread's CPU clock
@@ -160,7 +160,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     def timed_slices(idle: bool = False, deadline: float | None = None) -> float:
         spent = slice_run(idle, deadline)
         if spent:
-            by_op.setdefault(f"{mode['name']}:attribution slice", []).append(spent)
+            by_op.setdefault(f"{mode['name']}:slice", []).append(spent)
         return spent
 
     owner.slices.run = timed_slices
@@ -221,13 +221,13 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     thread.start()
     poller = Poller(adapter)
     started = pc()
-    first = poller.collect(PollRequest())  # the first attribution comes with the first sessions read
+    first = poller.collect(PollRequest())  # the attach: the first sessions read makes the orders
     first_s = pc() - started
     firsts = [(h, c) for _, h, _, c in holds]
     first_holds = {"longest_ms": max((h for h, _ in firsts), default=0.0) * 1e3,
                    "longest_cpu_ms": max((c for _, c in firsts), default=0.0) * 1e3, "steps": len(firsts)}
-    log(f"  first poll (the first attribution, in slices): {first_s:.1f} s; "
-        f"work {adapter.attributions.work_s:.2f} s; its longest hold {first_holds['longest_ms']:.1f} ms "
+    log(f"  first poll (the attach: the orders made, in slices): {first_s:.1f} s; "
+        f"its longest hold {first_holds['longest_ms']:.1f} ms "
         f"({first_holds['longest_cpu_ms']:.1f} ms of the scheduler thread's CPU)")
     top = first.tree.rows[0] if first.tree and first.tree.rows else None
     if top is not None and top.node is not None and top.node.num_children:
@@ -240,7 +240,6 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             adapter._walk = None
             mode["name"] = name
             mark = len(holds)
-            made = adapter.attributions.made, adapter.attributions.work_s
             end = time.monotonic() + (window_s if name == "index" or baseline_s is None else baseline_s)
             while time.monotonic() < end:
                 t = time.monotonic()
@@ -250,17 +249,13 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             without_gc = [h - g for m, h, g, _ in holds[mark:] if m == name]
             cpu = [c for m, _, _, c in holds[mark:] if m == name]
             spent = [s for m, s in steps[mark:] if m == name]
-            agg = results.setdefault(name, {"holds": [], "steps": [], "without_gc": [], "cpu": [], "passes": 0,
-                                             "pass_work_s": 0.0})
-            agg["passes"] += adapter.attributions.made - made[0]
-            agg["pass_work_s"] += adapter.attributions.work_s - made[1]
+            agg = results.setdefault(name, {"holds": [], "steps": [], "without_gc": [], "cpu": []})
             agg["holds"].extend(window)
             agg["without_gc"].extend(without_gc)
             agg["cpu"].extend(cpu)
             agg["steps"].extend(spent)
             log(f"  window {w + 1}/{windows} ({name}): {len(window)} steps, longest hold "
-                f"{max(window) * 1e3 if window else 0:.1f} ms, share {sum(window) / sum(spent):.2%}, "
-                f"{adapter.attributions.made - made[0]} attribution passes")
+                f"{max(window) * 1e3 if window else 0:.1f} ms, share {sum(window) / sum(spent):.2%}")
     finally:
         stop.set()
         thread.join(30)
@@ -282,8 +277,6 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             "median_ms": statistics.median(hs) * 1e3 if hs else 0.0,
             "share": sum(hs) / sum(ss) if ss else 0.0,
             "seconds": sum(ss),
-            "attribution_passes": agg["passes"],
-            "attribution_work_s": agg["pass_work_s"],
         }
     return out
 
@@ -292,7 +285,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     """The same with radixtop's own engine: the 1M-node tree of ``_common.build_tree`` (sessions,
     few-shot fan-outs, a forest) under the demo workload, the dashboard's Poller on a
     ``BundledAdapter``; every ``owner.between_steps()`` of the engine's loop timed (its commands and
-    slices: attribution, the evict heap's compaction, the reads' passes)."""
+    slices: the evict heap's compaction, the reads' passes)."""
     from _common import TreeConfig, build_tree
 
     from radixtop.adapters.bundled.adapter import BundledAdapter
@@ -376,7 +369,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
         f"freeing the old heap {max(freeing, default=0.0) * 1e3:.1f}); the longest hold while one ran "
         f"{max(during, default=0.0) * 1e3:.1f} ms, in the windows while none ran {max(outside, default=0.0) * 1e3:.1f} ms")
     hs = sorted(h for h, _, _ in window)
-    # the longest: over the whole run, the first poll's attribution (in slices) included
+    # the longest: over the whole run, the first poll (the attach) included
     longest = max(h for h, _, _ in holds)
     longest_ng = max(h - g for h, g, _ in holds)
     longest_cpu = max(c for _, _, c in holds)
@@ -387,16 +380,14 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
                                 "longest_cpu_ms": longest_cpu * 1e3,
                                 "longest_in_window_ms": hs[-1] * 1e3, "p99_ms": hs[int(0.99 * (len(hs) - 1))] * 1e3,
                                 "median_ms": statistics.median(hs) * 1e3,
-                                "share": sum(hs) / sum(spent), "seconds": sum(spent),
-                                "attribution_passes": 0,  # the bundled engine keeps them (issue 25)
-                                "attribution_work_s": 0.0}}}
+                                "share": sum(hs) / sum(spent), "seconds": sum(spent)}}}
 
 
 def report(rows: list[dict[str, Any]]) -> str:
     lines = ["| tree | mode | seconds | steps | longest hold (ms) | the same less GC pauses (ms) "
              "| longest, the scheduler thread's own CPU (ms) | p99 (ms) | median (ms) "
-             "| share of the scheduler | attribution passes (work) | goal | met |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| share of the scheduler | goal | met |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         for name in ("walk", "index"):
             m = r["modes"].get(name)
@@ -406,13 +397,11 @@ def report(rows: list[dict[str, Any]]) -> str:
             label = "before (walk)" if name == "walk" else "as now (index)"
             if r.get("bundled"):
                 label = f"bundled engine, as now ({r['compactions']} compactions in slices)"
-            passes = (f"{m['attribution_passes']} ({m['attribution_work_s']:.2f} s)"
-                      if "attribution_passes" in m else "-")
             lines.append(f"| {fmt_nodes(r['nodes'])} nodes, {r['sessions']:,} sessions | {label} | "
                          f"{m.get('seconds', 0):.0f} | {m['steps']:,} | "
                          f"{m['longest_ms']:.1f} | {m['longest_without_gc_ms']:.1f} | {m.get('longest_cpu_ms', 0):.1f} | "
                          f"{m['p99_ms']:.2f} | {m['median_ms']:.3f} | "
-                         f"{m['share']:.2%} | {passes} | "
+                         f"{m['share']:.2%} | "
                          f"<= {GOAL_LONGEST_MS:g} ms, <= {GOAL_SHARE:.0%} | {'yes' if met else 'NO'} |")
     return "\n".join(lines)
 
@@ -426,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=None, help="alternating windows per size")
     parser.add_argument("--window-s", type=float, default=None)
     parser.add_argument("--baseline-s", type=float, default=None,
-                        help="length of the baseline's (walk) windows (default: --window-s); the index "
-                             "windows should span several attribution reuse periods (~400x a pass: ~400 s at 1M nodes)")
+                        help="length of the baseline's (walk) windows (default: --window-s)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sglang_holds.json")
     args = parser.parse_args(argv)
     sizes = args.sizes or ([20_000] if args.quick else [100_000, 1_000_000])

@@ -1,12 +1,14 @@
-"""Where the longest chunks of radixtop's passes go, on a real SGLang tree: each chunk of an
-attribution pass (its exclusive-tokens walk and its freeing included) and of the first sort of the
-sessions page, timed on its own thread's CPU clock, named by the lines it ran between.
+"""Where the longest chunks of radixtop's passes go, on a real SGLang tree: each chunk of the
+sessions' orders made at the first read (the attach), of a page of a kept order, of one ranked at
+its read, and of each read of a dashboard's poll, timed on its own thread's CPU clock, named by the
+lines it ran between.
 
     .venv/bin/python benchmarks/profile_owner_chunks.py --nodes 1000000            # 0.5.16
     .venv-sglang23/bin/python benchmarks/profile_owner_chunks.py --unified --nodes 1000000
 
 The tree is grown as ``bench_sglang_holds.py`` grows it (~5% of nodes tagged by sessions), each call
-of the index's hooks (inside SGLang's insert, split and delete) timed meanwhile. No other thread runs: each chunk's time is its own work, not a wait for the GIL. A companion to the
+of the index's hooks (inside SGLang's insert, split and delete; the ledger's upkeep with them)
+timed meanwhile. No other thread runs: each chunk's time is its own work, not a wait for the GIL. A companion to the
 holds bench, which measures holds as the scheduler sees them; this one says which code to shorten.
 """
 
@@ -137,13 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--unified", action="store_true", help="0.5.23 UnifiedRadixCache (Python core)")
     parser.add_argument("--nodes", type=int, default=100_000)
-    parser.add_argument("--passes", type=int, default=2, help="attribution passes (the first and the next)")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args(argv)
 
     from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
     from radixtop.gpu_backend.owner.queue import OwnerQueue
-    from radixtop.gpu_backend.owner.slices import released
 
     tree = Tree(args.unified, capacity=args.nodes * 40)
     hooks = time_index_hooks(tree)
@@ -153,17 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     history = grown["history"]
     adapter = SGLangInProcessAdapter(tree.cache, OwnerQueue("profile"), model="profile", open_sessions=lambda: history,
                             timeout=60.0)
-    made = None
-    for k in range(args.passes):
-        made = profile(adapter._attribution_pass(), f"attribution pass {k + 1}", args.top)
-    assert made is not None
-    profile(made.page_pass("exclusive_bytes", 0, 100), "first sort of the sessions page (a pass's)", args.top)
-    if adapter._orders is not None:  # the figures kept with the tree (issue 25): what a read costs now
-        adapter._known_now()
-        profile(adapter._orders.page_pass("exclusive_bytes", 0, 100), "first page of the kept order", args.top)
-        profile(adapter._orders.page_pass("exclusive_bytes", 0, 100), "next page of the kept order", args.top)
+    orders = adapter._orders
+    if orders is None:
+        raise SystemExit("this tree keeps no session figures (no sessions, or the hooks did not install)")
+    adapter._known_now()
+    profile(orders.page_pass("exclusive_bytes", 0, 100), "first page of a kept order (the attach: it is made)",
+            args.top)
+    profile(orders.page_pass("exclusive_bytes", 0, 100), "next page of the kept order", args.top)
+    profile(orders.page_pass("fair_share_bytes", 0, 100), "a page ranked at its read (fair share)", args.top)
     time_poll_reads(adapter, args.top)
-    profile(released(dict(made.sessions), dict(made.beneath)), "freeing a replaced attribution", args.top)
     adapter.close()
     return 0
 

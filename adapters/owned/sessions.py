@@ -8,8 +8,8 @@ from collections.abc import Callable, Generator
 
 from radixtop.adapters.errors import unknown_session
 from radixtop.adapters.model import SessionsPage, SessionView
-from radixtop.adapters.owned.attribution import SessionRow, session_view
 from radixtop.gpu_backend.ledger import SessionOrders
+from radixtop.gpu_backend.ledger.orders import SessionRow
 
 VIEWS_CHUNK = 256
 """Session rows turned into views per slice."""
@@ -25,6 +25,14 @@ def sessions_page_pass(orders: SessionOrders, order: str, offset: int, limit: in
     rows, total, listed, age = yield from orders.page_pass(order, offset, limit, contains, reverse)
     return SessionsPage(offset, limit, total, order, (yield from views_pass(rows, clock())), age, False,
                         contains.strip(), reverse, listed, figures_current=age == 0.0)
+
+
+def session_view(row: SessionRow, now: float) -> SessionView:
+    sid, closed, tagged, exclusive, shared, fair, locked, seen_at = row
+    return SessionView(id=sid, state="closed" if closed else "open", tagged_nodes=tagged,
+                       exclusive_bytes=exclusive, shared_bytes=shared, fair_share_bytes=fair,
+                       locked_tokens=locked,
+                       last_activity_age_s=None if seen_at is None else max(0.0, now - seen_at))
 
 
 def views_pass(rows: list[SessionRow], now: float) -> Generator[None, None, tuple[SessionView, ...]]:

@@ -16,7 +16,6 @@ it shows.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import time
@@ -66,32 +65,21 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.owned.attribution import (
-    Attribution,
-    AttributionCache,
-    attribution_pass,
-    session_view,
-    sessions_page_pass,
-)
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
-from radixtop.adapters.owned.sessions import session_row
-from radixtop.adapters.owned.sessions import sessions_page_pass as kept_sessions_page
+from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.queue import OwnerQueue, gc_paused
-from radixtop.gpu_backend.owner.slices import Slices, released, run_to_end
+from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.session_rules import plan_release
 
 T = TypeVar("T")
-ATTRIBUTION_CHUNK = 256
-"""Nodes or sessions an attribution pass takes per chunk (a chunk is kept to about 1 ms)."""
-COUNT_INLINE = 2000
-"""Open sessions are counted on the spot up to this many; past it, by the last attribution
-(unknown until the first one ends)."""
+NOT_FOLLOWED = ("no sessions: radixtop cannot follow this SGLang version's tree as it changes (its "
+                "hooks did not install), and without them it has no session figures to show")
 SIZES_BUDGET = 50
 """Reuse a walk of a tree the index cannot follow for at least 50x what it cost (<= 2% of the scheduler)."""
 
@@ -128,13 +116,11 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         running_requests: Callable[[], Iterable[Any] | None] | None = None,
         waiting_requests: Callable[[], Sequence[Any] | None] | None = None,
         sizes_max_age: float = 2.0,
-        attribution_max_age: float = 1.0,
-        slices: Slices | None = None,
         close: Callable[[str], None] | None = None,
     ):
         """``run``: the scheduler's ``OwnerQueue`` (or its ``call``): with the queue, long reads run
         a slice at a time between the scheduler's steps, never holding it longer than a slice;
-        without one (or with ``slices`` alone) they run to their end on the spot. ``closer``:
+        without one they run to their end on the spot. ``closer``:
         closes a session the way the server does (the scheduler's own ``close_session``); SGLang's
         ``release_radix_session`` where not given. ``close``: its name before 0.2 (kept for one
         release)."""
@@ -146,7 +132,6 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self.bpt = self.geometry.bytes_per_token
         self._owner = run if isinstance(run, OwnerQueue) else None
         if self._owner is not None:
-            slices = slices or self._owner.slices
             run = self._owner.call
         self._run = run
         self.name = name
@@ -163,7 +148,6 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         """What holds locks on the tree now, each with its ``last_node``, and the waiting queue
         (``adapters.sglang.doctor``; the plugin reads them from the scheduler): the leak doctor's."""
         self.sizes_max_age = sizes_max_age
-        self.attributions = AttributionCache(attribution_max_age, slices=slices)
         self._index = install(tree_cache) if self.tree.has_nodes else None
         self._walk: _Walk | None = None  # only for a tree the index cannot follow
         self._known: set[str] = set()
@@ -171,7 +155,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self._known_stamp: tuple | None = None
         self._orders: SessionOrders | None = None
         """The sessions and their figures kept with the tree (the index's ledger), where SGLang's
-        tree has one; the attribution passes otherwise."""
+        tree has sessions and the index follows it (None: sessions are unavailable)."""
         ledger = self._index.ledger if self._index is not None else None
         if ledger is not None:
             tree = self.tree
@@ -237,17 +221,20 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
     def _need_sessions(self) -> None:
         if self.tree.policy is None:
             raise Unsupported(f"{self.tree.kind}: {self.tree.sessions_reason}")
+        if self._orders is None:
+            raise Unsupported(f"{self.tree.kind}: {NOT_FOLLOWED}")
 
     def _changed(self, closed: str | None = None) -> None:
-        """After an action: the next read attributes again (``closed``: shown closed at once)."""
+        """After an action: a walk of a tree the index cannot follow is made again."""
         self._walk = None
-        self.attributions.invalidate(closed)
         self.version += 1
 
     def capabilities(self) -> Capabilities:
         reasons = [self.tree.reason] if self.tree.reason else []
         if self.tree.policy is None:
             reasons.append(self.tree.sessions_reason)
+        elif self._orders is None:
+            reasons.append(NOT_FOLLOWED)
         if self.tree.policy == "deref":
             reasons.append("close only drops the session's references (UnifiedRadixCache): eviction frees "
                            "the memory later, so a close frees 0 tokens now")
@@ -257,7 +244,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         reasons.append("SGLang keeps no change journal: views reload what they show")
         if self.read_only:
             reasons.insert(0, "read-only: actions are refused")
-        sessions = self.tree.policy is not None
+        sessions = self.tree.policy is not None and self._orders is not None
         return Capabilities(tree=self.tree.has_nodes, sessions=sessions, close=sessions, evict=True,
                             flush=True, changes=False, read_only=self.read_only, reason="; ".join(reasons))
 
@@ -370,18 +357,10 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             if nodes is None and tree.has_nodes:
                 nodes = self._sizes().count
             opened = closed_count = None  # a tree without sessions: unknown, not 0
-            if tree.policy is not None:
-                closed = tree.closed()
-                closed_count = len(closed)
-                attribution = self.attributions.current
-                if self._orders is not None:  # set operations over the ids, no pass in Python
-                    self._known_now()
-                    opened = self._orders.open_count()  # kept as sessions move: no pass over them
-                elif len(tree.session_leaves()) <= COUNT_INLINE:
-                    open_ids = self._known_open() | {s for s, v in tree.session_leaves().items() if v}
-                    opened = len(open_ids - set(closed))
-                elif attribution is not None:  # counting them here is O(sessions) each read
-                    opened = attribution.opened
+            if tree.policy is not None and self._orders is not None:
+                closed_count = len(tree.closed())
+                self._known_now()  # set operations over the ids, no pass in Python
+                opened = self._orders.open_count()  # kept as sessions move: no pass over them
             buckets = self._buckets() if self._buckets is not None else None
             # What is neither available nor in the tree is held by sessions (0.5.23's streaming
             # sessions) or by running requests beyond their cached prefix: told apart by SGLang's
@@ -480,21 +459,15 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                     token_limit: int = 256) -> Generator[None, None, OffOwner]:
         check_page(token_offset, token_limit)
         self._need_tree()
-        self._lookup(node_id)  # an unknown node is an error before any attribution
-        if self._orders is None:
-            attribution = yield from self._attribution_ready()
+        yield from ()  # one hold
         node = self._lookup(node_id)
         sizes = self._sizes()
         path_tokens, up, root = 0, node, self.tree.root
         while up is not root:
             path_tokens += len(up.key)
             up = up.parent
-        if self._orders is not None:
-            beneath = self._orders.ledger.beneath(node)
-        elif node is root:
-            beneath = attribution.sessions_holding
-        else:
-            beneath = attribution.beneath.get(node.id, 0)
+        # sessions beneath: kept with the tree; unknown where sessions are
+        beneath = self._orders.ledger.beneath(node) if self._orders is not None else None
         ids = node.key.token_ids if node is not root else ()
         end = min(token_offset + token_limit, len(node.key) if node is not root else 0)
         row = self._row(node, self._depth(node), time.monotonic(), sizes)
@@ -528,34 +501,6 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             orders.dirty_all(tombs ^ self._closed)  # a tombstone dropped or added untold
             self._closed = tombs
 
-    def _attribution_ready(self) -> Generator[None, None, Attribution]:
-        """The attribution to serve; without one yet (a first pass), wait for it in slices."""
-        return (yield from self.attributions.ready(None, self._attribution_pass))
-
-    def _attribution_pass(self) -> Generator[None, None, Attribution]:
-        """A new attribution pass, its set-up included, a slice at a time."""
-        tree = self.tree
-        leaves = tree.session_leaves()
-        activity: dict[str, float] = {}
-        if tree.clock_is_time:  # a session's last activity: its newest tagged node's access
-            for k, sid in enumerate(list(leaves)):  # ids only: 50k (id, leaves) pairs took ms at once
-                if nodes := leaves.get(sid):
-                    activity[sid] = max(n.last_access_time for n in nodes)
-                if k % ATTRIBUTION_CHUNK == ATTRIBUTION_CHUNK - 1:
-                    yield
-        known: dict[str, None] = {}
-        for group in (self._open_sessions(), tree.open_ids()):
-            for k, sid in enumerate(list(group)):  # SGLang's live maps change between steps
-                known[sid] = None
-                if k % (ATTRIBUTION_CHUNK * 8) == ATTRIBUTION_CHUNK * 8 - 1:
-                    yield
-        yield
-        made = yield from attribution_pass(tree.root, leaves, tree.closed(), known, activity, self.bpt,
-                                            tree.policy == "free", key=("version", self.version, time.monotonic()),
-                                            lock_ref=tree.lock_ref, chunk=ATTRIBUTION_CHUNK)
-        yield from released(known, activity)
-        return made
-
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
         check_sessions_read(order, offset, limit, contains)
@@ -566,12 +511,8 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                         contains: str = "", reverse: bool = False) -> Generator[None, None, SessionsPage]:
         check_sessions_read(order, offset, limit, contains)
         self._need_sessions()
-        if self._orders is not None:
-            self._known_now()
-            return (yield from kept_sessions_page(self._orders, order, offset, limit, contains, reverse))
-        attribution = yield from self._attribution_ready()
-        return (yield from sessions_page_pass(attribution, order, offset, limit, contains, reverse,
-                                               self.attributions.refreshing))
+        self._known_now()
+        return (yield from sessions_page_pass(self._orders, order, offset, limit, contains, reverse))
 
     def session(self, session_id: str) -> SessionDetail:
         self._need_sessions()
@@ -579,18 +520,10 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
 
     def _session_pass(self, session_id: str) -> Generator[None, None, SessionDetail]:
         self._need_sessions()
-        if self._orders is not None:
-            self._known_now()
-            view = session_row(self._orders, session_id)
-            nodes = self.tree.session_leaves().get(session_id, ())
-            return SessionDetail(view, tuple(sorted(self._id(n) for n in nodes)))
-        row = (yield from self._attribution_ready()).sessions.get(session_id)
-        if row is None:
-            raise unknown_session(session_id)
+        yield from ()  # one hold
+        self._known_now()
+        view = session_row(self._orders, session_id)
         nodes = self.tree.session_leaves().get(session_id, ())
-        view = session_view(row, time.monotonic())
-        if view.state == "open":  # the nodes it tags now, and their count, from the same moment
-            view = dataclasses.replace(view, tagged_nodes=len(nodes))
         return SessionDetail(view, tuple(sorted(self._id(n) for n in nodes)))
 
     def match(self, tokens: list[int]) -> MatchView:

@@ -134,18 +134,6 @@ def test_every_read_is_current_after_a_change_and_an_action(kept):
     assert figures(page)["c"][:3] == (True, 0, 0)
 
 
-def test_an_attribution_is_reused_for_its_budget_times_what_the_next_would_cost():
-    from radixtop.adapters.owned.attribution import Attribution
-
-    made = Attribution(key=1, taken_at=time.monotonic() - 10.0, cost_s=0.1, sessions={}, beneath={}, holding=100)
-    assert made.fresh(1, 0.0, 0.0)  # nothing changed
-    assert made.fresh(2, 5.0, 200)  # 10 s old, reused for 200 x 0.1 s
-    assert not made.fresh(2, 5.0, 50)  # 50 x 0.1 s = 5 s: stale
-    assert made.fresh(2, 5.0, 50, holding=300)  # three times the sessions: the next costs ~3x, 15 s
-    assert not made.fresh(2, 5.0, 50, holding=50)  # fewer: never less than its own cost's budget
-    assert made.fresh(2, 11.0, 0)  # max_age
-
-
 def test_the_faces_note_old_figures_only():
     from radixtop.adapters.text import figures_note
 
@@ -186,114 +174,14 @@ def test_an_attribution_pass_survives_the_session_maps_changing_between_its_slic
         engine.stop()
 
 
-def test_the_sessions_holding_count_is_kept_and_follows_a_close_shown_at_once():
-    """The root's 'sessions beneath' (read by the dashboard's detail every poll) is counted once
-    per attribution, and a close shown before the next pass takes its session out of it."""
-    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
-
-    rows = {sid: (sid, False, tags, 0, 0, 0, 0, None) for sid, tags in (("a", 2), ("b", 1), ("c", 0))}
-    cache = AttributionCache()
-    cache.current = Attribution(key=1, taken_at=time.monotonic(), cost_s=0.0, sessions=rows, beneath={})
-    assert cache.current.sessions_holding == 2
-    cache.invalidate("a")
-    assert cache.current.sessions_holding == 1
-    cache.invalidate("c")  # holding nothing already: the count stands
-    assert cache.current.sessions_holding == 1
-
-
-def test_a_costly_attribution_is_made_again_in_slices_only_and_a_cheap_one_on_the_spot():
-    """A read that finds the attribution stale starts the next pass: on the spot where the last
-    one was cheap (a small cache: exact at once), in the owner's slices only where it was not, so
-    that the read's own step stays short (it ran 5 ms of a large cache's pass inline)."""
-    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
-    from radixtop.gpu_backend.owner.slices import Slices
-
-    ran: list[int] = []
-
-    def steps():
-        for k in range(3):
-            ran.append(k)
-            yield
-        return Attribution(key=2, taken_at=time.monotonic(), cost_s=0.0, sessions={}, beneath={})
-
-    for cost_s, on_the_spot in ((0.5, False), (0.0001, True)):
-        ran.clear()
-        slices = Slices()
-        cache = AttributionCache(max_age=0.0, budget=0.0, slices=slices)
-        cache.current = Attribution(key=1, taken_at=time.monotonic() - 1.0, cost_s=cost_s, sessions={}, beneath={})
-        served = cache.get(2, steps)
-        assert served.key == (2 if on_the_spot else 1)
-        assert (ran == [0, 1, 2]) if on_the_spot else (ran == [] and slices.pending == 1)
-        while slices.pending:
-            slices.run(idle=True)
-        assert cache.current.key == 2
-
-
-def test_large_maps_are_freed_a_chunk_a_step_and_a_replaced_attribution_once_no_read_holds_it():
-    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
-    from radixtop.gpu_backend.owner.slices import RELEASE_CHUNK, Slices, released
+def test_large_maps_are_freed_a_chunk_a_step():
+    from radixtop.gpu_backend.owner.slices import RELEASE_CHUNK, released
 
     big, rows = {k: (k,) for k in range(3 * RELEASE_CHUNK + 1)}, list(range(RELEASE_CHUNK + 5))
     steps = released(big, rows)
     next(steps)
     assert len(big) == 2 * RELEASE_CHUNK + 1  # a chunk, not all of it
     assert sum(1 for _ in steps) == 5 and not big and not rows  # 3 more of the dict, 2 of the list
-
-    def made(key: int) -> Attribution:
-        return Attribution(key=key, taken_at=0.0, cost_s=0.0, sessions={str(k): (str(k),) for k in range(10)},
-                           beneath={1: 1})
-
-    slices = Slices()
-    cache = AttributionCache(slices=slices)
-    cache._done(made(1), 0.0)
-    kept = cache.current.sessions
-    cache._done(made(2), 0.0)
-    assert slices.pending == 1  # the replaced one, which nothing holds: handed to the slices
-    while slices.pending:
-        slices.run(idle=True)
-    assert not kept  # emptied there, a chunk a step
-    held = cache.current  # a read that holds the current one when it is replaced
-    cache._done(made(3), 0.0)
-    assert slices.pending == 0 and held.sessions  # left to its reader
-
-
-def test_after_an_action_a_read_waits_a_while_for_the_figures_made_afresh():
-    """After an action (a close, an evict) the next read gets figures made afresh, even where the
-    last pass was too costly to run on the spot: it drives the new pass itself, yielding between
-    its steps, for up to ``fresh_wait_s``; past that it gets the last figures (stale, refreshing).
-    The soak's probe saw a close's dry run differ from the page read right after an evict: the
-    last pass had measured over 1 ms on a busy machine, so the page served the figures from
-    before the evict."""
-    from radixtop.adapters.owned.attribution import Attribution, AttributionCache
-    from radixtop.gpu_backend.owner.slices import Slices
-
-    def steps():
-        for _ in range(3):
-            yield
-        return Attribution(key=2, taken_at=time.monotonic(), cost_s=0.0, sessions={}, beneath={})
-
-    def read(cache: AttributionCache) -> tuple[Attribution, int]:
-        reader, yields = cache.ready(2, steps), 0
-        while True:
-            try:
-                next(reader)
-            except StopIteration as done:
-                return done.value, yields
-            yields += 1
-
-    for wait_s, want_key in ((60.0, 2), (0.0, 1)):
-        slices = Slices()
-        cache = AttributionCache(max_age=60.0, budget=0.0, slices=slices)
-        cache.fresh_wait_s = wait_s
-        cache.current = Attribution(key=1, taken_at=time.monotonic(), cost_s=0.5, sessions={}, beneath={})
-        assert read(cache)[0].key == 1  # fresh by age: served, no pass
-        cache.invalidate()
-        got, yields = read(cache)
-        assert got.key == want_key
-        if want_key == 2:
-            assert yields >= 1 and not cache.stale and not cache.refreshing  # between steps, not in one hold
-        else:
-            assert cache.stale and cache.refreshing and slices.pending == 1
 
 
 class FakeClock:

@@ -33,7 +33,7 @@ def in_process():
     owner = OwnerQueue("the test scheduler")
     thread = SchedulerThread(owner).start()
     adapter = SGLangInProcessAdapter(replayer.cache, owner, name="sglang", model="tiny", open_sessions=lambda: OPENED,
-                            slices=owner.slices, running_requests=lambda: running_requests(scheduler),
+                            running_requests=lambda: running_requests(scheduler),
                             waiting_requests=lambda: waiting_requests(scheduler))
     adapter.close_session("gone")
     try:

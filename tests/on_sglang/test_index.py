@@ -124,7 +124,7 @@ def test_pages_and_details_are_decoded_on_the_readers_thread_not_the_schedulers(
             return " ".join(f"w{i}" for i in ids)
 
     owner = OwnerQueue("test scheduler")
-    adapter = SGLangInProcessAdapter(replayer.cache, owner, model="tiny", tokenizer=Tokenizer(), slices=owner.slices)
+    adapter = SGLangInProcessAdapter(replayer.cache, owner, model="tiny", tokenizer=Tokenizer())
     stop = threading.Event()
     scheduler = threading.Thread(target=lambda: [owner.between_steps() or stop.wait(0.001) for _ in iter(stop.is_set, True)])
     scheduler.start()

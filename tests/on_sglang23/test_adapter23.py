@@ -413,7 +413,7 @@ def test_closing_twice_says_so_and_frees_nothing_deref(adapter):
 
 def test_a_new_request_reopens_a_closed_session(known):
     a, k, scheduler = known
-    a.sizes_max_age = a.attributions.max_age = 0.0  # a request outside the adapter: read afresh
+    a.sizes_max_age = 0.0  # a request outside the adapter: read afresh
     a.close_session("b")
     on_owner(scheduler, lambda: drive23.run_request(k.cache, k.pools, [1, 2, 3, 4, 20, 21, 22, 60], [61],
                                                   session_id="b"))

@@ -55,8 +55,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.owned.attribution import session_view
-from radixtop.adapters.owned.sessions import sessions_page_pass
+from radixtop.adapters.owned.sessions import session_view, sessions_page_pass
 from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree
 from radixtop.adapters.sglang.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
@@ -215,6 +214,7 @@ class EventTreeAdapter(CacheAdapter):
                 elif isinstance(event, Stored):
                     self._block_size = event.block_size
                     self._sessions_seen |= event.session_id is not None
+            self._tree.ledger.settle()  # the sessions' figures, as of this batch
             self._unknown.update(batch.unknown)
             self._counts["malformed_events"] += batch.malformed
             self._counts["events"] += len(batch.events)

@@ -32,7 +32,7 @@ class BlockNode:
     """A run of blocks, each the only child of the one before (no branch inside a node)."""
 
     __slots__ = ("id", "parent", "blocks", "children", "tokens", "subtree_tokens", "created",
-                 "accessed", "created_version", "holders", "under", "part", "excl")
+                 "accessed", "created_version", "holders", "under", "part", "excl", "partial")
 
     def __init__(self, node_id: int, parent: BlockNode | None, ts: float):
         self.id, self.parent = node_id, parent
@@ -49,6 +49,9 @@ class BlockNode:
         """Session -> the end of the last block it stored here, in tokens (``BlockLedger``)."""
         self.excl: tuple[str, int] | None = None
         """The session this node's tokens are exclusive to, and how many (``BlockLedger``)."""
+        self.partial: list[int] | None = None
+        """The ends of the sessions not under this node, sorted (``BlockLedger``'s fair shares;
+        None: to be made at the next read)."""
 
     def depth(self) -> int:
         depth, node = 0, self.parent
@@ -143,15 +146,16 @@ class BlockTree:
         ledger hears of it; a split tells it at once)."""
         for sid in sessions:
             n = node.holders.get(sid, 0) + sign
+            crossed = n <= 0 or sid not in node.holders
             if n > 0:
-                if sid not in node.holders:
+                if crossed:
                     self.holding[sid] += 1
                 node.holders[sid] = n
             else:
                 del node.holders[sid]
                 self._release(sid)
             if tell:
-                self.ledger.held_by(node, sid, sign)
+                self.ledger.held_by(node, sid, sign, crossed)
 
     def _release(self, sid: str) -> None:
         self.holding[sid] -= 1
@@ -176,7 +180,9 @@ class BlockTree:
 
     def apply(self, event: Event, ts: float) -> int:
         """Apply one event; the tokens it removed. vLLM's KV groups (``group_idx``) key their
-        blocks apart; a removal goes leaf-first (SGLang lists a node's pages root-ward first)."""
+        blocks apart; a removal goes leaf-first (SGLang lists a node's pages root-ward first).
+        The sessions' figures are settled at the next read, or by whoever applies a batch
+        (``ledger.settle()``: what the batch moved, no more)."""
         if isinstance(event, Cleared):
             self.clear(ts)
             return 0

@@ -96,21 +96,26 @@ class BlockLedger:
 
     # ----- what the tree tells -----
 
-    def held_by(self, node: BlockNode, sid: str, delta: int) -> None:
+    def held_by(self, node: BlockNode, sid: str, delta: int, crossed: bool = True) -> None:
         """``delta`` more (or fewer) of ``node``'s blocks are stored by ``sid`` (its holders
-        already counted)."""
+        already counted; ``crossed``: it came to hold the node, or no longer does)."""
         self.moves += 1
         self.moved.add(sid)
-        self._ends.setdefault(node, set()).add(sid)
-        held = self.held.get(sid)
-        if sid in node.holders:
-            if held is None:
-                held = self.held[sid] = {}
-            held[node] = None
-        elif held is not None:
-            held.pop(node, None)
-            if not held:
-                del self.held[sid]
+        ends = self._ends.get(node)
+        if ends is None:
+            self._ends[node] = {sid}
+        else:
+            ends.add(sid)
+        if crossed:
+            held = self.held.get(sid)
+            if sid in node.holders:
+                if held is None:
+                    held = self.held[sid] = {}
+                held[node] = None
+            elif held is not None:
+                held.pop(node, None)
+                if not held:
+                    del self.held[sid]
         self._carry(node.parent, sid, delta)
 
     def resized(self, node: BlockNode, delta: int) -> None:
@@ -153,6 +158,7 @@ class BlockLedger:
             self.moved.add(sid)
         tail.part = tail_part or None
         head.part = part or None
+        head.partial = tail.partial = None
         self._excl.add(head)
         self._excl.add(tail)
 
@@ -181,7 +187,7 @@ class BlockLedger:
             moved.update(under)
             moved.update(part)
             self._set_excl(node, None)
-            node.under = node.part = None
+            node.under = node.part = node.partial = None
             self._ends.pop(node, None)
             self._excl.discard(node)
         for sid, blocks in stored.items():
@@ -212,13 +218,25 @@ class BlockLedger:
                 part = node.part.get(sid, 0) if node.part else 0
                 _add(path, sid, (node.tokens - part) if now > 0 else (part - node.tokens))
                 self._excl.add(node)
+                node.partial = None
             node = node.parent
 
     def _settle_ends(self, node: BlockNode, sids: set[str]) -> None:
         """The end of the last block each of ``sids`` stored in ``node``; where the session is not
         under the node, its path moves with it."""
-        want = {sid for sid in sids if sid in node.holders}
         found: dict[str, int] = {}
+        if len(sids) == 1:  # the common case: one session stored blocks here, most often the last
+            (one,) = sids
+            if one in node.holders:
+                pos = node.tokens
+                for block in reversed(node.blocks):
+                    if one in block.sessions:
+                        found[one] = pos
+                        break
+                    pos -= len(block.tokens)
+            want: set[str] = set()
+        else:
+            want = {sid for sid in sids if sid in node.holders}
         if want:
             pos = node.tokens
             for block in reversed(node.blocks):
@@ -234,6 +252,7 @@ class BlockLedger:
         if part is None:
             part = node.part = {}
         under = node.under or {}
+        node.partial = None
         for sid in sids:
             old, new = part.get(sid, 0), found.get(sid, 0)
             if new:
@@ -252,7 +271,10 @@ class BlockLedger:
         the next furthest (none where two sessions are under the node)."""
         under, part = node.under or {}, node.part or {}
         mine: tuple[str, int] | None = None
-        if len(under) == 1:
+        if not under and len(part) == 1:  # a session's own leaf
+            ((sid, end),) = part.items()
+            mine = (sid, end)
+        elif len(under) == 1:
             (sid,) = under
             other = max((end for s, end in part.items() if s != sid), default=0)
             if node.tokens > other:
@@ -293,7 +315,9 @@ def _fair_in(node: BlockNode, sid: str) -> float:
     """``sid``'s fair share of ``node``: each token of its reach over the sessions that reach it."""
     under, part = node.under or {}, node.part or {}
     reach = node.tokens if sid in under else part.get(sid, 0)
-    ends = sorted(end for s, end in part.items() if s not in under)
+    ends = node.partial
+    if ends is None:  # kept until the node's sessions move: a shared prompt's holders are many
+        ends = node.partial = sorted(end for s, end in part.items() if s not in under)
     count, fair, prev = len(under) + len(ends), 0.0, 0
     for end in ends:
         if end > prev:

@@ -72,7 +72,7 @@ def known_adapter(read_only: bool = False) -> Iterator[tuple[SGLangInProcessAdap
     owner = OwnerQueue("the test scheduler")
     scheduler = SchedulerThread(owner).start()
     adapter = SGLangInProcessAdapter(replayer.cache, owner, name="sglang", model="tiny",
-                            open_sessions=lambda: OPENED, timeout=10.0, slices=owner.slices)
+                            open_sessions=lambda: OPENED, timeout=10.0)
     adapter.close_session("gone")
     adapter.read_only = read_only
     try:

@@ -86,8 +86,7 @@ def known_adapter(kind: str = "unified", read_only: bool = False, close_gone: bo
     scheduler = SchedulerThread(owner).start()
     sessions = kind == "unified"
     adapter = SGLangInProcessAdapter(known.cache, owner, name="sglang", model="tiny",
-                            open_sessions=(lambda: OPENED) if sessions else None, timeout=10.0,
-                            slices=owner.slices)
+                            open_sessions=(lambda: OPENED) if sessions else None, timeout=10.0)
     try:
         if sessions and close_gone:
             adapter.close_session("gone")
