@@ -156,3 +156,27 @@ def test_the_index_keeps_its_maps_in_shards_so_no_insert_rebuilds_them_all(sgl):
     assert index.count > SHARDS and max(len(s) for s in index.nodes.shards) < index.count
     replayer.cache.reset()
     assert isinstance(index.nodes, ShardedMap) and index.verify() == []
+
+
+def test_a_tree_whose_hooks_cannot_install_says_sessions_are_unavailable(sgl, monkeypatch):
+    """Session figures come from the ledger the index's hooks keep; where they cannot install (an
+    SGLang whose methods radixtop does not know) no pass stands in: sessions are unavailable and
+    say why, never a list of zeros."""
+    from radixtop.adapters.errors import Unsupported
+    from radixtop.adapters.sglang import inproc
+
+    lines = generate_trace(3, n_ops=40, max_in_flight=4, vocab=6)
+    replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    for line_no, op in _parse(lines):
+        replayer.apply(line_no, op)
+    monkeypatch.setattr(inproc, "install", lambda cache: None)
+    adapter = SGLangInProcessAdapter(replayer.cache, model="tiny")
+    caps = adapter.capabilities()
+    assert not caps.sessions and not caps.close and "cannot follow this SGLang version" in caps.reason
+    for read in (adapter.sessions, lambda: adapter.session("s0"), lambda: adapter.plan_close("s0")):
+        with pytest.raises(Unsupported, match="cannot follow"):
+            read()
+    assert adapter.stats().open_sessions is None  # unknown, not 0
+    assert adapter.node(ROOT_ID).sessions_beneath is None
+    assert adapter.children(ROOT_ID).total > 0  # the tree itself is still read (by a walk)
