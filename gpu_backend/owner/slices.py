@@ -126,15 +126,15 @@ class Slices:
 
 
 def released(*containers: Any, chunk: int = RELEASE_CHUNK) -> Generator[None, None, None]:
-    """Empty large dicts, lists and sharded maps (``radixtop.gpu_backend.owner.shards``: their
+    """Empty large dicts, sets, lists and sharded maps (``radixtop.gpu_backend.owner.shards``: their
     ``shards``) ``chunk`` entries a chunk: a pass's working maps (a million entries) freed at once
     at its end took 10-25 ms of the owner in one hold."""
     for items in containers:
         shards = getattr(items, "shards", None)
         if shards is not None:
             yield from released(*shards, chunk=chunk)
-        elif isinstance(items, dict):
-            pop = items.popitem
+        elif isinstance(items, (dict, set)):
+            pop = items.popitem if isinstance(items, dict) else items.pop
             while items:
                 for _ in range(min(chunk, len(items))):
                     pop()
