@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
 import sys
@@ -281,6 +282,21 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     return out
 
 
+PROFILE = None
+if os.environ.get("RADIXTOP_BENCH_PROFILE"):
+    import cProfile
+    PROFILE = cProfile.Profile()
+
+
+def innermost(gen: Any) -> str:
+    """The generator a ``yield from`` chain is suspended in, and its line."""
+    name, line = "?", 0
+    while gen is not None and getattr(gen, "gi_frame", None) is not None:
+        name, line = gen.__qualname__, gen.gi_frame.f_lineno
+        gen = gen.gi_yieldfrom
+    return f"{name}:{line}"
+
+
 def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]:
     """The same with radixtop's own engine: the 1M-node tree of ``_common.build_tree`` (sessions,
     few-shot fan-outs, a forest) under the demo workload, the dashboard's Poller on a
@@ -344,10 +360,40 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     built.scheduler.cache._compact_pass = counted_compaction
     engine.start()
     adapter = BundledAdapter(engine, timeout=60.0)
+    long_steps: list[tuple[float, str]] = []
+    attaching = [True]
+    steps_by_read: dict[str, list[float]] = {}  # each step of each read, on the engine thread's CPU clock
+    read_pass = adapter._read_pass
+
+    def timed_read_pass(owner: Any, op: str, args: tuple) -> Any:
+        steps = read_pass(owner, op, args)
+        name = op if op != "sessions" else f"sessions:{args[0]}"
+        spent = steps_by_read.setdefault(name, [])
+        while True:  # ``yield from``, each step timed
+            c0 = thread_time()
+            where = innermost(steps)
+            if PROFILE is not None and name.startswith("sessions"):
+                PROFILE.enable()
+            try:
+                next(steps)
+            except StopIteration as done:
+                spent.append(thread_time() - c0)
+                return done.value
+            finally:
+                if PROFILE is not None:
+                    PROFILE.disable()
+                if thread_time() - c0 > 0.004:  # where a long one ran, from -> to
+                    long_steps.append((thread_time() - c0, f"{'attach' if attaching[0] else 'window'}: {name}: "
+                                                           f"{where} -> {innermost(steps)}"))
+            spent.append(thread_time() - c0)
+            yield
+
+    adapter._read_pass = timed_read_pass
     poller = Poller(adapter)
     started = pc()
     first = poller.collect(PollRequest())
     first_s = pc() - started
+    attaching[0] = False
     first_cpu = max((c for _, _, c in holds), default=0.0)
     log(f"  first poll (the sessions' first kept order, in slices): {first_s:.1f} s; "
         f"its longest hold {max((h for h, _, _ in holds), default=0.0) * 1e3:.1f} ms ({first_cpu * 1e3:.1f} ms CPU)")
@@ -368,6 +414,14 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
         f"{max(compaction_steps, default=0.0) * 1e3:.1f} ms CPU (walking {max(walking, default=0.0) * 1e3:.1f}, "
         f"freeing the old heap {max(freeing, default=0.0) * 1e3:.1f}); the longest hold while one ran "
         f"{max(during, default=0.0) * 1e3:.1f} ms, in the windows while none ran {max(outside, default=0.0) * 1e3:.1f} ms")
+    for op, spent in sorted(steps_by_read.items()):
+        log(f"  read {op}: {len(spent):,} steps, the longest {max(spent) * 1e3:.2f} ms CPU, "
+            f"p99 {sorted(spent)[int(0.99 * (len(spent) - 1))] * 1e3:.2f} ms, {sum(spent):.2f} s in all")
+    if PROFILE is not None:
+        import pstats
+        pstats.Stats(PROFILE).sort_stats("tottime").print_stats(15)
+    for cpu, where in sorted(long_steps, reverse=True)[:8]:
+        log(f"  a step over 4 ms: {cpu * 1e3:.2f} ms CPU, {where}")
     hs = sorted(h for h, _, _ in window)
     # the longest: over the whole run, the first poll (the attach) included
     longest = max(h for h, _, _ in holds)
