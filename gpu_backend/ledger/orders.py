@@ -408,8 +408,8 @@ class _Order:
 def _drained() -> None:
     """A set emptied by ``pop()`` keeps its table (a set never shrinks but on growth): one that
     held every session at attach and is drained keeps ~100k empty slots, and each later ``pop()``
-    of its few entries scans them from where the last stopped (5-7 ms a step at 1M nodes). So a
-    set drained by pops is replaced by a new one once empty."""
+    of its few entries scans them from where the last stopped (64 pops from a drained table of
+    100k: 2.2 ms, against 9 us from a new set). So a set drained by pops is replaced once empty."""
 
 
 def _shared(o: SessionOrders, sid: str) -> int:

@@ -345,3 +345,21 @@ def test_no_step_of_an_order_made_or_ranked_works_over_every_session():
         assert 0 < most <= max(orders_module.MAKE_CHUNK, orders_module.ROWS_CHUNK), (order, most)
     assert [r[0] for r in run_to_end(orders.page_pass("fair_share_bytes", 0, 5))[0]] == \
         [r[0] for r in sorted((orders.row(f"s{k}") for k in range(1200)), key=orders_module.ROW_KEYS["fair_share_bytes"])[:5]]
+
+
+def test_the_sets_the_orders_drain_by_pop_are_made_anew_once_empty():
+    """A set keeps its table when emptied by pop(): drained after the attach (every session), each
+    later pop of its few entries scanned the empty slots (64 pops: 2.2 ms, against 9 us)."""
+    import sys
+
+    from radixtop.gpu_backend.owner.slices import run_to_end
+    from tests.support.engines import make_scheduler
+
+    s = make_scheduler(capacity=20_000)
+    for k in range(3000):
+        s.request(f"r{k}", [1, 2, k % 7, k + 10], [5], f"s{k}")
+    orders = s.orders
+    run_to_end(orders.page_pass("exclusive_bytes", 0, 10))  # the attach: every session moved
+    small = sys.getsizeof(set())
+    assert sys.getsizeof(orders._recount) == small
+    assert all(sys.getsizeof(order.pending) == small for order in orders._orders.values())
