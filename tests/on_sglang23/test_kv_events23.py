@@ -167,7 +167,16 @@ def test_sessions_from_a_real_0523_cache_and_its_replay(sgl):
             # a's path: 1 2 3 (shared with b's path) and 4 7 (its own); fair share: 3 tokens split in two.
             assert (a.tagged_nodes, a.exclusive_bytes, a.shared_bytes, a.fair_share_bytes) == (2, 20, 30, 35)
             assert a.state == "open" and a.last_activity_age_s is not None
-            assert set(adapter.session("b").node_ids) == {nodes[(1, 2, 3, 5, 6)].id}
+            assert page.figures_age_s == 0.0 and page.figures_current  # kept with the tree: no pass
+            server.request([1, 2, 3, 5, 6, 11, 12], [13], "b")  # b's turn: its figures move at once
+            assert adapter.wait_for_seq(server.publish(), 10)
+            with adapter._lock:  # the kept figures, against the from-scratch attribution of the tree
+                want = {sid: (f.tagged_nodes, f.exclusive * 10, (f.path - f.exclusive) * 10, round(f.fair * 10))
+                        for sid, f in adapter._tree.attribute().sessions.items()}
+            got = {v.id: (v.tagged_nodes, v.exclusive_bytes, v.shared_bytes, v.fair_share_bytes)
+                   for v in adapter.sessions(order="exclusive_bytes").sessions}
+            assert got == want and got["b"][1] > 20, got
+            assert set(adapter.session("b").node_ids) == {adapter_nodes(adapter)[(1, 2, 3, 5, 6, 11, 12)].id}
             assert [s.id for s in adapter.sessions(contains="B").sessions] == ["b"]
             with pytest.raises(UnknownSession):
                 adapter.session("zzz")
