@@ -84,7 +84,7 @@ def observe(cache: Any, adapter: SGLangInProcessAdapter) -> None:
             result = original(session_id, *args, **kwargs)
             observer.closes += 1
             observer.freed_by_close_tokens += max(0, int(observer.allocator.available_size()) - before)
-            observer._changed(closed=session_id)  # the next read shows it closed
+            observer._changed()  # a walk of a tree the index cannot follow is made again
             return result
 
         return counted

@@ -224,7 +224,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         if self._orders is None:
             raise Unsupported(f"{self.tree.kind}: {NOT_FOLLOWED}")
 
-    def _changed(self, closed: str | None = None) -> None:
+    def _changed(self) -> None:
         """After an action: a walk of a tree the index cannot follow is made again."""
         self._walk = None
         self.version += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import sys
 import time
-from collections.abc import Callable, Collection, Generator, Iterable
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ class Ledger(Protocol):
     locks_told: bool
 
     @property
-    def tags(self) -> dict[str, int]: ...
+    def tags(self) -> Mapping[str, int]: ...
     @property
     def exclusive(self) -> dict[str, int]: ...
     def figures(self, sid: str) -> tuple[int, int, int]: ...
@@ -52,9 +52,9 @@ CHUNK = 512
 RECOUNT_AT_ONCE = 4096
 """Sessions a stats read recounts at once (a few ms at most)."""
 STEP_S = 0.001
-"""A loop over sessions yields once it has run this long (checked every 8): at 1M nodes a
-session's re-key or row varies from microseconds to a millisecond (memory far apart, a busy
-neighbour), so a count alone let a step run 6-7 ms."""
+"""A loop over sessions yields once it has run this long (``_spent``, checked every 8 sessions),
+as well as after its count: at 1M nodes under the demo workload, steps bounded by a count alone
+ran 5-7 ms (with this check too some still do: docs/benchmarks.md)."""
 TAKE_CHUNK = 512
 """Sessions that moved taken into the orders per step (set operations; all of them at attach)."""
 PRUNE_CHUNK = 4096
@@ -91,6 +91,11 @@ class SessionOrders:
     copied whole), which the passes over every session (an order made, a ranking) walk a chunk a
     step: at 1M nodes a copy of 100k ids touches 100k objects far apart in memory, 4-34 ms in one
     step. A ranking drops those no longer listed from it.
+
+    A set the orders drain by ``pop()`` (the pending re-keys, the recount) is made anew once
+    empty: an emptied set keeps its table, and each later ``pop()`` of its few entries scans the
+    empty slots from where the last stopped (64 pops from a drained table of 100k: 2.2 ms, from a
+    new set 9 us).
     """
 
     def __init__(self, ledger: Ledger, bytes_per_token: int,
@@ -132,8 +137,9 @@ class SessionOrders:
         if len(moved) <= TAKE_CHUNK:
             self.ledger.moved = set()
             part = moved
-        else:  # popped (a set's pop goes on from where the last ended; an islice from its start
-            # steps over every slot emptied before: 5 ms a step at attach on 1M nodes)
+        else:  # popped: a set's pop goes on from where the last ended, an islice from its start
+            # steps over every slot emptied before (50k ids taken 512 a time: the longest take
+            # 3.25 ms by islice, 0.15 ms by pop)
             pop = moved.pop
             part = {pop() for _ in range(TAKE_CHUNK)}
         for order in self._orders.values():
@@ -158,7 +164,7 @@ class SessionOrders:
             else:
                 opened.discard(sid)
         if not recount:
-            self._recount = set()  # see ``_drained``
+            self._recount = set()  # a set drained by pop() is made anew (see SessionOrders)
 
     def open_count(self) -> int | None:
         """Listed sessions that are open, now (kept as sessions move: O(those that moved)); None
@@ -230,7 +236,7 @@ class SessionOrders:
         rows: list[SessionRow] = []
         started = time.perf_counter()
         for k, sid in enumerate(ids):
-            if k and (k % ROWS_CHUNK == 0 or (k % 8 == 0 and time.perf_counter() - started > STEP_S)):
+            if k and (k % ROWS_CHUNK == 0 or _spent(k, started)):
                 yield
                 started = time.perf_counter()
             rows.append(self.row(sid))
@@ -352,7 +358,7 @@ class SessionOrders:
                     if sid not in made.key_of and self.listed(sid):
                         made.key_of[sid] = kv = key(self, sid)
                         keys.add(kv)  # one at a time: a sort of 50k keys at once is tens of ms in one step
-                    if start % 8 == 0 and time.perf_counter() - began > STEP_S:
+                    if _spent(start, began):
                         break
                 yield
             made.ready = True
@@ -390,7 +396,7 @@ class _Order:
                 return
             started = time.perf_counter()
             for k in range(min(REKEY_CHUNK, len(self.pending))):
-                if k % 8 == 7 and time.perf_counter() - started > STEP_S:
+                if k and _spent(k, started):
                     break
                 sid = self.pending.pop()
                 old = key_of.pop(sid, None)
@@ -402,14 +408,14 @@ class _Order:
             if self.pending:
                 yield
             else:
-                self.pending = set()  # see ``_drained``
+                self.pending = set()  # a set drained by pop() is made anew (see SessionOrders)
 
 
-def _drained() -> None:
-    """A set emptied by ``pop()`` keeps its table (a set never shrinks but on growth): one that
-    held every session at attach and is drained keeps ~100k empty slots, and each later ``pop()``
-    of its few entries scans them from where the last stopped (64 pops from a drained table of
-    100k: 2.2 ms, against 9 us from a new set). So a set drained by pops is replaced once empty."""
+
+def _spent(done: int, started: float) -> bool:
+    """A loop over sessions that has done ``done`` of them since ``started`` (``perf_counter``)
+    has run its ``STEP_S`` (the clock read every 8)."""
+    return done % 8 == 0 and time.perf_counter() - started > STEP_S
 
 
 def _shared(o: SessionOrders, sid: str) -> int:

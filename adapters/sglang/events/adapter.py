@@ -55,7 +55,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.owned.sessions import session_view, sessions_page_pass
+from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
 from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree
 from radixtop.adapters.sglang.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
@@ -456,7 +456,7 @@ class EventTreeAdapter(CacheAdapter):
             orders = self._sessions()
             if session_id not in self._tree.holding:
                 raise UnknownSession(f"no cached block was stored by session {session_id!r}")
-            view = session_view(orders.row(session_id), time.time())
+            view = session_row(orders, session_id, clock=time.time)
             node_ids = tuple(n.id for n in self._tree.ledger.held.get(session_id, ()))
         return SessionDetail(view, node_ids)
 

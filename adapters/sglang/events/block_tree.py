@@ -4,7 +4,7 @@ journal and what it attributes to sessions (no ZMQ, no threads: ``adapter.EventT
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Union
 
@@ -131,12 +131,16 @@ class BlockTree:
         self.blocks: ShardedMap[BlockKey, _Block] = ShardedMap()
         self.waiting: dict[BlockKey, list[_Block]] = {}
         self.detached_tokens = 0
-        self.holding: Counter[str] = Counter()
         self.last_store: dict[str, float] = {}
-        self.ledger = BlockLedger(self)
+        self.ledger = BlockLedger()
         """Every session's figures, kept as the tree changes (``settle()`` before reading them)."""
         self.version += 1
         self._journal.reset(self.version)
+
+    @property
+    def holding(self) -> Mapping[str, int]:
+        """Session -> the nodes it holds (the ledger's ``held``, counted)."""
+        return self.ledger.tags
 
     def detached_blocks(self) -> int:
         return sum(len(w) for w in self.waiting.values())
@@ -148,19 +152,11 @@ class BlockTree:
             n = node.holders.get(sid, 0) + sign
             crossed = n <= 0 or sid not in node.holders
             if n > 0:
-                if crossed:
-                    self.holding[sid] += 1
                 node.holders[sid] = n
             else:
                 del node.holders[sid]
-                self._release(sid)
             if tell:
                 self.ledger.held_by(node, sid, sign, crossed)
-
-    def _release(self, sid: str) -> None:
-        self.holding[sid] -= 1
-        if not self.holding[sid]:
-            del self.holding[sid]
 
     def _touch(self, node: BlockNode) -> None:
         self.version += 1
@@ -368,9 +364,7 @@ class BlockTree:
             node = stack.pop()
             del self.nodes[node.id]
             self._touch(node)
-            for sid in node.holders:
-                self._release(sid)
-            node.holders = {}
+            node.holders = {}  # the ledger let them go (``detached``)
             for block in node.blocks:
                 block.node = None
                 self.waiting.setdefault(block.parent_key, []).append(block)

@@ -21,11 +21,11 @@ same from scratch, the tests' oracle.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree
+    from radixtop.adapters.sglang.events.block_tree import BlockNode
 
 
 class BlockLedger:
@@ -38,8 +38,7 @@ class BlockLedger:
     locks_told = True
     """Locks are not in the events: the locked tokens of every session are 0, and stay 0."""
 
-    def __init__(self, tree: BlockTree) -> None:
-        self.tree = tree
+    def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
@@ -47,6 +46,8 @@ class BlockLedger:
         self.exclusive: dict[str, int] = {}
         self.held: dict[str, dict[BlockNode, None]] = {}
         """Session -> the nodes it holds (stored a block of), in the order it came to hold them."""
+        self.tags: Mapping[str, int] = _Counts(self.held)
+        """Session -> how many nodes it holds (the tree's ``holding``)."""
         self.moved: set[str] = set()
         self.moves = 0
         self._ends: dict[BlockNode, set[str]] = {}
@@ -56,19 +57,15 @@ class BlockLedger:
 
     # ----- reads -----
 
-    @property
-    def tags(self) -> dict[str, int]:
-        """Session -> the nodes it holds."""
-        return self.tree.holding
-
     def figures(self, sid: str) -> tuple[int, int, int]:
         """(nodes held, exclusive tokens, path tokens) of ``sid`` now (after ``settle``)."""
-        return self.tree.holding.get(sid, 0), self.exclusive.get(sid, 0), self.path.get(sid, 0)
+        held = self.held.get(sid)
+        return len(held) if held else 0, self.exclusive.get(sid, 0), self.path.get(sid, 0)
 
     def beneath(self, node: BlockNode) -> int:
         """Distinct sessions whose stored blocks are in ``node`` or below it."""
         if node.parent is None:
-            return len(self.tree.holding)
+            return len(self.held)
         under = node.under or {}
         return len(under) + sum(1 for sid in node.holders if sid not in under)
 
@@ -331,3 +328,22 @@ def _fair_in(node: BlockNode, sid: str) -> float:
     if reach > prev and count:
         fair += (reach - prev) / count
     return fair
+
+
+class _Counts(Mapping[str, int]):
+    """How many nodes each session holds, read from the ledger's ``held`` (not kept apart)."""
+
+    def __init__(self, held: dict[str, dict[BlockNode, None]]) -> None:
+        self._held = held
+
+    def __getitem__(self, sid: str) -> int:
+        return len(self._held[sid])
+
+    def __contains__(self, sid: object) -> bool:
+        return sid in self._held
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
