@@ -45,7 +45,8 @@ async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONRe
     if exc.status_code == 404:
         message = f"no route {path!r} in this API (its routes are listed at /openapi.json)"
     elif exc.status_code == 405:
-        message = f"{request.method} is not allowed on {path!r}"
+        allowed = (exc.headers or {}).get("Allow")
+        message = f"{request.method} is not allowed on {path!r}" + (f": use {allowed}" if allowed else "")
     return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
 
 
