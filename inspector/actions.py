@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
+from textual.notifications import SeverityLevel
 from textual.worker import Worker
 
-from radixtop.adapters.errors import AdapterError, Unsupported
+from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized, Unsupported
 from radixtop.adapters.model import ClosePlanView
 from radixtop.adapters.text import human_bytes, inert, typed_confirmation
 from radixtop.inspector.header import HeaderBar
@@ -27,6 +28,13 @@ if TYPE_CHECKING:
 
 ACTIONS = {"close_sessions": "close", "evict": "evict", "flush": "flush"}
 """The screen's destructive actions, and the capability each needs (``Capabilities``)."""
+OUTCOMES = ("done", "partly done", "refused")
+"""What an action's result says happened (its toast's title), with the figures in its body."""
+
+
+def outcome_of(done: int, asked: int) -> str:
+    """``done`` of ``asked`` parts of an action carried out: done, partly done, or refused."""
+    return "done" if done == asked else "partly done" if done else "refused"
 
 
 class ActionFlows:
@@ -44,7 +52,9 @@ class ActionFlows:
         """Say why the target cannot do ``action`` (if it cannot): True when refused."""
         screen, caps = self.screen, self.screen.capabilities
         if caps.read_only:
-            screen.notify(f"{screen.target} is read-only: actions are disabled", severity="warning", title="read-only")
+            why = caps.reason if caps.reason and "read-only" not in caps.reason else ""
+            screen.notify(f"{screen.target} refuses actions: {why}" if why else
+                          f"{screen.target} is read-only: actions are disabled", severity="warning", title="read-only")
             return True
         if action and not getattr(caps, action):
             screen.notify(f"{screen.target} cannot {action}: {caps.reason}", severity="warning", title="not here")
@@ -58,11 +68,21 @@ class ActionFlows:
     def _from_thread(self, callback: Callable, *args, **kwargs) -> None:
         self.screen.app.call_from_thread(callback, *args, **kwargs)
 
-    def _done(self, message: str, title: str) -> None:
-        """After an action (worker thread): say what it did, and show its effect at once."""
-        self._from_thread(self.screen.notify, message, title=title, timeout=8)
+    def _done(self, message: str, outcome: str) -> None:
+        """After an action (worker thread): say what happened (``outcome``: one of OUTCOMES, the
+        toast's title), and show its effect at once."""
+        severity: SeverityLevel = {"done": "information", "partly done": "warning"}.get(outcome, "error")
+        self._from_thread(self.screen.notify, message, title=outcome, severity=severity, timeout=8)
         self.screen.poller.sessions_due()
         self._from_thread(self.screen.poll)
+
+    def _refused(self, action: str, exc: AdapterError) -> None:
+        """The target refused ``action`` (worker thread): said as refused; a refusal of every
+        action (no or a read-only token) hides the actions from then on, as read-only does."""
+        self._from_thread(self.screen.notify, f"{action} refused: {exc.message}; nothing changed",
+                          title="refused", severity="error", timeout=8)
+        if isinstance(exc, (ReadOnly, Unauthorized)):
+            self._from_thread(self.screen.refused_actions, exc.message)
 
     def _cancelled(self) -> None:
         self.screen.notify("cancelled; nothing changed")
@@ -141,19 +161,30 @@ class ActionFlows:
         def close() -> None:
             planned = {p.session_id: p for p in plans}
             lines = []
+            closed = freed_tokens = freed_bytes = 0
+            refusals: list[AdapterError] = []
             for sid in ids:
                 try:
                     r = self.screen.adapter.close_session(sid)
                 except AdapterError as exc:
-                    lines.append(f"{sid}: {exc.message}")
+                    refusals.append(exc)
+                    lines.append(f"{sid}: refused: {exc.message}")
                     continue
+                closed += 1
+                freed_tokens += r.freed_tokens
+                freed_bytes += r.freed_bytes
                 plan = planned.get(sid)
                 diff = "" if plan is None or r.freed_tokens == plan.freed_tokens else \
                     f" (plan said {plan.freed_tokens:,}: the cache changed in between)"
-                lines.append(f"{sid}: freed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}{diff}")
+                lines.append(f"{sid}: closed, freed {r.freed_tokens:,} tok · {human_bytes(r.freed_bytes)}{diff}")
             # A lambda: Textual reads the callback's signature, and a builtin such as set.clear has none.
             self._from_thread(lambda: self.screen.query_one(SessionsTable).marked.clear())
-            self._done("\n".join(lines), "closed")
+            outcome = outcome_of(closed, len(ids))
+            summary = (f"closed {closed} of {len(ids)} session(s), freed {freed_tokens:,} tok · "
+                       f"{human_bytes(freed_bytes)}" if closed else f"closed none of {len(ids)} session(s): nothing freed")
+            self._done("\n".join([summary, *lines]), outcome)
+            if not closed and refusals and all(isinstance(e, (ReadOnly, Unauthorized)) for e in refusals):
+                self._from_thread(self.screen.refused_actions, refusals[0].message)
 
         return self._worker(close)
 
@@ -203,17 +234,20 @@ class ActionFlows:
                 if action == "evict":
                     r = adapter.evict(n)
                     freed = r.evicted_tokens
-                    message = (f"evicted {r.evicted_tokens:,} tok · {human_bytes(r.evicted_bytes)} "
+                    # "at least n": fewer is what the unlocked leaves allowed
+                    outcome = "done" if freed >= n else "partly done"
+                    message = (f"evicted {r.evicted_tokens:,} of {n:,} tok asked · {human_bytes(r.evicted_bytes)} "
                                f"in {r.evicted_nodes} nodes")
                 else:
                     f = adapter.flush()
                     freed = f.freed_tokens  # (a cache just flushed has nothing left to evict on its own)
+                    outcome = "done"
                     message = f"flushed {f.freed_tokens:,} tok · {human_bytes(f.freed_bytes)}" + (
                         f"; {f.message}" if f.message else "")
             except AdapterError as exc:
-                self._from_thread(self.screen.notify, exc.message, severity="error")
+                self._refused(action, exc)
                 return
             self._from_thread(self.screen.query_one(HeaderBar).own_eviction, freed)
-            self._done(message, action)
+            self._done(message, outcome)
 
         return self._worker(act)

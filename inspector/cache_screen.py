@@ -10,6 +10,7 @@ modules.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from functools import partial
 
 from rich.text import Text
@@ -192,6 +193,12 @@ class CacheScreen(PolledScreen):
         if not caps.sessions:
             self.query_one(SessionsTitle).unavailable()
         self.refresh_bindings()  # the footer shows only what the target can do
+
+    def refused_actions(self, why: str) -> None:
+        """The target refused an action for this dashboard's token (none, or a read-only one):
+        every action would be, so they leave the footer and their keys say why, as read-only."""
+        self.poller.capabilities = replace(self.capabilities, read_only=True, reason=why)
+        self._set_capabilities(self.poller.capabilities)
 
     def _show_down(self, exc: AdapterError) -> None:
         self.down = exc.message

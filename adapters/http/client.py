@@ -7,6 +7,7 @@ import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -174,7 +175,13 @@ class RadixtopClient(CacheAdapter):
     # ----- reads -----
 
     def capabilities(self) -> Capabilities:
-        return self._get(capabilities_from_dict, "/v1/capabilities")
+        """The server's, but read-only without a token: the server refuses every action this
+        client would send (a face hides them and says why, instead of reporting a refusal late)."""
+        caps = self._get(capabilities_from_dict, "/v1/capabilities")
+        if not self._auth and not caps.read_only:
+            caps = replace(caps, read_only=True, reason="no token: actions need the server's token "
+                           "(--token or RADIXTOP_TOKEN)")
+        return caps
 
     def stats(self) -> Stats:
         return self._get(stats_from_dict, "/v1/stats")
