@@ -443,10 +443,14 @@ def test_metrics_parse_and_match_stats(client):
     families = {f.name: f for f in text_string_to_metric_families(response.text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in families.values() for s in f.samples}
-    for state in ("capacity", "available", "evictable", "protected", "session_held", "uncached", "unevictable",
-                  "total", "free"):  # free: available's name before 0.2, until 0.3
+    for state in ("available", "evictable", "protected", "session_held", "uncached"):  # adding up to capacity
         assert samples[("radixtop_tokens", (("state", state),))] == stats[f"{state}_tokens"]
         assert samples[("radixtop_bytes", (("state", state),))] == stats[f"{state}_bytes"]
+    assert {s.labels["state"] for s in families["radixtop_tokens"].samples} == {
+        "available", "evictable", "protected", "session_held", "uncached"}
+    for figure, field in (("capacity", "capacity"), ("tree", "total"), ("unevictable", "unevictable")):
+        assert samples[(f"radixtop_{figure}_tokens", ())] == stats[f"{field}_tokens"]
+        assert samples[(f"radixtop_{figure}_bytes", ())] == stats[f"{field}_bytes"]
     assert samples[("radixtop_sessions", (("state", "open"),))] == stats["open_sessions"]
     assert samples[("radixtop_sessions", (("state", "closed"),))] == stats["closed_sessions"] == 2
     assert samples[("radixtop_nodes", ())] == stats["node_count"]
@@ -455,8 +459,9 @@ def test_metrics_parse_and_match_stats(client):
         assert samples[(f"radixtop_{name}_total", ())] == stats[name]
     assert stats["closes"] == 2 and stats["freed_by_close_tokens"] >= 3
     (full,) = stats["buckets"]  # SGLang's leak-check buckets, by its names
-    for bucket in ("total", "available", "evictable", "protected", "session_held", "uncached"):
+    for bucket in ("available", "evictable", "protected", "session_held", "uncached"):
         assert samples[("radixtop_pool_tokens", (("bucket", bucket), ("component", "full")))] == full[bucket]
+    assert samples[("radixtop_pool_capacity_tokens", (("component", "full"),))] == full["total"]
     assert samples[("radixtop_pool_unaccounted_tokens", (("component", "full"),))] == full["unaccounted"] == 0
     for family in families.values():
         assert family.name.startswith("radixtop_")
