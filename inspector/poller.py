@@ -215,7 +215,7 @@ class Poller:
         if delta.resync:
             return True
         touched = {*delta.added, *delta.changed, *delta.removed}
-        shown = set(self.tree.expanded)
+        shown = set(self.tree.expanded) | self.tree.chain_ids()
         for loaded in self.tree.loaded.values():
             shown.update(c.id for c in loaded.children)
         return bool(touched & shown)

@@ -124,7 +124,32 @@ class TreeState:
                 raise page
             else:
                 self._store(node_id, page, follow_splits)
+        self._refresh_chains()
         self.flatten()
+
+    def _refresh_chains(self) -> None:
+        """Read every folded chain that shows again, from its top as its parent's page has it
+        now: a folded row updates like any other (its tail grows, its subtree and ages move), and
+        one no longer a run of single children unfolds."""
+        tops = {c.id: c for loaded in self.loaded.values() for c in loaded.children if c.id in self.chains}
+        for top_id in list(self.chains):
+            top = tops.get(top_id)
+            if top is None:  # not on screen (its parent collapsed or it is gone): read when it shows
+                continue
+            old_end = self.chains[top_id][-1].id
+            try:
+                chain = self._read_chain(top)
+            except (LookupError, UnknownNode):  # evicted between the page and this read
+                chain = (top,)
+            if len(chain) == 1:
+                del self.chains[top_id]
+                continue
+            self.chains[top_id] = chain
+            end = chain[-1].id
+            if end != old_end and old_end in self.expanded:  # the tail grew: what was open stays open
+                self.expanded.discard(old_end)
+                self.expanded.add(end)
+                self.load(end, follow_splits=False)
 
     def _fetch_pages(self, wanted: list[tuple[int, int, int, str]]) -> list[ChildrenPage | Exception]:
         """Every page in ``wanted``: in one read per PAGES_PER_READ where the target can, else
@@ -173,21 +198,30 @@ class TreeState:
             del self.chains[node.id]
             self.flatten()
             return 0
-        chain = [node]
-        if node.num_children == 1 and self.fetch_chain is not None:
-            chain.extend(self.fetch_chain(node.id, CHAIN_HOPS - 1).nodes)  # one read
-        while chain[-1].num_children == 1 and len(chain) < CHAIN_HOPS:
-            page = self.fetch_children(chain[-1].id, 0, 1, self.order)
-            if not page.children:
-                break
-            chain.append(page.children[0])
+        chain = self._read_chain(node)
         if len(chain) > 1:
-            self.chains[node.id] = tuple(chain)
+            self.chains[node.id] = chain
             if node.id in self.expanded:
                 self.expanded.add(chain[-1].id)
                 self.load(chain[-1].id)
         self.flatten()
         return len(chain)
+
+    def _read_chain(self, top: NodeView) -> tuple[NodeView, ...]:
+        """``top`` and the run of single children below it, top first."""
+        chain = [top]
+        if top.num_children == 1 and self.fetch_chain is not None:
+            chain.extend(self.fetch_chain(top.id, CHAIN_HOPS - 1).nodes)  # one read
+        while chain[-1].num_children == 1 and len(chain) < CHAIN_HOPS:
+            page = self.fetch_children(chain[-1].id, 0, 1, self.order)
+            if not page.children:
+                break
+            chain.append(page.children[0])
+        return tuple(chain)
+
+    def chain_ids(self) -> set[int]:
+        """Every node of the folded chains (a change to any of them changes a row)."""
+        return {n.id for chain in self.chains.values() for n in chain}
 
     def set_order(self, order: str) -> None:
         self.order = order
