@@ -3,12 +3,19 @@ partition of capacity, heavy-read slots and slow export readers, far pages of a 
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+
 import httpx
 import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.http.server import create_app, http_protocol
 from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.gpu_backend.engine import Engine
+from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.scheduler import Scheduler
 from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
@@ -126,3 +133,96 @@ def test_promlint_finds_what_it_checks():
            "# HELP radixtop_latency_ms x\n# TYPE radixtop_latency_ms gauge\nradixtop_latency_ms 1.0\n")
     problems = "\n".join(promlint(bad))
     assert "'_total' suffix" in problems and "should not have" in problems and "base units" in problems
+
+
+# ----- a wide root: 200k children -----
+
+WIDE = 200_000
+
+
+@pytest.fixture(scope="module")
+def wide_engine():
+    """200k one-node prompts under the root (a few-shot prompt's continuations), each two tokens."""
+    s = Scheduler(get_geometry("tiny"), 4 * WIDE, device="cpu")
+    alloc = s.pool.allocator.alloc
+    for i in range(WIDE):
+        s.cache.insert([1000 + i, 7 + i % 3], alloc(2))
+    engine = Engine(s, None).start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def wide(wide_engine):
+    with running_server(create_app(BundledAdapter(wide_engine), TOKEN, AuditLog(None)), http=http_protocol()) as url:
+        yield url
+
+
+def until(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+# ----- item 15: slow export readers -----
+
+
+class SlowReader:
+    """A client that asks for the export and then reads nothing (its receive buffer held small)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect((host, int(port)))
+        self.sock.sendall(f"GET /v1/export HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        self.head = b""
+        while b"\r\n\r\n" not in self.head:  # the answer has started: its snapshot is taken
+            chunk = self.sock.recv(1024)
+            assert chunk, "the server closed the export"
+            self.head += chunk
+
+    def read_all(self) -> bytes:
+        """The rest of the (chunked) body, decoded, once the test lets the reader read."""
+        raw = bytearray(self.head.partition(b"\r\n\r\n")[2])
+        self.sock.settimeout(120)
+        while not raw.endswith(b"0\r\n\r\n"):
+            chunk = self.sock.recv(1 << 20)
+            assert chunk, "the server closed the export early"
+            raw += chunk
+        body, rest = bytearray(), bytes(raw)
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                return bytes(body)
+            body += rest[:size]
+            rest = rest[size + 2:]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_slow_export_readers_lock_out_no_heavy_read(wide, wide_engine):
+    """Four exports whose clients read nothing held all four heavy-read slots: the dashboard's poll,
+    the sessions and the doctor were 429 as long as they lasted."""
+    readers = [SlowReader(wide) for _ in range(4)]
+    try:
+        assert all(r.head.startswith(b"HTTP/1.1 200") for r in readers), [r.head[:40] for r in readers]
+        reads = json.dumps([{"op": "stats"}, {"op": "children", "node_id": "root", "limit": 10}])
+        for path, params in (("/v1/read", {"reads": reads}), ("/v1/sessions", {}), ("/v1/doctor", {}),
+                             ("/v1/nodes/root/subtree", {"depth": 1, "limit": 5})):
+            response = httpx.get(wide + path, params=params, timeout=120)
+            assert response.status_code == 200, (path, response.status_code, response.text[:300])
+        # a fifth export waits its turn (429: the exports' own bound, each with its snapshot) ...
+        busy = httpx.get(f"{wide}/v1/export", timeout=60)
+        assert busy.status_code == 429 and "exports" in busy.json()["error"]["message"], busy.text[:300]
+        # ... and each stalled one is still whole when its client reads at last
+        lines = readers[0].read_all().decode().splitlines()
+        assert json.loads(lines[0])["node_count"] == WIDE == len(lines) - 1
+    finally:
+        for r in readers:
+            r.close()
+    until(lambda: httpx.get(f"{wide}/v1/export", params={"format": "columns"}, timeout=120).status_code == 200,
+          "an export once the slow readers went")

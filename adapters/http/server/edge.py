@@ -23,7 +23,12 @@ from radixtop.adapters.http.wire import BAD_HOST, BUSY, CROSS_ORIGIN, error_body
 
 MIN_TOKEN_LENGTH = 16
 MAX_HEAVY_READS = 4
-"""Heavy reads served at once by one server; more are answered 429 at once, never queued."""
+"""Heavy reads served at once by one server; more are answered 429 at once, never queued. A read
+holds its slot until its answer starts: never while a client reads it (slowly or not at all)."""
+MAX_EXPORTS = 4
+"""Exports streamed at once, each from its own snapshot (a 200k-node tree's is a few MB): more are
+answered 429. A slow reader holds one of these, not a heavy-read slot."""
+EXPORT = "/v1/export"
 RETRY_AFTER_S = 1
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 HEAVY_READS = re.compile(r"/v1/(read|export|match|paths|doctor|sessions(/.*)?|nodes/[^/]+/(subtree|chain))", re.S)
@@ -164,10 +169,11 @@ class Admission:
     here is journaled: no route ran), and holds heavy reads to ``max_heavy_reads`` at once.
     Health and actions are never counted (their threads are their own: see ``answers.ahead_of_reads``)."""
 
-    def __init__(self, app: ASGIApp, bind: Bind, tokens: Tokens, max_heavy_reads: int = MAX_HEAVY_READS) -> None:
+    def __init__(self, app: ASGIApp, bind: Bind, tokens: Tokens, max_heavy_reads: int = MAX_HEAVY_READS,
+                 max_exports: int = MAX_EXPORTS) -> None:
         self.app, self.bind, self.tokens = app, bind, tokens
-        self.max_heavy_reads = max_heavy_reads
-        self.heavy_reads = 0  # only touched on the event loop: no lock
+        self.max_heavy_reads, self.max_exports = max_heavy_reads, max_exports
+        self.heavy_reads = self.exports = 0  # only touched on the event loop: no lock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -180,16 +186,33 @@ class Admission:
         if scope["method"] != "GET" or not HEAVY_READS.fullmatch(scope["path"]):
             await self.app(scope, receive, send)
             return
-        if self.heavy_reads >= self.max_heavy_reads:
-            busy = _refuse(429, BUSY, f"{self.max_heavy_reads} heavy reads are running: retry after "
-                           f"{RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
+        export = scope["path"] == EXPORT
+        if self.heavy_reads >= self.max_heavy_reads or (export and self.exports >= self.max_exports):
+            what = f"{self.max_exports} exports are being sent" if export and self.exports >= self.max_exports \
+                else f"{self.max_heavy_reads} heavy reads are running"
+            busy = _refuse(429, BUSY, f"{what}: retry after {RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
             await busy(scope, receive, send)
             return
         self.heavy_reads += 1
+        self.exports += export
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.heavy_reads -= 1
+
+        async def send_released(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                release()  # the read's work is done (an export's snapshot taken): the rest waits on the client
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)  # a streamed export holds its slot to its end
+            await self.app(scope, receive, send_released)
         finally:
-            self.heavy_reads -= 1
+            release()
+            self.exports -= export
 
     def refusal(self, scope: Scope) -> JSONResponse | None:
         headers = Headers(scope=scope)
