@@ -19,7 +19,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.notifications import SeverityLevel
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from radixtop.adapters.base import CacheAdapter
@@ -28,6 +28,7 @@ from radixtop.adapters.model import Capabilities, NodeDetail, Stats
 from radixtop.adapters.text import inert
 from radixtop.inspector.actions import ACTIONS, ActionFlows
 from radixtop.inspector.detail import DetailPanel
+from radixtop.inspector.footer import KeysFooter
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.lookups import Lookups
 from radixtop.inspector.modals import HelpScreen, help_text
@@ -118,7 +119,7 @@ class CacheScreen(PolledScreen):
                 yield SessionsTitle(id="sessions-title")
                 yield FilterBox(placeholder="filter sessions (enter applies, escape clears)", id="filter")
                 yield self.sessions_table
-        yield Footer(compact=True, show_command_palette=False)  # (ctrl+p still opens it; ? lists it)
+        yield KeysFooter(compact=True, show_command_palette=False)  # (ctrl+p still opens it; ? lists it)
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False

@@ -26,6 +26,13 @@ from radixtop.inspector.poll_loop import PolledScreen, PollLoop, read_in_thread
 from radixtop.inspector.rows_view import RowsView, cursor_bindings
 
 WIDTHS = dict(zip(COLUMNS, (30, 3, 8, 14, 10, 10, 10, 8, 8, 5, 5, 5)))
+WORKER_MAX = 60
+"""The widest the worker column grows to hold a whole host:port."""
+
+
+def worker_text(worker: str) -> str:
+    """A worker as the column shows it: host:port (and any path), without the scheme."""
+    return worker.split("://", 1)[-1]
 _HEADER = Style(bold=True, underline=True)
 _CURSOR = Style(reverse=True)
 _DOWN = Style(color="red")
@@ -54,6 +61,8 @@ class FleetTable(RowsView):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.rows: tuple[WorkerRow, ...] = ()
+        self.widths = dict(WIDTHS)
+        """Each column's width now: the worker column holds the longest host:port (to WORKER_MAX)."""
 
     @property
     def row_count(self) -> int:
@@ -67,6 +76,7 @@ class FleetTable(RowsView):
         """New rows; the cursor follows the worker it was on (rows move as pressure changes)."""
         key = self.current.key if self.current is not None else None
         self.rows = rows
+        self.widths["worker"] = min(max([WIDTHS["worker"], *(len(worker_text(r.worker)) for r in rows)]), WORKER_MAX)
         self.virtual_size = Size(self.size.width, len(rows) + 1)
         at = next((i for i, r in enumerate(rows) if r.key == key), None)
         self.cursor = at if at is not None else min(self.cursor, max(len(rows) - 1, 0))
@@ -75,7 +85,8 @@ class FleetTable(RowsView):
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         if y == 0:
-            titles = [c.ljust(WIDTHS[c]) if c in ("worker", "from", "state") else c.rjust(WIDTHS[c]) for c in COLUMNS]
+            widths = self.widths
+            titles = [c.ljust(widths[c]) if c in ("worker", "from", "state") else c.rjust(widths[c]) for c in COLUMNS]
             return Strip([Segment(" " + " ".join(titles), _HEADER)]).crop_extend(0, width, None)
         index = self.scroll_offset.y + y - 1
         if index >= len(self.rows):
@@ -85,8 +96,8 @@ class FleetTable(RowsView):
         row = self.rows[index]
         texts = []
         for col, text in zip(COLUMNS, cells(row)):
-            w = WIDTHS[col]
-            text = inert(text)
+            w = self.widths[col]
+            text = inert(worker_text(text) if col == "worker" else text)
             if len(text) > w:
                 text = ("…" + text[-(w - 1):]) if col == "worker" else text[: w - 1] + "…"
             texts.append(text.ljust(w) if col in ("worker", "from", "state") else text.rjust(w))

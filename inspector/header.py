@@ -113,6 +113,11 @@ def legend(st: Stats, width: int) -> Text:
     width and the pool's capacity, never by the figures: the legend keeps its layout from one
     refresh to the next. The node and session counts, and the other components of SGLang's leak
     check (``swa``, ``mamba``, as a share used), follow where there is room."""
+    return legend_and_counts(st, width)[0]
+
+
+def legend_and_counts(st: Stats, width: int) -> tuple[Text, list[str]]:
+    """``legend``, and the counts it had no room for (the title line says them instead)."""
     for form in LEGEND_FORMS:
         text = _parts_text(st, form)
         if text.cell_len <= width:
@@ -121,7 +126,12 @@ def legend(st: Stats, width: int) -> Text:
         if text.cell_len + len(extra) > width:
             break
         text.append(extra)
-    return text
+    shown = text.plain
+    counts = [count(st.node_count, "nodes")]
+    if st.open_sessions is not None:
+        counts.append(f"{st.open_sessions:,} sessions open")
+    left_out = [c for c in counts if f" · {c.removesuffix(' open')}" not in shown]
+    return text, left_out
 
 
 def _set(line: Static, content: Text | str) -> None:
@@ -223,13 +233,18 @@ class HeaderBar(Widget):
             if b.unaccounted:  # SGLang's own leak check fails: said where it cannot be missed
                 title.append(" ")
                 title.append(f" LEAK [{inert(b.component)}] {b.unaccounted:+,} tok ", style="bold white on red")
-        title.append(f"  every {self.interval:g}s", style="dim")
+        every = f"  every {self.interval:g}s"
+        width = max(self.size.width or self.app.size.width - 2, 10)  # the content area (padding excluded)
+        legend_text, left_out = legend_and_counts(st, width) if st is not None else (Text(), [])
+        for counted in left_out:  # the counts the legend had no room for: here, where they fit
+            if title.cell_len + 3 + len(counted) + len(every) <= width:
+                title.append(f" · {counted}")
+        title.append(every, style="dim")
         _set(self.query_one("#title", Static), title)
         if st is None:
             return
-        width = max(self.size.width or self.app.size.width - 2, 10)  # the content area (padding excluded)
         _set(self.query_one("#bar", Static), memory_bar(st, width))
-        _set(self.query_one("#legend", Static), legend(st, width))
+        _set(self.query_one("#legend", Static), legend_text)
         for key, series, fmt in (("hit", self.hit_rate, "{:.0%}"), ("evict", self.evictions, "{:,.0f}"),
                                  ("close", self.close_freed, "{:,.0f}")):
             spark = self.query_one(f"#{key}-spark", Sparkline)

@@ -56,6 +56,18 @@ def _chain_view(chain: Sequence[NodeView]) -> NodeView:
                    num_children=chain[-1].num_children)
 
 
+def _label(indent: str, ids: str, rest: str, width: int) -> str:
+    """A row's left part in ``width`` cells: the preview (``rest``) is cut first, then the
+    indent; the node ids never (the operator acts on them)."""
+    indent = indent[: max(width - len(ids), 0)]
+    left = indent + ids + rest
+    if len(left) <= width:
+        return left
+    if len(indent + ids) >= width:
+        return indent + ids
+    return left[: width - 1] + "…"
+
+
 class CacheTree(RowsView):
     """Rows come from a TreeState (set by the app); the cursor follows a row's key. The first
     line names the columns."""
@@ -193,16 +205,14 @@ class CacheTree(RowsView):
         expandable = node.num_children > 0
         marker = ("▾ " if row.expanded else "▸ ") if expandable else "  "
         if row.kind == "chain":
-            label = f"#{row.chain[0].id} ⋯ #{node.id} chain of {len(row.chain)} nodes"
+            ids, rest = f"#{row.chain[0].id} ⋯ #{node.id}", f" chain of {len(row.chain)} nodes"
             node = _chain_view(row.chain)  # its columns are the whole chain's
         else:
             # ┄ before the preview (a long preview is cut at the end): one child below, x folds
-            label = f"#{node.id}{' ┄' if node.num_children == 1 else ''} {_preview(node, self.show_text)}"
+            ids, rest = f"#{node.id}", f"{' ┄' if node.num_children == 1 else ''} {_preview(node, self.show_text)}"
         cols = self._columns(node, width)
         left_width = max(width - len(cols), 10)
-        left = f"{indent}{marker}{label}"
-        if len(left) > left_width:
-            left = left[: left_width - 1] + "…"
+        left = _label(indent, marker + ids, rest, left_width)
         style = share_style(node.subtree_bytes / self.total_bytes)
         if node.id in self.marked_ids:
             style = style + _MARK

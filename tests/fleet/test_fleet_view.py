@@ -217,3 +217,18 @@ def test_fleet_view_look(snap_compare):
         await wait_polls(pilot.app, pilot, 1)
 
     assert snap_compare(fleet_app(lambda: fixed), terminal_size=(150, 24), run_before=polled)
+
+
+async def test_at_80_columns_a_workers_host_and_port_show_whole():
+    """The worker column holds the longest host:port (the scheme goes first): neither the host
+    nor the port is cut."""
+    from tests.dashboard.test_snapshots import screen_lines
+
+    long = "http://worker-17.us-east.example.com:30100"
+    app = fleet_app(lambda: view(row(long, 300), row("http://10.0.0.5:30100", 700)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_polls(app, pilot, 1)
+        await pilot.pause()
+        text = "\n".join(screen_lines(app))
+        assert "worker-17.us-east.example.com:30100 " in text, text
+        assert " 10.0.0.5:30100 " in text and "…" not in text.split("\n")[3], text
