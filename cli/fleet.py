@@ -175,8 +175,9 @@ def fleet(
 
 
 def watch_fleet(spec: str | None, map_file: Path | None, tokens_file: Path | None) -> Any:
-    """For ``radixtop serve --fleet SPEC`` (``smg=URL``, ``dynamo=URL`` or a fleet file): the
-    poll that ``GET /v1/fleet`` answers, or None. ValueError (one line) for a bad spec or file."""
+    """For ``radixtop serve --fleet SPEC`` (``smg=URL``, ``dynamo=URL`` or a fleet file): what
+    ``GET /v1/fleet`` answers (``FleetPoller.latest``: never waits on a poll), its first poll
+    started now; or None. ValueError (one line) for a bad spec or file."""
     from radixtop.adapters.errors import BadRequest
 
     if spec is None:
@@ -186,9 +187,12 @@ def watch_fleet(spec: str | None, map_file: Path | None, tokens_file: Path | Non
     kind, sep, rest = spec.partition("=")
     try:
         if sep and kind == "smg":
-            return open_poller(rest, None, None, map_file, tokens_file).poll
-        if sep and kind == "dynamo":
-            return open_poller(None, rest, None, map_file, tokens_file).poll
-        return open_poller(None, None, Path(spec), map_file, tokens_file).poll
+            poller = open_poller(rest, None, None, map_file, tokens_file)
+        elif sep and kind == "dynamo":
+            poller = open_poller(None, rest, None, map_file, tokens_file)
+        else:
+            poller = open_poller(None, None, Path(spec), map_file, tokens_file)
     except BadRequest as exc:
         raise ValueError(f"--fleet: {exc.message}") from None
+    poller.latest()
+    return poller.latest

@@ -15,6 +15,8 @@ from typing import Any
 from radixtop.adapters.fleet.model import DuplicatePrefix, Duplicates
 
 DEVICE_TIER = "device"
+MAX_BLOCK_SIZE = 2**20
+"""The largest block size a dump may give (Dynamo's are 16 to a few hundred tokens)."""
 
 
 class DumpError(ValueError):
@@ -49,17 +51,20 @@ def parse_dump(body: Any) -> ParsedDump:
     groups: dict[str, dict[int, _DumpBlock]] = {}
     for group, doc in body.items():
         try:
-            size = int(doc["block_size"])
+            size = doc["block_size"]
             events = doc["events"]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError) as exc:
             raise DumpError(f"{group}: no block_size or events ({exc!r})") from None
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BLOCK_SIZE:
+            raise DumpError(f"{group}: block_size {size!r:.40} is not a block size (a whole number from 1 to "
+                            f"{MAX_BLOCK_SIZE})")
         sizes[group] = size
         blocks: dict[int, _DumpBlock] = groups.setdefault(group, {})
         per_holder: dict[str, set[int]] = {}
         try:
             for event in events:
                 _apply(event, blocks, per_holder)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise DumpError(f"{group}: an event not in Dynamo's shape ({type(exc).__name__}: {exc})") from None
         for who, held in per_holder.items():
             indexed[who] = indexed.get(who, 0) + len(held) * size
@@ -76,9 +81,9 @@ def _apply(event: Any, blocks: dict[int, _DumpBlock], per_holder: dict[str, set[
     held = per_holder.setdefault(who, set())
     if "stored" in data:
         parent = data["stored"].get("parent_hash")
-        parent = None if parent is None else int(parent)
+        parent = None if parent is None else _hash(parent)
         for block in data["stored"]["blocks"]:
-            h = int(block["block_hash"])
+            h = _hash(block["block_hash"])
             entry = blocks.get(h)
             if entry is None:
                 entry = blocks[h] = _DumpBlock(parent, set())
@@ -87,7 +92,7 @@ def _apply(event: Any, blocks: dict[int, _DumpBlock], per_holder: dict[str, set[
             parent = h
     elif "removed" in data:  # (a dump holds stored chains; a removal is applied if one comes)
         for h in data["removed"].get("block_hashes", []):
-            h = int(h)
+            h = _hash(h)
             held.discard(h)
             if h in blocks:
                 blocks[h].holders.discard(who)
@@ -96,6 +101,13 @@ def _apply(event: Any, blocks: dict[int, _DumpBlock], per_holder: dict[str, set[
             if h in blocks:
                 blocks[h].holders.discard(who)
         held.clear()
+
+
+def _hash(value: Any) -> int:
+    """A block hash: a whole number (signed or not, 64 bits); ValueError for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
+        raise ValueError(f"{value!r:.40} is not a block hash")
+    return value
 
 
 def duplicates(parsed: ParsedDump, bytes_per_token: int | None, limit: int = 50) -> Duplicates:

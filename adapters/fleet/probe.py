@@ -8,14 +8,19 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
+from functools import partial
 
 from radixtop.adapters.errors import AdapterError, TargetTimeout
 from radixtop.adapters.fleet.dump import duplicates
 from radixtop.adapters.fleet.model import FleetView, WorkerRow, by_pressure
 from radixtop.adapters.fleet.sources import Source, WorkerSpec
+from radixtop.adapters.http.bounded import deadline
 from radixtop.adapters.targets import open_radixtop, open_sglang_routes
 
 MAX_THREADS = 32
+WORKER_MAX_BYTES = 2**20
+"""The most a worker's radixtop may answer its stats with (they take ~2 KiB); SGLang's own routes
+keep their adapter's cap (its /metrics runs to megabytes)."""
 PLUGIN_PREFIX = "sglang dp"
 """How the radixtop plugin names itself (``sglang dp<rank> <model>``): a URL guessed by the port
 rule is believed only when the server there says so."""
@@ -41,6 +46,7 @@ def is_plugin_of(target: str, dp_rank: int | None) -> bool:
 
 def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float) -> WorkerRow:
     client = open_radixtop(url, token=token, timeout=timeout)
+    client.max_reply_bytes = WORKER_MAX_BYTES
     try:
         s = client.stats()
     finally:
@@ -79,6 +85,13 @@ def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str)
         running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
 
 
+def _read_by(until: float, spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> WorkerRow:
+    """``read_worker`` with every request it makes ending by ``until`` (the poll's deadline): a
+    read that misses it stops there, its connection closed, instead of running on."""
+    with deadline(until - time.monotonic()):
+        return read_worker(spec, tokens, timeout)
+
+
 def read_worker(spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> WorkerRow:
     """The worker's radixtop where it has one; else its engine's routes; else its source's figures."""
     why = ""
@@ -110,9 +123,10 @@ def _timed_out(spec: WorkerSpec, seconds: float) -> WorkerRow:
 
 def poll_fleet(source: Source, tokens: dict[str, str] | None = None, timeout: float = 2.0,
                bytes_per_token: int | None = None) -> FleetView:
-    """Discover, then read every worker concurrently. Each read's requests time out after
-    ``timeout``; the whole poll waits at most about twice that (a radixtop try, then the engine)
-    and gives a row that is still out a reason instead of its figures."""
+    """Discover, then read every worker concurrently. Each read's requests end within ``timeout``
+    (wall clock); every read ends by the poll's deadline, 2 x timeout + 0.5 s after discovery (a
+    radixtop try, then the engine), and a row still out then gets a reason instead of its
+    figures. Discovery itself ends within its source's deadline (2 x its timeout)."""
     started, taken_at = time.monotonic(), time.time()
     tokens = tokens or {}
     try:
@@ -129,12 +143,13 @@ def poll_fleet(source: Source, tokens: dict[str, str] | None = None, timeout: fl
     pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(found.specs))),
                               thread_name_prefix="radixtop-fleet")
     try:
-        futures: dict[Future, int] = {pool.submit(read_worker, spec, tokens, timeout): i
+        until = time.monotonic() + budget
+        read = partial(_read_by, until)
+        futures: dict[Future, int] = {pool.submit(read, spec, tokens, timeout): i
                                       for i, spec in enumerate(found.specs)}
-        deadline = time.monotonic() + budget
         pending = set(futures)
         while pending:
-            left = deadline - time.monotonic()
+            left = until - time.monotonic() + 0.05
             if left <= 0:
                 break
             done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
@@ -149,7 +164,7 @@ def poll_fleet(source: Source, tokens: dict[str, str] | None = None, timeout: fl
             i = futures[f]
             rows[i] = _timed_out(found.specs[i], budget)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # reads still out end by their own timeouts
+        pool.shutdown(wait=False, cancel_futures=True)  # reads still out end by the deadline
     ordered = [rows[i] for i in range(len(found.specs))]
     dups = None
     if found.dump is not None:
@@ -176,10 +191,13 @@ class FleetPoller:
         self.bytes_per_token, self.max_age = bytes_per_token, max_age
         self._lock = threading.Lock()
         self._last: tuple[float, FleetView] | None = None
+        self._first: Future[FleetView] = Future()
+        """The first view, once a poll has ended (``latest`` hands it to readers that came before)."""
 
     def poll(self) -> FleetView:
         """The last view while it is younger than ``max_age`` or while another reader's poll runs
-        (its ``taken_at`` says its age); else a new poll. Only the very first poll is waited for."""
+        (its ``taken_at`` says its age); else a new poll. Only the very first poll is waited for
+        (it ends by its deadline: ``poll_fleet``)."""
         last = self._last
         if last is not None and time.monotonic() - last[0] < self.max_age:
             return last[1]
@@ -191,11 +209,36 @@ class FleetPoller:
             last = self._last
             if last is not None and time.monotonic() - last[0] < self.max_age:
                 return last[1]
-            view = poll_fleet(self.source, self.tokens, self.timeout, self.bytes_per_token)
-            self._last = (time.monotonic(), view)
-            return view
+            return self._polled()
         finally:
             self._lock.release()
+
+    def latest(self) -> FleetView | Future[FleetView]:
+        """What a reader that must never wait gets (``serve --fleet``'s /v1/fleet): the last view
+        at once, a poll started in a thread of its own where it is older than ``max_age`` and none
+        runs. Before any poll has ended: the first one's Future (the API awaits it without holding
+        a thread; it ends by the poll's deadline)."""
+        last = self._last
+        if (last is None or time.monotonic() - last[0] >= self.max_age) and self._lock.acquire(blocking=False):
+            threading.Thread(target=self._poll_then_release, name="radixtop-fleet-poll", daemon=True).start()
+        return last[1] if last is not None else self._first
+
+    def _poll_then_release(self) -> None:
+        try:
+            self._polled()
+        finally:
+            self._lock.release()
+
+    def _polled(self) -> FleetView:
+        """A new poll, kept as the last view (the lock held). A bug in it is the view's error."""
+        try:
+            view = poll_fleet(self.source, self.tokens, self.timeout, self.bytes_per_token)
+        except Exception as exc:  # poll_fleet says every failure of a source or worker in its view
+            view = FleetView(self.source.label, (), time.time(), 0.0, error=f"{type(exc).__name__}: {exc}")
+        self._last = (time.monotonic(), view)
+        if not self._first.done():
+            self._first.set_result(view)
+        return view
 
     def token_for(self, row: WorkerRow) -> str | None:
         """The token for actions on ``row``'s radixtop (the tokens file's entry for that URL, or

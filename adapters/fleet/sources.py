@@ -10,10 +10,17 @@ from typing import Any
 
 import httpx
 
-from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable, Unauthorized
+from radixtop.adapters.errors import AdapterError, BadRequest, Unauthorized
 from radixtop.adapters.fleet.config import FleetEntry, host_of, normal_url, plugin_url
 from radixtop.adapters.fleet.dump import DumpError, ParsedDump, parse_dump
-from radixtop.adapters.http.proxy import transport_for
+from radixtop.adapters.http.bounded import bounded_client, deadline, exchange
+from radixtop.adapters.http.wire import is_count
+
+MAX_SOURCE_BYTES = 16 * 2**20
+"""The most a gateway's /workers or /get_loads, or the indexer's /workers, may take."""
+MAX_DUMP_BYTES = 256 * 2**20
+"""The most Dynamo's /dump may take (its whole radix tree as events; over it, the duplicates are
+left out with a note)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,12 @@ def _unambiguous(specs: list[WorkerSpec]) -> tuple[list[WorkerSpec], list[str]]:
             for s in specs], notes
 
 
+LOAD_FIGURES = ("num_running_reqs", "max_total_num_tokens", "num_used_tokens")
+"""What a row takes from SMG's /get_loads, per worker and DP rank."""
+MAX_DP_RANK = 4095
+"""The largest DP rank a source may name (the port rule adds it to a port)."""
+
+
 class Source:
     """A fleet source; ``discover`` never raises for the source's own failure (it is ``error``)."""
 
@@ -99,17 +112,15 @@ class Source:
 
 def _client(url: str, timeout: float, token: str | None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url, timeout=timeout, headers=headers, transport=transport_for(url))
+    return bounded_client(url, timeout, headers)
 
 
 def _get(client: httpx.Client, path: str, what: str) -> Any:
+    """One GET of the source within its client's timeout (wall clock) and its bytes (``/dump``'s
+    MAX_DUMP_BYTES, any other MAX_SOURCE_BYTES)."""
     url = f"{client.base_url}".rstrip("/") + path
-    try:
-        response = client.get(path)
-    except httpx.TimeoutException:
-        raise TargetTimeout(f"{what} at {url} did not answer within {client.timeout.read:g} s") from None
-    except httpx.TransportError as exc:
-        raise TargetUnreachable(f"cannot reach {what} at {url}: {str(exc) or type(exc).__name__}") from None
+    response = exchange(client, client.build_request("GET", path), timeout=client.timeout.read or 3.0,
+                        what=f"{what} at {url}", max_bytes=MAX_DUMP_BYTES if path == "/dump" else MAX_SOURCE_BYTES)
     if response.status_code in (401, 403):
         raise Unauthorized(f"{what} at {url} refused the request (HTTP {response.status_code}): put its API key "
                            "in the tokens file")
@@ -122,7 +133,8 @@ def _get(client: httpx.Client, path: str, what: str) -> Any:
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A count the source gives (``wire.is_count``), or None (unknown) for anything else."""
+    return value if is_count(value) else None
 
 
 class FleetFileSource(Source):
@@ -163,7 +175,8 @@ class SmgSource(Source):
         self.mapping, self.token, self.timeout = mapping, token, timeout
 
     def discover(self) -> Discovery:
-        with _client(self.url, self.timeout, self.token) as client:
+        """Within 2 x timeout: /workers, then /get_loads (each within timeout)."""
+        with _client(self.url, self.timeout, self.token) as client, deadline(2 * self.timeout + 0.1):
             try:
                 body = _get(client, "/workers", "SMG")
                 workers = body["workers"]
@@ -177,11 +190,16 @@ class SmgSource(Source):
             loads: dict[tuple[str, int], dict[str, Any]] = {}
             try:
                 for load in _get(client, "/get_loads", "SMG").get("loads") or []:
+                    if not isinstance(load, dict):
+                        continue
                     try:
                         worker = normal_url(str(load.get("worker", "")))
                     except BadRequest:
                         continue  # a grpc:// worker's load: its row is skipped below, with a note
-                    loads[(worker, int(load.get("dp_rank") or 0))] = load
+                    rank = load.get("dp_rank") or 0
+                    if not is_count(rank) or rank > MAX_DP_RANK:
+                        continue  # a rank that is no rank: its load is unknown
+                    loads[(worker, rank)] = load
             except (AdapterError, AttributeError, TypeError, ValueError) as exc:
                 notes.append(f"SMG's /get_loads: {getattr(exc, 'message', exc)}")
         specs: list[WorkerSpec] = []
@@ -194,6 +212,9 @@ class SmgSource(Source):
                 notes.append(f"worker {w.get('dp_base_url') or w['url']}: not an http(s) URL")
                 continue
             rank = _int(w.get("dp_rank"))
+            if rank is not None and rank > MAX_DP_RANK:
+                notes.append(f"worker {base}: dp_rank {rank} is not a DP rank")
+                continue
             ranks: list[int | None] = [rank] if rank is not None else (
                 sorted({r for (u, r) in loads if u == base}) if len({r for (u, r) in loads if u == base}) > 1
                 else [None])
@@ -202,11 +223,14 @@ class SmgSource(Source):
             for r in ranks:
                 load = loads.get((base, r or 0), {})
                 url, by_rule = self.mapping.radixtop_for(base, r, base)
+                running, capacity, unevictable = (_int(load.get(k)) for k in LOAD_FIGURES)
+                bad = [f"{k} {load[k]!r}"[:80] for k in LOAD_FIGURES if load.get(k) is not None and _int(load[k]) is None]
+                if bad:
+                    notes.append(f"SMG's load of {base}{'' if r is None else f'@{r}'}: {', '.join(bad)}: not a count "
+                                 "(left unknown)")
                 specs.append(WorkerSpec(
                     base, r, url, by_rule, engine_url=base, model=model, healthy=healthy,
-                    running_requests=_int(load.get("num_running_reqs")),
-                    capacity_tokens=_int(load.get("max_total_num_tokens")),
-                    unevictable_tokens=_int(load.get("num_used_tokens")),
+                    running_requests=running, capacity_tokens=capacity, unevictable_tokens=unevictable,
                     down="" if healthy is not False else "SMG marks it unhealthy", source="smg"))
         specs, clash = _unambiguous(specs)
         return Discovery(tuple(specs), notes=tuple(notes + clash))
@@ -222,7 +246,9 @@ class DynamoSource(Source):
         self.mapping, self.token, self.timeout = mapping, token, timeout
 
     def discover(self) -> Discovery:
-        with _client(self.url, max(self.timeout, 1.0), self.token) as client:
+        """Within 2 x timeout (at least 1 s each): /workers, then /dump."""
+        timeout = max(self.timeout, 1.0)
+        with _client(self.url, timeout, self.token) as client, deadline(2 * timeout + 0.1):
             try:
                 workers = _get(client, "/workers", "Dynamo's indexer")
                 if not isinstance(workers, list):
@@ -244,7 +270,7 @@ class DynamoSource(Source):
             wid = str(w["instance_id"])
             endpoints = w.get("endpoints") if isinstance(w.get("endpoints"), dict) else {"0": ""}
             listeners = w.get("listeners") if isinstance(w.get("listeners"), dict) else {}
-            ranks = sorted(int(k) for k in endpoints if str(k).isdigit()) or [0]
+            ranks = sorted(int(k) for k in endpoints if str(k).isdigit() and int(k) <= MAX_DP_RANK) or [0]
             for r in ranks:
                 endpoint = str(endpoints.get(str(r)) or "")
                 host = host_of(endpoint)

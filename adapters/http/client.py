@@ -16,8 +16,8 @@ import orjson
 
 from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_paths, check_reads
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
+from radixtop.adapters.http.bounded import MAX_REPLY_BYTES, bounded_client, deadline, exchange
 from radixtop.adapters.http.params import parse_read
-from radixtop.adapters.http.proxy import transport_for
 from radixtop.adapters.http.wire import (
     WireError,
     audit_entry_from_dict,
@@ -78,15 +78,23 @@ MAX_MATCH_QUERY_CHARS = 65_000
 
 MAX_BUSY_WAIT_S = 5.0
 """The longest a 429's Retry-After is waited at once (within the client's timeout)."""
+MAX_EXPORT_BYTES = 4 * 2**30
+"""The most a columnar export may take (1M nodes take ~60 MiB)."""
+EXPORT_DEADLINE_S = 120.0
+"""The least time a whole export gets (``timeout`` where that is more): a server takes seconds to
+write 1M nodes, and a slow network more."""
 
 
 class RadixtopClient(CacheAdapter):
     """Talks to ``radixtop serve``'s API and returns the same views and typed errors as the
     adapter behind it. The token goes in every request's Authorization header: a server bound
     to a public address needs it for reads too (its read-only token will do for them). A server
-    busy with heavy reads (429) is asked again after its Retry-After, within ``timeout``."""
+    busy with heavy reads (429) is asked again after its Retry-After, within ``timeout``.
+    ``timeout`` is wall clock over a whole call (``bounded``), retries included; a reply over
+    ``max_reply_bytes`` is stopped and refused."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0):
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0,
+                 max_reply_bytes: int = MAX_REPLY_BYTES):
         if not url.startswith(("http://", "https://")):
             raise BadRequest(f"{url!r} is not an http:// or https:// URL")
         if token and not (token.isascii() and token.isprintable()):
@@ -94,10 +102,10 @@ class RadixtopClient(CacheAdapter):
         self.url = url.rstrip("/")
         self.name = self.url
         self.timeout = timeout
+        self.max_reply_bytes = max_reply_bytes
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         # (never through a proxy to a loopback server; others as curl: see proxy.proxy_for)
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=self._auth,
-                                    transport=transport_for(self.url))
+        self._client = bounded_client(self.url, timeout, self._auth)
         self._batch_reads = True
         self._paths_route = True
 
@@ -107,12 +115,12 @@ class RadixtopClient(CacheAdapter):
     # ----- transport -----
 
     @contextmanager
-    def _transport(self) -> Iterator[None]:
+    def _transport(self, seconds: float | None = None) -> Iterator[None]:
         """httpx's failures as the contract's: unreachable or timed out, naming the URL."""
         try:
             yield
         except httpx.TimeoutException:
-            raise TargetTimeout(f"{self.url} did not answer within {self.timeout:g} s") from None
+            raise TargetTimeout(f"{self.url} did not answer within {seconds or self.timeout:g} s") from None
         except httpx.InvalidURL as exc:
             raise BadRequest(f"{self.url}: {exc}") from None
         except httpx.TransportError as exc:
@@ -137,22 +145,32 @@ class RadixtopClient(CacheAdapter):
             raise error_from_body(response.status_code, body)
         return body
 
-    def _send(self, method: str, path: str, stream: bool = False, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, stream: bool = False, *, max_bytes: int | None = None,
+              seconds: float | None = None, **kwargs: Any) -> httpx.Response:
         """One request, asked again while the server answers 429 (busy with heavy reads) and
-        ``timeout`` allows; then the 429 itself is the answer. ``stream``: the body is not read."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            with self._transport():
-                response = self._client.send(self._client.build_request(method, path, **kwargs), stream=stream)
-            if response.status_code != 429:
-                return response
-            wait = _retry_after(response)
-            if time.monotonic() + wait > deadline:
+        ``timeout`` allows; then the 429 itself is the answer. The whole call, retries included,
+        ends within ``seconds`` (default ``timeout``) of wall clock. ``stream``: only the head is
+        read (the caller reads the body); else at most ``max_bytes`` of it (``max_reply_bytes``)."""
+        seconds = self.timeout if seconds is None else seconds
+        with deadline(seconds) as until:  # retries included
+            while True:
+                request = self._client.build_request(method, path, **kwargs)
                 if stream:
-                    response.read()
-                return response
-            response.close()
-            time.sleep(wait)
+                    with self._transport(seconds):
+                        response = self._client.send(request, stream=True)
+                else:
+                    response = exchange(self._client, request, timeout=seconds, what=self.url,
+                                        max_bytes=max_bytes or self.max_reply_bytes)
+                if response.status_code != 429:
+                    return response
+                wait = _retry_after(response)
+                if time.monotonic() + wait > until:
+                    if stream:
+                        with self._transport(seconds):
+                            response = self._bounded_body(response)
+                    return response
+                response.close()
+                time.sleep(wait)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._reply(self._send(method, path, **kwargs))
@@ -220,6 +238,11 @@ class RadixtopClient(CacheAdapter):
 
     def session(self, session_id: str) -> SessionDetail:
         return self._get(session_detail_from_dict, self._session_path(session_id))
+
+    def encode(self, text: str) -> list[int]:
+        """The server's tokenizer's ids for ``text`` (Unsupported where it has none)."""
+        body = self._request("GET", "/v1/encode", params={"text": text})
+        return self._view(lambda b: [int(t) for t in b["tokens"]], body)
 
     def match(self, tokens: list[int]) -> MatchView:
         return self._get(match_from_dict, "/v1/match", tokens=self._match_query(tokens))
@@ -291,15 +314,18 @@ class RadixtopClient(CacheAdapter):
         return item
 
     def export(self) -> Iterator[dict[str, Any]]:
-        """The server's NDJSON export, one dict per line as it arrives (a header, then nodes)."""
+        """The server's NDJSON export, one dict per line as it arrives (a header, then nodes). Its
+        head and header line come within ``timeout``; the rows as fast as the server sends them
+        (each socket read within ``timeout``): a stream of 1M nodes takes as long as it takes."""
         response = self._send("GET", "/v1/export", stream=True)
         try:
             with self._transport():
-                if not response.is_success:
-                    response.read()
-                    self._reply(response)
-                lines = (line for line in response.iter_lines() if line.strip())
-                header = self._view(json.loads, next(lines, "null"))
+                with deadline(self.timeout):
+                    if not response.is_success:
+                        self._reply(self._bounded_body(response))
+                    lines = (line for line in response.iter_lines() if line.strip())
+                    first = next(lines, "null")
+                header = self._view(json.loads, first)
                 if not isinstance(header, dict) or not isinstance(header.get("node_count"), int):
                     raise WireError(f"{self.url}: the export does not start with a header line")
                 yield header
@@ -313,9 +339,23 @@ class RadixtopClient(CacheAdapter):
         finally:
             response.close()
 
+    def _bounded_body(self, response: httpx.Response) -> httpx.Response:
+        """A streamed error reply, read up to ``max_reply_bytes``, as a whole reply."""
+        body = bytearray()
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > self.max_reply_bytes:
+                break
+        response.close()
+        return httpx.Response(response.status_code, headers={"content-type": response.headers.get("content-type", "")},
+                              content=bytes(body[: self.max_reply_bytes]), request=response.request,
+                              extensions={"reason_phrase": response.extensions.get("reason_phrase", b"")})
+
     def export_columns(self) -> ExportColumns:
-        """The server's columnar export (one response, int64 columns: no object per node)."""
-        response = self._send("GET", "/v1/export", params={"format": "columns"})
+        """The server's columnar export (one response, int64 columns: no object per node), within
+        ``EXPORT_DEADLINE_S`` (or ``timeout`` where more) and ``MAX_EXPORT_BYTES``."""
+        response = self._send("GET", "/v1/export", params={"format": "columns"}, max_bytes=MAX_EXPORT_BYTES,
+                              seconds=max(self.timeout, EXPORT_DEADLINE_S))
         if not response.is_success:
             self._reply(response)
         return self._view(decode_export_columns, response.content)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Iterator
 from functools import cache
-from typing import Any, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 from radixtop.adapters.errors import ERRORS_BY_CODE, AdapterError, BadRequest, Unauthorized
 from radixtop.adapters.model import (
@@ -64,6 +65,34 @@ class PayloadTooLarge(AdapterError):
     http_status = 413
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest count a target may send (an int64: what the API itself can send back)."""
+
+
+def is_count(value: Any) -> bool:
+    """A whole number of things: an int (never a bool) in 0 .. MAX_COUNT."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def count(value: Any, what: str) -> int:
+    """``value`` if it is a count (``is_count``), else WireError naming ``what``."""
+    if not is_count(value):
+        raise WireError(f"{what} is {_shown(value)}, not a count (a whole number from 0 to 2**63-1)")
+    return value
+
+
+def finite(value: Any, what: str) -> float:
+    """``value`` as a float if it is a finite number (never a bool), else WireError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WireError(f"{what} is {_shown(value)}, not a finite number")
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
 @cache
 def _field_types(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     hints = typing.get_type_hints(cls)
@@ -74,37 +103,60 @@ def _field_types(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     )
 
 
-def _convert(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
+def _convert(tp: Any, value: Any, what: str) -> Any:
+    """``value`` as type ``tp`` or WireError naming ``what``: every int a count, every float
+    finite, a bool only where a bool belongs, a string where a string does."""
     origin = typing.get_origin(tp)
+    if value is None:
+        if origin in (Union, types.UnionType) and type(None) in typing.get_args(tp):
+            return None
+        raise WireError(f"{what} is null")
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(inner[0], value) if len(inner) == 1 else value
+        return _convert(inner[0], value, what) if len(inner) == 1 else value
     if dataclasses.is_dataclass(tp):
-        return from_wire(tp, value)
+        return from_wire(tp, value, what)
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
-            raise WireError(f"expected a list, got {type(value).__name__}")
-        return tuple(_convert(args[0], v) for v in value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+            raise WireError(f"{what}: expected a list, got {type(value).__name__}")
+        return tuple(_convert(args[0], v, f"{what}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise WireError(f"{what}: expected an object, got {type(value).__name__}")
+        key_type, value_type = typing.get_args(tp)
+        return {_convert(key_type, k, f"{what} key"): _convert(value_type, v, f"{what}[{k!r}]")
+                for k, v in value.items()}
+    if origin is Literal:
+        if value not in typing.get_args(tp) or not isinstance(value, str):
+            raise WireError(f"{what} is {_shown(value)}, not one of {', '.join(typing.get_args(tp))}")
+        return value
+    if tp is int:
+        return count(value, what)
+    if tp is float:
+        return finite(value, what)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise WireError(f"{what} is {_shown(value)}, not true or false")
+        return value
+    if tp is str and not isinstance(value, str):
+        raise WireError(f"{what} is {_shown(value)}, not a string")
     return value
 
 
-def from_wire(cls: type[V], data: Any) -> V:
+def from_wire(cls: type[V], data: Any, what: str = "") -> V:
     """Rebuild a view of type ``cls`` (nested views and tuples included) from its dict.
 
     Keys the type does not know are ignored (``Stats`` sends derived ``*_bytes`` figures);
-    a missing required key or a non-object is a ``WireError``.
+    a missing required key, a non-object or a value of the wrong type (``_convert``: a string,
+    a float, a bool, a negative or a NaN where a count belongs) is a ``WireError``.
     """
     if not isinstance(data, dict):
-        raise WireError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+        raise WireError(f"expected an object for {what or cls.__name__}, got {type(data).__name__}")
     kwargs: dict[str, Any] = {}
     for name, tp, required in _field_types(cls):
         if name in data:
-            kwargs[name] = _convert(tp, data[name])
+            kwargs[name] = _convert(tp, data[name], f"{what}.{name}" if what else name)
         elif required:
             raise WireError(f"{cls.__name__} reply lacks {name!r}")
     return cls(**kwargs)
@@ -152,7 +204,11 @@ def session_detail_from_dict(d: dict[str, Any]) -> SessionDetail:
 
 
 def match_from_dict(d: dict[str, Any]) -> MatchView:
-    return from_wire(MatchView, d)
+    view = from_wire(MatchView, d)
+    if view.matched_tokens > view.query_tokens or view.partial_tokens > view.matched_tokens:
+        raise WireError(f"{view.matched_tokens} of {view.query_tokens} tokens matched "
+                        f"({view.partial_tokens} of them in a partial node): not a match")
+    return view
 
 
 def changes_from_dict(d: dict[str, Any]) -> Changes:

@@ -36,7 +36,8 @@ from radixtop.adapters.errors import (
     Unauthorized,
     Unsupported,
 )
-from radixtop.adapters.http.proxy import transport_for
+from radixtop.adapters.http.bounded import bounded_client, deadline, exchange
+from radixtop.adapters.http.wire import WireError, count, is_count
 from radixtop.adapters.model import (
     Capabilities,
     ChainView,
@@ -70,10 +71,14 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 Samples = list[tuple[dict[str, str], float]]
 
+MAX_REPLY_BYTES = 16 * 2**20
+"""The most one reply of SGLang's routes may take (a /metrics of 64 ranks' histograms is ~5 MiB)."""
+
 
 def parse_metrics(text: str, names: tuple[str, ...] = GAUGES + COUNTERS) -> dict[str, Samples]:
     """The samples of ``names`` in Prometheus text: ``{name: [(labels, value)]}``. Only those
-    lines are parsed (a server's /metrics runs to thousands of histogram lines)."""
+    lines are parsed (a server's /metrics runs to thousands of histogram lines). A sample that
+    is not a count (NaN, an infinity, a negative, over 2**63) is left out, as if not sent."""
     out: dict[str, Samples] = {name: [] for name in names}
     for line in text.splitlines():
         if not line.startswith(names):
@@ -85,7 +90,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = GAUGES + COUNTERS) -> dict
             value = float(m.group(3))
         except ValueError:
             continue
-        if not math.isnan(value):
+        if math.isfinite(value) and 0 <= value < 2**63:
             out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), value))
     return out
 
@@ -109,7 +114,22 @@ def rank_sum(samples: Samples, dp_rank: int | None) -> int | None:
     for group in groups.values():
         lowest = min(_rank_key(labels) for labels, _ in group)
         total += sum(value for labels, value in group if _rank_key(labels) == lowest)
-    return int(round(total))
+    return min(int(round(total)), 2**63 - 1)
+
+
+def _capacity(load: dict[str, Any]) -> int | None:
+    """A /v1/loads rank's capacity (``max_total_num_tokens``, or its ``memory.token_capacity``);
+    None where it gives neither; WireError where it is not a count."""
+    value = load.get("max_total_num_tokens")
+    if value is None or value == 0:
+        memory = load.get("memory")
+        value = memory.get("token_capacity") if isinstance(memory, dict) else None
+    return None if value is None else count(value, "max_total_num_tokens")
+
+
+def _size(value: Any) -> int:
+    """A size from /server_info (tp_size, page_size, ...): 1 where absent or not a count >= 1."""
+    return value if is_count(value) and value >= 1 else 1
 
 
 @dataclass(frozen=True)
@@ -138,11 +158,13 @@ class SGLangRoutesAdapter(CacheAdapter):
     counters are server-wide either way. ``geometry`` or ``bytes_per_token`` give bytes (HTTP
     does not tell them). ``api_key``: the server's ``--api-key``, sent as a Bearer token.
     ``settle_s``: how long a close waits before re-reading the totals it reports as freed.
+    ``timeout``: wall clock over one read of the totals (its two to five requests); a reply over
+    ``max_reply_bytes`` is stopped. A number of the wrong type in a reply is a WireError.
     """
 
     def __init__(self, base_url: str, *, api_key: str | None = None, dp_rank: int | None = None,
                  geometry: Geometry | None = None, bytes_per_token: int = 0, timeout: float = 5.0,
-                 name: str | None = None, settle_s: float = 0.2):
+                 name: str | None = None, settle_s: float = 0.2, max_reply_bytes: int = MAX_REPLY_BYTES):
         url = base_url.strip().rstrip("/")
         if "://" not in url:
             url = "http://" + url
@@ -155,10 +177,10 @@ class SGLangRoutesAdapter(CacheAdapter):
         self._rank_note = "" if dp_rank is None else f" (DP rank {dp_rank})"
         self._named = name is not None
         self.name = name or f"SGLang at {url}{self._rank_note}"
-        self.settle_s = settle_s
+        self.settle_s, self.max_reply_bytes = settle_s, max_reply_bytes
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # never through a proxy to a loopback server (the key would go with it); others as curl
-        self._client = httpx.Client(base_url=url, timeout=timeout, headers=headers, transport=transport_for(url))
+        self._client = bounded_client(url, timeout, headers)
         self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
         self._loads_route = "/v1/loads"
@@ -170,15 +192,14 @@ class SGLangRoutesAdapter(CacheAdapter):
     # ----- transport -----
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One request; transport failures and refused credentials as the contract's errors."""
+        """One request within ``timeout`` (or the read's deadline) and ``max_reply_bytes``;
+        transport failures and refused credentials as the contract's errors."""
         try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.TimeoutException:
+            response = exchange(self._client, self._client.build_request(method, path, **kwargs),
+                                timeout=self.timeout, what=self.url, max_bytes=self.max_reply_bytes)
+        except (TargetTimeout, TargetUnreachable):
             self._info = None  # the server may come back as another one
-            raise TargetTimeout(f"{self.url} did not answer {path} within {self.timeout:g} s") from None
-        except httpx.TransportError as exc:
-            self._info = None
-            raise TargetUnreachable(f"cannot reach {self.url}: {str(exc) or type(exc).__name__}") from None
+            raise
         if response.status_code in (401, 403):
             raise Unauthorized(f"{self.url}{path}: SGLang refused the request (HTTP {response.status_code}); "
                                "pass the server's --api-key (its --admin-api-key for /flush_cache)")
@@ -228,21 +249,26 @@ class SGLangRoutesAdapter(CacheAdapter):
             body = self._get_json("/v1/loads", params)
             if body is not None:
                 try:
-                    return [{"capacity": load.get("max_total_num_tokens")
-                             or (load.get("memory") or {}).get("token_capacity"),
-                             "unevictable": int(load["num_used_tokens"])} for load in body["loads"]]
+                    return [{"capacity": _capacity(load), "unevictable": count(load["num_used_tokens"],
+                                                                                "num_used_tokens")}
+                            for load in body["loads"]]
+                except WireError as exc:
+                    raise WireError(f"unexpected /v1/loads body from {self.url}: {exc.message}") from None
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                    raise AdapterError(f"unexpected /v1/loads body from {self.url}: {exc!r}") from None
+                    raise WireError(f"unexpected /v1/loads body from {self.url}: {exc!r}") from None
             self._loads_route = "/get_load"  # before /v1/loads (removed again in 0.5.23)
         body = self._get_json("/get_load")
         if body is None:
             return None
         try:  # num_pending_tokens = num_total_tokens - num_used_tokens, num_tokens = num_total_tokens
             return [{"capacity": None,
-                     "unevictable": int(row["num_tokens"]) - int(row.get("num_pending_tokens", 0))}
+                     "unevictable": max(count(row["num_tokens"], "num_tokens")
+                                        - count(row.get("num_pending_tokens", 0), "num_pending_tokens"), 0)}
                     for row in body if self.dp_rank is None or row.get("dp_rank", 0) == self.dp_rank]
+        except WireError as exc:
+            raise WireError(f"unexpected /get_load body from {self.url}: {exc.message}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise AdapterError(f"unexpected /get_load body from {self.url}: {exc!r}") from None
+            raise WireError(f"unexpected /get_load body from {self.url}: {exc!r}") from None
 
     def _metrics(self) -> dict[str, Samples] | None:
         response = self._send("GET", "/metrics")
@@ -258,26 +284,28 @@ class SGLangRoutesAdapter(CacheAdapter):
             if self.dp_rank is not None:
                 states = states[self.dp_rank : self.dp_rank + 1]
             caps = [(s.get("memory_usage") or {}).get("token_capacity")
-                    for s in states if isinstance(s, dict)]
-            if caps and all(isinstance(c, int) for c in caps):
-                return sum(caps)
+                    for s in states if isinstance(s, dict) and isinstance(s.get("memory_usage") or {}, dict)]
+            if caps and all(is_count(c) for c in caps):
+                return min(sum(caps), 2**63 - 1)
         top = info.get("max_total_num_tokens")
-        return top if isinstance(top, int) else None
+        return top if is_count(top) else None
 
     def _evicted(self, samples: Samples, info: dict[str, Any]) -> int:
         """Before 0.5.23 the radix cache's counter has no rank labels, and SGLang's multiprocess
         registry sums it over every scheduler process: divide by the processes per DP rank."""
         if any("tp_rank" in labels for labels, _ in samples):
             return rank_sum(samples, self.dp_rank) or 0
-        tp, dp, pp = (int(info.get(k) or 1) for k in ("tp_size", "dp_size", "pp_size"))
+        tp, dp, pp = (_size(info.get(k)) for k in ("tp_size", "dp_size", "pp_size"))
         per_rank = (tp // dp if info.get("enable_dp_attention") else tp) * pp
         return int(sum(v for _, v in samples)) // max(per_rank, 1)
 
     def read(self) -> Totals:
-        """One consistent-as-SGLang-allows read of the totals (two or three requests)."""
-        info = self._server_info()
-        loads = self._loads()
-        metrics = self._metrics()
+        """One consistent-as-SGLang-allows read of the totals (two or three requests), all within
+        ``timeout``."""
+        with deadline(self.timeout):
+            info = self._server_info()
+            loads = self._loads()
+            metrics = self._metrics()
         if not info and loads is None:
             raise AdapterError(f"{self.url} does not look like an SGLang server: /server_info, "
                                "/get_server_info, /v1/loads and /get_load all answer 404")
@@ -288,11 +316,11 @@ class SGLangRoutesAdapter(CacheAdapter):
         def gauge(name: str) -> int | None:
             return rank_sum(m.get(name, []), self.dp_rank)
 
-        if loads and all(isinstance(r["capacity"], int) for r in loads):
-            capacity = sum(r["capacity"] for r in loads)
+        if loads and all(is_count(r["capacity"]) for r in loads):
+            capacity = min(sum(r["capacity"] for r in loads), 2**63 - 1)
         else:
             capacity = self._capacity_from_info(info) or gauge("sglang:max_total_num_tokens") or 0
-        unevictable = sum(r["unevictable"] for r in loads) if loads else \
+        unevictable = min(sum(r["unevictable"] for r in loads), 2**63 - 1) if loads else \
             gauge("sglang:kv_used_tokens") or gauge("sglang:num_used_tokens") or 0
         unevictable = min(max(unevictable, 0), capacity)
         room = capacity - unevictable
@@ -334,7 +362,7 @@ class SGLangRoutesAdapter(CacheAdapter):
     def stats(self) -> Stats:
         t = self.read()
         info, bpt = self._info or {}, self.bytes_per_token
-        page_size = int(info.get("page_size") or 1)
+        page_size = _size(info.get("page_size"))
         geometry = self.geometry or Geometry("unknown", 0, 0, 0, "unknown", page_size, bpt)
         version = info.get("version")
         target = self.name

@@ -131,3 +131,34 @@ def test_http_client_loads_neither_torch_textual_fastapi_nor_the_backend():
     mods = loaded_modules("import radixtop.adapters.http.client")
     assert "httpx" in mods
     assert not {"torch", "textual", "fastapi", "starlette", "uvicorn", "radixtop.gpu_backend", "pydantic"} & mods
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["trickle-head", "trickle-body"])
+def test_a_server_that_trickles_is_target_timeout_within_the_timeout(mode):
+    """httpx's timeout is per socket read: a byte every 0.2 s never trips it. The client's is wall
+    clock over the whole call, and the connection is closed when it passes."""
+    from tests.support.hostile_http import hostile_server, wait_until
+
+    with hostile_server(mode, every=0.2) as seen:
+        client = RadixtopClient(seen.url, timeout=1)
+        for call in (client.stats, client.capabilities, lambda: client.plan_close("a")):
+            started = time.monotonic()
+            with pytest.raises(TargetTimeout, match=f"{seen.url} did not answer within 1 s"):
+                call()
+            assert time.monotonic() - started < 5
+        assert wait_until(lambda: seen.open_now == 0, 10), "a connection past its deadline is still open"
+        client.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_over_the_cap_is_refused_and_its_read_stopped():
+    from tests.support.hostile_http import hostile_server, wait_until
+
+    with hostile_server("flood") as seen:
+        client = RadixtopClient(seen.url, timeout=10, max_reply_bytes=2**20)
+        with pytest.raises(AdapterError, match=f"{seen.url} answered more than 1 MiB"):
+            client.stats()
+        assert wait_until(lambda: seen.open_now == 0, 10)
+        assert seen.sent < 32 * 2**20, seen.sent  # stopped near the cap, not read to the end
+        client.release()

@@ -129,3 +129,41 @@ def test_tier_and_component_names_from_a_target_are_inert():
     assert "GPU + [/]?[31mGPU" in shown and "\x1b" not in shown
     line = bucket_line(Bucket(hostile, 10, 5, 5, 0, 0, 0))
     assert line.startswith("[[/]?[31mGPU] total=10") and "\x1b" not in line
+
+
+def _radixtop(*args: str, timeout: float = 60):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RADIXTOP_TOKEN": TOKEN})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["trickle-head", "trickle-body"])
+@pytest.mark.parametrize("args", [["stats"], ["doctor"], ["flush", "--dry-run"], ["sessions", "--json"]])
+def test_timeout_is_a_total_deadline_against_a_server_that_trickles(mode, args):
+    """A byte every 0.3 s never trips a per-read timeout: ``--timeout 2`` still ends the command
+    (exit 3, one line naming the URL) within a generous 15 s."""
+    import time
+
+    from tests.support.hostile_http import hostile_server
+
+    with hostile_server(mode, every=0.3) as seen:
+        started = time.monotonic()
+        done = _radixtop(*args, "--url", seen.url, "--timeout", "2")
+        assert time.monotonic() - started < 15
+    assert done.returncode == 3, done.stderr
+    assert f"{seen.url} did not answer within 2 s" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_server_that_floods_costs_one_line_not_the_memory():
+    from tests.support.hostile_http import hostile_server
+
+    with hostile_server("flood") as seen:
+        done = _radixtop("stats", "--url", seen.url, "--timeout", "30")
+    assert done.returncode != 0 and "answered more than 64 MiB" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

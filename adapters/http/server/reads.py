@@ -5,9 +5,12 @@ none) before any route runs: an unknown route, /openapi.json and the heavy reads
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
@@ -40,6 +43,7 @@ from radixtop.adapters.http.schemas import (
     ChangesOut,
     ChildrenPageOut,
     DiagnosisOut,
+    EncodeOut,
     HealthOut,
     MatchOut,
     NodeDetailOut,
@@ -73,6 +77,9 @@ Offset = Annotated[int, Query(ge=0, le=MAX_ID, description="Rows to skip.")]
 PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"At most this many rows (1-{MAX_PAGE}).")]
 NodeId = Annotated[str, PathParam(description="'root', or a node id (a non-negative integer below 2**63).",
                                   json_schema_extra={"pattern": NODE_ID_PATTERN})]
+
+MAX_ENCODE_CHARS = 16_000
+"""The longest text ``/v1/encode`` takes (its token ids must fit a match's URL)."""
 
 router = APIRouter()
 """Every read but the fleet's."""
@@ -154,6 +161,14 @@ def session(adapter: Adapter, session_id: SessionId) -> Response:
 def match(adapter: Adapter, tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
                                                 json_schema_extra={"pattern": TOKENS_PATTERN})) -> Response:
     return json_response(call(adapter.match, parse_tokens(tokens)))
+
+
+@router.get("/v1/encode", response_model=EncodeOut,
+            summary="A text as the target's tokenizer makes it token ids (for a search by text)",
+            responses=documented(429, 422, *TARGET_ERRORS))
+def encode(adapter: Adapter, text: str = Query(max_length=MAX_ENCODE_CHARS,
+                                               description="the text, e.g. the start of a prompt")) -> Response:
+    return json_response({"tokens": call(adapter.encode, text)})
 
 
 @router.get("/v1/paths", response_model=PathsOut,
@@ -238,8 +253,11 @@ def metrics(state: State) -> Response:
 @fleet.get("/v1/fleet", summary="Every worker and DP rank of the fleet this server watches (a poll at most "
            "a second old, or the last one at once while a poll runs); from Dynamo, the prefixes cached twice",
            responses=documented())
-def fleet_view(state: State) -> Response:
-    return json_response(call(state.fleet).to_dict())
+async def fleet_view(state: State) -> Response:
+    view = await anyio.to_thread.run_sync(call, state.fleet)
+    if isinstance(view, Future):  # the first poll, not ended yet: awaited holding no thread
+        view = await asyncio.wrap_future(view)
+    return json_response(view.to_dict())
 
 
 def _header_and_rest(export: Callable[[], Iterable[str]]) -> tuple[str, Iterator[str]]:
