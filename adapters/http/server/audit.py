@@ -20,6 +20,7 @@ from typing import Any
 
 from radixtop.adapters.base import check_page
 from radixtop.adapters.errors import AdapterError
+from radixtop.adapters.http.server.room import Room
 from radixtop.adapters.http.wire import WireError, audit_entry_from_dict
 from radixtop.adapters.model import AuditEntry
 
@@ -40,6 +41,10 @@ LOAD_BYTES = 64 * 2**20
 """How much of an existing journal is read at start to fill memory (newest first)."""
 NO_OUTCOME = ("no outcome recorded: the server stopped, or could not write its journal, while this "
               "action ran")
+OUTCOME_ROOM = 16 * 1024
+"""Bytes of disk kept for each running action's outcome line: every other line is written only if
+this much stays allocated past it for each (else its intent is refused: the action does not run).
+An outcome longer than this that finds no room is journaled without its lists (node ids)."""
 
 
 class AuditUnavailable(AdapterError):
@@ -97,6 +102,8 @@ class AuditLog:
         self._budget, self._budget_at = float(ANONYMOUS_BURST), time.monotonic()
         self._unjournaled = 0
         self._failing = False
+        self._room = Room()
+        self._running = 0  # actions whose intent is journaled and outcome not yet: each has its room
         if self.path is not None:
             self._open()
             self._load()
@@ -109,18 +116,29 @@ class AuditLog:
         audit_id = f"{self._run}-{next(self._ids)}"
         line = _line(entry, phase="intent", id=audit_id)
         with self._lock:
-            self._write(line, sync=True)
+            # (room for its outcome, and every running action's, stays on disk past it: else refused)
+            self._write(line, sync=True, keep=OUTCOME_ROOM * (self._running + 1))
+            self._running += 1
             slot = _Slot(next(self._seq), line, state="running")
             self._authorised.append(slot)
         return Pending(audit_id, slot)
 
     def finish(self, pending: Pending, entry: AuditEntry) -> None:
-        """Journal what the action did. Memory has it even when the file cannot be written; then
-        ``AuditUnavailable`` is raised (the action has run: the caller says so in its log)."""
+        """Journal what the action did, in the room its intent kept (one too long for it, and for
+        what the disk has left, without its lists). Memory has it whole even when the file cannot
+        be written; then ``AuditUnavailable`` is raised (the action has run: the caller says so in
+        its log)."""
         line = _line(entry, phase="outcome", id=pending.id)
         with self._lock:
+            self._running -= 1
             pending.slot.line, pending.slot.state = line, "done"
-            self._write(line, sync=True)
+            if len(line) < OUTCOME_ROOM:
+                self._write(line, sync=True)
+                return
+            try:  # as any other line: allocated first, the others' rooms kept
+                self._write(line, sync=True, keep=OUTCOME_ROOM * self._running)
+            except AuditUnavailable:
+                self._write(_line(_bounded(entry), phase="outcome", id=pending.id, lists_left_out=True), sync=True)
 
     def append(self, entry: AuditEntry, authorised: bool = True) -> None:
         """Journal an entry that had no intent before it: a refusal, or a dry run. Without the
@@ -145,7 +163,7 @@ class AuditLog:
                                    "not each one", ANONYMOUS_LINES_PER_S, self.path)
                 return
             try:
-                self._write(line, sync=False)
+                self._write(line, sync=False, keep=OUTCOME_ROOM * self._running)
             except AuditUnavailable as exc:
                 if authorised:
                     raise
@@ -197,17 +215,31 @@ class AuditLog:
             logger.warning("the audit log %s was deleted or replaced while serving: writing to a new "
                            "one there", self.path)
             self._open()
+            try:  # the running actions' outcomes go to this one now
+                self._room.reserve(self._fd, self._end, OUTCOME_ROOM * self._running)
+            except OSError as exc:
+                logger.error("no room for the outcomes of %d running actions in the new audit log %s: %s",
+                             self._running, self.path, exc.strerror)
 
-    def _write(self, line: bytes, sync: bool) -> None:
-        """Append one whole line (under the lock); AuditUnavailable, saying why, if it cannot."""
+    def _write(self, line: bytes, sync: bool, keep: int | None = None) -> None:
+        """Append one whole line (under the lock), or nothing: a write cut short (a full disk) is
+        cut off again. ``keep``: first allocate the line and this many bytes past it (the running
+        actions' outcomes' room), or write nothing; None: an outcome, written in that room.
+        AuditUnavailable, saying why, if it cannot."""
         if self._fd is None:
             return
         try:
             self._check_path()
             size = os.fstat(self._fd).st_size
             if size != self._end and size and os.pread(self._fd, 1, size - 1) != b"\n":
-                line = b"\n" + line  # after a torn write: start on a line of our own
-            _write_all(self._fd, line)
+                line = b"\n" + line  # after a torn write (by another process): start on a line of our own
+            if keep is not None:
+                self._room.reserve(self._fd, size, len(line) + keep)
+            try:
+                _write_all(self._fd, line)
+            except OSError:
+                os.ftruncate(self._fd, size)  # never a torn line
+                raise
             if sync:
                 os.fsync(self._fd)
         except (OSError, ValueError) as exc:
