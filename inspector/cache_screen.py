@@ -313,6 +313,7 @@ class CacheScreen(PolledScreen):
     def action_filter_sessions(self) -> None:
         box = self.query_one("#filter", Input)
         box.display = True
+        box.can_focus = True
         box.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -322,6 +323,9 @@ class CacheScreen(PolledScreen):
             self._title_sessions()
             if not event.value.strip():
                 event.input.display = False
+            # Applied, the box only says the filter: tab passes it by, so command keys are never
+            # typed into it (f goes back to it).
+            event.input.can_focus = False
             table.focus()
 
     # ----- live controls -----
@@ -399,4 +403,4 @@ class CacheScreen(PolledScreen):
 
 def screen_bindings() -> list[BindingType]:
     """The bindings of a cache's screen and of its views, in the order the help lists them."""
-    return [*CacheScreen.BINDINGS, *CacheTree.BINDINGS, *SessionsTable.BINDINGS]
+    return [*CacheScreen.BINDINGS, *CacheTree.BINDINGS, *DetailPanel.BINDINGS, *SessionsTable.BINDINGS]

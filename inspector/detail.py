@@ -9,6 +9,7 @@ from textual.widgets import Static
 from radixtop.adapters.model import NodeDetail
 from radixtop.adapters.text import age, human_bytes, inert, known
 from radixtop.inspector.poller import DETAIL_TOKENS
+from radixtop.inspector.rows_view import pane_binding
 
 
 def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
@@ -37,8 +38,11 @@ def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
     return rows
 
 
-class DetailPanel(Static):
-    """Shows a NodeDetail, or a one-line message where there is none (a target without a tree)."""
+class DetailPanel(Static, can_focus=True):
+    """Shows a NodeDetail, or a one-line message where there is none (a target without a tree).
+    A pane tab stops at, between the tree and the sessions."""
+
+    BINDINGS = [pane_binding("detail")]
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -825,13 +825,14 @@ async def test_at_80_columns_the_footer_keeps_the_actions_and_tab(engine):
     app = RadixtopApp(BundledAdapter(engine), interval=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app)
-        for focus in ("tree", "sessions"):
+        for focus in ("tree", "detail", "sessions"):
+            assert app.focused.id == focus
             footer = screen_lines(app)[-1].replace(" ", "")
             for shown in ("tabPane", "cClose", "EEvict", "FFlush", "fFilter", "?Help"):  # (how to find the rest)
                 assert shown in footer, (focus, footer)
             await pilot.press("tab")
             await pilot.pause()
-        assert app.focused is app.query_one(CacheTree)  # tab went round: tree, sessions, tree
+        assert app.focused is app.query_one(CacheTree)  # tab went round: tree, detail, sessions, tree
 
 
 async def test_a_note_from_another_thread_shows_as_plain_text(engine):

@@ -39,7 +39,7 @@ async def test_at_80x24_quit_and_help_always_show_and_the_header_keeps_the_count
     app = prepared_app
     async with app.run_test(size=(80, 24)) as pilot:
         await fed(pilot, ROWS)
-        for focus in ("tree", "sessions", "tree"):
+        for focus in ("tree", "detail", "sessions"):
             lines = screen_lines(app)
             footer = lines[-1].replace(" ", "")
             for shown in ("qQuit", "?Help", "cClose", "/Search", "pPause"):
