@@ -156,6 +156,14 @@ class CacheAdapter(ABC):
     def match(self, tokens: list[int]) -> MatchView:
         """The longest cached prefix of ``tokens``, read-only."""
 
+    def encode(self, text: str) -> list[int]:
+        """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search
+        by text); Unsupported where the target has no tokenizer (it shows ids, not text). An
+        empty text is no ids anywhere."""
+        if not text:
+            return []
+        raise Unsupported(f"{self.name} has no tokenizer: search by token ids")
+
     @abstractmethod
     def changes(self, since: int) -> Changes: ...
 

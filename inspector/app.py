@@ -96,7 +96,7 @@ class RadixtopApp(App[None]):
         if cache is None:
             return
         yield SystemCommand("Pause / resume", "Freeze the tree and sessions (header keeps moving)", cache.action_pause)
-        yield SystemCommand("Search a prefix", "Jump to the longest cached prefix of token ids", cache.action_search)
+        yield SystemCommand("Search a prefix", "Jump to the longest cached prefix of a text or token ids", cache.action_search)
         yield SystemCommand("Close sessions", "Close the marked or highlighted sessions", cache.action_close_sessions)
         yield SystemCommand("Evict tokens", "Evict least-recently-used unlocked leaves", cache.action_evict)
         yield SystemCommand("Flush", "Free everything not locked", cache.action_flush)

@@ -25,9 +25,18 @@ if TYPE_CHECKING:
 def parse_token_ids(text: str) -> list[int] | None:
     """Token ids pasted comma or space separated; None if anything else is there."""
     parts = text.replace(",", " ").split()
-    if not parts or not all(p.isdigit() for p in parts):
+    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
         return None
     return [int(p) for p in parts]
+
+
+def search_query(text: str) -> list[int] | str:
+    """What ``/`` was given: token ids (digits, comma or space separated), or a text for the
+    target's tokenizer; a text in double quotes is a text even if it is all digits."""
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
+    tokens = parse_token_ids(text)
+    return text if tokens is None else tokens
 
 
 class Lookups:
@@ -40,20 +49,18 @@ class Lookups:
 
     def ask_search(self) -> None:
         """/: ask for token ids, then jump to their longest cached prefix."""
-        self.screen.app.push_screen(AskScreen("Search the cache", "Paste token ids (comma or space separated); "
-                                              "the tree jumps to the longest cached prefix.", "1, 2, 3"),
-                                    self._search_submitted)
+        self.screen.app.push_screen(AskScreen(
+            "Search the cache", "Type the start of a prompt (the target's tokenizer makes it token ids), or paste "
+            "token ids (comma or space separated; a number as text goes in double quotes); the tree jumps to the "
+            "longest cached prefix.", "<|system|> You are  ·  1, 2, 3"), self._search_submitted)
 
     def _search_submitted(self, text: str | None) -> None:
         if not text:
             return
-        tokens = parse_token_ids(text)
-        if tokens is None:
-            self.screen.notify("this target has no tokenizer: paste token ids (integers)", severity="warning")
-            return
-        self.search(tokens)
+        self.search(search_query(text))
 
-    def search(self, tokens: list[int]) -> Worker[None]:
+    def search(self, query: list[int] | str) -> Worker[None]:
+        """Jump to the longest cached prefix of ``query``: token ids, or a text the target encodes."""
         screen = self.screen
 
         def show(found: tuple[MatchView, int, TreeRows]) -> None:
@@ -67,7 +74,7 @@ class Lookups:
                 f" ({match.partial_tokens} tokens into #{match.partial_node_id})"
             screen.notify(f"{match.matched_tokens} of {match.query_tokens} tokens cached{where}", title="search")
 
-        return read_in_thread(screen, partial(screen.poller.search, tokens), show, group="search")
+        return read_in_thread(screen, partial(screen.poller.search, query), show, group="search", title="search")
 
     # ----- a session's chains -----
 

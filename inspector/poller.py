@@ -251,8 +251,10 @@ class Poller:
             self.tree.refresh()
             return self._rows()
 
-    def search(self, tokens: list[int]) -> tuple[MatchView, int, TreeRows]:
-        """The longest cached prefix of ``tokens``, the node it ends in (opened in the tree)."""
+    def search(self, query: list[int] | str) -> tuple[MatchView, int, TreeRows]:
+        """The longest cached prefix of ``query`` (token ids, or a text the target's tokenizer
+        encodes), the node it ends in (opened in the tree)."""
+        tokens = self.adapter.encode(query) if isinstance(query, str) else query
         match = self.adapter.match(tokens)
         target = match.partial_node_id if match.partial_node_id is not None else match.node_id
         above: list[int] = []

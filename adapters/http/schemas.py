@@ -193,6 +193,10 @@ class SessionsPageOut(Schema):
     figures_current: bool = False
 
 
+class EncodeOut(Schema):
+    tokens: list[int]
+
+
 class SessionDetailOut(Schema):
     session: SessionOut
     node_ids: list[int]

@@ -166,7 +166,7 @@ def match(adapter: Adapter, tokens: str = Query("", description="comma-separated
 @router.get("/v1/encode", response_model=EncodeOut,
             summary="A text as the target's tokenizer makes it token ids (for a search by text)",
             responses=documented(429, 422, *TARGET_ERRORS))
-def encode(adapter: Adapter, text: str = Query(max_length=MAX_ENCODE_CHARS,
+def encode(adapter: Adapter, text: str = Query("", max_length=MAX_ENCODE_CHARS,
                                                description="the text, e.g. the start of a prompt")) -> Response:
     return json_response({"tokens": call(adapter.encode, text)})
 
