@@ -1,0 +1,197 @@
+"""A target that sends numbers of the wrong type (a string, a float, a negative, a bool, NaN or a
+huge int where a count belongs) is refused at the wire: each command says one line (exit 1), the
+dashboard keeps running and says why, the API of `serve --sglang-url` stays up over NaN and
+infinite metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.adapters.errors import AdapterError
+from radixtop.adapters.http.client import RadixtopClient
+from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.adapters.http.wire import WireError, from_wire, match_from_dict, stats_from_dict
+from radixtop.adapters.model import MatchView
+from radixtop.adapters.sglang.routes import SGLangRoutesAdapter, parse_metrics
+from tests.support.engines import build_engine
+from tests.support.live_server import running_server
+
+LIE: dict[str, Any] = {}
+"""What the lying server changes now: ``path`` (a route), ``field`` (dotted, list indexes as
+numbers) and ``value``."""
+
+WRONG = ["5", 5.5, -4, True, math.nan, 2**70]
+
+
+def lie(body: Any) -> None:
+    *parents, last = LIE["field"].split(".")
+    for key in parents:
+        body = body[int(key)] if isinstance(body, list) else body[key]
+    body[last] = LIE["value"]
+
+
+def lying_app(real: str) -> FastAPI:
+    """Passes every GET to the real server ``real`` and changes one number of one route's reply."""
+    app = FastAPI()
+
+    @app.get("/{rest:path}")
+    def passed_on(rest: str, request: Request) -> Response:
+        reply = httpx.get(f"{real}/{rest}", params=request.query_params, timeout=10, trust_env=False)
+        body = reply.json()
+        if f"/{rest}" == LIE.get("path"):
+            lie(body)
+        elif rest == "v1/read":  # the dashboard's batch: every answer that has the field
+            for answer in body["results"]:
+                if isinstance(answer.get("ok"), dict) and LIE.get("field", ".").split(".")[0] in answer["ok"]:
+                    lie(answer["ok"])
+        return Response(json.dumps(body), status_code=reply.status_code, media_type="application/json")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def liar():
+    engine = build_engine()
+    try:
+        with running_server(create_app(BundledAdapter(engine), "t" * 24, AuditLog(None))) as real, \
+                running_server(lying_app(real)) as url:
+            client = RadixtopClient(real)
+            client.match([1, 2, 3])
+            assert client.sessions().sessions, "the engine has sessions to show"
+            client.release()
+            yield url
+    finally:
+        engine.stop()
+        LIE.clear()
+
+
+def radixtop(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "200"})
+
+
+CASES = [
+    *((["stats"], "/v1/stats", "capacity_tokens", v) for v in WRONG),
+    *((["stats"], "/v1/stats", "geometry.bytes_per_token", v) for v in ("5", -1)),
+    *((["sessions"], "/v1/sessions", "sessions.0.exclusive_bytes", v) for v in (1.5, True)),
+    *((["match", "1", "2", "3"], "/v1/match", "matched_tokens", v) for v in (-4, 99, "3")),
+    *((["doctor"], "/v1/doctor", "took_s", v) for v in ("fast", True)),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, path, field, value", CASES,
+                         ids=[f"{c[0][0]}-{c[2]}-{c[3]!r}" for c in CASES])
+def test_a_wrong_number_is_one_line_from_every_command(liar, args, path, field, value):
+    LIE.update(path=path, field=field, value=value)
+    done = radixtop(*args, "--url", liar, "--timeout", "10")
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert liar in done.stderr and "unexpected reply" in done.stderr or "not JSON" in done.stderr, done.stderr
+
+
+def test_the_dashboard_keeps_running_and_says_why(liar):
+    from radixtop.inspector.app import RadixtopApp
+
+    LIE.update(path="/v1/stats", field="capacity_tokens", value="5")
+
+    async def drive() -> tuple[bool, str]:
+        app = RadixtopApp(RadixtopClient(liar, timeout=5), interval=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.1)
+                lines = (strip.text.strip() for strip in app.screen._compositor.render_strips())
+                text = " ".join(" ".join(lines).split())
+                if "not a count" in text:
+                    break
+            return app.is_running, text
+
+    running, text = asyncio.run(drive())
+    assert running and "capacity_tokens" in text and "not a count" in text, text
+
+
+@pytest.mark.parametrize("value", WRONG[:-1] + [None])
+def test_the_wire_checks_every_number(value):
+    good = {"query_tokens": 3, "matched_tokens": 2, "node_id": 4, "partial_node_id": None, "partial_tokens": 0,
+            "matched_bytes": 512}
+    assert from_wire(MatchView, good).matched_tokens == 2
+    with pytest.raises(WireError, match="matched_tokens"):
+        match_from_dict({**good, "matched_tokens": value})
+
+
+def test_a_match_longer_than_its_query_is_refused():
+    with pytest.raises(WireError, match="4 of 3 tokens"):
+        match_from_dict({"query_tokens": 3, "matched_tokens": 4, "node_id": 4, "partial_node_id": None,
+                         "partial_tokens": 0, "matched_bytes": 512})
+
+
+def test_stats_floats_and_bools_are_checked():
+    engine = build_engine()
+    try:
+        d = json.loads(json.dumps(BundledAdapter(engine).stats().to_dict()))
+    finally:
+        engine.stop()
+    assert stats_from_dict(d).capacity_tokens == 256
+    for field, value in (("open_sessions", -1), ("target", 5), ("tier_tokens", {"GPU": "x"}), ("version", 1.0)):
+        with pytest.raises(WireError, match=field):
+            stats_from_dict({**d, field: value})
+
+
+# ----- SGLang's own routes (`--sglang-url`) -----
+
+
+def sglang_stub(metrics: str, loads: Any) -> FastAPI:
+    app = FastAPI()
+    app.get("/server_info")(lambda: {"version": "0.5.16", "page_size": 1})
+    app.get("/v1/loads")(lambda: loads)
+    app.get("/metrics")(lambda: Response(metrics, media_type="text/plain"))
+    return app
+
+
+GOOD_LOADS = {"loads": [{"max_total_num_tokens": 1000, "num_used_tokens": 100}]}
+
+
+def test_nan_and_infinite_metrics_are_left_out_and_serve_stays_up():
+    metrics = ("sglang:kv_available_tokens +Inf\nsglang:kv_evictable_tokens NaN\n"
+               "sglang:prompt_tokens_total -Inf\nsglang:cached_tokens_total 1e400\n"
+               "sglang:evicted_tokens_total -5\n")
+    assert parse_metrics(metrics) == {name: [] for name in parse_metrics("")}
+    with running_server(sglang_stub(metrics, GOOD_LOADS)) as sglang:
+        adapter = SGLangRoutesAdapter(sglang, timeout=5)
+        with running_server(create_app(adapter, "t" * 24, AuditLog(None))) as url:
+            for path in ("/v1/stats", "/healthz", "/v1/capabilities"):
+                reply = httpx.get(f"{url}{path}", timeout=10, trust_env=False)
+                assert reply.status_code == 200, (path, reply.text)
+            stats = httpx.get(f"{url}/v1/stats", timeout=10, trust_env=False).json()
+            assert stats["capacity_tokens"] == 1000 and stats["unevictable_tokens"] == 100
+            assert stats["available_tokens"] + stats["evictable_tokens"] == 900
+        adapter.release()
+
+
+@pytest.mark.parametrize("load", [{"max_total_num_tokens": 1000, "num_used_tokens": "100"},
+                                  {"max_total_num_tokens": 1000, "num_used_tokens": True},
+                                  {"max_total_num_tokens": 1000, "num_used_tokens": -3},
+                                  {"max_total_num_tokens": 1000.5, "num_used_tokens": 3},
+                                  {"max_total_num_tokens": "1000", "num_used_tokens": 3}])
+def test_wrong_numbers_in_v1_loads_are_a_wire_error_naming_the_server(load):
+    with running_server(sglang_stub("", {"loads": [load]})) as sglang:
+        adapter = SGLangRoutesAdapter(sglang, timeout=5)
+        with pytest.raises(AdapterError, match=f"unexpected /v1/loads body from {sglang}: .* not a count"):
+            adapter.stats()
+        with running_server(create_app(adapter, "t" * 24, AuditLog(None))) as url:
+            reply = httpx.get(f"{url}/v1/stats", timeout=10, trust_env=False)
+            assert reply.status_code == 500 and "not a count" in reply.json()["error"]["message"]
+        adapter.release()
