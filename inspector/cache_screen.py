@@ -173,7 +173,9 @@ class CacheScreen(PolledScreen):
         if snap.tree is not None:
             self.show_rows(snap.tree)
         table = self.query_one(SessionsTable)
-        if snap.sessions is not None:
+        # A page of an order or filter the table has left since (s pressed while it was read) is
+        # not shown: it would undo the rows sorted on screen; the next poll reads the new one.
+        if snap.sessions is not None and snap.sessions_query in (None, table.query):
             table.set_page(snap.sessions)
             self.query_one(SessionsTitle).figures_read(snap.sessions, snap.taken_at, snap.stats.version)
         if table.page is not None:

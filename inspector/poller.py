@@ -97,6 +97,8 @@ class Snapshot:
     sessions_error: str | None = None
     """The sessions read failed on its own (an order or filter the target refuses): the rest of
     the poll stands, the table keeps its rows, and the dashboard says why."""
+    sessions_query: SessionsQuery | None = None
+    """The query ``sessions`` answers (the table's may have changed since it was asked)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,8 @@ class Poller:
             self._sessions_at, self._sessions_read = now, request.sessions
         if selected is not None and not isinstance(got["node"], AdapterError):
             detail = got["node"]
-        return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail, sessions_error)
+        return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail, sessions_error,
+                        request.sessions if want_sessions else None)
 
     def _tree_changed(self, version: int, delta: Changes | AdapterError | None) -> bool:
         """Did anything the tree shows change since the last poll? (``delta``: changes(since),

@@ -35,6 +35,11 @@ class Column:
     for every column: ▼ falling, ▲ rising."""
 
 
+SORT_KEYS = {"id": "id", "state": "state", "tagged_nodes": "tagged_nodes", "exclusive_bytes": "exclusive_bytes",
+             "shared_bytes": "shared_bytes", "fair_share_bytes": "fair_share_bytes", "locked_tokens": "locked_tokens",
+             "last_activity": "last_activity_age_s"}
+"""The target's order -> the view's field it sorts by (to sort the rows on screen at once)."""
+
 COLUMNS: tuple[Column, ...] = (
     Column("session", 14, lambda s: s.id, "id", False),
     Column("state", 6, lambda s: s.state, "state", True),
@@ -199,11 +204,22 @@ class SessionsTable(RowsView):
         visible = self._visible_columns(self.size.width)
         later = [i for i in visible if i > self.sort_column]
         self.sort_column = later[0] if later else visible[0]
+        self._sort_shown()
         self._query_changed(reset=True)
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
+        self._sort_shown()
         self._query_changed(reset=True)
+
+    def _sort_shown(self) -> None:
+        """Sort the rows on screen by the new order at once, from the top (the target's page of
+        it follows): what the cursor, Home and space act on is what the header's arrow says."""
+        col = COLUMNS[self.sort_column]
+        field = SORT_KEYS[col.order]
+        by_id = sorted(self.rows, key=lambda s: s.id)  # ties as the target breaks them: by id
+        self.rows = tuple(sorted(by_id, key=lambda s: getattr(s, field), reverse=col.descending != self.sort_reverse))
+        self.first = 0
 
     def action_mark(self) -> None:
         session = self.current
