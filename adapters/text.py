@@ -116,6 +116,12 @@ def inert(text: str, lines: bool = False) -> str:
     return text.translate(_INERT if lines else _INERT_LINE)
 
 
+def one_line(text: str) -> str:
+    """A target's text on one line, as every face shows a preview: line breaks as ⏎ (so they stay
+    apart from the '?' of a control code), the rest through ``inert``."""
+    return inert(text.replace("\n", "⏎"))
+
+
 def diagnosis_text(d: Diagnosis) -> str:
     """The diagnosis as plain text (the command's output, the dashboard's panel). The target's
     strings in it (ids, names) are as sent: a face shows them through ``inert``."""

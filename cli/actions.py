@@ -54,7 +54,7 @@ def close(
                 if dry_run:
                     raise
                 return _close_blind(t, ids, exc.message, yes, as_json)
-        if not as_json or dry_run:
+        if plans and (not as_json or dry_run):  # no empty table before the errors
             _print_plans(plans, as_json and dry_run)
         for sid in unknown:
             typer.echo(f"radixtop: session {sid!r} is not known", err=True)
@@ -113,7 +113,8 @@ def _print_plans(plans: list[Any], as_json: bool) -> None:
 
 @app.command()
 def evict(
-    tokens: Annotated[int, typer.Argument(min=0, help="Tokens to evict (whole least-recently-used leaves).")],
+    tokens: Annotated[int, typer.Argument(min=1, help="Tokens to evict, at least 1 (whole least-recently-used "
+                                          "leaves).")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would evict; change nothing.")] = False,
     yes: Yes = False,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,

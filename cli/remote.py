@@ -9,7 +9,17 @@ from typing import Annotated, Any
 import typer
 
 from radixtop.adapters.model import MAX_PATHS, ROOT_ID
-from radixtop.adapters.text import age, bucket_line, count, figures_note, human_bytes, inert, known, pool_parts
+from radixtop.adapters.text import (
+    age,
+    bucket_line,
+    count,
+    figures_note,
+    human_bytes,
+    inert,
+    known,
+    one_line,
+    pool_parts,
+)
 from radixtop.cli.errors import EXIT_USAGE, fail
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
 from radixtop.cli.render import emit_json, plain_console
@@ -27,7 +37,8 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
         return emit_json(st.to_dict())
     from rich.table import Table
 
-    table = Table(title=f"{inert(st.target)} · {inert(st.geometry.name)} · {human_bytes(st.bytes_per_token)}/token",
+    model = "" if st.geometry.name in st.target else f" · {inert(st.geometry.name)}"  # a target's name may say it
+    table = Table(title=f"{inert(st.target)}{model} · {human_bytes(st.bytes_per_token)}/token",
                   show_header=True)
     for col in ("", "tokens", "bytes", "share"):
         table.add_column(col, justify="right" if col else "left")
@@ -56,7 +67,7 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, 
 def _node_label(n: Any):
     from rich.text import Text
 
-    preview = inert(n.text) if n.text is not None else " ".join(map(str, n.first_tokens[:8]))
+    preview = one_line(n.text) if n.text is not None else " ".join(map(str, n.first_tokens[:8]))
     if n.text is None and n.tokens > 8:
         preview += " …"
     holders = (f" held by {', '.join(map(inert, n.holders[:3]))}{'…' if len(n.holders) > 3 else ''}"
@@ -277,6 +288,8 @@ def match(
 def _parse_tokens(parts: list[str]) -> list[int]:
     ids = []
     for part in parts:
+        if any(not piece.strip() for piece in part.split(",")):  # '1,,2', '1,2,' and '' hold an empty id
+            raise fail(f"empty token id in {part!r}: give ids such as 1,2,3 or 1 2 3", EXIT_USAGE)
         for piece in part.replace(",", " ").split():
             try:
                 value = int(piece)

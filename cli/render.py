@@ -19,4 +19,10 @@ def plain_console() -> Any:
     commands' own styles are Text styles."""
     from rich.console import Console
 
-    return Console(markup=False, highlight=False, emoji=False)
+    class PlainConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """Rich exits 1 when the reader goes away; the command's own rule ends it quietly
+            with 0 (``main._quiet_on_closed_pipe``)."""
+            raise BrokenPipeError
+
+    return PlainConsole(markup=False, highlight=False, emoji=False)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixtop.adapters.text import human_bytes, inert
+from radixtop.cli.render import plain_console
 
 
 def load_ops(trace: Path, fmt: str, scale: int):
@@ -61,7 +62,7 @@ def _describe(info: dict[str, Any]) -> str:
 def print_runs(info: dict[str, Any], runs: list, top_sessions: int, console: Console | None = None) -> None:
     """The totals of each run side by side, then the sessions with the most prompt tokens."""
     # session ids come from the trace file: plain text, never markup or a terminal code
-    console = console or Console(markup=False, highlight=False, emoji=False)
+    console = console or plain_console()
     vary_close = len({r.settings["close_policy"] for r in runs}) > 1
     labels = [_label(r.settings, vary_close) for r in runs]
     console.print(_describe(info))
@@ -125,7 +126,7 @@ def run_replay(trace: Path, fmt: str, scale: int, capacities: list[int], evictio
 
 def print_replay_summary(doc: dict[str, Any], bytes_per_token: int, console: Console | None = None) -> None:
     """The summary of one radixtop trace's replay (the document ``traces.ops.replay`` returns)."""
-    console = console or Console()
+    console = console or plain_console()
     results = doc["results"]
     counts = Counter(r["op"] for r in results)
     hits = [r["hit"] for r in results if "hit" in r]

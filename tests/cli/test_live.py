@@ -80,3 +80,51 @@ def test_sessions_sort_and_filter_run_over_all_of_a_live_servers_sessions(live):
     done = radixtop(live, "sessions", "--sort", "id", "--reverse", "--limit", "10000", "--json")
     ids = [s["id"] for s in json.loads(done.stdout)["sessions"]]
     assert ids == sorted(ids, reverse=True) and len(ids) == json.loads(done.stdout)["all_sessions"]
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(live):
+    """`radixtop export | head -1`: the reader goes away; the command ends quietly with 0, as
+    `git` and `ls` do (it exited 1 with an empty stderr)."""
+    url, token = live
+    env = {**os.environ, "RADIXTOP_URL": url, "RADIXTOP_TOKEN": token}
+    for args in (["export"], ["tree", "--depth", "8"], ["sessions", "--limit", "500"]):
+        child = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", *args], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child.stdout.close()  # the reader is gone before the first line
+        _, err = child.communicate(timeout=60)
+        assert child.returncode == 0 and err == b"", (args, child.returncode, err)
+
+
+def test_tree_shows_a_line_break_in_text_as_the_dashboard_does(live):
+    """The demo's text has line breaks: `radixtop tree` shows them as ⏎ (it showed '?', which
+    also stands for a control code)."""
+    done = radixtop(live, "tree", "--depth", "12", "--limit", "50")
+    assert done.returncode == 0, done.stderr
+    assert "<|end|>⏎" in done.stdout and "<|end|>?" not in done.stdout  # each turn ends on a line break
+
+
+def test_close_of_an_unknown_session_is_the_error_alone(live):
+    """`close nosuch --dry-run` printed an empty plan table before its error."""
+    for args in (["close", "nosuch", "--dry-run"], ["close", "nosuch", "--yes"]):
+        done = radixtop(live, *args)
+        assert done.returncode == 1 and done.stdout == "", (args, done.stdout)
+        assert done.stderr == "radixtop: session 'nosuch' is not known\n"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["match", "1,,2"], "empty token id"),
+    (["match", "1,2,"], "empty token id"),
+    (["evict", "0", "--dry-run"], "greater than or equal to 1"),
+    (["evict", "0", "--yes"], "greater than or equal to 1"),
+])
+def test_an_empty_token_or_a_zero_evict_is_a_usage_error(live, args, says):
+    done = radixtop(live, *args)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert len(done.stderr.splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+def test_stats_title_names_the_model_once(live):
+    done = radixtop(live, "stats")
+    assert done.returncode == 0, done.stderr
+    title = " ".join(done.stdout.split("┏")[0].split())
+    assert title.count("tiny") == 1, title
