@@ -41,6 +41,9 @@ class WorkerRow:
     running_requests: int | None = None
     indexed_tokens: int | None = None
     """Tokens Dynamo's indexer says this worker caches (its dump's blocks x block size)."""
+    by_rule: bool = False
+    """``radixtop_url`` is the plugin port rule's guess (believed by the name its server gives,
+    which any server can give): it gets only a token the tokens file gives that very URL."""
 
     @property
     def pressure(self) -> float | None:

@@ -59,7 +59,8 @@ def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float)
         healthy=spec.healthy, capacity_tokens=s.capacity_tokens, available_tokens=s.available_tokens,
         evictable_tokens=s.evictable_tokens, unevictable_tokens=s.unevictable_tokens,
         bytes_per_token=s.bytes_per_token or None, open_sessions=s.open_sessions, prompt_tokens=s.prompt_tokens,
-        cached_tokens=s.cached_tokens, running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
+        cached_tokens=s.cached_tokens, running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens,
+        by_rule=spec.by_rule)
 
 
 def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str) -> WorkerRow:
@@ -241,8 +242,9 @@ class FleetPoller:
         return view
 
     def token_for(self, row: WorkerRow) -> str | None:
-        """The token for actions on ``row``'s radixtop (the tokens file's entry for that URL, or
-        for the worker)."""
+        """The token for actions on ``row``'s radixtop: the tokens file's entry for that URL, or
+        for the worker, as the polls send them (``read_worker``): a URL the port rule guessed gets
+        only its own entry, never the worker's (the engine's API key)."""
         if row.radixtop_url and row.radixtop_url in self.tokens:
             return self.tokens[row.radixtop_url]
-        return self.tokens.get(row.worker)
+        return None if row.by_rule else self.tokens.get(row.worker)

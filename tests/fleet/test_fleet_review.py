@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from fastapi import Request
 
 from radixtop.adapters.fleet import probe
 from radixtop.adapters.fleet.dump import DumpError, duplicates, parse_dump
@@ -169,3 +170,53 @@ def test_readers_during_a_poll_get_the_last_view_at_once():
     release.set()
     slow.join(5)
     assert poller.poll() is not first
+
+
+def test_enter_on_a_guessed_plugin_sends_it_no_engine_api_key(tmp_path):
+    """The drill-down follows the polls' rule (docs/fleet.md): a radixtop URL the port rule
+    guessed, believed only by the name its server gives (any server can give it), gets only a
+    token the tokens file gives that very URL, never the worker's entry (the engine's API key)."""
+    import json
+
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    from radixtop.adapters.bundled.adapter import BundledAdapter
+    from radixtop.adapters.fleet.config import read_fleet_file
+    from radixtop.adapters.fleet.sources import FleetFileSource
+    from radixtop.cli.fleet import open_worker
+    from tests.support.engines import build_engine
+    from tests.support.live_server import free_port, running_server
+
+    engine = build_engine()
+    try:
+        stats = json.loads(json.dumps(BundledAdapter(engine).stats().to_dict()))
+    finally:
+        engine.stop()
+    heard: list[str | None] = []
+    plugin = FastAPI()  # a server on the rule's port that names itself as the worker's plugin
+
+    @plugin.get("/v1/stats")
+    def said(request: Request) -> Response:
+        heard.append(request.headers.get("authorization"))
+        return Response(json.dumps({**stats, "target": "sglang dp0 tiny"}), media_type="application/json")
+
+    port = free_port()
+    engine_url = f"http://127.0.0.1:{free_port()}"
+    path = tmp_path / "fleet.txt"
+    path.write_text(f"sglang={engine_url}\n")
+    with running_server(plugin, port=port):
+        for tokens, sent in (({engine_url: "engine-api-key"}, None),
+                             ({engine_url: "engine-api-key", f"http://127.0.0.1:{port}": "plugin-token"},
+                              "Bearer plugin-token")):
+            poller = probe.FleetPoller(FleetFileSource(path, read_fleet_file(path), Mapping({}, port)), tokens, 5)
+            row = poller.poll().rows[0]
+            assert row.source == "radixtop" and row.radixtop_url == f"http://127.0.0.1:{port}", row.why
+            assert heard[-1] == sent  # the poll's own read
+            adapter, _ = open_worker(row, poller)  # Enter in the fleet view
+            try:
+                adapter.stats()
+            finally:
+                adapter.release()
+            assert heard[-1] == sent, heard
+    assert "Bearer engine-api-key" not in heard
