@@ -3,13 +3,17 @@
 The dashboard never shares an interpreter (and its GIL and garbage collector) with the cache it
 watches, as with a real server: measured in benchmarks/bench_dashboard.py, a dashboard in the
 engine's own process cost it about a tenth of its requests; in its own process, nothing
-measurable. The child is `radixtop serve` on a free loopback port with a one-off token (passed in
-its environment, never on a command line), and it dies with its parent. Its stderr is always read
-(a full pipe would hang it), and a child that dies is restarted in its place.
+measurable. The child is `radixtop serve` with a one-off token (passed in its environment, never on
+a command line), and it dies with its parent. The parent binds the loopback port and listens before
+the child exists, and hands the socket over (so no other local user can take the port in between,
+nor while a restarted child starts); and before anything sends the token there, the parent checks
+that what answers proves a key only the child was given. Its stderr is always read (a full pipe
+would hang it), and a child that dies is restarted in its place, on the same socket.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import secrets
 import signal
@@ -23,10 +27,17 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _listening_socket() -> socket.socket:
+    """A socket on a free loopback port, listening already: while it does, no other process can bind
+    that port (nor share it: no SO_REUSEPORT)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -40,21 +51,30 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, output: Callable[[], str],
-                 target: str | None = None) -> None:
+                 target: str | None = None, proof_key: bytes | None = None) -> None:
     """Until the `radixtop serve` child ``proc`` answers /healthz at ``url`` (as ``target``, when
-    given: a restarted one answers with its new name); RuntimeError if it exits or stays silent."""
+    given: a restarted one answers with its new name); RuntimeError if it exits or stays silent.
+    With ``proof_key`` (the child's, in its environment): RuntimeError at once if what answers
+    cannot prove it holds that key (another process has the port: nothing may send it a token)."""
     import httpx
+
+    from radixtop.adapters.http.server.edge import CHALLENGE_HEADER, PROOF_HEADER, prove
 
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"radixtop serve exited at start ({proc.returncode}): {output()}")
+        challenge = secrets.token_hex(16)
         try:
-            reply = httpx.get(f"{url}/healthz", timeout=1.0)
-            if reply.status_code == 200 and (target is None or reply.json()["target"] == target):
-                return
+            reply = httpx.get(f"{url}/healthz", timeout=1.0, headers={CHALLENGE_HEADER: challenge})
         except httpx.HTTPError:
-            pass
+            reply = None
+        if reply is not None and proof_key is not None and not hmac.compare_digest(
+                reply.headers.get(PROOF_HEADER, ""), prove(proof_key, challenge)):
+            raise RuntimeError(f"something other than the demo engine answers on {url} (it cannot prove "
+                               "the key the engine was given): not sending it the token")
+        if reply is not None and reply.status_code == 200 and (target is None or reply.json()["target"] == target):
+            return
         if time.monotonic() > deadline:
             raise RuntimeError(f"radixtop serve did not answer on {url} within {timeout:g} s")
         time.sleep(0.05)
@@ -96,8 +116,10 @@ class DemoChild:
     RESTART_WINDOW = 60.0
 
     def __init__(self, cmd: list[str], env: dict[str, str], url: str, token: str, start_timeout: float,
-                 max_restarts: int = 3) -> None:
+                 max_restarts: int = 3, sock: socket.socket | None = None, proof_key: bytes | None = None) -> None:
         self.cmd, self.env, self.url, self.token = cmd, env, url, token
+        self.sock, self.proof_key = sock, proof_key
+        """The listening socket every child is handed (``cmd`` names its fd), and the key each proves."""
         self.start_timeout, self.max_restarts = start_timeout, max_restarts
         self.proc: subprocess.Popen | None = None
         self.ended = False
@@ -118,7 +140,7 @@ class DemoChild:
     def start(self) -> None:
         """Start the child and wait until it answers; RuntimeError (with its last words) if not."""
         proc = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=() if self.sock is None else (self.sock.fileno(),),
                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         with self._lock:
             self.proc, self._tail = proc, _Tail(proc.stderr)
@@ -126,7 +148,7 @@ class DemoChild:
                 proc.kill()
                 proc.wait()
                 raise RuntimeError("the demo engine was stopped")
-        wait_healthy(self.url, proc, self.start_timeout, self._last_words)
+        wait_healthy(self.url, proc, self.start_timeout, self._last_words, proof_key=self.proof_key)
 
     def _last_words(self) -> str:
         if self.proc is not None and self.proc.poll() is not None and self._tail is not None:
@@ -169,14 +191,18 @@ class DemoChild:
         self._stopping.set()
         with self._lock:
             proc = self.proc
-        if proc is None:
-            return
-        proc.terminate()
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            if proc is None:
+                return
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        finally:
+            if self.sock is not None:
+                self.sock.close()
 
 
 @contextmanager
@@ -185,16 +211,18 @@ def demo_server(name: str, model: str, capacity: int, sessions: int, seed: int, 
                 trace_args: tuple[str, ...] = ()) -> Iterator[DemoChild]:
     """A running `radixtop serve` child with the demo workload, or the trace ``trace_args`` say
     (``--trace PATH --format F ...``), and its ``url`` and ``token``, until the block ends."""
-    token = secrets.token_urlsafe(24)
-    port = _free_port()
+    token, proof_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    sock = _listening_socket()
+    port = sock.getsockname()[1]
     cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--name", name, "--model", model, "--capacity", str(capacity), "--sessions", str(sessions),
-           "--seed", str(seed), "--arrival-rate", str(arrival_rate)]
+           "--socket-fd", str(sock.fileno()), "--name", name, "--model", model, "--capacity", str(capacity),
+           "--sessions", str(sessions), "--seed", str(seed), "--arrival-rate", str(arrival_rate)]
     if read_only:
         cmd.append("--read-only")
     cmd.extend(trace_args)
-    child = DemoChild(cmd, {**os.environ, "RADIXTOP_TOKEN": token}, f"http://127.0.0.1:{port}", token,
-                      start_timeout, max_restarts)
+    env = {**os.environ, "RADIXTOP_TOKEN": token, "RADIXTOP_PROOF_KEY": proof_key}
+    child = DemoChild(cmd, env, f"http://127.0.0.1:{port}", token, start_timeout, max_restarts, sock,
+                      proof_key.encode())
     try:
         child.start()
         yield child

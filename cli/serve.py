@@ -75,6 +75,13 @@ def serve(
     sglang_url: SGLangUrl = None,
     sglang_api_key: SGLangApiKey = None,
     tokenizer: TokenizerSpec = None,
+    socket_fd: Annotated[int | None, typer.Option("--socket-fd", hidden=True, min=0,
+                                                  help="Serve on this inherited listening socket (bound on --host by "
+                                                       "the process that started this one) instead of binding --port."
+                                                  )] = None,
+    proof_key: Annotated[str | None, typer.Option(envvar="RADIXTOP_PROOF_KEY", hidden=True, show_default=False,
+                                                  help="A key /healthz proves it holds (the embedded demo's parent "
+                                                       "checks who answers before it sends a token).")] = None,
 ) -> None:
     """Serve a cache over the HTTP admin API: the bundled engine (demo workload or a replayed
     trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
@@ -90,6 +97,7 @@ def serve(
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
+    inherited = None if socket_fd is None else inherited_socket(socket_fd, host)
     with exits(ValueError):
         fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)
 
@@ -98,7 +106,7 @@ def serve(
         try:
             with exits(ValueError):
                 serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token,
-                           fleet=fleet_poll)
+                           fleet=fleet_poll, sock=inherited, proof_key=proof_key.encode() if proof_key else None)
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
         finally:
@@ -138,6 +146,22 @@ def serve(
     # ids have no tokenizer here.
     demo_tokenizer = DEMO_TOKENIZER if isinstance(workload, WorkloadConfig) and workload.text else None
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
+
+
+def inherited_socket(fd: int, host: str):
+    """The listening socket ``fd`` that the parent bound and handed over, checked to be a TCP socket
+    on ``host``; the command's one-line error otherwise."""
+    import socket
+
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise fail(f"--socket-fd {fd}: not a socket ({exc.strerror or exc})", EXIT_USAGE) from None
+    bound = sock.getsockname()
+    if sock.type != socket.SOCK_STREAM or not isinstance(bound, tuple) or bound[0] != host:
+        sock.detach()
+        raise fail(f"--socket-fd {fd}: not a TCP socket bound on {host} (it is on {bound!r})", EXIT_USAGE)
+    return sock
 
 
 def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float):

@@ -3,12 +3,16 @@ loopback with a one-off token) and the dashboard attaches to it over the admin A
 
 from __future__ import annotations
 
+import http.server
+import json
 import logging
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -144,3 +148,130 @@ def _alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+class Squatter:
+    """Another local user's process: it watches /proc for a `radixtop ... serve --port N` and binds N
+    at once (the child binds it only seconds later, once imported), then answers as a radixtop
+    server would and keeps every bearer token it is sent. It also tries each port it is told of."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.bound: list[int] = []
+        self.tokens: list[str] = []
+        self._stop = threading.Event()
+        self._servers: list[http.server.ThreadingHTTPServer] = []
+        self._thread = threading.Thread(target=self._watch, name="squatter", daemon=True)
+
+    def __enter__(self) -> Squatter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    stat = (cmdline.parent / "stat").read_bytes()
+                    if int(stat.rpartition(b")")[2].split()[1]) != os.getpid():
+                        continue  # (only this test's children: other tests' servers are left alone)
+                    args = cmdline.read_bytes().split(b"\0")
+                except (OSError, ValueError, IndexError):
+                    continue
+                if b"radixtop.cli.main" in args and b"serve" in args and b"--port" in args:
+                    port = args[args.index(b"--port") + 1]
+                    if port.isdigit():
+                        self.take(int(port))
+            time.sleep(0.002)
+
+    def take(self, port: int) -> None:
+        if port in self.seen:
+            return
+        self.seen.add(port)
+        tokens = self.tokens
+
+        class Impostor(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.headers.get("Authorization"):
+                    tokens.append(self.headers["Authorization"])
+                body = json.dumps({"status": "ok", "target": "embedded demo · tiny", "version": 0,
+                                   "read_only": False}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args) -> None:
+                pass
+
+        try:  # as a squatter would: SO_REUSEADDR, to share a port nobody listens on yet
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Impostor, bind_and_activate=False)
+            server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.server_bind()
+            server.server_activate()
+        except OSError:
+            return
+        self.bound.append(port)
+        self._servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def test_a_local_squatter_gets_neither_the_demos_port_nor_its_token():
+    """Another local user read the child's `--port N` in /proc and bound it first: the dashboard
+    sent it the bearer token on every poll (56 requests in 30 s), and would have sent the
+    operator's actions. Now the port is bound and listening before the child exists, the child
+    gets the socket itself, and the parent checks who answers before any token goes out; a
+    restarted child gets the same socket (the port is never free)."""
+    notes = []
+    with Squatter() as squatter:
+        with demo_server("embedded demo · tiny", "tiny", 4096, 8, 0, 5.0) as child:
+            port = int(child.url.rsplit(":", 1)[1])
+            squatter.take(port)  # whether or not it saw it in /proc
+            client = RadixtopClient(child.url, token=child.token, timeout=10)
+            assert client.stats().capacity_tokens == 4096  # the real engine answers
+            assert client.evict(1).requested_tokens == 1
+            child.watch(notes.append)
+            first = child.pid
+            os.kill(first, signal.SIGKILL)
+            squatter.seen.discard(port)
+            deadline = time.monotonic() + 60
+            while child.pid == first or not notes:  # while it restarts, the squatter tries again
+                squatter.take(port)
+                squatter.seen.discard(port)
+                assert time.monotonic() < deadline, notes
+                time.sleep(0.01)
+            assert "restarted" in notes[-1], notes
+            assert client.stats().capacity_tokens == 4096
+            client.release()
+        assert port in squatter.seen or squatter.bound == []
+    assert squatter.bound == [] and squatter.tokens == [], (squatter.bound, len(squatter.tokens))
+
+
+def test_the_parent_sends_no_token_to_what_cannot_prove_it_is_the_child(tmp_path):
+    """Whatever holds the port answers /healthz 200 like radixtop: without the child's proof, the
+    parent refuses it at once (before it or anything else sends the token)."""
+    from radixtop.cli.embedded import _listening_socket
+
+    with Squatter() as squatter:
+        sock = _listening_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+        squatter.take(port)
+        assert squatter.bound == [port]
+        sleeper = subprocess.Popen(["sleep", "60"])
+        try:
+            with pytest.raises(RuntimeError, match="something other than the demo engine answers"):
+                wait_healthy(f"http://127.0.0.1:{port}", sleeper, 30, lambda: "", proof_key=b"the child's key")
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert squatter.tokens == []

@@ -29,21 +29,22 @@ from radixtop.adapters.http.wire import WIRE_VERSION
 
 def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str = "127.0.0.1",
                read_token: str | None = None, max_heavy_reads: int = MAX_HEAVY_READS,
-               fleet: Callable[[], Any] | None = None) -> FastAPI:
+               fleet: Callable[[], Any] | None = None, proof_key: bytes | None = None) -> FastAPI:
     """The admin API over ``adapter``, for a server bound to ``host``.
     Every POST needs ``Authorization: Bearer <token>`` and is audited, allowed or refused; on a
     bind that is not loopback every request but /healthz needs ``token`` or ``read_token`` (which
     only reads); a loopback bind answers to loopback names only. Read-only is the adapter's to
     enforce, not the server's. (``serve`` also refuses a short action token; this factory, used
     by tests, does not.) ``fleet``: where ``GET /v1/fleet`` gets the fleet view it answers (a
-    ``FleetPoller.poll``); None: there is no such route."""
+    ``FleetPoller.poll``); None: there is no such route. ``proof_key``: what ``/healthz`` proves it
+    holds to a ``Radixtop-Challenge`` (the demo's parent checks who answers before it sends a token)."""
     check_token_text(token)
     if read_token is not None:  # (new, so no test relies on a short one: held to serve's rule here)
         check_token_text(read_token, "read token")
         check_token_strength(read_token, "read token")
     if read_token is not None and read_token == token:
         raise ValueError("the read token must differ from the action token")
-    bind, tokens = Bind(host), Tokens(token, read_token)
+    bind, tokens = Bind(host), Tokens(token, read_token, proof_key)
     app = _AdminApi(
         title="radixtop admin API",
         summary="Read and act on a radix KV cache: stats, tree, sessions, close, evict, flush.",

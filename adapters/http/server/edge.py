@@ -71,14 +71,34 @@ def check_token_strength(token: str, what: str = "token") -> str:
     return token
 
 
+PROOF_HEADER, CHALLENGE_HEADER = "Radixtop-Proof", "Radixtop-Challenge"
+MAX_CHALLENGE = 128
+PROOF_CONTEXT = b"radixtop healthz proof\0"
+
+
+def prove(key: bytes, challenge: str) -> str:
+    """What a server holding ``key`` answers to ``challenge`` (HMAC-SHA256, hex): a client that
+    gave it the key knows who answers before it sends a token. The key is its own, never the
+    token (the proof is answered to anyone)."""
+    return hmac.new(key, PROOF_CONTEXT + challenge.encode(), "sha256").hexdigest()
+
+
 class Tokens:
     """The action token and an optional read-only token, compared in constant time. The action
     token is compared once whatever is sent; the read token only when the action token did not
-    match."""
+    match. ``proof_key``: a key of the process that started this server, which it proves it holds
+    (``/healthz`` with a ``Radixtop-Challenge``)."""
 
-    def __init__(self, action: str, read: str | None = None) -> None:
+    def __init__(self, action: str, read: str | None = None, proof_key: bytes | None = None) -> None:
         self._action = action.encode()
         self._read = read.encode() if read else None
+        self._proof_key = proof_key
+
+    def proof(self, challenge: str | None) -> str | None:
+        """The answer to a challenge, where the server has a key (and the challenge is one)."""
+        if self._proof_key is None or not challenge or len(challenge) > MAX_CHALLENGE:
+            return None
+        return prove(self._proof_key, challenge)
 
     def _given(self, headers: Headers) -> tuple[bytes | None, Unauthorized | None]:
         header = headers.get("authorization")

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
 
@@ -56,6 +56,7 @@ from radixtop.adapters.http.schemas import (
 )
 from radixtop.adapters.http.server.answers import ahead_of_reads, call, json_response, logger
 from radixtop.adapters.http.server.deps import Adapter, Journal, SessionId, State
+from radixtop.adapters.http.server.edge import CHALLENGE_HEADER, MAX_CHALLENGE, PROOF_HEADER
 from radixtop.adapters.http.server.errors import TARGET_ERRORS, documented
 from radixtop.adapters.http.server.metrics import render_metrics
 from radixtop.adapters.http.server.protocol import MAX_URL
@@ -232,13 +233,20 @@ def audit_page(audit: Journal, limit: PageLimit = 100, offset: Offset = 0) -> Re
 
 @router.get("/healthz", response_model=HealthOut, summary="Whether the target answers",
             responses=documented(503))
-async def healthz(adapter: Adapter) -> Response:
+async def healthz(adapter: Adapter, state: State,
+                  challenge: str | None = Header(None, alias=CHALLENGE_HEADER, max_length=MAX_CHALLENGE,
+                                                 description="Answered in a Radixtop-Proof header by a server "
+                                                             "started with a proof key (the embedded demo's)")
+                  ) -> Response:
     try:
         st = await ahead_of_reads(adapter.stats)
+        read_only = (await ahead_of_reads(adapter.capabilities)).read_only
+        answer = json_response({"status": "ok", "target": st.target, "version": st.version, "read_only": read_only})
     except (TargetUnreachable, TargetTimeout) as exc:
-        return json_response(error_to_body(exc), 503)
-    read_only = (await ahead_of_reads(adapter.capabilities)).read_only
-    return json_response({"status": "ok", "target": st.target, "version": st.version, "read_only": read_only})
+        answer = json_response(error_to_body(exc), 503)
+    if (proof := state.tokens.proof(challenge)) is not None:
+        answer.headers[PROOF_HEADER] = proof
+    return answer
 
 
 @router.get("/metrics", summary="Prometheus metrics (read from the target at scrape time)",

@@ -67,12 +67,16 @@ def serve_in_thread(app: FastAPI, host: str, port: int, name: str) -> ServerThre
 
 def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
           audit_path: Path | str | None = None, log: Callable[[str], Any] = print,
-          read_token: str | None = None, fleet: Callable[[], Any] | None = None) -> None:
+          read_token: str | None = None, fleet: Callable[[], Any] | None = None,
+          sock: socket.socket | None = None, proof_key: bytes | None = None) -> None:
     """Run the admin API until interrupted (Ctrl-C returns normally). Without a token it listens
     on loopback only and makes one up, printed once here (nowhere else); a token given must be
     at least MIN_TOKEN_LENGTH characters, and so must ``read_token`` (reads on a bind that is not
     loopback need either). A bad token or audit log path raises ValueError and a port that cannot
-    be bound OSError, before anything is printed."""
+    be bound OSError, before anything is printed. ``sock``: a socket bound (and listening) on
+    ``host`` already, handed over by the process that started this one, served instead of
+    binding ``port`` (so no other process can take the port in between); ``proof_key``: see
+    ``create_app``."""
     if token is None and not is_loopback(host):
         raise ValueError(f"refusing to serve the admin API on {host!r} without an explicit token: "
                          "it can close sessions and evict; pass a token, or use 127.0.0.1")
@@ -85,8 +89,11 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
             check_token_strength(value, what)
     audit = AuditLog(audit_path)
     try:
-        app = create_app(adapter, token, audit, host=host, read_token=read_token, fleet=fleet)
-        sock = bind(host, port)
+        app = create_app(adapter, token, audit, host=host, read_token=read_token, fleet=fleet, proof_key=proof_key)
+        if sock is None:
+            sock = bind(host, port)
+        else:
+            port = sock.getsockname()[1]
         log(f"radixtop admin API for {adapter.name} on {base_url(host, port)}"
             + (f" (audit log: {audit_path})" if audit_path is not None else ""))
         if generated:
