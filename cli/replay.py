@@ -10,9 +10,12 @@ from typing import Annotated
 import typer
 
 from radixtop.cli.errors import EXIT_USAGE, exits, fail, trace_errors
-from radixtop.cli.options import Json, Model, PageSize, Scale, TraceFormat
+from radixtop.cli.options import DEMO_MODEL, Json, Model, PageSize, Scale, TraceFormat
 
 app = typer.Typer()
+
+MAX_COMPARED = 24
+"""Settings compared side by side at most: each is a column of the table and a replay of the trace."""
 
 
 @app.command()
@@ -26,7 +29,7 @@ def replay(
                                                  "filo or priority; with --compare, a list (lru,lfu).")] = "lru",
     close_policy: Annotated[str, typer.Option("--close-policy", help="free or deref (see `radixtop serve "
                                               "--help`); with --compare, a list.")] = "free",
-    model: Model = "tiny",
+    model: Model = DEMO_MODEL,
     as_json: Json = False,
     fmt: TraceFormat = "radixtop",
     scale: Scale = 1,
@@ -55,8 +58,12 @@ def replay(
     for cap in capacities:
         if cap % page_size:
             raise fail(f"--capacity {cap} is not a multiple of --page-size {page_size}", EXIT_USAGE)
-    if not compare and len(capacities) * len(evictions) * len(closes) > 1:
+    settings = len(capacities) * len(evictions) * len(closes)
+    if not compare and settings > 1:
         raise fail("several capacities or policies need --compare", EXIT_USAGE)
+    if settings > MAX_COMPARED:
+        raise fail(f"--compare of {settings} settings: at most {MAX_COMPARED} side by side (a table "
+                   "wider than that cannot be read); give fewer capacities or policies", EXIT_USAGE)
     if compare or fmt != "radixtop":
         from radixtop.cli.trace_replay import run_replay as run_figures
 
@@ -75,4 +82,4 @@ def replay(
         return
     from radixtop.cli.trace_replay import print_replay_summary
 
-    print_replay_summary(doc, geometry.bytes_per_token)
+    print_replay_summary(doc, geometry)

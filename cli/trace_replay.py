@@ -51,21 +51,27 @@ def _label(settings: dict[str, Any], vary_close: bool) -> str:
     return f"{settings['eviction_policy']} · {size}" + (f" · {settings['close_policy']}" if vary_close else "")
 
 
-def _describe(info: dict[str, Any]) -> str:
+def model_note(geometry) -> str:
+    """Which model's KV bytes the figures assume: 'llama-3-8b (128.0 KiB/token)'."""
+    return f"{geometry.name} ({human_bytes(geometry.bytes_per_token)}/token)"
+
+
+def _describe(info: dict[str, Any], geometry) -> str:
     if info["format"] == "radixtop":
-        return f"radixtop trace, {info['ops']:,} ops"
+        return f"radixtop trace, {info['ops']:,} ops; bytes as {model_note(geometry)}"
     return (f"{info['format']} trace: {info['requests']:,} requests in {info['sessions']:,} sessions over "
             f"{info['duration_s']:,.0f} s; {info['block_size']}-token blocks at scale {info['scale']} "
-            f"= {info['block_tokens']} tokens")
+            f"= {info['block_tokens']} tokens; bytes as {model_note(geometry)}")
 
 
-def print_runs(info: dict[str, Any], runs: list, top_sessions: int, console: Console | None = None) -> None:
+def print_runs(info: dict[str, Any], runs: list, top_sessions: int, geometry,
+               console: Console | None = None) -> None:
     """The totals of each run side by side, then the sessions with the most prompt tokens."""
     # session ids come from the trace file: plain text, never markup or a terminal code
     console = console or plain_console()
     vary_close = len({r.settings["close_policy"] for r in runs}) > 1
     labels = [_label(r.settings, vary_close) for r in runs]
-    console.print(_describe(info))
+    console.print(_describe(info, geometry))
     table = Table(title="replay" if len(runs) == 1 else "replay, side by side")
     table.add_column("")
     for label in labels:
@@ -121,11 +127,13 @@ def run_replay(trace: Path, fmt: str, scale: int, capacities: list[int], evictio
     if as_json:
         typer.echo(json.dumps({"trace": info, "runs": docs}, separators=(",", ":")))
         return
-    print_runs(info, runs, top_sessions)
+    print_runs(info, runs, top_sessions, geometry)
 
 
-def print_replay_summary(doc: dict[str, Any], bytes_per_token: int, console: Console | None = None) -> None:
-    """The summary of one radixtop trace's replay (the document ``traces.ops.replay`` returns)."""
+def print_replay_summary(doc: dict[str, Any], geometry, console: Console | None = None) -> None:
+    """The summary of one radixtop trace's replay (the document ``traces.ops.replay`` returns),
+    its bytes as ``geometry``'s."""
+    bytes_per_token = geometry.bytes_per_token
     console = console or plain_console()
     results = doc["results"]
     counts = Counter(r["op"] for r in results)
@@ -134,6 +142,7 @@ def print_replay_summary(doc: dict[str, Any], bytes_per_token: int, console: Con
     table = Table(title="replay", show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column(justify="right")
+    table.add_row("bytes as", model_note(geometry))
     table.add_row("ops", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none")
     table.add_row("cache hit tokens", f"{sum(hits)}")
     table.add_row("closes freed", f"{sum(r.get('freed_nodes', 0) for r in results)} nodes, "

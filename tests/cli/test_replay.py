@@ -358,3 +358,26 @@ def report():
     if path := os.environ.get("RADIXTOP_SECURITY_REPORT"):
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
+
+
+def test_replay_says_which_model_its_bytes_assume(tmp_path):
+    """Its figures were for `tiny` (16 MiB a pool) beside the demo's 8 GiB, and it never said so:
+    it now assumes the demo's model and names it; --model picks another."""
+    path = write(tmp_path, TRACE)
+    result = runner.invoke(app, ["replay", path, "--capacity", "64"])
+    assert result.exit_code == 0, result.output
+    assert "llama-3-8b (128.0 KiB/token)" in result.stdout
+    result = runner.invoke(app, ["replay", path, "--capacity", "64", "--model", "tiny"])
+    assert result.exit_code == 0 and "tiny (256 B/token)" in result.stdout, result.stdout
+
+
+def test_compare_refuses_more_settings_than_a_table_can_show(tmp_path):
+    """36,000 combinations ran and printed an unreadable table: a cap, said in one line."""
+    capacities = ",".join(str(64 + i) for i in range(40))
+    result = runner.invoke(app, ["replay", write(tmp_path, TRACE), "--compare", "--capacity", capacities,
+                                 "--eviction-policy", "lru,lfu"])
+    assert result.exit_code == 2, result.output
+    assert "80 settings" in result.output and "at most" in result.output and result.output.count("\n") == 1
+    ok = runner.invoke(app, ["replay", write(tmp_path, TRACE), "--compare", "--capacity", "64,128",
+                             "--eviction-policy", "lru,lfu"])
+    assert ok.exit_code == 0, ok.output
