@@ -162,3 +162,22 @@ def test_a_reply_over_the_cap_is_refused_and_its_read_stopped():
         assert wait_until(lambda: seen.open_now == 0, 10)
         assert seen.sent < 32 * 2**20, seen.sent  # stopped near the cap, not read to the end
         client.release()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["trickle-head", "trickle-body", "flood"])
+def test_sglangs_own_routes_are_read_within_the_timeout_and_the_cap(mode):
+    """``--sglang-url``'s reads: one read of the totals (two to five requests) ends within the
+    timeout, a flood at the cap, and no connection is left reading."""
+    from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
+    from tests.support.hostile_http import hostile_server, wait_until
+
+    with hostile_server(mode, every=0.2) as seen:
+        adapter = SGLangRoutesAdapter(seen.url, timeout=1, max_reply_bytes=2**20)
+        started = time.monotonic()
+        with pytest.raises(AdapterError, match=seen.url) as info:
+            adapter.stats()
+        assert time.monotonic() - started < 5
+        assert ("answered more than 1 MiB" if mode == "flood" else "did not answer within 1 s") in info.value.message
+        assert wait_until(lambda: seen.open_now == 0, 10)
+        adapter.release()
