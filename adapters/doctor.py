@@ -22,6 +22,7 @@ A walk of a large tree yields between chunks; what it finds is checked again in 
 from __future__ import annotations
 
 import math
+import shlex
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -281,7 +282,7 @@ def tombstone_findings(tags: dict[str, list[Any]], inputs: DoctorInputs, closed:
             continue
         tokens = sum(len(n.key) for n in nodes)
         freed = _plan_freed(inputs, sid)
-        again = (f"radixtop close {sid} (again) frees {freed} tokens now, then report it" if freed
+        again = (f"{close_command(sid)} (again) frees {freed} tokens now, then report it" if freed
                  else "a close again frees nothing now (its index no longer lists these nodes, or they are "
                       "shared or locked): evict frees them as ordinary LRU entries once nothing locks them; report it")
         out.append(Finding(
@@ -294,6 +295,13 @@ def tombstone_findings(tags: dict[str, list[Any]], inputs: DoctorInputs, closed:
             tokens, tokens * bpt, tuple(sorted(inputs.node_id(n) for n in nodes)), sid,
             {"session_id": sid, "tagged_nodes": len(nodes), "tagged_tokens": tokens, "close_frees_tokens": freed}))
     return _capped(out, "tombstone_tags", "more closed sessions that still tag nodes")
+
+
+def close_command(session_id: str) -> str:
+    """The command that closes ``session_id``, safe to paste into a shell: the id quoted and after
+    ``--`` (on SGLang, ids come from the API's users: ``$(...)``, backquotes or ``s3 --yes``
+    would run a command or skip the confirmation)."""
+    return f"radixtop close -- {shlex.quote(session_id)}"
 
 
 def _plan_freed(inputs: DoctorInputs, session_id: str) -> int:
@@ -326,11 +334,11 @@ def idle_findings(idle: list[tuple[str, float]], inputs: DoctorInputs,
     for sid, idle_s, plan in rows:
         kept = sum(k.tokens for k in plan.kept)
         if plan.policy == "deref":
-            action = (f"radixtop close {sid}: drops its {plan.released_holds} hold(s) now; eviction frees the "
+            action = (f"{close_command(sid)}: drops its {plan.released_holds} hold(s) now; eviction frees the "
                       "memory later (this cache's close only dereferences)")
         else:
             nodes = len(plan.freed_node_ids)
-            action = f"radixtop close {sid}: frees {plan.freed_tokens} tokens ({nodes} node{'s' * (nodes != 1)}) now"
+            action = f"{close_command(sid)}: frees {plan.freed_tokens} tokens ({nodes} node{'s' * (nodes != 1)}) now"
             if kept:
                 action += f"; {kept} tokens it shares or that are locked stay"
         out.append(Finding(

@@ -95,7 +95,7 @@ def test_a_closed_session_that_still_tags_nodes_is_reported_with_what_a_close_fr
     f = d.findings[0]
     assert f.session_id == "gone" and f.tokens == 4 and len(f.node_ids) == 1
     assert f.figures["close_frees_tokens"] == adapter.plan_close("gone").freed_tokens == 4
-    assert "radixtop close gone (again) frees 4 tokens now" in f.action
+    assert "radixtop close -- gone (again) frees 4 tokens now" in f.action
 
 
 def test_an_idle_session_that_holds_memory_is_reported_with_its_exact_plan(known):
@@ -107,7 +107,7 @@ def test_an_idle_session_that_holds_memory_is_reported_with_its_exact_plan(known
     (f,) = d.findings
     plan = adapter.plan_close("b")
     assert f.session_id == "b" and f.tokens == plan.freed_tokens == 3 and f.node_ids == plan.freed_node_ids
-    assert f.figures["idle_s"] >= 0.25 and "radixtop close b: frees 3 tokens" in f.action
+    assert f.figures["idle_s"] >= 0.25 and "radixtop close -- b: frees 3 tokens" in f.action
     assert adapter.diagnose().healthy  # under the default 10 minutes nobody is idle
     with pytest.raises(BadRequest):
         adapter.diagnose(idle_after_s=-1)
