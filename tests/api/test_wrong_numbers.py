@@ -89,6 +89,8 @@ CASES = [
     *((["sessions"], "/v1/sessions", "sessions.0.exclusive_bytes", v) for v in (1.5, True)),
     *((["match", "1", "2", "3"], "/v1/match", "matched_tokens", v) for v in (-4, 99, "3")),
     *((["doctor"], "/v1/doctor", "took_s", v) for v in ("fast", True)),
+    *((["tree"], "/v1/nodes/0/subtree", "rows.0.node.subtree_bytes", v) for v in (-1, "big")),
+    *((["node", "#1"], "/v1/nodes/1", "node.depth", v) for v in (0.5, False)),
 ]
 
 
