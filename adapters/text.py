@@ -3,6 +3,7 @@ previews, hostile text made inert, a diagnosis as lines (JSON keeps the plain va
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING
 
 from radixtop.adapters.model import POOL_STATES
@@ -100,19 +101,50 @@ def decode_preview(tokenizer, tokens: tuple[int, ...]) -> str | None:
         return None
 
 
-# Terminal control codes (C0 but the line feed, DEL, C1) and the format characters that reorder
-# or hide text on screen (bidi overrides and isolates, zero-width ones): a target's string
-# holding them could clear the operator's screen, retitle the terminal or disguise an id.
-_CONTROL = (*range(10), *range(11, 32), 127, *range(0x80, 0xA0),
-            *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF)
-_INERT = str.maketrans({c: "?" for c in map(chr, _CONTROL)})
-_INERT_LINE = str.maketrans({c: "?" for c in map(chr, (*_CONTROL, 10))})
+# What a target's string may not bring to the screen: terminal control codes (C0 but the line
+# feed, DEL, C1: Unicode's Cc), format characters that hide, join or reorder text (Cf: zero-width
+# ones, bidi overrides and isolates, the word joiner, the Arabic letter mark, tag characters, the
+# soft hyphen), line and paragraph separators (Zl, Zp: a line break the tables do not count),
+# lone surrogates (Cs: they cannot even be printed), and the letters drawn as blanks (the Hangul
+# fillers). A string holding them could clear the operator's screen, retitle the terminal,
+# disguise an id or push a table's columns out of line.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_BLANK_LETTERS = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0})
+_CACHED = 1 << 16
+"""Code points whose verdict a table keeps (a string of every code point must not grow it to 1M)."""
+
+
+class _InertTable(dict):
+    """``str.translate``'s table: each code point's verdict, decided by its Unicode category at
+    first sight ('?' for a hidden one, the character itself otherwise)."""
+
+    def __init__(self, lines: bool) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        if code == 10:
+            verdict = char if self.lines else "?"
+        elif code in _BLANK_LETTERS or unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            verdict = "?"
+        else:
+            verdict = char
+        if len(self) < _CACHED:
+            self[code] = verdict
+        return verdict
+
+
+_INERT = _InertTable(lines=True)
+_INERT_LINE = _InertTable(lines=False)
 
 
 def inert(text: str, lines: bool = False) -> str:
-    """Text from a target (ids, names, holders, decoded tokens, its errors) with every control
-    code replaced by '?'; line breaks kept only where ``lines``. Every face shows it so, as plain
-    text, never as markup."""
+    """Text from a target (ids, names, holders, states, reasons, decoded tokens, its errors) with
+    every hidden character (above) replaced by '?'; line breaks kept only where ``lines``. Every
+    face shows it so, as plain text, never as markup: the one rule for a target's strings."""
+    if text.isascii() and text.isprintable():  # the common case, at C speed
+        return text
     return text.translate(_INERT if lines else _INERT_LINE)
 
 

@@ -105,9 +105,9 @@ def _print_plans(plans: list[Any], as_json: bool) -> None:
         kept = {}
         for k in p.kept:
             kept[k.reason] = kept.get(k.reason, 0) + k.tokens
-        table.add_row(inert(p.session_id), p.state, str(len(p.freed_node_ids)), f"{p.freed_tokens:,}",
+        table.add_row(inert(p.session_id), inert(p.state), str(len(p.freed_node_ids)), f"{p.freed_tokens:,}",
                       human_bytes(p.freed_bytes), str(p.released_holds),
-                      ", ".join(f"{v} tok {r}" for r, v in kept.items()) or "-")
+                      ", ".join(f"{v} tok {inert(r)}" for r, v in kept.items()) or "-")
     plain_console().print(table)
 
 

@@ -18,8 +18,19 @@ def plain_console() -> Any:
     target's strings (ids, names, text), which are shown as written, through ``inert``; the
     commands' own styles are Text styles."""
     from rich.console import Console
+    from rich.segment import Segment
+
+    from radixtop.adapters.text import inert
 
     class PlainConsole(Console):
+        def _render_buffer(self, buffer):
+            """The last guard of the one rule for a target's strings: whatever a command printed
+            without ``inert`` still reaches the terminal with its hidden characters as '?' (rich's
+            own control segments, its cursor moves, pass)."""
+            return super()._render_buffer(
+                segment if segment.control else Segment(inert(segment.text, lines=True), segment.style)
+                for segment in buffer)
+
         def on_broken_pipe(self) -> None:
             """Rich exits 1 when the reader goes away; the command's own rule ends it quietly
             with 0 (``main._quiet_on_closed_pipe``)."""
