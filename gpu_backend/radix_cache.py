@@ -164,6 +164,11 @@ class RadixCache(SessionRadixCacheMixin):
         self.version = 0
         self._journal = ChangeJournal(JOURNAL_LIMIT)
         self._pending_subtree: dict[TreeNode, int] = {}
+        self.child_watch: dict[int, set[TreeNode]] = {}
+        """Parents whose children a reader keeps in order, by id, each with the children that may
+        have moved in it since the reader looked: added, removed, moved below a split, resized or
+        refreshed (access times are not journaled). The reader swaps each set for a new one as
+        it takes it; while nothing is watched this costs the hot paths one falsy check."""
         self.background: Callable[[Iterator[None]], None] | None = None
         """Where the cache's long passes run (the engine's slices, between its steps); None: on
         the spot (a trace replay, a test)."""
@@ -219,11 +224,14 @@ class RadixCache(SessionRadixCacheMixin):
         node.last_access_time = now
         values: list[np.ndarray] = []
         off, n, page = 0, len(key), self.page_size
+        watch = self.child_watch
         while off < n:
             child = node.children.get(key[off] if page == 1 else key[off : off + page])
             if child is None:
                 break
             child.last_access_time = now
+            if watch and node.id in watch:
+                watch[node.id].add(child)
             prefix_len = self._key_match(child.key, key, off)
             if prefix_len < len(child.key):
                 self._refresh(child)
@@ -271,10 +279,13 @@ class RadixCache(SessionRadixCacheMixin):
         if not key:
             return InsertResult(0, node)
         off, n, page = 0, len(key), self.page_size
+        watch = self.child_watch
         while off < n:
             child = node.children.get(key[off] if page == 1 else key[off : off + page])
             if child is None:
                 break
+            if watch and node.id in watch:
+                watch[node.id].add(child)
             node = child
             node.last_access_time = now
             prefix_len = self._key_match(node.key, key, off)
@@ -503,6 +514,8 @@ class RadixCache(SessionRadixCacheMixin):
         child.key = child.key[split_len:]
         child.value = child.value[split_len:].copy()
         child.parent = head
+        if self.child_watch and parent.id in self.child_watch:
+            self.child_watch[parent.id].add(child)  # (its parent's no more: the head took its place)
         head.children = {self._child_key(child.key): child}
         parent.children[self._child_key(head.key)] = head
         self.nodes[head.id] = head
@@ -526,6 +539,8 @@ class RadixCache(SessionRadixCacheMixin):
         self.evictable_leaves.discard(node)
         del self.nodes[node.id]
         node.parent = None
+        if self.child_watch and parent.id in self.child_watch:
+            self.child_watch[parent.id].add(node)
         gone = len(node.key) + self._pending_subtree.pop(node, 0)
         parent.subtree_tokens -= gone
         self._pending_subtree[parent] = self._pending_subtree.get(parent, 0) + gone
@@ -547,6 +562,8 @@ class RadixCache(SessionRadixCacheMixin):
     def _mark(self, node: TreeNode) -> None:
         self.version += 1
         self._journal.record(node.id)
+        if self.child_watch and node.parent is not None and node.parent.id in self.child_watch:
+            self.child_watch[node.parent.id].add(node)
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         if node.lock_ref > 0 or node.children:

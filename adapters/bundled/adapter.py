@@ -17,6 +17,7 @@ from radixtop.adapters.base import (
     check_tokens,
     path_nodes,
 )
+from radixtop.adapters.bundled.child_order import CHILD_KEYS, ChildOrders
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
     BadRequest,
@@ -64,12 +65,6 @@ T = TypeVar("T")
 MAX_CHANGES = 5_000
 """More touches than this since ``since`` answer resync: re-reading is cheaper."""
 
-_CHILD_KEYS: dict[str, Callable[[TreeNode], Any]] = {
-    "bytes": lambda n: (-n.subtree_tokens, n.id),
-    "recency": lambda n: (-n.last_access_time, n.id),
-    "tokens": lambda n: (-len(n.key), n.id),
-}
-
 def _page(items: list[T], key: Callable[[T], Any], offset: int, limit: int) -> list[T]:
     """items[offset:offset+limit] in ``key`` order, without sorting everything for early pages."""
     if offset + limit < len(items) // 4:
@@ -87,6 +82,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         self.read_only = read_only
         self.tokenizer = tokenizer
         self.timeout = timeout
+        self._child_orders = ChildOrders()
         self._init_owner_reads()
 
     def _call(self, fn: Callable[[Scheduler], T], urgent: bool = False) -> T:
@@ -188,21 +184,15 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         check_page(offset, limit)
         check_child_order(order)
         node = self._lookup(s, node_id)
-        kids = list(node.children.values())
-        key = _CHILD_KEYS[order]
-        if len(kids) <= SORT_CHUNK:
-            page = _page(kids, key, offset, limit)
-        else:  # a wide node (a few-shot prompt with 100k continuations): the top in chunks
-            page = []
-            for start in range(0, len(kids), SORT_CHUNK):
-                page = heapq.nsmallest(offset + limit, [*page, *kids[start : start + SORT_CHUNK]], key=key)
-                yield
-            page = page[offset:]
+        if len(node.children) <= SORT_CHUNK:
+            page = _page(list(node.children.values()), CHILD_KEYS[order], offset, limit)
+        else:  # a wide node (a few-shot prompt with 200k continuations): kept in order between reads
+            page = yield from self._child_orders.page_pass(s.cache, node, order, offset, limit)
             node = self._lookup(s, node_id)  # still there after the slices?
         depth = self._depth(node) + 1
         now = s.cache.clock()
         views = tuple(self._node_view(s, k, depth, now) for k in page)
-        return ChildrenPage(node_id, offset, limit, len(kids), order, views)
+        return ChildrenPage(node_id, offset, limit, len(node.children), order, views)
 
     def chain(self, node_id: int, limit: int = 10_000) -> ChainView:
         check_chain_limit(limit)

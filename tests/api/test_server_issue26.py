@@ -142,11 +142,11 @@ WIDE = 200_000
 
 @pytest.fixture(scope="module")
 def wide_engine():
-    """200k one-node prompts under the root (a few-shot prompt's continuations), each two tokens."""
+    """200k one-node prompts under the root (a few-shot prompt's continuations), 1 to 4 tokens each."""
     s = Scheduler(get_geometry("tiny"), 4 * WIDE, device="cpu")
     alloc = s.pool.allocator.alloc
     for i in range(WIDE):
-        s.cache.insert([1000 + i, 7 + i % 3], alloc(2))
+        s.cache.insert([1000 + i] + [7] * (i * 7919 % 4), alloc(1 + i * 7919 % 4))
     engine = Engine(s, None).start()
     yield engine
     engine.stop()
@@ -226,3 +226,31 @@ def test_slow_export_readers_lock_out_no_heavy_read(wide, wide_engine):
             r.close()
     until(lambda: httpx.get(f"{wide}/v1/export", params={"format": "columns"}, timeout=120).status_code == 200,
           "an export once the slow readers went")
+
+
+# ----- item 21: far pages of a wide node -----
+
+ORDER_KEYS = {
+    "bytes": lambda n: (-n.subtree_tokens, n.id),
+    "recency": lambda n: (-n.last_access_time, n.id),
+    "tokens": lambda n: (-len(n.key), n.id),
+}
+
+
+def ranked(engine, order: str) -> list[int]:
+    """The root's children in ``order``, ranked from scratch on the owner thread (the oracle)."""
+    return engine.call(lambda s: [n.id for n in sorted(s.cache.root_node.children.values(),
+                                                       key=ORDER_KEYS[order])], 60)
+
+
+@pytest.mark.parametrize("order", ["bytes", "recency", "tokens"])
+def test_every_page_of_a_200k_child_root_answers_exactly(wide, wide_engine, order):
+    """A page at offset 150,000 of a 200k-child root was 504 after 10 s on an idle server."""
+    expected = ranked(wide_engine, order)
+    with httpx.Client(base_url=wide, timeout=120) as http:
+        for offset in (0, 150_000, 199_950, 100_000, 150_000):
+            response = http.get("/v1/nodes/root/children", params={"offset": offset, "limit": 100, "order": order})
+            assert response.status_code == 200, (offset, response.status_code, response.text[:300])
+            page = response.json()
+            assert page["total"] == WIDE
+            assert [c["id"] for c in page["children"]] == expected[offset : offset + 100], offset

@@ -2,7 +2,8 @@
 
 FastAPI under uvicorn. ``app``: the factory, with its ``errors`` handlers and the ``reads`` and
 ``actions`` routers (given ``deps``, answering through ``answers``); ``run``: uvicorn; ``edge``,
-``protocol``, ``audit``, ``metrics`` and ``logs`` are the server's own. Only the commands and the
+``protocol``, ``audit`` (with ``room``, its outcomes' disk space), ``metrics`` and ``logs`` are the
+server's own. Only the commands and the
 SGLang plugin import it; the client side never does (import-linter)."""
 
 from __future__ import annotations
