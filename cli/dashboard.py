@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -41,6 +42,14 @@ def _keymap(text: str) -> dict[str, str]:
         if unknown:
             raise fail(f"--keymap: no binding {unknown[0]!r}; the ids are {', '.join(valid)}", EXIT_USAGE)
     return keys
+
+
+def _need_terminal() -> None:
+    """The dashboard draws on a terminal and reads its keys: without one (stdin from /dev/null,
+    stdout a pipe) it would write escape codes to whatever reads them. Refused in one line."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise fail("the dashboard needs a terminal (stdin and stdout are not one here); in scripts use "
+                   "`radixtop stats`, `sessions` or `tree`", EXIT_USAGE)
 
 
 @app.command()
@@ -86,10 +95,16 @@ def tui(
         spec = RadixtopSpec(url, token, timeout)
     elif spec is None:
         spec = DemoSpec(model, capacity, sessions, seed, arrival_rate, read_only, trace, fmt, scale, speed, timeout)
+        _need_terminal()  # before the demo engine starts (seconds, and it says so)
     from radixtop.inspector.app import run_dashboard
 
     # the demo engine that did not start: its last words as it wrote them
     with exits(ValueError, AdapterError), exits(RuntimeError, lines=True):
         target = open_target(spec)
+    try:
+        _need_terminal()  # (a target's own refusal, said above, comes first: it is the one to fix)
+    except typer.Exit:
+        target.release()
+        raise
     with exits(RuntimeError, lines=True):  # the demo engine that fails while it runs, or as it stops: one line
         run_dashboard(target.adapter, target.label, interval, keys, on_exit=target.release, notices=target.notices)

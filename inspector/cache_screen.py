@@ -208,8 +208,11 @@ class CacheScreen(PolledScreen):
         banner = self.query_one("#banner", Static)
         kind = "timed out" if isinstance(exc, TargetTimeout) else "cannot reach" if isinstance(
             exc, TargetUnreachable) else "error from"
-        text = Text(f"⚠ {kind} {inert(self.target)}: {inert(exc.message)} · reconnecting in "
-                    f"{self.poll_loop.retry_after:g}s (showing the last good data)")  # plain text: not markup
+        # The cause once: a message that names the target already (the client's "cannot reach
+        # http://…: …") is said as it is.
+        cause = exc.message if self.target in exc.message else f"{kind} {self.target}: {exc.message}"
+        shown = "showing the last good data" if self.stats is not None else "no data from it yet"
+        text = Text(f"⚠ {inert(cause)} · reconnecting in {self.poll_loop.retry_after:g}s ({shown})")  # not markup
         if banner.content != text:
             banner.update(text)
         banner.display = True
@@ -295,8 +298,10 @@ class CacheScreen(PolledScreen):
     # ----- sessions -----
 
     def _title_sessions(self) -> None:
+        st = self.stats
         self.query_one(SessionsTitle).show(self.query_one(SessionsTable), self._polled_at,
-                                           self.stats.version if self.stats is not None else None)
+                                           st.version if st is not None else None,
+                                           st.open_sessions if st is not None else None)
 
     def on_sessions_table_query_changed(self, message: SessionsTable.QueryChanged) -> None:
         self._title_sessions()

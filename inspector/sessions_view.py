@@ -158,9 +158,10 @@ class SessionsTable(RowsView):
                 self._query_changed(reset=False)
 
     def _visible_columns(self, width: int) -> list[int]:
-        """Columns that fit, in order of importance (session, exclusive, shared, state, ...)."""
+        """Columns that fit, in order of importance: session, exclusive, shared, fair share (what
+        an operator ranks sessions by), state, ..."""
         chosen, used = [], 1
-        for i in (0, 3, 4, 1, 6, 2, 5, 7):
+        for i in (0, 3, 4, 5, 1, 6, 2, 7):
             if used + COLUMNS[i].width + 1 <= width or not chosen:
                 chosen.append(i)
                 used += COLUMNS[i].width + 1
@@ -249,13 +250,18 @@ class SessionsTitle(Static):
         self._figures = (page.figures_age_s, page.refreshing, page.figures_current)
         self._read = (taken_at, version)
 
-    def show(self, table: SessionsTable, polled_at: float, version: int | None) -> None:
-        """The title for ``table`` as of the latest poll (at ``polled_at``, the cache at ``version``)."""
+    def show(self, table: SessionsTable, polled_at: float, version: int | None,
+             open_sessions: int | None = None) -> None:
+        """The title for ``table`` as of the latest poll (at ``polled_at``, the cache at ``version``,
+        ``open_sessions`` of its sessions open: the table lists the closed ones too)."""
         page = table.page
         parts = ["[b]sessions[/]"]
+        open_part = ""
         if page is not None and page.contains == table.filter_text:
             parts[0] += (f" {page.total:,} of {page.all_sessions:,}" if page.contains and page.all_sessions is not None
                          else f" {page.total:,}")
+            if open_sessions is not None and not page.contains:  # (filtered: "37 of 10,632")
+                open_part = f" ({open_sessions:,} open)"
         if table.filter_text:
             parts.append(f"filter {literal(repr(table.filter_text))}")
         if table.marked:
@@ -269,6 +275,11 @@ class SessionsTitle(Static):
             current = current and version == read_version
             parts.append(figures_note(age_s + max(0.0, polled_at - read_at), refreshing, current))
         title = " · ".join(parts)
+        if open_part:  # the open count where it fits: how old the figures are is always said
+            with_open = parts[0] + open_part + title[len(parts[0]):]
+            width = self.content_region.width or self.size.width
+            if len(Text.from_markup(with_open).plain) <= width or not width:
+                title = with_open
         if self.content != title:
             self.update(title, layout=False)  # one line, fixed height
 

@@ -193,14 +193,14 @@ async def test_old_session_figures_say_their_age_in_the_title(prepared_app):
         assert "figures 2s old" in title  # always said: the ranking is what the operator acts on
         show((130.0, True))
         await pilot.pause()
-        assert any("sessions 29 · figures 2m old, refreshing" in line for line in screen_lines(app))
+        assert any("sessions 29 (48 open) · figures 2m old, refreshing" in line for line in screen_lines(app))
         show((40.0, False))
         await pilot.pause()
         title = next(line for line in screen_lines(app) if "sessions 29" in line)
         assert "figures 40s old" in title and "refreshing" not in title
         show((1080.0, False, True))  # a still cache: exact, however old
         await pilot.pause()
-        assert any("sessions 29 · unchanged since 18m ago" in line for line in screen_lines(app))
+        assert any("sessions 29 (48 open) · unchanged since 18m ago" in line for line in screen_lines(app))
 
 
 async def test_tree_columns_are_named_and_a_folded_chain_shows_the_whole_chain(prepared_app):
