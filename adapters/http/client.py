@@ -33,6 +33,7 @@ from radixtop.adapters.http.wire import (
     evict_result_from_dict,
     export_row_from_dict,
     flush_result_from_dict,
+    is_count,
     match_from_dict,
     node_detail_from_dict,
     paths_from_dict,
@@ -326,7 +327,7 @@ class RadixtopClient(CacheAdapter):
                     lines = (line for line in response.iter_lines() if line.strip())
                     first = next(lines, "null")
                 header = self._view(json.loads, first)
-                if not isinstance(header, dict) or not isinstance(header.get("node_count"), int):
+                if not isinstance(header, dict) or not is_count(header.get("node_count")):
                     raise WireError(f"{self.url}: the export does not start with a header line")
                 yield header
                 rows = 0

@@ -318,6 +318,10 @@ def decode_export_columns(body: bytes) -> Any:
     if end < 0:
         raise WireError("the columnar export has no header line")
     header = json.loads(body[:end])
+    if not isinstance(header, dict):
+        raise WireError("the columnar export's header is not an object")
+    for name in ("node_count", "holders_bytes", "version", "bytes_per_token"):
+        count(header.get(name), f"the columnar export's {name}")
     n = header["node_count"]
     if header.get("dtype") != "<i8" or header.get("columns") != list(EXPORT_COLUMNS):
         raise WireError(f"unknown columnar export layout: {header.get('columns')} {header.get('dtype')}")

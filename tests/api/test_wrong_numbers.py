@@ -197,3 +197,16 @@ def test_wrong_numbers_in_v1_loads_are_a_wire_error_naming_the_server(load):
             reply = httpx.get(f"{url}/v1/stats", timeout=10, trust_env=False)
             assert reply.status_code == 500 and "not a count" in reply.json()["error"]["message"]
         adapter.release()
+
+
+@pytest.mark.parametrize("field, value", [("node_count", "3"), ("node_count", -1), ("holders_bytes", True),
+                                          ("version", 1.5), ("bytes_per_token", None)])
+def test_a_columnar_export_header_with_a_wrong_number_is_a_wire_error(field, value):
+    from radixtop.adapters.http.wire import decode_export_columns
+    from radixtop.adapters.model import EXPORT_COLUMNS
+
+    header = {"version": 1, "bytes_per_token": 256, "node_count": 0, "root_id": 0, "columns": list(EXPORT_COLUMNS),
+              "dtype": "<i8", "holders_bytes": 2}
+    assert decode_export_columns(json.dumps(header).encode() + b"\n{}").node_count == 0
+    with pytest.raises(WireError, match=field):
+        decode_export_columns(json.dumps({**header, field: value}).encode() + b"\n{}")
