@@ -220,3 +220,32 @@ def test_enter_on_a_guessed_plugin_sends_it_no_engine_api_key(tmp_path):
                 adapter.release()
             assert heard[-1] == sent, heard
     assert "Bearer engine-api-key" not in heard
+
+
+@pytest.mark.timeout(20)
+def test_latest_never_waits_on_a_poll_and_starts_one_at_a_time():
+    """What serve --fleet's /v1/fleet reads: at once, always; before the first poll has ended,
+    that poll's Future (one poll for every reader), then the last view while the next runs."""
+    from concurrent.futures import Future
+
+    release, polls = threading.Event(), []
+
+    class Slow(Source):
+        label = "slow"
+
+        def discover(self) -> Discovery:
+            polls.append(1)
+            release.wait(10)
+            return Discovery(())
+
+    poller = probe.FleetPoller(Slow(), max_age=0.0)
+    started = time.monotonic()
+    first = poller.latest()
+    assert isinstance(first, Future) and not first.done()
+    assert all(poller.latest() is first for _ in range(5)) and time.monotonic() - started < 1
+    release.set()
+    view = first.result(10)
+    assert polls == [1] and view.source == "slow"
+    assert poller.latest() is view  # stale at once (max_age 0): a new poll starts, the last view now
+    while len(polls) < 2:
+        time.sleep(0.01)
