@@ -159,10 +159,20 @@ class CacheAdapter(ABC):
     def encode(self, text: str) -> list[int]:
         """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search
         by text); Unsupported where the target has no tokenizer (it shows ids, not text). An
-        empty text is no ids anywhere."""
+        empty text is no ids anywhere. This default encodes with the adapter's ``tokenizer`` (the
+        one its previews decode with: the bundled, in-process SGLang and KV-event adapters')."""
         if not text:
             return []
-        raise Unsupported(f"{self.name} has no tokenizer: search by token ids")
+        tokenizer = getattr(self, "tokenizer", None)
+        if tokenizer is None:
+            raise Unsupported(f"{self.name} has no tokenizer: search by token ids")
+        try:
+            tokens = [int(t) for t in tokenizer.encode(text)]
+        except Exception as exc:  # a tokenizer that cannot take this text: said, never a traceback
+            raise BadRequest(f"the tokenizer cannot encode this text: {type(exc).__name__}") from None
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        return tokens
 
     @abstractmethod
     def changes(self, since: int) -> Changes: ...

@@ -262,17 +262,6 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         leaves = s.cache._session_leaves.get(session_id, ())
         return SessionDetail(view, tuple(sorted(node.id for node in leaves)))
 
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None or not text:
-            return super().encode(text)
-        try:
-            tokens = [int(t) for t in self.tokenizer.encode(text)]
-        except Exception as exc:  # a tokenizer that cannot take this text: said, never a traceback
-            raise BadRequest(f"the tokenizer cannot encode this text: {type(exc).__name__}") from None
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
-        return tokens
-
     def match(self, tokens: list[int]) -> MatchView:
         if len(tokens) > MAX_MATCH_TOKENS:
             raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")

@@ -75,3 +75,18 @@ async def test_a_text_search_on_a_target_without_a_tokenizer_says_so(engine):
         await search(pilot, app, "abcd")
         told = [n.message for n in app._notifications if n.title == "search"]
         assert told and "has no tokenizer: search by token ids" in told[-1], told
+
+
+def test_encode_through_the_adapters_tokenizer_and_its_refusals(engine):
+    from radixtop.adapters.errors import BadRequest, Unsupported
+
+    class Broken:
+        def encode(self, text: str) -> list[int]:
+            raise ValueError("no")
+
+    assert BundledAdapter(engine, tokenizer=Letters()).encode("abc") == [1, 2, 3]
+    assert BundledAdapter(engine).encode("") == []  # an empty text is no ids anywhere
+    with pytest.raises(Unsupported, match="has no tokenizer"):
+        BundledAdapter(engine).encode("abc")
+    with pytest.raises(BadRequest, match="cannot encode this text: ValueError"):
+        BundledAdapter(engine, tokenizer=Broken()).encode("abc")
