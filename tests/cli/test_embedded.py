@@ -275,3 +275,29 @@ def test_the_parent_sends_no_token_to_what_cannot_prove_it_is_the_child(tmp_path
             sleeper.kill()
             sleeper.wait()
         assert squatter.tokens == []
+
+
+@pytest.mark.parametrize("given", ["not a socket", "a socket on another host"])
+def test_serve_refuses_a_socket_fd_that_is_not_a_loopback_listener_in_one_line(given):
+    """`serve --socket-fd N` (how the demo's child gets its socket) names what is wrong with N."""
+    import sys
+
+    from radixtop.cli.errors import EXIT_USAGE
+
+    with socket.socket() as other:
+        if given == "not a socket":
+            fd, keep = os.open(os.devnull, os.O_RDONLY), ()
+        else:
+            other.bind(("0.0.0.0", 0))
+            fd, keep = other.fileno(), (other,)
+        try:
+            result = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--host", "127.0.0.1",
+                                     "--socket-fd", str(fd), "--model", "tiny", "--capacity", "512", "--device", "cpu"],
+                                    pass_fds=(fd,), capture_output=True, text=True, timeout=120,
+                                    env={**os.environ, "RADIXTOP_TOKEN": "t" * 24})
+        finally:
+            if not keep:
+                os.close(fd)
+    assert result.returncode == EXIT_USAGE, result
+    assert result.stderr.count("\n") == 1 and f"--socket-fd {fd}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
