@@ -21,7 +21,8 @@ def _libc_fallocate():  # the C function, or None off Linux
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fallocate = ctypes.CDLL(None, use_errno=True).fallocate64
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = getattr(libc, "fallocate64", None) or libc.fallocate  # (musl has only the one)
     except (OSError, AttributeError):
         return None
     fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
