@@ -105,6 +105,24 @@ def _number(raw: dict, name: str, where: str, line_no: int = 0, default: float |
     return float(value)
 
 
+MAX_REQUEST_TOKENS = 1 << 21
+"""The longest prompt or output a trace's request may ask for (2,097,152 tokens, past every
+context window served today): each prompt's tokens are built in full, so a hostile line asking
+for billions would take the memory of the box."""
+
+
+def _length(value: int, name: str, where: str, line_no: int, blocks: int | None, block_size: int) -> int:
+    """A request's ``name`` length, read: backed by its ``blocks`` hash ids (a prompt; a partial
+    block past them allowed) and at most MAX_REQUEST_TOKENS."""
+    if blocks is not None and value > (blocks + 1) * block_size:
+        raise TraceFormatError(where, f"{name} {value:,} is more than its {blocks:,} hash_ids blocks of "
+                                      f"{block_size} tokens (and a partial block) hold", line_no)
+    if value > MAX_REQUEST_TOKENS:
+        raise TraceFormatError(where, f"{name} {value:,} is over radixtop's maximum of {MAX_REQUEST_TOKENS:,} "
+                                      "tokens a request", line_no)
+    return value
+
+
 def _hash_ids(raw: dict, where: str, line_no: int = 0) -> tuple[int, ...]:
     if "hash_ids" not in raw:
         raise TraceFormatError(where, "missing field 'hash_ids'", line_no)
@@ -175,6 +193,8 @@ def read_mooncake(lines: Iterable[str | bytes]) -> ParsedTrace:
         input_length = _int(raw, "input_length", where, line_no)
         output_length = _int(raw, "output_length", where, line_no)
         hash_ids = _hash_ids(raw, where, line_no)
+        _length(input_length, "input_length", where, line_no, len(hash_ids), MOONCAKE_BLOCK_SIZE)
+        _length(output_length, "output_length", where, line_no, None, MOONCAKE_BLOCK_SIZE)
         session = finder.find(hash_ids)
         if session is None:
             sessions += 1
@@ -189,7 +209,7 @@ def read_mooncake(lines: Iterable[str | bytes]) -> ParsedTrace:
 
 
 def _tester_requests(entries: Any, where: str, session: str, scope: str, base: float,
-                     out: list[TraceRequest]) -> None:
+                     out: list[TraceRequest], block_size: int) -> None:
     if not isinstance(entries, list):
         raise TraceFormatError(where, "field 'requests' must be a list")
     own: list[tuple[float, tuple[int, ...], int, int, float | None]] = []
@@ -205,11 +225,12 @@ def _tester_requests(entries: Any, where: str, session: str, scope: str, base: f
             name = agent if isinstance(agent, str) and agent else f"agent_{agents:03d}"
             if "requests" not in raw:
                 raise TraceFormatError(at, "missing field 'requests' (a subagent entry holds its own)")
-            _tester_requests(raw["requests"], f"{at}.requests", f"{session}/{name}", scope, t, out)
+            _tester_requests(raw["requests"], f"{at}.requests", f"{session}/{name}", scope, t, out, block_size)
             continue
         api_time = _number(raw, "api_time", at, default=-1.0)
-        own.append((t, _hash_ids(raw, at), _int(raw, "in", at), _int(raw, "out", at),
-                    None if api_time < 0 else api_time))
+        hash_ids, n_in, n_out = _hash_ids(raw, at), _int(raw, "in", at), _int(raw, "out", at)
+        own.append((t, hash_ids, _length(n_in, "in", at, 0, len(hash_ids), block_size),
+                    _length(n_out, "out", at, 0, None, block_size), None if api_time < 0 else api_time))
     own.sort(key=lambda r: r[0])
     for k, (t, hash_ids, n_in, n_out, api_time) in enumerate(own):
         if api_time is not None and k + 1 < len(own):  # a turn ends before its session's next begins
@@ -249,7 +270,7 @@ def read_kv_cache_tester(docs: Iterable[tuple[str, bytes | str]]) -> ParsedTrace
             session = f"{base}~{n}"
         used.add(session)
         scope = "" if scope_kind == "global" else session
-        _tester_requests(doc["requests"], f"{prefix}requests", session, scope, 0.0, requests)
+        _tester_requests(doc["requests"], f"{prefix}requests", session, scope, 0.0, requests, size)
     requests.sort(key=lambda r: r.t)
     return ParsedTrace("kv-cache-tester", block_size or 64, requests)
 

@@ -221,3 +221,48 @@ def test_a_session_id_with_markup_and_a_terminal_code_is_shown_as_written(tmp_pa
                     "--capacity", "64k")
     assert done.returncode == 0, done.stderr
     assert "[/]evil?[2J" in done.stdout and "\x1b" not in done.stdout
+
+
+HOSTILE_LENGTHS = [
+    # One 94-byte Mooncake line asked for a 50M-token prompt (2.6 GB built), 3e9 a MemoryError.
+    ("mooncake", '{"timestamp": 0, "input_length": 50000000, "output_length": 1, "hash_ids": [1]}\n',
+     "line 1: input_length 50,000,000 is more than its 1 hash_ids blocks of 512 tokens (and a partial block) "
+     "hold"),
+    ("mooncake", '{"timestamp": 0, "input_length": 3000000000, "output_length": 1, "hash_ids": [1]}\n',
+     "line 1: input_length 3,000,000,000 is more than"),
+    ("mooncake", '{"timestamp": 0, "input_length": 10, "output_length": 3000000000, "hash_ids": [1]}\n',
+     "line 1: output_length 3,000,000,000 is over radixtop's maximum of 2,097,152 tokens a request"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5000000, "output_length": 1, "hash_ids": '
+     + json.dumps(list(range(10_000))) + '}\n',
+     "line 1: input_length 5,000,000 is over radixtop's maximum of 2,097,152 tokens a request"),
+    ("kv-cache-tester", '{"block_size": 64, "requests": [{"t": 0, "in": 40000000, "out": 1, "hash_ids": [1]}]}',
+     "requests[0]: in 40,000,000 is more than its 1 hash_ids blocks of 64 tokens (and a partial block) hold"),
+    ("kv-cache-tester", '{"block_size": 64, "requests": [{"t": 0, "in": 1, "out": 90000000000, "hash_ids": [1]}]}',
+     "requests[0]: out 90,000,000,000 is over radixtop's maximum of 2,097,152 tokens a request"),
+]
+
+
+@pytest.mark.parametrize("fmt, text, message", HOSTILE_LENGTHS,
+                         ids=["mooncake-50M", "mooncake-3e9", "mooncake-output", "mooncake-over-max", "tester-in",
+                              "tester-out"])
+@pytest.mark.parametrize("command", ["replay", "serve"])
+def test_a_hostile_length_is_one_line_before_anything_is_built(tmp_path, fmt, text, message, command):
+    """A length no block list backs, or over a sane maximum, is refused in one line as the trace
+    is read, by `replay` and by `serve --trace` (which stops before it listens); the child's
+    address space is bounded, so building the tokens would fail the test with a MemoryError."""
+    import resource
+
+    path = tmp_path / ("trace.jsonl" if fmt == "mooncake" else "trace.json")
+    path.write_text(text)
+    args = ["replay", "--format", fmt, str(path)] if command == "replay" else \
+        ["serve", "--trace", str(path), "--format", fmt, "--port", "1", "--model", "tiny", "--device", "meta"]
+
+    def bound() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "RADIXTOP_TOKEN": "x" * 24},
+                          preexec_fn=bound)
+    assert done.returncode == 1 and done.stdout == "", (done.returncode, done.stdout, done.stderr)
+    assert done.stderr == f"radixtop: {path}: {message}" + done.stderr.split(message, 1)[-1], done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
