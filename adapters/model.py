@@ -433,14 +433,16 @@ class CloseResultView(_View):
 class EvictResultView(_View):
     requested_tokens: int
     evicted_tokens: int
-    evicted_nodes: int
+    evicted_nodes: int | None
+    """None where the target cannot count them (SGLang's Rust tree core counts tokens only)."""
     evicted_bytes: int
 
 
 @dataclass(frozen=True)
 class FlushResultView(_View):
     freed_tokens: int
-    freed_nodes: int
+    freed_nodes: int | None
+    """None where the target cannot count them (the Rust tree core, SGLang's plain HTTP routes)."""
     freed_bytes: int
     flushed: bool
     """False when it was refused because requests are running (as SGLang's flush_cache does)."""

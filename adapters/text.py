@@ -38,6 +38,12 @@ def known(value: int | None) -> str:
     return "unknown" if value is None else str(value)
 
 
+def in_nodes(n: int | None) -> str:
+    """Where an action's tokens were: 'in 3 nodes', or 'nodes unknown (the target cannot count
+    them)': never 'in 0 nodes' for unknown."""
+    return "nodes unknown (the target cannot count them)" if n is None else f"in {n:,} node{'s' * (n != 1)}"
+
+
 def count(n: int | None, what: str) -> str:
     """'1,234 nodes', or 'nodes unknown' where the target cannot tell (never a 0 for unknown)."""
     return f"{what} unknown" if n is None else f"{n:,} {what}"

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.adapters.text import human_bytes, inert, known, typed_confirmation
+from radixtop.adapters.text import human_bytes, in_nodes, inert, known, typed_confirmation
 from radixtop.cli.errors import EXIT_REFUSED, fail
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url, Yes
 from radixtop.cli.render import emit_json, plain_console
@@ -139,7 +139,7 @@ def evict(
         r = t.evict(tokens)
     if as_json:
         return emit_json(r.to_dict())
-    typer.echo(f"evicted {r.evicted_tokens:,} tokens ({human_bytes(r.evicted_bytes)}) in {r.evicted_nodes} nodes")
+    typer.echo(f"evicted {r.evicted_tokens:,} tokens ({human_bytes(r.evicted_bytes)}) {in_nodes(r.evicted_nodes)}")
 
 
 @app.command()
@@ -164,4 +164,4 @@ def flush(
     if as_json:
         return emit_json(r.to_dict())
     extra = f"; {inert(r.message)}" if r.message else ""
-    typer.echo(f"flushed {r.freed_tokens:,} tokens ({human_bytes(r.freed_bytes)}) in {r.freed_nodes} nodes{extra}")
+    typer.echo(f"flushed {r.freed_tokens:,} tokens ({human_bytes(r.freed_bytes)}) {in_nodes(r.freed_nodes)}{extra}")

@@ -276,13 +276,15 @@ class CloseOut(Schema):
 class EvictOut(Schema):
     requested_tokens: int
     evicted_tokens: int
-    evicted_nodes: int
+    evicted_nodes: int | None
+    """null: the target cannot count them (SGLang's Rust tree core)."""
     evicted_bytes: int
 
 
 class FlushOut(Schema):
     freed_tokens: int
-    freed_nodes: int
+    freed_nodes: int | None
+    """null: the target cannot count them (the Rust tree core, SGLang's plain HTTP routes)."""
     freed_bytes: int
     flushed: bool
     message: str

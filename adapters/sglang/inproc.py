@@ -641,7 +641,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
 
         return self._call(act, urgent=True)
 
-    def _evict(self, num_tokens: int) -> tuple[int, int]:
+    def _evict(self, num_tokens: int) -> tuple[int, int | None]:
         """(tokens, nodes) SGLang's own ``evict`` freed (owner thread)."""
         tokens, nodes = self.tree.evict_counted(num_tokens)  # evicted_tokens: counted by ``observe``
         self._changed()

@@ -457,10 +457,10 @@ class SGLangRoutesAdapter(CacheAdapter):
         if not response.is_success:
             self._fail(response)
         if not before.split:
-            return FlushResultView(0, 0, 0, True, "flushed; freed tokens unknown (the server has no "
+            return FlushResultView(0, None, 0, True, "flushed; freed tokens unknown (the server has no "
                                    "KV pool metrics: start it with --enable-metrics)")
         freed = before.capacity - before.available
-        return FlushResultView(freed, 0, freed * self.bytes_per_token, True,
+        return FlushResultView(freed, None, freed * self.bytes_per_token, True,
                                f"flushed: the whole cache ({freed:,} tokens) was dropped")
 
     def release(self) -> None:

@@ -104,13 +104,14 @@ class SGLangTree:
         result = self.cache.evict(EvictParams(num_tokens=num_tokens))
         return int(getattr(result, "num_tokens_evicted", 0) or 0)
 
-    def evict_counted(self, num_tokens: int) -> tuple[int, int]:
+    def evict_counted(self, num_tokens: int) -> tuple[int, int | None]:
         """(tokens, nodes) SGLang's own ``evict`` freed; nodes counted from its ``_delete_leaf``
-        calls, wrapped for this call only (owner thread)."""
+        calls, wrapped for this call only (owner thread); None where there is nothing to count
+        them by (the Rust tree core)."""
         cache, deleted = self.cache, [0]
         delete_leaf = getattr(cache, "_delete_leaf", None)
         if delete_leaf is None:
-            return self.evict(num_tokens), 0
+            return self.evict(num_tokens), None
         own = vars(cache).get("_delete_leaf") if hasattr(cache, "__dict__") else None
 
         def counting(node, *args, **kwargs):

@@ -28,7 +28,7 @@ import time  # noqa: E402
 
 import msgspec  # noqa: E402
 
-from radixtop.adapters.errors import ReadOnly, UnknownSession  # noqa: E402
+from radixtop.adapters.errors import ReadOnly, UnknownSession, Unsupported  # noqa: E402
 from radixtop.adapters.model import ROOT_ID  # noqa: E402
 from radixtop.adapters.sglang.events.wire import Cleared, Removed, Stored, decode_batch
 from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
@@ -303,8 +303,13 @@ def test_the_plugin_keeps_the_rust_cores_tree_in_process(sgl, sglang_publishes):
             assert caps.tree and caps.evict and caps.flush and not caps.sessions and "unknown" in caps.reason
             kid = adapter.children(ROOT_ID).children[0]
             assert kid.lock_ref is None and kid.holders is None and adapter.stats().node_count == 4
-            adapter.evict(3)
+            before = {row["id"] for row in adapter.export() if "id" in row}
+            evicted = adapter.evict(3)
             assert adapter.node(ROOT_ID).node.subtree_tokens == server.cache.evictable_size() < 9
+            gone = before - {row["id"] for row in adapter.export() if "id" in row}
+            assert evicted.evicted_nodes == len(gone) >= 1  # counted from the events, never a 0 for unknown
+            with pytest.raises(Unsupported, match="POST /close_session"):  # SGLang's own route, and why
+                adapter.close_session("a")
             if sglang_publishes:  # the same batches went out on the wire
                 assert wire.wait_for_seq(server.seq) and wire.stats().total_tokens == server.cache.evictable_size()
             adapter.flush()

@@ -25,10 +25,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from radixtop.adapters.base import CacheAdapter, Read, check_reads
-from radixtop.adapters.errors import TargetTimeout
+from radixtop.adapters.errors import TargetTimeout, Unsupported
 from radixtop.adapters.model import (
     Capabilities,
     ChainView,
@@ -267,20 +267,45 @@ class CoreEventsAdapter(CacheAdapter):
 
     # ----- actions: SGLang's own -----
 
+    def _close_is_sglangs(self, session_id: str) -> NoReturn:
+        raise Unsupported(
+            f"{self.name}: radixtop cannot close session {session_id!r} here: the Rust tree core shows "
+            "radixtop its KV events (which blocks each session stored), not which nodes a session holds, so "
+            "radixtop can neither plan a close nor make one; close it with SGLang's own route: POST "
+            '/close_session {"session_id": ...} (what it freed shows in the stats and the tree afterwards)')
+
     def plan_close(self, session_id: str) -> ClosePlanView:
+        if self.sglang.tree.policy is None:
+            self._close_is_sglangs(session_id)
         return self.sglang.plan_close(session_id)
 
     def close_session(self, session_id: str) -> CloseResultView:
+        if self.sglang.tree.policy is None:
+            self._close_is_sglangs(session_id)
         return self.sglang.close_session(session_id)
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView | None, CloseResultView]:
+        if self.sglang.tree.policy is None:
+            self._close_is_sglangs(session_id)
         return self.sglang.close_session_planned(session_id)
 
+    def _nodes_gone(self, action: Callable[[], Any]) -> tuple[Any, int | None]:
+        """Run ``action``; the nodes the tree lost meanwhile, counted from the events it applied
+        (the core itself counts tokens only)."""
+        self._sync()
+        before = self.events.stats().node_count
+        result = action()
+        self._sync()
+        after = self.events.stats().node_count
+        return result, (before - after if before is not None and after is not None and before >= after else None)
+
     def evict(self, num_tokens: int) -> EvictResultView:
-        return self.sglang.evict(num_tokens)
+        result, nodes = self._nodes_gone(lambda: self.sglang.evict(num_tokens))
+        return dataclasses.replace(result, evicted_nodes=nodes if result.evicted_nodes is None else result.evicted_nodes)
 
     def flush(self) -> FlushResultView:
-        return self.sglang.flush()
+        result, nodes = self._nodes_gone(self.sglang.flush)
+        return dataclasses.replace(result, freed_nodes=nodes if result.freed_nodes is None else result.freed_nodes)
 
     def release(self) -> None:
         self.core.close()
