@@ -12,7 +12,6 @@ from radixtop.cli.errors import EXIT_REFUSED, EXIT_USAGE, MissingExtra, exits, f
 from radixtop.cli.options import (
     DEMO_CAPACITY,
     DEMO_MODEL,
-    Capacity,
     ClosePolicy,
     DpRank,
     EvictionPolicy,
@@ -33,7 +32,10 @@ app = typer.Typer()
 
 @app.command()
 def serve(
-    capacity: Capacity = DEMO_CAPACITY,
+    capacity: Annotated[int | None, typer.Option(
+        "--capacity", min=1, show_default=False,
+        help=f"KV pool size in tokens: the embedded engine's ({DEMO_CAPACITY:,} if not given), or the pool of "
+             "a --kv-events stream (which does not say it).")] = None,
     model: TargetModel = None,
     page_size: PageSize = 1,
     eviction_policy: EvictionPolicy = "lru",
@@ -112,10 +114,13 @@ def serve(
         finally:
             release()
 
+    if sglang_url and capacity is not None:
+        raise fail("--capacity goes with the embedded engine or --kv-events: an SGLang server says its own",
+                   EXIT_USAGE)
     if kv_events or sglang_url:
         with exits(ValueError, AdapterError, MissingExtra):
             target = open_target(external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model,
-                                               None, tokenizer=tokenizer))
+                                               capacity, tokenizer=tokenizer))
         if read_only:
             target.adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
         return run_server(target.adapter, target.release)
@@ -123,6 +128,7 @@ def serve(
     if tokenizer is not None:
         raise fail("--tokenizer goes with --kv-events (the demo has its own words; a trace's ids have none)",
                    EXIT_USAGE)
+    capacity = capacity or DEMO_CAPACITY
     with exits(ValueError):
         check_device_choice(device)
         geometry = get_geometry(model or DEMO_MODEL, page_size)

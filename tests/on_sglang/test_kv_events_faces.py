@@ -58,7 +58,7 @@ def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
     env = {**os.environ, "RADIXTOP_TOKEN": "kv-events-test-token-0123"}
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--kv-events", f"tcp://127.0.0.1:{port}",
-         "--model", "tiny", "--port", str(api)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--model", "tiny", "--capacity", "8192", "--port", str(api)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     url = f"http://127.0.0.1:{api}"
     try:
@@ -84,6 +84,9 @@ def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
             time.sleep(0.2)
         stats = json.loads(run("stats", "--json").stdout)
         assert stats["total_tokens"] == 4 and stats["bytes_per_token"] == 256  # --model tiny
+        # --capacity is the pool's size (it was ignored: capacity 0 beside cached tokens)
+        assert stats["capacity_tokens"] == 8192 and stats["available_tokens"] == 8192 - 4
+        assert stats["available_tokens"] + stats["evictable_tokens"] == stats["capacity_tokens"]
         tree = json.loads(run("tree", "--json").stdout)
         assert tree["children"][0]["node"]["first_tokens"] == [7, 8, 9, 10]
         assert json.loads(run("match", "7", "8", "9", "--json").stdout)["matched_tokens"] == 3
