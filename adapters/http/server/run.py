@@ -6,6 +6,7 @@ One way for both: a socket bound first, then uvicorn on it with the API's bounde
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -37,6 +38,10 @@ def bind(host: str, port: int) -> socket.socket:
 def base_url(host: str, port: int) -> str:
     """Where a client reaches a server bound to ``host:port``."""
     return f"http://{host_in_url(host)}:{port}"
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _uvicorn(app: FastAPI) -> Any:
@@ -98,11 +103,18 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
             + (f" (audit log: {audit_path})" if audit_path is not None else ""))
         if generated:
             log(f"API token (send as 'Authorization: Bearer <token>'): {token}")
+        # SIGTERM (systemd, docker, kill) stops it as Ctrl-C does: uvicorn shuts down, then raises
+        # the signal it caught again under the handler it found, which is this one (by default
+        # the process would die of the signal, status 143).
+        main = threading.current_thread() is threading.main_thread()  # handlers live in the main thread
+        previous = signal.signal(signal.SIGTERM, _stop) if main else None
         try:
             _uvicorn(app).run(sockets=[sock])
         except KeyboardInterrupt:
             pass  # uvicorn has shut down cleanly; Ctrl-C is how a server is meant to stop
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
             sock.close()
     finally:
         audit.close()
