@@ -41,11 +41,38 @@ class FleetEntry:
     dp_size: int = 1
 
 
-def _lines(path: Path) -> list[tuple[int, list[str]]]:
+MAX_FILE_BYTES = 1 << 20
+"""The largest fleet, map or tokens file read (1 MiB: some ten thousand workers)."""
+
+
+def _small_file(path: Path, what: str, private: bool = False) -> bytes:
+    """A small plain file's bytes; BadRequest (one line) for anything else, at once: a FIFO
+    (opened without blocking, so no writer is waited for), a device such as /dev/zero, a link
+    (``private``: the tokens file), a file over MAX_FILE_BYTES."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if private else 0)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise BadRequest(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise BadRequest(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BadRequest(f"{what} {path} is not a plain file")
+        if private:
+            if st.st_uid != os.geteuid():
+                raise BadRequest(f"{what} {path} belongs to uid {st.st_uid}, not to you")
+            if st.st_mode & 0o077:
+                raise BadRequest(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read "
+                                 f"it; chmod 600 {path}")
+        raw = fh.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise BadRequest(f"{what} {path} is larger than {MAX_FILE_BYTES:,} bytes: is it the right file?")
+    return raw
+
+
+def _lines(path: Path, what: str) -> list[tuple[int, list[str]]]:
+    try:
+        text = _small_file(path, what).decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest(f"{path} is not UTF-8 text") from None
     out = []
@@ -60,7 +87,7 @@ def read_fleet_file(path: Path) -> list[FleetEntry]:
     """Lines of ``URL`` (a radixtop server or plugin) or ``sglang=URL [radixtop=URL] [dp=N]`` (an
     SGLang worker: its radixtop plugin where given, else its own routes); ``#`` comments."""
     entries: list[FleetEntry] = []
-    for number, words in _lines(path):
+    for number, words in _lines(path, "the fleet file"):
         fields: dict[str, str] = {}
         for word in words:
             key, sep, value = word.partition("=")
@@ -91,7 +118,7 @@ def read_map_file(path: Path) -> dict[str, str]:
     """Lines of ``WORKER RADIXTOP_URL``: WORKER is an engine URL (SMG's ``url``), optionally
     ``@DP`` for one rank, or a Dynamo ``instance_id`` (``id`` or ``id@DP``)."""
     mapping: dict[str, str] = {}
-    for number, words in _lines(path):
+    for number, words in _lines(path, "the map file"):
         if len(words) != 2:
             raise BadRequest(f"{path}:{number}: expected WORKER RADIXTOP_URL")
         worker, url = words
@@ -110,20 +137,7 @@ def read_tokens_file(path: Path) -> dict[str, str]:
     """Lines of ``URL TOKEN``: a radixtop URL's bearer token, or an engine's API key (SGLang's
     ``--api-key``, SMG's ``--api-key``). Refused unless a plain file of this user's, readable by
     nobody else (mode 0600 or stricter)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise BadRequest(f"cannot read the tokens file {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise BadRequest(f"the tokens file {path} is not a plain file")
-        if st.st_uid != os.geteuid():
-            raise BadRequest(f"the tokens file {path} belongs to uid {st.st_uid}, not to you")
-        if st.st_mode & 0o077:
-            raise BadRequest(f"the tokens file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read "
-                             f"it; chmod 600 {path}")
-        raw = fh.read()
+    raw = _small_file(path, "the tokens file", private=True)
     tokens: dict[str, str] = {}
     for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
         words = line.split()
