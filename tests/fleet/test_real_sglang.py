@@ -47,9 +47,16 @@ def admin_port(srv) -> int:
 
 def test_the_worker_through_smg_and_its_plugin_by_the_port_rule(fleet):
     srv, gateway = fleet
-    view = poll_fleet(SmgSource(gateway, Mapping({}, admin_port(srv))), timeout=5)
-    assert not view.error and len(view.rows) == 1
-    row = view.rows[0]
+    source = SmgSource(gateway, Mapping({}, admin_port(srv)))
+    deadline = time.monotonic() + 60
+    while True:  # SMG's /get_loads has no figures for a worker until its first load report: unknown till then
+        view = poll_fleet(source, timeout=5)
+        assert not view.error and len(view.rows) == 1
+        row = view.rows[0]
+        if row.running_requests is not None:
+            break
+        assert time.monotonic() < deadline, f"SMG's /get_loads gave no figures for the worker in 60 s: {row.why}"
+        time.sleep(0.5)
     assert row.worker == srv.url and row.dp_rank is None
     assert row.source == "radixtop" and row.radixtop_url == srv.admin_url and row.reachable, row.why
     assert row.healthy is True and row.running_requests == 0  # SMG's health, SMG's /get_loads
