@@ -32,6 +32,19 @@ def _confirm(question: str, yes: bool, typed: str | None = None) -> None:
         raise fail("cancelled; nothing was changed", EXIT_REFUSED)
 
 
+def _refuse_if_read_only(t: Any, url: str, token: str | None) -> None:
+    """One line and exit 1 where the server would refuse this client's every action (no token,
+    one that only reads, or a read-only target): before a plan is shown or a question asked."""
+    from radixtop.adapters.errors import Unauthorized
+
+    caps = t.capabilities()
+    if not caps.read_only:
+        return
+    if not token:  # said as ``remote_target`` says a refusal for want of one: what to set
+        raise Unauthorized(caps.reason)
+    raise fail(f"{url} refuses actions: {caps.reason or 'read-only'}", EXIT_REFUSED)
+
+
 @app.command()
 def close(
     session_ids: Annotated[list[str], typer.Argument(help="Sessions to close.")],
@@ -44,6 +57,8 @@ def close(
 
     ids = list(dict.fromkeys(session_ids))
     with remote_target(url, token, timeout) as t:
+        if not dry_run:
+            _refuse_if_read_only(t, url, token)
         plans, unknown = [], []
         for sid in ids:
             try:
@@ -122,6 +137,8 @@ def evict(
     """Evict at least N tokens of unlocked leaves, least recently used first (10% of the
     capacity or more: type the count to confirm, as in the dashboard)."""
     with remote_target(url, token, timeout) as t:
+        if not dry_run:
+            _refuse_if_read_only(t, url, token)
         st = t.stats()
         if dry_run:
             would = min(tokens, st.evictable_tokens)
@@ -150,6 +167,8 @@ def flush(
 ) -> None:
     """Free everything that no running request locks (type 'flush' to confirm, as in the dashboard)."""
     with remote_target(url, token, timeout) as t:
+        if not dry_run:
+            _refuse_if_read_only(t, url, token)
         st = t.stats()
         if dry_run:
             doc = {"dry_run": True, "would_free_tokens": st.evictable_tokens, "would_free_bytes": st.evictable_bytes}

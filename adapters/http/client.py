@@ -194,8 +194,10 @@ class RadixtopClient(CacheAdapter):
     # ----- reads -----
 
     def capabilities(self) -> Capabilities:
-        """The server's, but read-only without a token: the server refuses every action this
-        client would send (a face hides them and says why, instead of reporting a refusal late)."""
+        """The server's, as it answers them to this client's token (read-only, and why, for no
+        token or its read-only token: it would refuse every action this client sent, so a face
+        hides them and says why instead of reporting a refusal late); read-only without a token
+        from a server that answers the same to every token too."""
         caps = self._get(capabilities_from_dict, "/v1/capabilities")
         if not self._auth and not caps.read_only:
             caps = replace(caps, read_only=True, reason="no token: actions need the server's token "

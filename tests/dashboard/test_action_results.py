@@ -10,6 +10,7 @@ from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import ReadOnly
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server import reads as server_reads
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.inspector.app import RadixtopApp
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
@@ -59,9 +60,35 @@ async def test_without_a_token_the_actions_are_hidden_and_a_close_is_never_repor
     assert BundledAdapter(engine).plan_close("b").state == "open"
 
 
-async def test_a_close_the_server_refuses_is_reported_refused_and_the_actions_leave(engine):
-    """A read-only token: the plan (a read) shows, the close is refused: the toast says refused,
+async def test_with_a_read_only_token_the_actions_are_hidden_and_their_keys_say_why(engine):
+    """A read-only token: the server says so in its capabilities, so the dashboard knows before
+    any key: Close, Evict and Flush leave the footer, and c, E and F say why without a modal."""
+    with running_server(create_app(BundledAdapter(engine), "tok-actions-0123456789", AuditLog(None),
+                                   read_token="tok-reads-0123456789")) as url:
+        adapter = RadixtopClient(url, token="tok-reads-0123456789", timeout=5.0)
+        app = RadixtopApp(adapter, "s-worker", interval=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app)
+            footer = screen_lines(app)[-1].replace(" ", "")
+            assert "Close" not in footer and "Evict" not in footer and "Flush" not in footer, footer
+            await open_sessions(pilot, app, "b")
+            for key in ("c", "E", "F"):
+                await pilot.press(key)
+                await idle(pilot, app)
+                assert not isinstance(app.screen, (ConfirmScreen, AskScreen)), key
+            said = [message for _, message in toasts(app) if "only reads" in message]
+            assert said == ["s-worker refuses actions: this token only reads: actions need the action token"] * 3, \
+                toasts(app)
+            assert not any(title in ("closed", "done", "refused") for title, _ in toasts(app)), toasts(app)
+        adapter.release()
+    assert BundledAdapter(engine).plan_close("b").state == "open"
+
+
+async def test_a_close_the_server_refuses_is_reported_refused_and_the_actions_leave(engine, monkeypatch):
+    """A read-only token and a server from before capabilities answered for the token (the same
+    to every token): the plan (a read) shows, the close is refused: the toast says refused,
     with the server's words, and from then on the footer hides the actions."""
+    monkeypatch.setattr(server_reads, "for_token", lambda caps, state, request: caps)
     with running_server(create_app(BundledAdapter(engine), "tok-actions-0123456789", AuditLog(None),
                                    read_token="tok-reads-0123456789")) as url:
         adapter = RadixtopClient(url, token="tok-reads-0123456789", timeout=5.0)

@@ -120,6 +120,15 @@ class Tokens:
             return ReadOnly("this token only reads: actions need the action token")
         return Unauthorized("wrong token")
 
+    def why_not_act(self, headers: Headers) -> str:
+        """Why an action sent with these headers would be refused, in one sentence (empty: it
+        would not be): what ``GET /v1/capabilities`` says to the token it is sent."""
+        refusal = self.action_refusal(headers)
+        if refusal is None or isinstance(refusal, ReadOnly):
+            return refusal.message if refusal is not None else ""
+        given = "no token" if headers.get("authorization") is None else "wrong token"
+        return f"{given}: actions need the server's token (--token or RADIXTOP_TOKEN)"
+
     def read_refusal(self, headers: Headers) -> AdapterError | None:
         """Why the request may not read (401), or None: either token reads."""
         refusal = self.action_refusal(headers)

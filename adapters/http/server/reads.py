@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
 
@@ -55,12 +56,13 @@ from radixtop.adapters.http.schemas import (
     SubtreeOut,
 )
 from radixtop.adapters.http.server.answers import ahead_of_reads, call, json_response, logger
-from radixtop.adapters.http.server.deps import Adapter, Journal, SessionId, State
+from radixtop.adapters.http.server.deps import Adapter, Journal, Served, SessionId, State
 from radixtop.adapters.http.server.edge import CHALLENGE_HEADER, MAX_CHALLENGE, PROOF_HEADER
 from radixtop.adapters.http.server.errors import TARGET_ERRORS, documented
 from radixtop.adapters.http.server.metrics import render_metrics
 from radixtop.adapters.http.server.protocol import MAX_URL
 from radixtop.adapters.http.wire import encode_export_columns, error_to_body
+from radixtop.adapters.model import Capabilities
 
 EXPORT_CHUNK_ROWS = 1000
 """A size the export tests span; the server passes none: adapters chunk by ``export_ndjson``'s default."""
@@ -88,10 +90,19 @@ fleet = APIRouter()
 """``/v1/fleet``, in an app given a fleet to watch (``radixtop serve --fleet``) only."""
 
 
-@router.get("/v1/capabilities", response_model=CapabilitiesOut, summary="What this target can do",
-            responses=documented(*TARGET_ERRORS))
-def capabilities(adapter: Adapter) -> Response:
-    return json_response(call(adapter.capabilities))
+@router.get("/v1/capabilities", response_model=CapabilitiesOut,
+            summary="What this target can do", responses=documented(*TARGET_ERRORS))
+def capabilities(adapter: Adapter, state: State, request: Request) -> Response:
+    return json_response(for_token(call(adapter.capabilities), state, request))
+
+
+def for_token(caps: Capabilities, state: Served, request: Request) -> Capabilities:
+    """``caps`` as they are for the request's token: read-only, and why, where the server would
+    refuse its every action (no token, the read-only token, a wrong one that a loopback bind
+    lets read), so a face hides the actions before anyone confirms one. A target that is
+    read-only itself says its own reason, whatever the token."""
+    why = "" if caps.read_only else state.tokens.why_not_act(request.headers)
+    return replace(caps, read_only=True, reason=why) if why else caps
 
 
 @router.get("/v1/stats", response_model=StatsOut, summary="Cache totals (tokens and bytes)",
@@ -202,10 +213,12 @@ def doctor(adapter: Adapter, idle_after_s: Annotated[float, Query(ge=0, le=MAX_I
                         "read's result (``ok``) or error (``error``, ``status``) in order; an adapter "
                         "that owns its cache's thread reads them all in one hold of it.",
             responses=documented(429, 422, *TARGET_ERRORS))
-def read(adapter: Adapter, reads: str = Query(description=f"A JSON list of 1 to {MAX_READS} reads.",
-                                              max_length=MAX_URL)) -> Response:
+def read(adapter: Adapter, state: State, request: Request,
+         reads: str = Query(description=f"A JSON list of 1 to {MAX_READS} reads.", max_length=MAX_URL)) -> Response:
     parsed = parse_reads(reads)
-    return json_response(encode_results(parsed, call(adapter.read_many, parsed)))
+    results = [for_token(r, state, request) if isinstance(r, Capabilities) else r
+               for r in call(adapter.read_many, parsed)]
+    return json_response(encode_results(parsed, results))
 
 
 @router.get("/v1/export", summary="The whole tree as NDJSON: a header line, then one line per node",
