@@ -83,7 +83,7 @@ def test_a_server_that_never_answers_is_target_timeout():
             started = time.monotonic()
             with pytest.raises(TargetTimeout, match=url):
                 call()
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 10  # a 0.3 s timeout, against a server that never answers
         client.release()
 
 

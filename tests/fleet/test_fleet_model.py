@@ -199,7 +199,7 @@ def test_a_worker_still_out_at_the_deadline_gets_a_reason_and_the_poll_ends(monk
     started = time.monotonic()
     view = probe.poll_fleet(Two(), timeout=0.2)
     release.set()
-    assert time.monotonic() - started < 0.9 + 1.0  # 2 x 0.2 + 0.5
+    assert time.monotonic() - started < 5  # its deadline is 2 x 0.2 + 0.5 s; the stuck read waits 10 s
     rows = {r.worker: r for r in view.rows}
     assert rows["http://fast:1"].reachable
     stuck = rows["http://stuck:1"]

@@ -166,7 +166,7 @@ def test_readers_during_a_poll_get_the_last_view_at_once():
         time.sleep(0.01)
     started = time.monotonic()
     again = [poller.poll() for _ in range(5)]
-    assert time.monotonic() - started < 1.0 and all(v is first for v in again)
+    assert time.monotonic() - started < 5.0 and all(v is first for v in again)  # the stuck poll waits 10 s
     release.set()
     slow.join(5)
     assert poller.poll() is not first
@@ -242,7 +242,7 @@ def test_latest_never_waits_on_a_poll_and_starts_one_at_a_time():
     started = time.monotonic()
     first = poller.latest()
     assert isinstance(first, Future) and not first.done()
-    assert all(poller.latest() is first for _ in range(5)) and time.monotonic() - started < 1
+    assert all(poller.latest() is first for _ in range(5)) and time.monotonic() - started < 5  # not the 10 s
     release.set()
     view = first.result(10)
     assert polls == [1] and view.source == "slow"
