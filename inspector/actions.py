@@ -17,7 +17,7 @@ from textual.worker import Worker
 
 from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized, Unsupported
 from radixtop.adapters.model import ClosePlanView
-from radixtop.adapters.text import human_bytes, inert, typed_confirmation
+from radixtop.adapters.text import human_bytes, in_nodes, inert, typed_confirmation
 from radixtop.inspector.header import HeaderBar
 from radixtop.inspector.modals import AskScreen, ConfirmScreen
 from radixtop.inspector.sessions_view import SessionsTable
@@ -237,7 +237,7 @@ class ActionFlows:
                     # "at least n": fewer is what the unlocked leaves allowed
                     outcome = "done" if freed >= n else "partly done"
                     message = (f"evicted {r.evicted_tokens:,} of {n:,} tok asked · {human_bytes(r.evicted_bytes)} "
-                               f"in {r.evicted_nodes} nodes")
+                               f"{in_nodes(r.evicted_nodes)}")
                 else:
                     f = adapter.flush()
                     freed = f.freed_tokens  # (a cache just flushed has nothing left to evict on its own)

@@ -169,3 +169,27 @@ async def test_an_evict_that_frees_less_than_asked_says_partly_done(engine):
         title, message = toasts(app)[-1]
         assert title == "partly done", toasts(app)
         assert f"evicted {evictable:,} of {evictable + 5:,} tok asked" in message
+
+
+async def test_an_evict_whose_nodes_the_target_cannot_count_says_unknown_not_0(engine):
+    """SGLang's Rust core counts the tokens an evict freed, not the nodes: the toast says the
+    nodes are unknown (it said 'in None nodes', and 'in 0 nodes' before the count became None)."""
+    import dataclasses
+
+    class UncountedNodes(BundledAdapter):
+        def evict(self, num_tokens):
+            return dataclasses.replace(super().evict(num_tokens), evicted_nodes=None)
+
+    app = RadixtopApp(UncountedNodes(engine), interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("E")
+        await pilot.press("1", "enter")
+        await idle(pilot, app)
+        assert isinstance(app.screen, ConfirmScreen)
+        if app.screen.require_text is not None:
+            await pilot.press(*app.screen.require_text)
+        await pilot.click("#confirm")
+        await idle(pilot, app)
+        title, message = toasts(app)[-1]
+        assert title == "done" and "nodes unknown" in message and "None" not in message, toasts(app)
