@@ -3,7 +3,8 @@ failures in the contract's words, and the size of their ranking chunks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from radixtop.adapters.errors import TargetTimeout, TargetUnreachable, read_only
@@ -13,6 +14,33 @@ T = TypeVar("T")
 
 SORT_CHUNK = 1024
 """Children ranked at once; a wider node is ranked in chunks of this many, one a yield."""
+
+
+def smallest_in_steps(items: list[Any], want: int, key: Callable[[Any], Any]) -> Generator[None, None, list[Any]]:
+    """The ``want`` smallest of ``items`` by ``key``, in order, as a pass whose every step keys
+    at most about two chunks of ``SORT_CHUNK``: near the top a running ``nsmallest`` a chunk a
+    step; deeper (a far page), the items sorted in runs of a chunk a step, then the runs merged
+    a chunk of items a step (a running nsmallest of 150,000 redid 150,000 items every step)."""
+    if want <= SORT_CHUNK:
+        best: list[Any] = []
+        for start in range(0, len(items), SORT_CHUNK):
+            best = heapq.nsmallest(want, [*best, *items[start : start + SORT_CHUNK]], key=key)
+            if len(items) > SORT_CHUNK:
+                yield
+        return best
+    runs = []
+    for start in range(0, len(items), SORT_CHUNK):
+        runs.append(sorted(((key(item), item) for item in items[start : start + SORT_CHUNK]),
+                           key=lambda pair: pair[0]))
+        yield
+    out: list[Any] = []
+    for pair in heapq.merge(*runs, key=lambda pair: pair[0]):
+        if len(out) == want:
+            break
+        out.append(pair[1])
+        if len(out) % SORT_CHUNK == 0:
+            yield
+    return out
 
 
 def owner_call(run: Callable[[], T], name: str) -> T:

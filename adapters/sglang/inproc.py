@@ -16,7 +16,6 @@ it shows.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -65,7 +64,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
 )
-from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
+from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only, smallest_in_steps
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
 from radixtop.adapters.sglang.counters import kv_geometry, observe
@@ -394,7 +393,8 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self._need_tree()
         node = self._lookup(node_id)
         sizes = self._sizes()
-        if order == "bytes" and sizes is self._index:  # kept ranked between reads: O(page + changes)
+        if order == "bytes" and sizes is self._index and offset + limit <= SORT_CHUNK:
+            # near the top, kept ranked between reads: O(page + changes)
             total = len(node.children)
             first = (yield from sizes.top_children(node, offset + limit))[offset:]
             node = self._lookup(node_id)  # still there after the slices?
@@ -404,12 +404,8 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         key = self._child_key(order, sizes)
         if len(kids) <= SORT_CHUNK:
             first = sorted(kids, key=key)[offset : offset + limit]
-        else:  # a wide node (a few-shot prompt with 100k continuations): the top in chunks
-            want, best = offset + limit, []
-            for start in range(0, len(kids), SORT_CHUNK):
-                best = heapq.nsmallest(want, [*best, *kids[start : start + SORT_CHUNK]], key=key)
-                yield
-            first = best[offset:]
+        else:  # a wide node (a few-shot prompt with 100k continuations): ranked in bounded steps
+            first = (yield from smallest_in_steps(kids, offset + limit, key))[offset:]
             node = self._lookup(node_id)  # still there after the slices?
         depth = self._depth(node) + 1
         now = time.monotonic()

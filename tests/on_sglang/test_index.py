@@ -180,3 +180,53 @@ def test_a_tree_whose_hooks_cannot_install_says_sessions_are_unavailable(sgl, mo
     assert adapter.stats().open_sessions is None  # unknown, not 0
     assert adapter.node(ROOT_ID).sessions_beneath is None
     assert adapter.children(ROOT_ID).total > 0  # the tree itself is still read (by a walk)
+
+
+@pytest.mark.parametrize("order", ["bytes", "recency", "tokens"])
+def test_any_page_of_a_wide_node_is_exact_and_read_in_bounded_steps(sgl, order):
+    """A page far down a wide node (a few-shot prompt with thousands of continuations) is the
+    exact slice of the order, and no step of SGLang's scheduler ranks more than a few chunks of
+    children: a running nsmallest of offset + limit redid that many children every step (at
+    offset 150,000 of a 200k-child root, 150,000 a step)."""
+    import json
+
+    from radixtop.adapters.owned.common import SORT_CHUNK
+    from radixtop.adapters.owned.reads import finished
+
+    n = 6 * SORT_CHUNK
+    lines = [json.dumps({"op": "request", "input": [10_000 + k, 1 + k % 7], "output": [2] * (k % 5 + 1)})
+             for k in range(n)]
+    replayer = SGLangReplayer(sgl, 12 * n, eviction_policy="lru", max_running=8, max_context_len=512)
+    adapter = SGLangInProcessAdapter(replayer.cache, model="tiny")
+    for line_no, op in _parse(lines):
+        replayer.apply(line_no, op)
+    assert adapter.children(ROOT_ID, 0, 1).total == n
+    root = replayer.cache.root_node
+    kids = list(root.children.values())
+    index = getattr(replayer.cache, INDEX)
+    keys = {"bytes": lambda c: (-index.subtree[c.id], c.id), "recency": lambda c: (-c.last_access_time, c.id),
+            "tokens": lambda c: (-len(c.key), c.id)}
+    expected = [c.id for c in sorted(kids, key=keys[order])]
+    calls, most = [0], [0]
+    real = adapter._child_key
+
+    def counting(o, sizes):
+        key = real(o, sizes)
+
+        def counted(node):
+            calls[0] += 1
+            return key(node)
+        return counted
+
+    adapter._child_key = counting
+    for offset in (0, 3 * SORT_CHUNK, n - 100):
+        steps = adapter._children_pass(ROOT_ID, offset, 100, order)
+        try:
+            while True:
+                calls[0] = 0
+                next(steps)
+                most[0] = max(most[0], calls[0])
+        except StopIteration as done:
+            page = finished(done.value)
+        assert [c.id for c in page.children] == expected[offset : offset + 100], (order, offset)
+    assert most[0] <= 2 * SORT_CHUNK, f"a step computed {most[0]} keys"
