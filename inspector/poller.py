@@ -189,8 +189,10 @@ class Poller:
                 if self._tree_moving:
                     # pages read with the stats are good unless the tree state moved meanwhile
                     # (an expand or collapse in between): then it reads its own
-                    fresh = pages and pages == self.tree.wanted()
-                    self.tree.refresh(prefetched=(pages, results[len(reads):]) if fresh else None)
+                    if pages and pages == self.tree.wanted():
+                        self.tree.refresh(prefetched=(pages, results[len(reads):]))
+                    else:
+                        stats = self._refresh_with_stats(stats)
                 tree = self._rows()
         sessions_error = None
         if want_sessions:
@@ -204,6 +206,19 @@ class Poller:
             detail = got["node"]
         return Snapshot(stats, time.monotonic(), capabilities, tree, sessions, detail, sessions_error,
                         request.sessions if want_sessions else None)
+
+    def _refresh_with_stats(self, stats: Stats) -> Stats:
+        """Reload the tree's pages (under ``tree_lock``) with the stats in the same read, and
+        return those stats: the header's figures are then of the moment of the rows beside them
+        (a flush between the poll's read and its pages said "9 nodes" over the one row left).
+        More pages than one read takes: read apart, and ``stats`` kept."""
+        wanted = self.tree.wanted()
+        if 1 + len(wanted) > MAX_READS:
+            self.tree.refresh()
+            return stats
+        results = self.adapter.read_many([("stats", ()), *(("children", args) for args in wanted)])
+        self.tree.refresh(prefetched=(wanted, results[1:]))
+        return _ok(results[0])
 
     def _tree_changed(self, version: int, delta: Changes | AdapterError | None) -> bool:
         """Did anything the tree shows change since the last poll? (``delta``: changes(since),

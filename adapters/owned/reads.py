@@ -77,32 +77,56 @@ class OwnerReads:
     # ----- reads -----
 
     def read_many(self, reads: Sequence[Read]) -> list[Any]:
+        """The reads' results, all of one moment of the cache: where the owner's turns between
+        them (a batch past ``ONE_VIEW_S``) changed the tree (an action, or the owner's own step),
+        the batch is read again at once, in one hold: a poll's stats never say the tree before
+        a flush beside its pages after it. (A read of its own chunks, a wide node's page, is
+        exact as of its last chunk, and keeps what it ranked: read again, it costs little.)"""
         checked = check_reads(reads)
         one_read = self._one_read
 
         def batch(*owner: Any) -> Generator[None, None, list[Any]]:
-            results: list[Any] = []
-            started = time.perf_counter()
-            for op, args in checked:
-                # a large cache: the owner's turn before a read that would end past the budget
-                if results and time.perf_counter() - started + one_read.seconds > ONE_VIEW_S:
-                    yield
-                    started = time.perf_counter()
-                read = self._read_pass(owner, op, args)
-                while True:  # ``yield from``, each of the read's own chunks timed
-                    began = time.perf_counter()
-                    try:
-                        next(read)
-                    except StopIteration as done:
-                        results.append(done.value)
-                        break
-                    finally:
-                        one_read.record(time.perf_counter() - began)
-                    yield
-                    started = time.perf_counter()
+            version = self._tree_version(*owner)
+            results = yield from self._batch_pass(owner, checked, one_read, hold=False)
+            if self._tree_version(*owner) != version:  # the version only grows: equal, unchanged
+                results = yield from self._batch_pass(owner, checked, one_read, hold=True)
             return results
 
         return [finished(r) for r in self._call_pass(batch)]
+
+    def _batch_pass(self, owner: tuple[Any, ...], checked: Sequence[Read], one_read: LongestOfLate,
+                    hold: bool) -> Generator[None, None, list[Any]]:
+        """The reads in order, giving the owner its turn before a read that would end past the
+        view budget and between a read's own chunks; ``hold``: never (the batch is one hold)."""
+        results: list[Any] = []
+        started = time.perf_counter()
+        for op, args in checked:
+            # a large cache: the owner's turn before a read that would end past the budget
+            if not hold and results and time.perf_counter() - started + one_read.seconds > ONE_VIEW_S:
+                yield
+                started = time.perf_counter()
+            read = self._read_pass(owner, op, args)
+            while True:  # ``yield from``, each of the read's own chunks timed
+                began = time.perf_counter()
+                try:
+                    next(read)
+                except StopIteration as done:
+                    results.append(done.value)
+                    break
+                finally:
+                    one_read.record(time.perf_counter() - began)
+                if not hold:
+                    yield
+                    started = time.perf_counter()
+        return results
+
+    def _tree_version(self, *owner: Any) -> int | None:
+        """The cache's change version (it grows with every change of the tree), read on the owner
+        thread; None where the adapter cannot tell (then a batch is never read again). By default
+        the bundled engine's: its scheduler, the owner's argument, has the cache."""
+        cache = getattr(owner[0], "cache", None) if owner else None
+        version = getattr(cache, "version", None)
+        return version if isinstance(version, int) else None
 
     def subtree(self, node_id: int = 0, depth: int = 3, limit: int = 10, order: str = "bytes",
                 min_bytes: int = 0) -> SubtreeView:
