@@ -28,6 +28,13 @@ next, as long as the longest read of late, would end within this; then it lets t
 step before it (a hold of its own)."""
 
 
+REREAD_S = 0.002
+"""A batch whose reads the owner's turns split, and that the tree changed meanwhile, is read
+again in one hold only if its reads took at most this of the owner's time (a dashboard's poll of
+a small cache, where a flush in a turn showed '0 nodes' beside the old rows). A larger batch keeps
+its results (its reads a few owner steps apart): one hold must stay short."""
+
+
 class OffOwner:
     """What a read takes of the cache on the owner thread, as plain values, with ``finish`` to
     turn them into the read's view on the reader's thread (building views and decoding their
@@ -87,18 +94,22 @@ class OwnerReads:
 
         def batch(*owner: Any) -> Generator[None, None, list[Any]]:
             version = self._tree_version(*owner)
-            results = yield from self._batch_pass(owner, checked, one_read, hold=False)
-            if self._tree_version(*owner) != version:  # the version only grows: equal, unchanged
-                results = yield from self._batch_pass(owner, checked, one_read, hold=True)
+            results, work = yield from self._batch_pass(owner, checked, one_read, hold=False)
+            # the version only grows: equal, unchanged. A batch read again must fit in one short
+            # hold: one that took more (a first ranking, a 1M-node cache) keeps its results.
+            if self._tree_version(*owner) != version and work <= REREAD_S:
+                results, _ = yield from self._batch_pass(owner, checked, one_read, hold=True)
             return results
 
         return [finished(r) for r in self._call_pass(batch)]
 
     def _batch_pass(self, owner: tuple[Any, ...], checked: Sequence[Read], one_read: LongestOfLate,
-                    hold: bool) -> Generator[None, None, list[Any]]:
-        """The reads in order, giving the owner its turn before a read that would end past the
-        view budget and between a read's own chunks; ``hold``: never (the batch is one hold)."""
+                    hold: bool) -> Generator[None, None, tuple[list[Any], float]]:
+        """The reads in order, and the owner's time they took, giving the owner its turn before a
+        read that would end past the view budget and between a read's own chunks; ``hold``:
+        never (the batch is one hold)."""
         results: list[Any] = []
+        work = 0.0
         started = time.perf_counter()
         for op, args in checked:
             # a large cache: the owner's turn before a read that would end past the budget
@@ -114,11 +125,13 @@ class OwnerReads:
                     results.append(done.value)
                     break
                 finally:
-                    one_read.record(time.perf_counter() - began)
+                    took = time.perf_counter() - began
+                    one_read.record(took)
+                    work += took
                 if not hold:
                     yield
                     started = time.perf_counter()
-        return results
+        return results, work
 
     def _tree_version(self, *owner: Any) -> int | None:
         """The cache's change version (it grows with every change of the tree), read on the owner

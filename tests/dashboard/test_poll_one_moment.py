@@ -172,3 +172,28 @@ async def test_the_header_never_counts_other_nodes_than_the_rows_beside_it_show(
             later_polls.set()
     finally:
         later_polls.set()
+
+
+def test_a_batch_that_took_the_owner_long_is_never_read_again_in_one_hold(engine, monkeypatch):
+    """One hold of the owner stays short: a batch whose reads took more than REREAD_S (a first
+    ranking of 50k sessions, a 1M-node cache under load) keeps its results when the tree moved
+    across its turns, rather than being read again whole in one hold (seconds, at that size)."""
+    adapter = BundledAdapter(engine)
+    monkeypatch.setattr(owned_reads, "ONE_VIEW_S", 0.0)
+    monkeypatch.setattr(engine.owner.slices, "slice_s", 0.0)
+    calls: list[threading.Thread] = []
+    read_stats = adapter.stats
+
+    def stats_then_a_flush():
+        stats = read_stats()
+        calls.append(flush_now(engine) if len(calls) == 0 else None)
+        return stats
+
+    monkeypatch.setattr(adapter, "stats", stats_then_a_flush)
+    monkeypatch.setattr(owned_reads, "REREAD_S", 0.0)  # every batch counts as long
+    adapter.read_many([("stats", ()), ("children", (ROOT_ID, 0, 100, "bytes"))])
+    calls[0].join(30)
+    assert len(calls) == 1  # read once: the tree moved, but no second pass in one hold
+    monkeypatch.setattr(owned_reads, "REREAD_S", 10.0)  # the same batch, counted short: read again
+    adapter.read_many([("stats", ()), ("children", (ROOT_ID, 0, 100, "bytes"))])
+    assert len(calls) == 2  # no flush queued this time: the tree did not move, so read once
