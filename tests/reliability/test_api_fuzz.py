@@ -78,11 +78,14 @@ class LiveApi:
 @contextmanager
 def live_api(tmp_path: Path, adapter_type: type[BundledAdapter] = BundledAdapter,
              **server_options: Any) -> Iterator[LiveApi]:
-    """``serve``'s set-up (httptools with JSON refusals) unless ``server_options`` say otherwise."""
+    """``serve``'s set-up (httptools with JSON refusals, the demo's tokenizer: /v1/encode
+    encodes) unless ``server_options`` say otherwise."""
+    from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
+
     engine = build_engine()
     audit = AuditLog(tmp_path / "audit.jsonl")
     try:
-        app = create_app(adapter_type(engine), TOKEN, audit)
+        app = create_app(adapter_type(engine, tokenizer=DEMO_TOKENIZER), TOKEN, audit)
         with running_server(app, **{"http": http_protocol(), **server_options}) as url:
             yield LiveApi(url, app, audit, httpx.get(f"{url}/openapi.json", timeout=30).json())
     finally:

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from radixtop.adapters.errors import AdapterError, BadRequest
@@ -193,14 +192,6 @@ async def close_session(session_id: SessionId, request: Request, adapter: Adapte
             action.result = result.to_dict()
             answer = {"plan": action.plan, "result": action.result}
     return json_response(answer)
-
-
-@router.api_route("/v1/sessions/{session_id:anytext}/close", methods=["GET", "HEAD", "PUT", "PATCH", "DELETE"],
-                  include_in_schema=False)
-async def close_by_another_method() -> None:
-    """405, as any action's route answers a method it does not take: without this route a GET here
-    was the read of a session whose id ends in '/close' (404)."""
-    raise StarletteHTTPException(405, headers={"Allow": "POST"})
 
 
 @router.post("/v1/evict", response_model=EvictOut, summary="Evict unlocked LRU leaves",

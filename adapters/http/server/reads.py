@@ -15,6 +15,7 @@ import anyio
 from fastapi import APIRouter, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixtop.adapters.base import (
     CHILD_ORDERS,
@@ -162,8 +163,12 @@ def sessions(adapter: Adapter,
 
 @router.get("/v1/sessions/{session_id:anytext}", response_model=SessionDetailOut,
             summary="One session and the nodes it holds",
-            responses=documented(429, 404, 422, *TARGET_ERRORS))
-def session(adapter: Adapter, session_id: SessionId) -> Response:
+            responses=documented(429, 404, 405, 422, *TARGET_ERRORS))
+def session(adapter: Adapter, session_id: SessionId, request: Request) -> Response:
+    if request.scope.get("raw_path", b"").endswith(b"/close"):
+        # .../ID/close as written (not an id ending in an encoded '%2Fclose'): the close action,
+        # asked with GET or HEAD; the other methods find its route's 405 themselves
+        raise StarletteHTTPException(405, headers={"Allow": "POST"})
     return json_response(call(adapter.session, session_id))
 
 
@@ -245,7 +250,7 @@ def audit_page(audit: Journal, limit: PageLimit = 100, offset: Offset = 0) -> Re
 
 
 @router.get("/healthz", response_model=HealthOut, summary="Whether the target answers",
-            responses=documented(503))
+            responses=documented(422, 503))
 async def healthz(adapter: Adapter, state: State,
                   challenge: str | None = Header(None, alias=CHALLENGE_HEADER, max_length=MAX_CHALLENGE,
                                                  description="Answered in a Radixtop-Proof header by a server "
