@@ -149,17 +149,23 @@ def test_the_servers_kv_events_in_dynamo_and_a_prefix_cached_twice(fleet, sgl, t
                 reply = http.post("/register", json=body)
                 assert reply.status_code == 201, reply.text
             srv.generate(shared + [400] * 8, max_new_tokens=2, session_id="fleet-late")  # after registering
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
+            # the indexer's /dump on a busy machine (three CI runs at once) took past the default
+            # 3 s source timeout: a generous one, as an operator would give a loaded indexer
+            source = DynamoSource(url, Mapping({"7": srv.admin_url}, None), timeout=15)
             while True:  # (the in-process cache publishes again until the indexer has connected)
                 other.reset()
                 other.insert(shared)
                 other.publish()
                 other.flushed()
                 time.sleep(1.0)
-                view = poll_fleet(DynamoSource(url, Mapping({"7": srv.admin_url}, None)), timeout=5)
+                view = poll_fleet(source, timeout=5)
                 if view.duplicates and view.duplicates.prefixes:
                     break
-                assert time.monotonic() < deadline, (view, (tmp_path / "indexer.log").read_text()[-3000:])
+                assert time.monotonic() < deadline, (
+                    f"no prefix cached twice in 120 s: error {view.error!r}, notes {view.notes}, duplicates "
+                    f"{view.duplicates}, rows {[(r.key, r.indexed_tokens, r.why) for r in view.rows]}",
+                    (tmp_path / "indexer.log").read_text()[-3000:])
     finally:
         other.close()
     rows = {r.key: r for r in view.rows}
