@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from radixtop.adapters.base import CacheAdapter, Read, check_reads
 from radixtop.adapters.errors import TargetTimeout, Unsupported
@@ -267,7 +267,11 @@ class CoreEventsAdapter(CacheAdapter):
 
     # ----- actions: SGLang's own -----
 
-    def _close_is_sglangs(self, session_id: str) -> NoReturn:
+    def _closer(self, session_id: str) -> SGLangInProcessAdapter:
+        """SGLang's adapter, which plans and closes where the tree has sessions; on the Rust core
+        Unsupported, saying to use SGLang's own route and why."""
+        if self.sglang.tree.policy is not None:
+            return self.sglang
         raise Unsupported(
             f"{self.name}: radixtop cannot close session {session_id!r} here: the Rust tree core shows "
             "radixtop its KV events (which blocks each session stored), not which nodes a session holds, so "
@@ -275,19 +279,13 @@ class CoreEventsAdapter(CacheAdapter):
             '/close_session {"session_id": ...} (what it freed shows in the stats and the tree afterwards)')
 
     def plan_close(self, session_id: str) -> ClosePlanView:
-        if self.sglang.tree.policy is None:
-            self._close_is_sglangs(session_id)
-        return self.sglang.plan_close(session_id)
+        return self._closer(session_id).plan_close(session_id)
 
     def close_session(self, session_id: str) -> CloseResultView:
-        if self.sglang.tree.policy is None:
-            self._close_is_sglangs(session_id)
-        return self.sglang.close_session(session_id)
+        return self._closer(session_id).close_session(session_id)
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView | None, CloseResultView]:
-        if self.sglang.tree.policy is None:
-            self._close_is_sglangs(session_id)
-        return self.sglang.close_session_planned(session_id)
+        return self._closer(session_id).close_session_planned(session_id)
 
     def _nodes_gone(self, action: Callable[[], Any]) -> tuple[Any, int | None]:
         """Run ``action``; the nodes the tree lost meanwhile, counted from the events it applied
