@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixtop.adapters.fleet.model import DuplicatePrefix, Duplicates
+from radixtop.adapters.http.wire import is_count
 
 DEVICE_TIER = "device"
 MAX_BLOCK_SIZE = 2**20
@@ -55,7 +56,7 @@ def parse_dump(body: Any) -> ParsedDump:
             events = doc["events"]
         except (KeyError, TypeError) as exc:
             raise DumpError(f"{group}: no block_size or events ({exc!r})") from None
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BLOCK_SIZE:
+        if not is_count(size) or not 1 <= size <= MAX_BLOCK_SIZE:
             raise DumpError(f"{group}: block_size {size!r:.40} is not a block size (a whole number from 1 to "
                             f"{MAX_BLOCK_SIZE})")
         sizes[group] = size

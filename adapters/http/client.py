@@ -27,6 +27,7 @@ from radixtop.adapters.http.wire import (
     children_page_from_dict,
     close_plan_from_dict,
     close_result_from_dict,
+    count,
     decode_export_columns,
     diagnosis_from_dict,
     error_from_body,
@@ -245,7 +246,7 @@ class RadixtopClient(CacheAdapter):
     def encode(self, text: str) -> list[int]:
         """The server's tokenizer's ids for ``text`` (Unsupported where it has none)."""
         body = self._request("GET", "/v1/encode", params={"text": text})
-        return self._view(lambda b: [int(t) for t in b["tokens"]], body)
+        return self._view(lambda b: [count(t, f"tokens[{i}]") for i, t in enumerate(b["tokens"])], body)
 
     def match(self, tokens: list[int]) -> MatchView:
         return self._get(match_from_dict, "/v1/match", tokens=self._match_query(tokens))

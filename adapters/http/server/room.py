@@ -35,11 +35,6 @@ class Room:
 
     def __init__(self) -> None:
         self._fallocate = _libc_fallocate()
-        self._warned = False
-
-    @property
-    def supported(self) -> bool:
-        return self._fallocate is not None
 
     def reserve(self, fd: int, offset: int, length: int) -> None:
         """Allocate ``[offset, offset + length)`` (what is allocated already costs nothing);
@@ -50,10 +45,8 @@ class Room:
             return
         code = ctypes.get_errno()
         if code in _UNSUPPORTED:
-            self._fallocate = None
-            if not self._warned:
-                self._warned = True
-                logger.warning("the audit log's file system cannot keep room for outcomes (%s): on a full "
-                               "disk an action that ran may be journaled without its outcome", os.strerror(code))
+            self._fallocate = None  # (so this is said once)
+            logger.warning("the audit log's file system cannot keep room for outcomes (%s): on a full "
+                           "disk an action that ran may be journaled without its outcome", os.strerror(code))
             return
         raise OSError(code, os.strerror(code))
