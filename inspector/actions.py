@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
 ACTIONS = {"close_sessions": "close", "evict": "evict", "flush": "flush"}
 """The screen's destructive actions, and the capability each needs (``Capabilities``)."""
-OUTCOMES = ("done", "partly done", "refused")
-"""What an action's result says happened (its toast's title), with the figures in its body."""
 
 
 def outcome_of(done: int, asked: int) -> str:
@@ -69,7 +67,7 @@ class ActionFlows:
         self.screen.app.call_from_thread(callback, *args, **kwargs)
 
     def _done(self, message: str, outcome: str) -> None:
-        """After an action (worker thread): say what happened (``outcome``: one of OUTCOMES, the
+        """After an action (worker thread): say what happened (``outcome``: done, partly done or refused, the
         toast's title), and show its effect at once."""
         severity: SeverityLevel = {"done": "information", "partly done": "warning"}.get(outcome, "error")
         self._from_thread(self.screen.notify, message, title=outcome, severity=severity, timeout=8)

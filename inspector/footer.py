@@ -10,13 +10,16 @@ from textual.widgets._footer import FooterKey
 DROPPED_FIRST = ("tree.chain", "tree.order", "sessions.select", "sessions.mark", "sessions.reverse", "tree.toggle",
                  "sessions.sort", "app.pause", "app.search", "fleet.refresh", "app.filter", "tree.pane",
                  "sessions.pane", "app.flush", "app.evict", "app.close")
-"""Bindings the footer leaves out, in this order, until the rest fits; the others (``app.quit``,
-``app.help``: how to leave, and how to find every key) always show."""
+"""Bindings the footer leaves out first, in this order, until the rest fits; then any other but
+``KEEP`` (a binding added later, from the last)."""
+KEEP = frozenset({"app.quit", "app.help"})
+"""How to leave, and how to find every key: always shown."""
 
 
 class KeysFooter(Footer):
     """Textual's Footer, one key per action, in the bindings' order; on a narrow screen the least
-    needed keys leave it (``DROPPED_FIRST``) rather than the last ones being cut at the edge."""
+    needed keys leave it (``DROPPED_FIRST``, then any but ``KEEP``) rather than the last ones being cut
+    at the edge."""
 
     def _fitting(self, keys: list[tuple[Binding, bool, str]]) -> list[tuple[Binding, bool, str]]:
         width = self.size.width or self.app.size.width
@@ -26,12 +29,14 @@ class KeysFooter(Footer):
             return len(self.app.get_key_display(binding)) + 1 + len(binding.description) + 1  # + the gap
 
         total = sum(map(cost, keys))
-        for drop in DROPPED_FIRST:
+        ranked = {name: rank for rank, name in enumerate(DROPPED_FIRST)}
+        droppable = sorted((k for k in keys if k[0].id not in KEEP),
+                           key=lambda k: (ranked.get(k[0].id, len(ranked)), -keys.index(k)))
+        for item in droppable:
             if total <= width:
                 break
-            for item in [k for k in keys if k[0].id == drop]:
-                keys.remove(item)
-                total -= cost(item)
+            keys.remove(item)
+            total -= cost(item)
         return keys
 
     def compose(self) -> ComposeResult:

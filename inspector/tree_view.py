@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from radixtop.adapters.model import NodeView
-from radixtop.adapters.text import age, human_bytes, inert
+from radixtop.adapters.text import age, human_bytes, one_line
 from radixtop.inspector.format import share_style
 from radixtop.inspector.rows_view import RowsView, cursor_bindings, pane_binding
 from radixtop.inspector.tree_ops import Collapse, CycleOrder, Expand, FoldChain, LoadMore, Toggle, TreeOp
@@ -28,7 +28,7 @@ _HEADER = Style(bold=True, underline=True)
 def _preview(node: NodeView, text: bool = True) -> str:
     """The node's first tokens: as text where the target decoded them (and ``text``), else ids."""
     if text and node.text:
-        return inert(node.text.replace("\n", "⏎"))
+        return one_line(node.text)
     tokens = " ".join(map(str, node.first_tokens[:8]))
     return tokens + (" …" if node.tokens > 8 else "")
 

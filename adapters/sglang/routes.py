@@ -37,7 +37,7 @@ from radixtop.adapters.errors import (
     Unsupported,
 )
 from radixtop.adapters.http.bounded import bounded_client, deadline, exchange
-from radixtop.adapters.http.wire import WireError, count, is_count
+from radixtop.adapters.http.wire import MAX_COUNT, WireError, count, is_count
 from radixtop.adapters.model import (
     Capabilities,
     ChainView,
@@ -90,7 +90,7 @@ def parse_metrics(text: str, names: tuple[str, ...] = GAUGES + COUNTERS) -> dict
             value = float(m.group(3))
         except ValueError:
             continue
-        if math.isfinite(value) and 0 <= value < 2**63:
+        if math.isfinite(value) and 0 <= value <= MAX_COUNT:
             out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), value))
     return out
 
@@ -114,7 +114,7 @@ def rank_sum(samples: Samples, dp_rank: int | None) -> int | None:
     for group in groups.values():
         lowest = min(_rank_key(labels) for labels, _ in group)
         total += sum(value for labels, value in group if _rank_key(labels) == lowest)
-    return min(int(round(total)), 2**63 - 1)
+    return min(int(round(total)), MAX_COUNT)
 
 
 def _capacity(load: dict[str, Any]) -> int | None:
@@ -286,7 +286,7 @@ class SGLangRoutesAdapter(CacheAdapter):
             caps = [(s.get("memory_usage") or {}).get("token_capacity")
                     for s in states if isinstance(s, dict) and isinstance(s.get("memory_usage") or {}, dict)]
             if caps and all(is_count(c) for c in caps):
-                return min(sum(caps), 2**63 - 1)
+                return min(sum(caps), MAX_COUNT)
         top = info.get("max_total_num_tokens")
         return top if is_count(top) else None
 
@@ -317,10 +317,10 @@ class SGLangRoutesAdapter(CacheAdapter):
             return rank_sum(m.get(name, []), self.dp_rank)
 
         if loads and all(is_count(r["capacity"]) for r in loads):
-            capacity = min(sum(r["capacity"] for r in loads), 2**63 - 1)
+            capacity = min(sum(r["capacity"] for r in loads), MAX_COUNT)
         else:
             capacity = self._capacity_from_info(info) or gauge("sglang:max_total_num_tokens") or 0
-        unevictable = min(sum(r["unevictable"] for r in loads), 2**63 - 1) if loads else \
+        unevictable = min(sum(r["unevictable"] for r in loads), MAX_COUNT) if loads else \
             gauge("sglang:kv_used_tokens") or gauge("sglang:num_used_tokens") or 0
         unevictable = min(max(unevictable, 0), capacity)
         room = capacity - unevictable
