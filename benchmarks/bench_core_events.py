@@ -64,7 +64,7 @@ def run_block(sgl, capacity: int, requests, events: bool) -> dict:
     cache, pools = build(sgl, capacity, events)
     core = None
     if events:
-        from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+        from radixtop.adapters.events.adapter import EventTreeAdapter
         from radixtop.adapters.sglang.events.core import CoreEvents
 
         core = CoreEvents(cache, EventTreeAdapter(name="bench"))

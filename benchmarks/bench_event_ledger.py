@@ -37,10 +37,10 @@ if str(HERE) not in sys.path:
 
 from _common import environment, finish, log, ms_stats  # noqa: E402
 
-import radixtop.adapters.sglang.events.block_tree as block_tree  # noqa: E402
-from radixtop.adapters.sglang.events.adapter import EventTreeAdapter  # noqa: E402
-from radixtop.adapters.sglang.events.figures import BlockLedger  # noqa: E402
-from radixtop.adapters.sglang.events.wire import Batch, Event, Removed, Stored  # noqa: E402
+import radixtop.adapters.events.block_tree as block_tree  # noqa: E402
+from radixtop.adapters.events.adapter import EventTreeAdapter  # noqa: E402
+from radixtop.adapters.events.figures import BlockLedger  # noqa: E402
+from radixtop.adapters.events.wire import Batch, Event, Removed, Stored  # noqa: E402
 
 pc = time.perf_counter
 PAGE = 16

@@ -214,7 +214,8 @@ def _open_radixtop(spec: RadixtopSpec) -> Target:
 def _open_kv_events(spec: KVEventsSpec) -> Target:
     geometry = model_geometry(spec.model)
     try:
-        from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, discover
+        from radixtop.adapters.events.zmq import KVEventsAdapter
+        from radixtop.adapters.sglang.events.discover import discover
     except ModuleNotFoundError as exc:
         if exc.name not in KV_EVENTS_EXTRA:
             raise

@@ -270,7 +270,7 @@ def _over_core_events(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: 
     the hook before its ``__init__``): the adapter that keeps the tree from them."""
     if adapter.tree.has_nodes:
         return adapter, None
-    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+    from radixtop.adapters.events.adapter import EventTreeAdapter
     from radixtop.adapters.sglang.events.core import CoreEvents, CoreEventsAdapter, records_events
 
     if not records_events(scheduler.tree_cache):

@@ -584,7 +584,7 @@ def test_the_names_before_0_2_still_work_for_one_release():
     """What docs/sglang.md showed embedders before 0.2 (radixtop.gpu_backend.owner_queue's
     OwnerQueue, its step(), SGLangAdapter, an adapter's close()) still works, as aliases."""
     from radixtop.adapters.base import CacheAdapter
-    from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
+    from radixtop.adapters.events.zmq import KVEventsAdapter
     from radixtop.adapters.sglang.inproc import SGLangAdapter, SGLangInProcessAdapter
     from radixtop.adapters.sglang.kv_events import KvEventsAdapter
     from radixtop.gpu_backend.owner import queue

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from radixtop.adapters.sglang.events.block_tree import BlockTree
+from radixtop.adapters.events.block_tree import BlockTree
 from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 
 SESSIONS = st.sampled_from(["a", "b", "c", "d"])
@@ -108,8 +108,8 @@ def test_a_session_reaches_into_a_node_as_far_as_its_last_block():
 def test_the_sessions_read_ranks_by_the_kept_figures_at_every_read():
     """The adapter's sessions page is the ledger's now: no pass, no age, and each change of the
     tree is in the next read."""
-    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
-    from radixtop.adapters.sglang.events.wire import Batch, Stored
+    from radixtop.adapters.events.adapter import EventTreeAdapter
+    from radixtop.adapters.events.wire import Batch, Stored
 
     adapter = EventTreeAdapter(name="events", bytes_per_token=2)
     adapter.apply_batch(0, Batch(1.0, None, [Stored((1, 2), None, (1, 2, 3, 4), 2, "GPU", session_id="s1"),

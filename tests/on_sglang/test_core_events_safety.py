@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import types
 
+from radixtop.adapters.events.adapter import EventTreeAdapter
+from radixtop.adapters.events.wire import Stored
 from radixtop.adapters.sglang import plugin
-from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
 from radixtop.adapters.sglang.events.core import CoreEvents
-from radixtop.adapters.sglang.events.wire import Stored
 
 
 class RecordingCache:
@@ -80,9 +80,9 @@ def test_a_batch_the_tree_cannot_apply_never_stops_the_thread():
 def test_the_capabilities_say_each_thing_once():
     """The plugin's reason on the Rust core: its own notes, then the tree's health, each once (the
     sessions note came twice when the tree's reason was split apart to reuse it)."""
+    from radixtop.adapters.events.wire import Batch
     from radixtop.adapters.model import Capabilities
     from radixtop.adapters.sglang.events.core import CoreEventsAdapter
-    from radixtop.adapters.sglang.events.wire import Batch
 
     tree = EventTreeAdapter(name="t", bytes_per_token=1)
     tree.apply_batch(0, Batch(1.0, None, [Stored((7,), None, (1, 2), 2, session_id="s1")]))

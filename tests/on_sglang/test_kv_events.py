@@ -26,10 +26,10 @@ import pytest
 import zmq
 
 from radixtop.adapters.errors import BadRequest, ReadOnly, UnknownNode, Unsupported
+from radixtop.adapters.events.block_tree import BlockTree
+from radixtop.adapters.events.wire import Cleared, DecodeError, Removed, Stored, decode_batch
+from radixtop.adapters.events.zmq import KVEventsAdapter, rank_endpoint
 from radixtop.adapters.model import ROOT_ID, UNKNOWN
-from radixtop.adapters.sglang.events.block_tree import BlockTree
-from radixtop.adapters.sglang.events.wire import Cleared, DecodeError, Removed, Stored, decode_batch
-from radixtop.adapters.sglang.events.zmq import KVEventsAdapter, rank_endpoint
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, SGLangUnavailableError, _parse, _pool_shape, import_sglang
 from tests.support.live_server import free_ports
 from tests.support.trace_gen import generate_trace, min_safe_capacity
@@ -455,7 +455,7 @@ def test_a_jump_checks_the_publisher_before_filling_the_gap(sgl, same_publisher)
 def test_the_adapter_module_loads_neither_torch_nor_textual():
     from tests.support.modules import loaded_modules
 
-    mods = loaded_modules("import radixtop.adapters.sglang.events.zmq")
+    mods = loaded_modules("import radixtop.adapters.events.zmq")
     assert "zmq" in mods and not {"torch", "textual", "sglang"} & mods
     # of the backend, only its pure-Python machinery: the block tree's shards and journal, the
     # sessions' orders and the close rules their rows are made with
@@ -467,8 +467,8 @@ def test_the_event_tree_without_zmq_loads_no_zmq():
     """The in-process path (the Rust core's events, applied by the plugin) needs no ZMQ."""
     from tests.support.modules import loaded_modules
 
-    mods = loaded_modules("import radixtop.adapters.sglang.events.core, radixtop.adapters.sglang.events.adapter")
-    assert "radixtop.adapters.sglang.events.adapter" in mods and not {"zmq", "torch", "textual", "sglang"} & mods
+    mods = loaded_modules("import radixtop.adapters.sglang.events.core, radixtop.adapters.events.adapter")
+    assert "radixtop.adapters.events.adapter" in mods and not {"zmq", "torch", "textual", "sglang"} & mods
 
 
 # ----- the publisher, from the server's /server_info -----
@@ -827,7 +827,7 @@ def test_every_medium_says_which_tiers_hold_each_node(sgl):
     """HiCache's copies in SGLang's own event classes, every medium (new and old names): the tree
     is the GPU's blocks; each node says which other tiers hold all of it, and each tier's tokens
     are in the totals. A tier's removal or a clear takes its copies away."""
-    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+    from radixtop.adapters.events.adapter import EventTreeAdapter
 
     ke = sgl.kv_events
     tree = EventTreeAdapter(name="tiers", bytes_per_token=2)

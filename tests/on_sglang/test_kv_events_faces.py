@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
+from radixtop.adapters.events.zmq import KVEventsAdapter
 from tests.on_sglang.test_kv_events import Server, catch_up, sgl  # noqa: F401  (the sgl fixture)
 from tests.support.live_server import free_ports
 

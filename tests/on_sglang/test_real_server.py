@@ -244,7 +244,7 @@ def test_the_plain_routes_adapter_reads_the_same_totals(server, client, driven):
 
 
 def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
-    from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
+    from radixtop.adapters.events.zmq import KVEventsAdapter
 
     events = KVEventsAdapter(f"tcp://127.0.0.1:{kv_port}", None, capacity_tokens=MAX_TOTAL_TOKENS)
     try:
@@ -266,7 +266,7 @@ def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
 def test_kv_events_takes_the_live_servers_url(server, kv_port):
     """``--kv-events http://HOST:PORT``: the publisher comes from the live server's own
     /server_info (its kv_events block), not from the operator."""
-    from radixtop.adapters.sglang.events.zmq import discover
+    from radixtop.adapters.sglang.events.discover import discover
 
     publisher = discover(server.url)
     assert publisher.endpoint == f"tcp://127.0.0.1:{kv_port}" and publisher.dp_size == 1

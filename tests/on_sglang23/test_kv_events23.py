@@ -29,9 +29,9 @@ import time  # noqa: E402
 import msgspec  # noqa: E402
 
 from radixtop.adapters.errors import ReadOnly, UnknownSession, Unsupported  # noqa: E402
+from radixtop.adapters.events.wire import Cleared, Removed, Stored, decode_batch
+from radixtop.adapters.events.zmq import KVEventsAdapter
 from radixtop.adapters.model import ROOT_ID  # noqa: E402
-from radixtop.adapters.sglang.events.wire import Cleared, Removed, Stored, decode_batch
-from radixtop.adapters.sglang.events.zmq import KVEventsAdapter
 from tests.on_sglang.ref import drive23  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
@@ -278,7 +278,7 @@ def test_the_plugin_keeps_the_rust_cores_tree_in_process(sgl, sglang_publishes):
     the tree's tokens equal SGLang's own cached tokens after inserts, evictions and a flush; what
     the events cannot tell is unknown. Where SGLang's own publisher takes the events, the batches
     it publishes reach radixtop too (and still go out on the wire)."""
-    from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
+    from radixtop.adapters.events.adapter import EventTreeAdapter
     from radixtop.adapters.sglang.events.core import CoreEvents, CoreEventsAdapter, records_events
     from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 

@@ -1,4 +1,3 @@
-"""A prefix cache kept from its KV events: the wire format (``wire``), the block tree the events
-build (``block_tree``), the read-only adapter over it (``adapter``), the ZMQ subscriber
-(``zmq``, the only module here that loads pyzmq) and SGLang's Rust tree core in process
-(``core``)."""
+"""SGLang's KV events: where a server publishes them (``discover``, from its ``/server_info``) and
+its Rust tree core's events in process (``core``). The tree they build, its adapter and the ZMQ
+subscriber are engine-neutral: ``radixtop.adapters.events``."""

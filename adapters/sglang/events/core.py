@@ -29,6 +29,8 @@ from typing import Any
 
 from radixtop.adapters.base import CacheAdapter, Read, check_reads
 from radixtop.adapters.errors import TargetTimeout, Unsupported
+from radixtop.adapters.events.adapter import EventTreeAdapter
+from radixtop.adapters.events.wire import batch_of
 from radixtop.adapters.model import (
     Capabilities,
     ChainView,
@@ -47,8 +49,6 @@ from radixtop.adapters.model import (
     Stats,
     SubtreeView,
 )
-from radixtop.adapters.sglang.events.adapter import EventTreeAdapter
-from radixtop.adapters.sglang.events.wire import batch_of
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 
 log = logging.getLogger("radixtop.sglang")

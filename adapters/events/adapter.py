@@ -35,6 +35,8 @@ from radixtop.adapters.base import (
     path_nodes,
 )
 from radixtop.adapters.errors import BadRequest, UnknownSession, Unsupported, read_only, unknown_node
+from radixtop.adapters.events.block_tree import BlockNode, BlockTree
+from radixtop.adapters.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.model import (
     FIRST_TOKENS,
     MEDIUM_TIERS,
@@ -56,8 +58,6 @@ from radixtop.adapters.model import (
     Stats,
 )
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.sglang.events.block_tree import BlockNode, BlockTree
-from radixtop.adapters.sglang.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.slices import run_to_end

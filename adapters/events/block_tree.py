@@ -8,9 +8,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Union
 
+from radixtop.adapters.events.figures import BlockLedger
+from radixtop.adapters.events.wire import BlockHash, Cleared, Event, Removed
 from radixtop.adapters.model import Changes
-from radixtop.adapters.sglang.events.figures import BlockLedger
-from radixtop.adapters.sglang.events.wire import BlockHash, Cleared, Event, Removed
 from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
 from radixtop.gpu_backend.owner.shards import ShardedMap
 

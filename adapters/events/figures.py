@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixtop.adapters.sglang.events.block_tree import BlockNode
+    from radixtop.adapters.events.block_tree import BlockNode
 
 
 class BlockLedger:
