@@ -73,18 +73,12 @@ class SchedulerLoop:
         self._thread.join(5)
 
 
-@contextmanager
-def plugin_target(read_only: bool = False, tokenizer: object = None
-                  ) -> Iterator[tuple[RadixtopClient, object, SchedulerLoop]]:
-    """(an RadixtopClient on the plugin's API, the SGLang replayer, the scheduler loop);
-    ``tokenizer``: the scheduler's own (SGLang's Scheduler has one unless --skip-tokenizer-init)."""
+def stand_in(replayer) -> object:
+    """A ``Scheduler`` (``__new__``) over the replayer's cache, with the attributes the hooked path
+    reads and a real, empty ``SessionController``."""
     sgl = load_plugin()
-    from sglang.srt.managers.io_struct import OpenSessionReqInput
     from sglang.srt.session.session_controller import SessionController
 
-    from radixtop.adapters.sglang import plugin as sglang_plugin
-
-    replayer = build_known()
     scheduler = sgl.Scheduler.__new__(sgl.Scheduler)
     scheduler.tree_cache = replayer.cache
     scheduler.token_to_kv_pool_allocator = replayer.allocator
@@ -93,12 +87,22 @@ def plugin_target(read_only: bool = False, tokenizer: object = None
     scheduler.flush_wrapper = _NoPendingFlush()
     scheduler.external_corpus_manager = None
     scheduler.tp_rank, scheduler.dp_rank = 0, None
-    if tokenizer is not None:
-        scheduler.tokenizer = tokenizer
-    for sid in OPENED:
+    return scheduler
+
+
+def open_in(scheduler, session_ids) -> None:
+    """Open the sessions through the scheduler's ``SessionController`` (SGLang's /open_session)."""
+    from sglang.srt.managers.io_struct import OpenSessionReqInput
+
+    for sid in session_ids:
         scheduler.session_controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
-    port = free_port()
-    env = {"RADIXTOP_TOKEN": TOKEN, "RADIXTOP_PORT": str(port),
+
+
+def attach_plugin(scheduler, read_only: bool = False):
+    """What the ``__init__`` hook runs (``_after_init``), on a free port; the ``Attached``."""
+    from radixtop.adapters.sglang import plugin as sglang_plugin
+
+    env = {"RADIXTOP_TOKEN": TOKEN, "RADIXTOP_PORT": str(free_port()),
            "RADIXTOP_READ_ONLY": "1" if read_only else "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -110,7 +114,22 @@ def plugin_target(read_only: bool = False, tokenizer: object = None
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    attached = sglang_plugin.attached_to(scheduler)
+    return sglang_plugin.attached_to(scheduler)
+
+
+@contextmanager
+def plugin_target(read_only: bool = False, tokenizer: object = None
+                  ) -> Iterator[tuple[RadixtopClient, object, SchedulerLoop]]:
+    """(an RadixtopClient on the plugin's API, the SGLang replayer, the scheduler loop);
+    ``tokenizer``: the scheduler's own (SGLang's Scheduler has one unless --skip-tokenizer-init)."""
+    from radixtop.adapters.sglang import plugin as sglang_plugin
+
+    replayer = build_known()
+    scheduler = stand_in(replayer)
+    if tokenizer is not None:
+        scheduler.tokenizer = tokenizer
+    open_in(scheduler, OPENED)
+    attached = attach_plugin(scheduler, read_only)
     loop = SchedulerLoop(scheduler)
     remote = RadixtopClient(attached.url, token=TOKEN, timeout=10)
     try:
