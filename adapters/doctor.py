@@ -14,6 +14,8 @@ keeps (a ``DoctorInputs``) and runs it on the cache's owner thread in slices. Th
 * ``tombstone_tags``: a closed session (in the cache's tombstones) still tags nodes.
 * ``idle_session``: an open session unused for ``idle_after_s`` still holds memory; a close would
   free what ``plan_close`` says.
+* ``usage_gauge`` (vLLM, ``adapters.vllm``): its usage gauge says blocks are held while no request
+  runs (leaked), or the tree caches more blocks than the pool has (removals the stream lost).
 
 A walk of a large tree yields between chunks; what it finds is checked again in one last chunk
 (a lock a request took or released meanwhile is not reported), so a finding is of one moment.
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixtop.adapters.errors import AdapterError, BadRequest
-from radixtop.adapters.model import FINDING_KINDS, ClosePlanView, Diagnosis, Finding
+from radixtop.adapters.model import TREE_FINDING_KINDS, ClosePlanView, Diagnosis, Finding
 from radixtop.adapters.text import age
 
 IDLE_AFTER_S = 600.0
@@ -98,7 +100,7 @@ def diagnose_pass(inputs: DoctorInputs, idle_after_s: float = IDLE_AFTER_S) -> G
     """Every check the inputs allow, on the owner thread, yielding between slices of the walk."""
     started = time.perf_counter()
     skipped = dict(inputs.skipped)
-    findings: dict[str, list[Finding]] = {kind: [] for kind in FINDING_KINDS}
+    findings: dict[str, list[Finding]] = {kind: [] for kind in TREE_FINDING_KINDS}
     bpt = inputs.bytes_per_token
 
     buckets = inputs.buckets() if inputs.buckets is not None else None
@@ -144,9 +146,9 @@ def diagnose_pass(inputs: DoctorInputs, idle_after_s: float = IDLE_AFTER_S) -> G
         starved = starvation_finding(admission, inputs.pool(), leaked_tokens, idle_free, bpt, inputs.bug_owner)
         findings["starved_admission"] = [starved] if starved is not None else []
 
-    checked = tuple(k for k in FINDING_KINDS if k not in skipped)
-    return Diagnosis(inputs.target, tuple(f for k in FINDING_KINDS for f in findings[k]), checked,
-                     {k: skipped[k] for k in FINDING_KINDS if k in skipped}, idle_after_s, walked,
+    checked = tuple(k for k in TREE_FINDING_KINDS if k not in skipped)
+    return Diagnosis(inputs.target, tuple(f for k in TREE_FINDING_KINDS for f in findings[k]), checked,
+                     {k: skipped[k] for k in TREE_FINDING_KINDS if k in skipped}, idle_after_s, walked,
                      time.perf_counter() - started)
 
 

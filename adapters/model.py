@@ -449,8 +449,11 @@ class FlushResultView(_View):
     message: str = ""
 
 
-FINDING_KINDS = ("buckets", "leaked_lock", "starved_admission", "tombstone_tags", "idle_session")
-"""What the doctor checks, most serious first (see ``adapters.doctor``)."""
+TREE_FINDING_KINDS = ("buckets", "leaked_lock", "starved_admission", "tombstone_tags", "idle_session")
+"""What the doctor checks of a radix cache whose owner radixtop reads, most serious first (see
+``adapters.doctor``)."""
+FINDING_KINDS = TREE_FINDING_KINDS + ("usage_gauge",)
+"""Every kind of finding: the above, and vLLM's usage gauge against its tree (``adapters.vllm``)."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,12 @@ from radixtop.cli.options import (
     Token,
     TokenizerSpec,
     TraceFormat,
+    VLLMApiKey,
+    VLLMEvents,
+    VLLMReplay,
+    VLLMUrl,
 )
-from radixtop.cli.targets import DemoSpec, RadixtopSpec, external_spec, open_target
+from radixtop.cli.targets import DemoSpec, RadixtopSpec, VLLMOptions, external_spec, open_target
 
 app = typer.Typer()
 
@@ -71,6 +75,10 @@ def tui(
     dp_rank: DpRank = 0,
     sglang_url: SGLangUrl = None,
     sglang_api_key: SGLangApiKey = None,
+    vllm_events: VLLMEvents = None,
+    vllm_replay: VLLMReplay = None,
+    vllm_url: VLLMUrl = None,
+    vllm_api_key: VLLMApiKey = None,
     tokenizer: TokenizerSpec = None,
     trace: Annotated[Path | None, typer.Option(help="Embedded engine: play this trace instead of the "
                                                "demo workload.")] = None,
@@ -81,16 +89,16 @@ def tui(
 ) -> None:
     """The dashboard: on the embedded demo engine (or a trace it plays, --trace), on a radixtop
     server or SGLang's radixtop plugin (--url), on an SGLang/vLLM KV-event stream (--kv-events),
-    or on a plain SGLang server (--sglang-url)."""
+    on a plain SGLang server (--sglang-url), or on a vLLM server (--vllm-events, --vllm-url)."""
     keys = _keymap(keymap)
-    if trace is not None and (url or kv_events or sglang_url):
-        raise fail("--trace plays on the embedded engine; it does not go with --url, --kv-events or --sglang-url",
-                   EXIT_USAGE)
+    if trace is not None and (url or kv_events or sglang_url or vllm_events):
+        raise fail("--trace plays on the embedded engine; it does not go with --url, --kv-events, --sglang-url or "
+                   "--vllm-events", EXIT_USAGE)
     if trace is None and (fmt != "radixtop" or scale != 1):
         raise fail("--format and --scale go with --trace", EXIT_USAGE)
     with exits(ValueError):
         spec = external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model, capacity, timeout,
-                             tokenizer)
+                             tokenizer, VLLMOptions(vllm_events, vllm_replay, vllm_url, vllm_api_key))
     if spec is None and url is not None:
         spec = RadixtopSpec(url, token, timeout)
     elif spec is None:

@@ -33,7 +33,7 @@ Model = Annotated[str, typer.Option("--model", help=f"KV geometry preset ({MODEL
 TargetModel = Annotated[str | None, typer.Option(
     "--model", show_default=False,
     help=f"KV geometry preset ({MODELS}): the embedded engine's ({DEMO_MODEL} if not given), or the bytes "
-    "of a target that does not say them.",
+    "of a target that does not say them (there also a model folder or its config.json).",
 )]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
 TraceFormat = Annotated[str, typer.Option(
@@ -76,6 +76,28 @@ TokenizerSpec = Annotated[
     typer.Option("--tokenizer", envvar="RADIXTOP_TOKENIZER", show_default=False,
                  help="With --kv-events: a Hugging Face tokenizer (a local path, or a name in the local "
                       "cache) to show previews as text; needs transformers."),
+]
+VLLMEvents = Annotated[
+    str | None,
+    typer.Option("--vllm-events", envvar="RADIXTOP_VLLM_EVENTS", show_default=False,
+                 help="A vLLM server's KV-event publisher (its --kv-events-config endpoint, e.g. "
+                      "tcp://127.0.0.1:5557): its prefix cache as a tree, with its sessions (session_id)."),
+]
+VLLMReplay = Annotated[
+    str | None,
+    typer.Option("--vllm-replay", show_default=False,
+                 help="With --vllm-events: its replay_endpoint (default: the publisher's port + 1; '' for none)."),
+]
+VLLMUrl = Annotated[
+    str | None,
+    typer.Option("--vllm-url", envvar="RADIXTOP_VLLM_URL", show_default=False,
+                 help="With --vllm-events: the vLLM server's HTTP address (e.g. http://127.0.0.1:8000): pool size, "
+                      "usage and hit rate from /metrics, the model from /v1/models, flush via /reset_prefix_cache."),
+]
+VLLMApiKey = Annotated[
+    str | None,
+    typer.Option("--vllm-api-key", envvar="VLLM_API_KEY", show_default=False,
+                 help="The vLLM server's --api-key, if it has one (prefer the VLLM_API_KEY variable)."),
 ]
 SGLangUrl = Annotated[
     str | None,

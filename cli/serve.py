@@ -24,8 +24,12 @@ from radixtop.cli.options import (
     TargetModel,
     TokenizerSpec,
     TraceFormat,
+    VLLMApiKey,
+    VLLMEvents,
+    VLLMReplay,
+    VLLMUrl,
 )
-from radixtop.cli.targets import external_spec, open_target
+from radixtop.cli.targets import VLLMOptions, external_spec, open_target
 
 app = typer.Typer()
 
@@ -76,6 +80,10 @@ def serve(
     dp_rank: DpRank = 0,
     sglang_url: SGLangUrl = None,
     sglang_api_key: SGLangApiKey = None,
+    vllm_events: VLLMEvents = None,
+    vllm_replay: VLLMReplay = None,
+    vllm_url: VLLMUrl = None,
+    vllm_api_key: VLLMApiKey = None,
     tokenizer: TokenizerSpec = None,
     socket_fd: Annotated[int | None, typer.Option("--socket-fd", hidden=True, min=0,
                                                   help="Serve on this inherited listening socket (bound on --host by "
@@ -86,8 +94,9 @@ def serve(
                                                        "checks who answers before it sends a token).")] = None,
 ) -> None:
     """Serve a cache over the HTTP admin API: the bundled engine (demo workload or a replayed
-    trace), or an SGLang server's KV-event stream (--kv-events) or plain HTTP surface
-    (--sglang-url), so every command and the dashboard can use them through --url."""
+    trace), an SGLang server's KV-event stream (--kv-events) or plain HTTP surface (--sglang-url),
+    or a vLLM server (--vllm-events, --vllm-url), so every command and the dashboard can use them
+    through --url."""
     from radixtop.adapters.bundled.adapter import BundledAdapter
     from radixtop.adapters.http.server import serve as serve_http
     from radixtop.adapters.http.server.logs import limit_repeats
@@ -117,10 +126,11 @@ def serve(
     if sglang_url and capacity is not None:
         raise fail("--capacity goes with the embedded engine or --kv-events: an SGLang server says its own",
                    EXIT_USAGE)
-    if kv_events or sglang_url:
+    if kv_events or sglang_url or vllm_events or vllm_url:
         with exits(ValueError, AdapterError, MissingExtra):
             target = open_target(external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model,
-                                               capacity, tokenizer=tokenizer))
+                                               capacity, tokenizer=tokenizer,
+                                               vllm=VLLMOptions(vllm_events, vllm_replay, vllm_url, vllm_api_key)))
         if read_only:
             target.adapter.read_only = True  # the adapters enforce it; the KV-event stream always is
         return run_server(target.adapter, target.release)

@@ -96,18 +96,54 @@ class SGLangRoutesSpec:
     """What a face calls it (None: the adapter's own name)."""
 
 
-TargetSpec = DemoSpec | RadixtopSpec | KVEventsSpec | SGLangRoutesSpec
+@dataclass(frozen=True)
+class VLLMSpec:
+    """A vLLM server: its KV-event publisher (and replay socket), with its HTTP address for the
+    figures and the flush the events do not carry."""
+
+    events: str
+    replay: str | None = None
+    url: str | None = None
+    api_key: str | None = None
+    dp_rank: int = 0
+    model: str | None = None
+    capacity: int | None = None
+    timeout: float = 5.0
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """The --vllm-* options as given."""
+
+    events: str | None = None
+    replay: str | None = None
+    url: str | None = None
+    api_key: str | None = None
+
+
+TargetSpec = DemoSpec | RadixtopSpec | KVEventsSpec | SGLangRoutesSpec | VLLMSpec
 
 
 def external_spec(kv_events: str | None, kv_replay: str | None, dp_rank: int, sglang_url: str | None,
                   sglang_api_key: str | None, model: str | None, capacity: int | None, timeout: float = 5.0,
-                  tokenizer: str | None = None) -> KVEventsSpec | SGLangRoutesSpec | None:
-    """The KV-event stream or SGLang server the options name; None when they name neither.
-    ValueError (a usage error) for a bad combination."""
-    if kv_events and sglang_url:
-        raise ValueError("give --kv-events or --sglang-url, not both")
+                  tokenizer: str | None = None, vllm: VLLMOptions = VLLMOptions(),
+                  ) -> KVEventsSpec | SGLangRoutesSpec | VLLMSpec | None:
+    """The KV-event stream, SGLang server or vLLM server the options name; None when they name
+    none. ValueError (a usage error) for a bad combination."""
+    given = [flag for flag, value in (("--kv-events", kv_events), ("--sglang-url", sglang_url),
+                                      ("--vllm-events", vllm.events)) if value]
+    if len(given) > 1:
+        raise ValueError(f"give one target: {' or '.join(given)}, not both")
+    if (vllm.url or vllm.replay is not None or vllm.api_key) and not vllm.events:
+        raise ValueError("--vllm-url, --vllm-replay and --vllm-api-key go with --vllm-events (vLLM's tree is in "
+                         "its KV events; its URL adds the pool's figures and the flush)")
+    if vllm.events:
+        return VLLMSpec(vllm.events, vllm.replay, vllm.url, vllm.api_key, dp_rank, model, capacity, timeout,
+                        tokenizer)
     if tokenizer is not None and not kv_events:
-        raise ValueError("--tokenizer goes with --kv-events (a radixtop server or the plugin decodes on its side)")
+        raise ValueError("--tokenizer goes with --kv-events or --vllm-events (a radixtop server or the plugin "
+                         "decodes on its side)")
     if kv_events:
         return KVEventsSpec(kv_events, kv_replay, dp_rank, sglang_api_key, model, capacity, timeout, tokenizer)
     if sglang_url:
@@ -150,14 +186,16 @@ def remote_target(url: str, token: str | None, timeout: float) -> Iterator[Cache
 
 
 def model_geometry(model: str | None) -> Any:
-    """``adapters.model.Geometry`` of a preset name (None: unknown, bytes read 0)."""
+    """``adapters.model.Geometry`` of a preset name, or of a model folder (its ``config.json``) or
+    that file (None: unknown, bytes read 0). ValueError in one line where it names neither."""
     if not model:
         return None
     from radixtop.adapters.model import Geometry
-    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.kv_geometry import PRESETS, from_model_folder, get_geometry
 
-    g = get_geometry(model)
-    return Geometry.of(g)
+    if model not in PRESETS and (Path(model).is_dir() or model.endswith(".json")):
+        return Geometry.of(from_model_folder(model))
+    return Geometry.of(get_geometry(model))
 
 
 def load_tokenizer(spec: str | None) -> Any:
@@ -239,6 +277,21 @@ def _open_kv_events(spec: KVEventsSpec) -> Target:
     return Target(adapter, adapter.name, adapter.release)
 
 
+def _open_vllm(spec: VLLMSpec) -> Target:
+    geometry = model_geometry(spec.model)
+    try:
+        from radixtop.adapters.vllm.adapter import VLLMAdapter
+    except ModuleNotFoundError as exc:
+        if exc.name not in KV_EVENTS_EXTRA:
+            raise
+        raise MissingExtra(f"--vllm-events needs {exc.name}, which is not installed: "
+                           "pip install 'radixtop[kv-events]'") from None
+    adapter = VLLMAdapter(spec.events, spec.replay, url=spec.url, api_key=spec.api_key, dp_rank=spec.dp_rank,
+                          geometry=geometry, capacity_tokens=spec.capacity or 0, timeout=spec.timeout,
+                          tokenizer=load_tokenizer(spec.tokenizer))
+    return Target(adapter, adapter.name, adapter.release)
+
+
 def _open_sglang_routes(spec: SGLangRoutesSpec) -> Target:
     from radixtop.adapters.targets import open_sglang_routes
 
@@ -251,5 +304,6 @@ OPENERS: dict[type[TargetSpec], Callable[[Any], Target]] = {
     RadixtopSpec: _open_radixtop,
     KVEventsSpec: _open_kv_events,
     SGLangRoutesSpec: _open_sglang_routes,
+    VLLMSpec: _open_vllm,
 }
 """The opener of each kind of target (k9s's registry, in small)."""

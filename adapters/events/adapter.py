@@ -214,6 +214,8 @@ class EventTreeAdapter(CacheAdapter):
                 elif isinstance(event, Stored):
                     self._block_size = event.block_size
                     self._sessions_seen |= event.session_id is not None
+                else:
+                    self._counts["removed_blocks"] += len(event.block_hashes)
             self._tree.ledger.settle()  # the sessions' figures, as of this batch
             self._unknown.update(batch.unknown)
             self._counts["malformed_events"] += batch.malformed

@@ -131,6 +131,9 @@ class BlockTree:
         self.blocks: ShardedMap[BlockKey, _Block] = ShardedMap()
         self.waiting: dict[BlockKey, list[_Block]] = {}
         self.detached_tokens = 0
+        self.copies = 0
+        """Stores of a block beyond its first, not yet removed: vLLM keeps each copy apart in its
+        pool (it recomputes a prompt's last full block and caches it again under the same hash)."""
         self.last_store: dict[str, float] = {}
         self.ledger = BlockLedger()
         """Every session's figures, kept as the tree changes (``settle()`` before reading them)."""
@@ -245,6 +248,7 @@ class BlockTree:
         block = self.blocks.get(key)
         if block is not None:
             block.refs += 1
+            self.copies += 1
             if session is not None and session not in block.sessions:
                 added = frozenset((session,))
                 block.sessions |= added
@@ -327,6 +331,7 @@ class BlockTree:
             return 0
         block.refs -= 1
         if block.refs:
+            self.copies -= 1
             return 0
         del self.blocks[key]
         n, node = len(block.tokens), block.node

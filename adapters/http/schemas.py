@@ -309,7 +309,7 @@ class AuditPageOut(Schema):
 
 
 class FindingOut(Schema):
-    kind: Literal["buckets", "leaked_lock", "starved_admission", "tombstone_tags", "idle_session"]
+    kind: Literal["buckets", "leaked_lock", "starved_admission", "tombstone_tags", "idle_session", "usage_gauge"]
     summary: str = Field(description="One line, with its figures")
     meaning: str
     action: str = Field(description="What fixes it: a close or evict and what it frees now, or a bug to report")

@@ -17,8 +17,6 @@ refreshed per batch and only every 30 s when idle, so the fresher /v1/loads figu
 
 from __future__ import annotations
 
-import math
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -33,10 +31,12 @@ from radixtop.adapters.errors import (
     BadRequest,
     TargetTimeout,
     TargetUnreachable,
-    Unauthorized,
     Unsupported,
+    read_only,
 )
-from radixtop.adapters.http.bounded import bounded_client, deadline, exchange
+from radixtop.adapters.http.bounded import deadline
+from radixtop.adapters.http.routes import MAX_REPLY_BYTES, Samples, ServerRoutes
+from radixtop.adapters.http.routes import parse_metrics as parse_samples
 from radixtop.adapters.http.wire import MAX_COUNT, WireError, count, is_count
 from radixtop.adapters.model import (
     Capabilities,
@@ -66,33 +66,11 @@ GAUGES = ("sglang:kv_available_tokens", "sglang:kv_evictable_tokens", "sglang:kv
           "sglang:num_used_tokens", "sglang:max_total_num_tokens")
 COUNTERS = ("sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:evicted_tokens_total")
 RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-Samples = list[tuple[dict[str, str], float]]
-
-MAX_REPLY_BYTES = 16 * 2**20
-"""The most one reply of SGLang's routes may take (a /metrics of 64 ranks' histograms is ~5 MiB)."""
 
 
 def parse_metrics(text: str, names: tuple[str, ...] = GAUGES + COUNTERS) -> dict[str, Samples]:
-    """The samples of ``names`` in Prometheus text: ``{name: [(labels, value)]}``. Only those
-    lines are parsed (a server's /metrics runs to thousands of histogram lines). A sample that
-    is not a count (NaN, an infinity, a negative, over 2**63) is left out, as if not sent."""
-    out: dict[str, Samples] = {name: [] for name in names}
-    for line in text.splitlines():
-        if not line.startswith(names):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None or m.group(1) not in out:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isfinite(value) and 0 <= value <= MAX_COUNT:
-            out[m.group(1)].append((dict(_LABEL.findall(m.group(2) or "")), value))
-    return out
+    """SGLang's KV pool gauges and counters in ``text`` (``routes.parse_metrics``)."""
+    return parse_samples(text, names)
 
 
 def _rank_key(labels: dict[str, str]) -> tuple[int, ...]:
@@ -165,22 +143,19 @@ class SGLangRoutesAdapter(CacheAdapter):
     def __init__(self, base_url: str, *, api_key: str | None = None, dp_rank: int | None = None,
                  geometry: Geometry | None = None, bytes_per_token: int = 0, timeout: float = 5.0,
                  name: str | None = None, settle_s: float = 0.2, max_reply_bytes: int = MAX_REPLY_BYTES):
-        url = base_url.strip().rstrip("/")
-        if "://" not in url:
-            url = "http://" + url
-        if not url.startswith(("http://", "https://")):
-            raise BadRequest(f"{base_url!r} is not an http:// or https:// URL")
         if dp_rank is not None and dp_rank < 0:
             raise BadRequest(f"dp_rank must be >= 0, got {dp_rank}")
-        self.url, self.dp_rank, self.geometry, self.timeout = url, dp_rank, geometry, timeout
+        self._routes = ServerRoutes(base_url, api_key=api_key, timeout=timeout, max_reply_bytes=max_reply_bytes,
+                                    server="SGLang", refused="pass the server's --api-key (its --admin-api-key for /flush_cache)")
+        url = self.url = self._routes.url
+        self.dp_rank, self.geometry, self.timeout = dp_rank, geometry, timeout
         self.bytes_per_token = bytes_per_token or (geometry.bytes_per_token if geometry else 0)
         self._rank_note = "" if dp_rank is None else f" (DP rank {dp_rank})"
         self._named = name is not None
         self.name = name or f"SGLang at {url}{self._rank_note}"
         self.settle_s, self.max_reply_bytes = settle_s, max_reply_bytes
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # never through a proxy to a loopback server (the key would go with it); others as curl
-        self._client = bounded_client(url, timeout, headers)
+        self.read_only = False
+        """Refuse close and flush here, before any request (``radixtop serve --read-only``)."""
         self._lock = threading.Lock()
         self._info: dict[str, Any] | None = None
         self._loads_route = "/v1/loads"
@@ -192,43 +167,23 @@ class SGLangRoutesAdapter(CacheAdapter):
     # ----- transport -----
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One request within ``timeout`` (or the read's deadline) and ``max_reply_bytes``;
-        transport failures and refused credentials as the contract's errors."""
+        """One request of ``ServerRoutes.send``; a timeout or a lost connection forgets the
+        server's info (it may come back as another one)."""
         try:
-            response = exchange(self._client, self._client.build_request(method, path, **kwargs),
-                                timeout=self.timeout, what=self.url, max_bytes=self.max_reply_bytes)
+            return self._routes.send(method, path, **kwargs)
         except (TargetTimeout, TargetUnreachable):
-            self._info = None  # the server may come back as another one
+            self._info = None
             raise
-        if response.status_code in (401, 403):
-            raise Unauthorized(f"{self.url}{path}: SGLang refused the request (HTTP {response.status_code}); "
-                               "pass the server's --api-key (its --admin-api-key for /flush_cache)")
-        return response
 
     def _fail(self, response: httpx.Response) -> NoReturn:
-        path, text = response.request.url.path, response.text.strip()
-        try:  # SGLang's error bodies: {"error": {"message": ...}} or FastAPI's {"detail": ...}
-            body = response.json()
-            error = body.get("error")
-            error = error.get("message") if isinstance(error, dict) else error
-            text = str(error or body.get("detail") or text)
-        except (ValueError, AttributeError):
-            pass
-        raise AdapterError(f"{self.url}{path}: HTTP {response.status_code} {response.reason_phrase}: "
-                           f"{text[:300]}")
+        self._routes.fail(response)
 
     def _get_json(self, path: str, params: dict[str, Any] | None = None) -> Any | None:
-        """The JSON body of a GET; None when the route does not exist (404)."""
-        response = self._send("GET", path, params=params)
-        if response.status_code == 404:
-            return None
-        if not response.is_success:
-            self._fail(response)
         try:
-            return response.json()
-        except ValueError:
-            raise AdapterError(f"{self.url}{path} answered something that is not JSON: "
-                               f"{response.text[:200]!r}") from None
+            return self._routes.get_json(path, params)
+        except (TargetTimeout, TargetUnreachable):
+            self._info = None
+            raise
 
     # ----- reads -----
 
@@ -356,8 +311,11 @@ class SGLangRoutesAdapter(CacheAdapter):
         if self.dp_rank is not None:
             notes.append(f"DP rank {self.dp_rank} only; the prompt and cached counters (and before "
                          "SGLang 0.5.23 the evicted one) are server-wide")
-        return Capabilities(tree=False, sessions=False, close=True, evict=False, flush=True,
-                            changes=False, read_only=False, reason="; ".join(notes) + ".")
+        if self.read_only:
+            notes.insert(0, "read-only: close and flush refused")
+        return Capabilities(tree=False, sessions=False, close=not self.read_only, evict=False,
+                            flush=not self.read_only, changes=False, read_only=self.read_only,
+                            reason="; ".join(notes) + ".")
 
     def stats(self) -> Stats:
         t = self.read()
@@ -426,6 +384,8 @@ class SGLangRoutesAdapter(CacheAdapter):
         ``settle_s`` later (0 where SGLang only dereferences, or its metrics lag)."""
         if not session_id:
             raise BadRequest("a session id is required")
+        if self.read_only:
+            raise read_only(self.name, f"close of session {session_id!r}")
         before = self.read()
         response = self._send("POST", "/close_session", json={"session_id": session_id})
         if not response.is_success:
@@ -448,6 +408,8 @@ class SGLangRoutesAdapter(CacheAdapter):
         """POST /flush_cache. SGLang flushes only when nothing runs or waits and answers 400
         otherwise: that is ``flushed=False`` with its reason. A flush frees every slot (tree
         reset, allocator cleared): what was not available before is what it freed."""
+        if self.read_only:
+            raise read_only(self.name, "flush")
         before = self.read()
         response = self._send("POST", "/flush_cache")
         text = response.text.strip()
@@ -464,4 +426,4 @@ class SGLangRoutesAdapter(CacheAdapter):
                                f"flushed: the whole cache ({freed:,} tokens) was dropped")
 
     def release(self) -> None:
-        self._client.close()
+        self._routes.close()

