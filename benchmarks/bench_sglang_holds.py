@@ -139,10 +139,18 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     from radixtop.inspector.poller import Poller, PollRequest
     from radixtop.inspector.tree_ops import Toggle
 
+    from sglang.srt.managers.io_struct import OpenSessionReqInput
+    from sglang.srt.session.session_controller import SessionController
+
     owner = OwnerQueue("the benchmark scheduler")
     history = grown["history"]
-    adapter = SGLangInProcessAdapter(tree.cache, owner, model="bench", open_sessions=lambda: history,
-                            timeout=60.0)
+    # the sessions open in SGLang's own SessionController (/open_session), given to the adapter as
+    # the plugin gives the scheduler's (followed as they open and close, never diffed)
+    controller = SessionController(tree.cache)
+    for sid in history:
+        controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
+    adapter = SGLangInProcessAdapter(tree.cache, owner, model="bench", session_controller=controller,
+                                     timeout=60.0)
     index = adapter._index
     by_op: dict[str, list[float]] = {}  # what the holds were made of: each read of a poll, timed
     by_cpu: dict[str, list[float]] = {}  # the same steps on the scheduler thread's CPU clock

@@ -229,17 +229,25 @@ def _walk_sizes(top: Any) -> tuple[dict[int, Any], dict[int, int]]:
     return nodes, subtree
 
 
-def _wrap(owner: Any, name: str, after: Callable[..., None]) -> bool:
-    """Wrap ``owner.name`` on the instance: ``after(result, *args)`` runs after each call."""
+def _wrap(owner: Any, name: str, after: Callable[..., None], before: Callable[..., Any] | None = None) -> bool:
+    """Wrap ``owner.name`` on the instance: ``after(result, *args)`` runs after each call; with
+    ``before``, ``after(kept, *args)`` runs after each call, even one that raised, ``kept`` what
+    ``before(*args)`` returned before it."""
     original = getattr(owner, name, None)
     if not callable(original):
         return False
 
     @functools.wraps(original)
     def observed(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        after(result, *args, **kwargs)
-        return result
+        if before is None:
+            result = original(*args, **kwargs)
+            after(result, *args, **kwargs)
+            return result
+        kept = before(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            after(kept, *args, **kwargs)
 
     setattr(owner, name, observed)
     return True

@@ -69,6 +69,7 @@ from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
+from radixtop.adapters.sglang.roster import OpenSessions
 from radixtop.adapters.sglang.trees import SGLangTree, tree_for
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.ledger import SessionOrders
@@ -110,6 +111,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         timeout: float = 10.0,
         tokenizer: Any = None,
         open_sessions: Callable[[], Iterable[str]] | None = None,
+        session_controller: Any = None,
         closer: Callable[[str], None] | None = None,
         buckets: Callable[[], tuple[Bucket, ...] | None] | None = None,
         running_requests: Callable[[], Iterable[Any] | None] | None = None,
@@ -122,7 +124,9 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         without one they run to their end on the spot. ``closer``:
         closes a session the way the server does (the scheduler's own ``close_session``); SGLang's
         ``release_radix_session`` where not given. ``close``: its name before 0.2 (kept for one
-        release)."""
+        release). ``session_controller``: the scheduler's ``SessionController``, whose open
+        sessions are followed as they open and close (``roster``); ``open_sessions``: a function
+        returning open ids, for a caller without one (diffed whenever their count changes)."""
         self.tree: SGLangTree = tree_for(tree_cache)
         self.cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator
@@ -137,7 +141,6 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self.read_only = read_only
         self.timeout = timeout
         self.tokenizer = tokenizer
-        self._open_sessions = open_sessions or (lambda: ())
         self._close = closer or close or self.tree.release_session
         self._buckets = buckets
         """SGLang's leak-check buckets per component (``adapters.sglang.buckets``), read on the
@@ -149,19 +152,18 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         self.sizes_max_age = sizes_max_age
         self._index = install(tree_cache) if self.tree.has_nodes else None
         self._walk: _Walk | None = None  # only for a tree the index cannot follow
-        self._known: set[str] = set()
-        self._closed: set[str] = set()
-        self._known_stamp: tuple | None = None
+        self._roster: OpenSessions | None = None
         self._orders: SessionOrders | None = None
         """The sessions and their figures kept with the tree (the index's ledger), where SGLang's
         tree has sessions and the index follows it (None: sessions are unavailable)."""
         ledger = self._index.ledger if self._index is not None else None
         if ledger is not None:
             tree = self.tree
+            roster = self._roster = OpenSessions(tree, ledger, session_controller, open_sessions)
             self._orders = SessionOrders(
-                ledger, self.bpt, known=self._known.__contains__, is_closed=lambda sid: sid in tree.closed(),
+                ledger, self.bpt, known=roster.known, is_closed=lambda sid: sid in tree.closed(),
                 seen_at=ledger.seen.get, leaves_of=lambda sid: tree.session_leaves().get(sid, ()),
-                everyone=lambda: itertools.chain(self._known, tree.closed(), ledger.tags))
+                everyone=lambda: itertools.chain(roster.ids(), tree.closed(), ledger.tags))
         self._init_owner_reads()
         self.version = 0
         # Counters, updated on the scheduler thread by SGLang's own calls (see ``observe``).
@@ -358,7 +360,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             opened = closed_count = None  # a tree without sessions: unknown, not 0
             if tree.policy is not None and self._orders is not None:
                 closed_count = len(tree.closed())
-                self._known_now()  # set operations over the ids, no pass in Python
+                self._known_now()
                 opened = self._orders.open_count()  # kept as sessions move: no pass over them
             buckets = self._buckets() if self._buckets is not None else None
             # What is neither available nor in the tree is held by sessions (0.5.23's streaming
@@ -475,27 +477,10 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         ))
 
     def _known_now(self) -> None:
-        """The sessions SGLang knows open, and its tombstones, as of this read: where their counts
-        or newest tombstone moved since the last read, those that came or went are ranked again
-        (set operations over the ids, no pass in Python; an open and a close between two reads
-        move the tombstones)."""
-        orders = self._orders
-        if orders is None:
-            return
-        opened, generations, closed = self._open_sessions(), self.tree.open_ids(), self.tree.closed()
-        stamp = (len(opened), len(generations), len(closed), next(reversed(closed), None) if closed else None)
-        if stamp == self._known_stamp:
-            return
-        self._known_stamp = stamp
-        now = set(opened) | set(generations)
-        if now != self._known:
-            orders.dirty_all(now ^ self._known)
-            self._known.clear()
-            self._known.update(now)
-        tombs = set(closed)  # 8,192 at most
-        if tombs != self._closed:
-            orders.dirty_all(tombs ^ self._closed)  # a tombstone dropped or added untold
-            self._closed = tombs
+        """The open sessions given only as ids, as of this read (``OpenSessions.catch_up``; those
+        SGLang's hooked maps hold are told as they move, with no work here)."""
+        if self._roster is not None:
+            self._roster.catch_up()
 
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
@@ -585,17 +570,18 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
 
     # ----- actions -----
 
-    def _known_open(self) -> set[str]:
-        """Open sessions the server's session controller and the tree itself know of (0.5.23's
-        UnifiedRadixCache opens a generation for every request that carries a session id, even
-        one never opened through /open_session)."""
-        return set(self._open_sessions()) | set(self.tree.open_ids())
-
     def _state(self, session_id: str) -> str:
+        """Open where it holds a node or SGLang knows it open (0.5.23's UnifiedRadixCache opens a
+        generation for every request that carries a session id, even one never opened through
+        /open_session)."""
         if session_id in self.tree.closed():
             return "closed"
-        if session_id in self.tree.session_leaves() or session_id in self._known_open():
+        if session_id in self.tree.session_leaves():
             return "open"
+        if self._roster is not None:
+            self._known_now()
+            if self._roster.known(session_id):
+                return "open"
         raise unknown_session(session_id)
 
     def _plan(self, session_id: str) -> ClosePlanView:

@@ -247,7 +247,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         scheduler.tree_cache, owner, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
-        open_sessions=lambda: _open_sessions(scheduler), closer=lambda sid: _close(scheduler, sid),
+        session_controller=getattr(scheduler, "session_controller", None), closer=lambda sid: _close(scheduler, sid),
         buckets=lambda: sglang_buckets(scheduler),
         running_requests=lambda: running_requests(scheduler), waiting_requests=lambda: waiting_requests(scheduler),
         # the server's own tokenizer (None where it was started with --skip-tokenizer-init):
@@ -279,11 +279,6 @@ def _over_core_events(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: 
                             capacity_tokens=int(adapter.allocator.size), tokenizer=adapter.tokenizer)
     core = CoreEvents(scheduler.tree_cache, tree, getattr(scheduler, "kv_events_publisher", None))
     return CoreEventsAdapter(adapter, core, sync_timeout=adapter.timeout), core
-
-
-def _open_sessions(scheduler: Any) -> list[str]:
-    controller = getattr(scheduler, "session_controller", None)
-    return list(getattr(controller, "sessions", {}) or ())
 
 
 def _close(scheduler: Any, session_id: str) -> None:

@@ -183,6 +183,17 @@ class SessionLedger:
         self.seen[sid] = time.monotonic()
         self.moved.add(sid)
 
+    def listing_moved(self, sid: str) -> None:
+        """``sid`` opened or closed, or its tombstone came or went: its figures did not move, its
+        listing may have (the orders re-key it at their next read)."""
+        self.moves += 1
+        self.moved.add(sid)
+
+    def listings_moved(self, sids: Iterable[str]) -> None:
+        """``listing_moved`` for many at once (a set update: no loop in Python)."""
+        self.moves += 1
+        self.moved.update(sids)
+
     def added(self, node: Node) -> None:
         """``node`` is a new leaf, holding nothing and unlocked, under its parent."""
         self.moves += 1

@@ -30,7 +30,7 @@ def check_kept(cache, adapter: SGLangInProcessAdapter) -> None:
     orders.rank_min_s = orders.rank_budget = 0  # an order ranked at its read: ranked anew each time
     ledger = getattr(cache, INDEX).ledger
     adapter._known_now()
-    want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, adapter._known,
+    want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, set(adapter._roster.ids()),
                      ledger.seen, adapter.bpt, True)
     listed = {sid for sid in orders.everyone() if orders.listed(sid)}
     assert listed == set(want.sessions)

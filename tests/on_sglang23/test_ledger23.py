@@ -26,7 +26,7 @@ def check_kept(cache, adapter: SGLangInProcessAdapter) -> None:
     orders.rank_min_s = orders.rank_budget = 0  # an order ranked at its read: ranked anew each time
     ledger = getattr(cache, INDEX).ledger
     adapter._known_now()
-    want = attribute(tree.root, tree.session_leaves(), tree.closed(), adapter._known, ledger.seen, adapter.bpt,
+    want = attribute(tree.root, tree.session_leaves(), tree.closed(), set(adapter._roster.ids()), ledger.seen, adapter.bpt,
                      False, lock_ref=tree.lock_ref)
     listed = {sid for sid in orders.everyone() if orders.listed(sid)}
     assert listed == set(want.sessions)

@@ -26,7 +26,7 @@ def test_no_hold_reads_every_open_session():
         drive23.open_session(cache, f"s{k}")
     owner = OwnerQueue("the test scheduler")
     adapter = SGLangInProcessAdapter(cache, owner, name="sglang", model="tiny", timeout=10.0)
-    loop = Scheduler(lambda: owner.between_steps(max_items=64))
+    loop = Scheduler(lambda: READS.counted(owner.between_steps)(max_items=64))
     try:
         opened = SESSIONS + 5  # a, b, c, d (running), gone and the s<k>
         assert adapter.sessions("exclusive_bytes", 0, 10).total == opened
@@ -46,7 +46,7 @@ def test_no_hold_reads_every_open_session():
         loop.do(lambda: drive23.open_session(cache, "s5"))  # opened again: its tombstone goes
         assert adapter.stats().closed_sessions == 99
         assert adapter.plan_close("s200").state == "open"
-        assert adapter.close_session("s201").already is False
+        assert adapter.close_session("s201").already_closed is False
         assert adapter.plan_close("s201").state == "closed"
         assert adapter.stats().open_sessions == opened + 300 - 100 + 1 - 1
         assert READS.most <= MOST_PER_HOLD, READS.most

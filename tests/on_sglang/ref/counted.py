@@ -1,6 +1,6 @@
-"""SGLang's maps of sessions, counting the ids read out of them during a hold of the scheduler
-thread, and a scheduler thread that does its own work (not counted) then the hold (counted): what
-the roster tests (``test_roster16``, ``test_roster23``) bound."""
+"""SGLang's maps of sessions, counting the ids read out of them during radixtop's holds of the
+scheduler thread (SGLang's own work is not counted: its ``SessionController.maybe_reap`` walks
+every session once a second), and a scheduler thread: what the roster tests bound."""
 
 from __future__ import annotations
 
@@ -18,13 +18,17 @@ class Reads:
         self.now = 0
         self.most = 0
 
-    def hold(self, run: Callable[[], object]) -> None:
-        self.now, self.counting = 0, True
-        try:
-            run()
-        finally:
-            self.counting = False
-            self.most = max(self.most, self.now)
+    def counted(self, hold: Callable[..., object]) -> Callable[..., object]:
+        """``hold``, counting the ids it reads."""
+        def run(*args: object, **kwargs: object) -> object:
+            self.now, self.counting = 0, True
+            try:
+                return hold(*args, **kwargs)
+            finally:
+                self.counting = False
+                self.most = max(self.most, self.now)
+
+        return run
 
 
 READS = Reads()
@@ -58,10 +62,10 @@ class CountedTombstones(OrderedDict, CountedSessions):
 
 
 class Scheduler:
-    """A scheduler thread: its own work (``do``, not counted), then ``hold`` (counted)."""
+    """A scheduler thread: its own work (``do``), then ``step`` (where radixtop's hold is)."""
 
-    def __init__(self, hold: Callable[[], object]) -> None:
-        self.hold = hold
+    def __init__(self, step: Callable[[], object]) -> None:
+        self.step = step
         self.jobs: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sglang-scheduler", daemon=True)
@@ -73,7 +77,7 @@ class Scheduler:
                 fn, done = self.jobs.get()
                 fn()
                 done.set()
-            READS.hold(self.hold)
+            self.step()
 
     def do(self, fn: Callable[[], object]) -> None:
         """``fn()`` on the scheduler thread, as its own work between holds."""
