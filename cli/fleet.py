@@ -21,7 +21,8 @@ DynamoUrl = Annotated[str | None, typer.Option("--dynamo", show_default=False,
                                                help="Dynamo's KV indexer: its /workers and /dump.")]
 FleetFile = Annotated[Path | None, typer.Option("--fleet", show_default=False,
                                                 help="A file of workers, one a line: a radixtop URL, or "
-                                                     "sglang=URL, then radixtop=URL and dp=N if need be.")]
+                                                     "sglang=URL or vllm=URL, then radixtop=URL and dp=N if "
+                                                     "need be.")]
 MapFile = Annotated[Path | None, typer.Option("--map", show_default=False,
                                               help="Lines of WORKER RADIXTOP_URL: each worker's radixtop "
                                                    "(WORKER: an engine URL or a Dynamo instance id, @DP for one rank).")]

@@ -18,7 +18,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Static
 
 from radixtop.adapters.base import CacheAdapter
-from radixtop.adapters.fleet.format import COLUMNS, cells, duplicate_cells, reasons, summary
+from radixtop.adapters.fleet.format import COLUMNS, cells, duplicate_cells, reasons, summary, why_closed
 from radixtop.adapters.fleet.model import FleetView, WorkerRow
 from radixtop.adapters.text import inert
 from radixtop.inspector.cache_screen import CacheScreen
@@ -37,11 +37,6 @@ _HEADER = Style(bold=True, underline=True)
 _CURSOR = Style(reverse=True)
 _DOWN = Style(color="red")
 _NOTE = Style(color="yellow")
-
-
-def drillable(row: WorkerRow) -> bool:
-    """A worker whose own dashboard can open: its radixtop, or SGLang's routes (totals only)."""
-    return row.source in ("radixtop", "sglang")
 
 
 class FleetTable(RowsView):
@@ -183,8 +178,8 @@ class FleetScreen(PolledScreen):
         row = message.row
         if self._open_worker is None:  # (a view that opens nothing: a test's fixed views)
             return
-        if not drillable(row):
-            why = row.why or "no radixtop and no engine figures"
+        why = why_closed(row)
+        if why is not None:
             self.notify(inert(f"{row.key} has no dashboard to open: {why}"), severity="warning", markup=False)
             return
         read_in_thread(self, partial(self._open_worker, row), self._show_worker, group="open", title="radixtop")

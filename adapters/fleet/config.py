@@ -30,13 +30,17 @@ def normal_url(url: str) -> str:
     return text
 
 
+ENGINES = ("sglang", "vllm")
+"""The engines a fleet file names by their own URL (``sglang=URL``, ``vllm=URL``)."""
+
+
 @dataclass(frozen=True)
 class FleetEntry:
-    """One line of a fleet file: a radixtop server, or an SGLang worker (with its radixtop)."""
+    """One line of a fleet file: a radixtop server, or an engine's worker (with its radixtop)."""
 
     url: str
     kind: str
-    """``radixtop`` (the URL is an admin API) or ``sglang`` (the URL is SGLang's own)."""
+    """``radixtop`` (the URL is an admin API), or one of ``ENGINES`` (the URL is that engine's own)."""
     radixtop_url: str | None = None
     dp_size: int = 1
 
@@ -83,9 +87,14 @@ def _lines(path: Path, what: str) -> list[tuple[int, list[str]]]:
     return out
 
 
+LINE = "URL, sglang=URL or vllm=URL [radixtop=URL] [dp=N]"
+"""A fleet file's line, as its errors say it."""
+
+
 def read_fleet_file(path: Path) -> list[FleetEntry]:
-    """Lines of ``URL`` (a radixtop server or plugin) or ``sglang=URL [radixtop=URL] [dp=N]`` (an
-    SGLang worker: its radixtop plugin where given, else its own routes); ``#`` comments."""
+    """Lines of ``URL`` (a radixtop server or plugin), ``sglang=URL`` or ``vllm=URL``, then
+    ``[radixtop=URL] [dp=N]`` (an engine's worker: its radixtop where given, else its own routes);
+    ``#`` comments."""
     entries: list[FleetEntry] = []
     for number, words in _lines(path, "the fleet file"):
         fields: dict[str, str] = {}
@@ -93,16 +102,19 @@ def read_fleet_file(path: Path) -> list[FleetEntry]:
             key, sep, value = word.partition("=")
             if not sep:
                 key, value = "radixtop", word
-            if key not in ("radixtop", "sglang", "dp") or key in fields or not value:
-                raise BadRequest(f"{path}:{number}: expected URL or sglang=URL [radixtop=URL] [dp=N], got {word!r}")
+            if key not in ("radixtop", "dp", *ENGINES) or key in fields or not value:
+                raise BadRequest(f"{path}:{number}: expected {LINE}, got {word!r}")
             fields[key] = value
+        engines = [k for k in ENGINES if k in fields]
+        if len(engines) > 1:
+            raise BadRequest(f"{path}:{number}: one of sglang= or vllm= a line, got {' and '.join(engines)}")
         try:
             dp = int(fields.get("dp", "1"))
             if dp < 1:
                 raise ValueError
-            if "sglang" in fields:
+            if engines:
                 radixtop = normal_url(fields["radixtop"]) if "radixtop" in fields else None
-                entries.append(FleetEntry(normal_url(fields["sglang"]), "sglang", radixtop, dp))
+                entries.append(FleetEntry(normal_url(fields[engines[0]]), engines[0], radixtop, dp))
             else:
                 entries.append(FleetEntry(normal_url(fields["radixtop"]), "radixtop", None, 1))
         except ValueError:

@@ -29,6 +29,21 @@ def state(row: WorkerRow) -> str:
     return "ok*" if row.why else "ok"
 
 
+OPENS = ("radixtop", "sglang")
+"""Rows whose own dashboard opens: from the worker's radixtop, or SGLang's own routes (totals only)."""
+NO_VLLM_TREE = ("vLLM's own routes serve no tree: its tree needs a radixtop over its KV events (radixtop serve "
+                "--vllm-events tcp://HOST:PORT --vllm-url URL), given as radixtop=URL on its fleet line")
+
+
+def why_closed(row: WorkerRow) -> str | None:
+    """Why ``row`` has no dashboard to open (None: it has one)."""
+    if row.source in OPENS:
+        return None
+    if row.source == "vllm":
+        return "; ".join(w for w in (NO_VLLM_TREE, row.why) if w)
+    return row.why or "no radixtop and no engine figures"
+
+
 def reasons(view: FleetView) -> list[str]:
     """``worker[@dp]: why`` for every row with something to say (down first)."""
     return [f"{r.key}: {r.why}" for r in sorted(view.rows, key=lambda r: r.reachable) if r.why]

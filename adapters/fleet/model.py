@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SOURCES = ("radixtop", "sglang", "smg", "dynamo", "none")
+SOURCES = ("radixtop", "sglang", "vllm", "smg", "dynamo", "none")
 """Where a row's cache figures came from: the worker's radixtop admin API, SGLang's own routes
-(/v1/loads, /metrics, /server_info), SMG's /get_loads, Dynamo's dump, or nowhere."""
+(/v1/loads, /metrics, /server_info), vLLM's /metrics, SMG's /get_loads, Dynamo's dump, or nowhere."""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,17 @@ def read_radixtop(spec: WorkerSpec, url: str, token: str | None, timeout: float)
         by_rule=spec.by_rule)
 
 
+def _engine_row(spec: WorkerSpec, source: str, why: str, missing: list[str], **figures: int | None) -> WorkerRow:
+    """A row from an engine's own routes (``source``); what it cannot tell, ``missing``, is said in
+    its why after ``why`` (what went wrong before: its radixtop did not answer)."""
+    notes = [w for w in (spec.down, why) if w]
+    if missing:
+        notes.append("unknown: " + ", ".join(missing))
+    figures.setdefault("running_requests", spec.running_requests)
+    return WorkerRow(spec.worker, spec.dp_rank, None, source, True, why="; ".join(notes), model=spec.model,
+                     healthy=spec.healthy, indexed_tokens=spec.indexed_tokens, **figures)
+
+
 def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str) -> WorkerRow:
     """SGLang's own routes: capacity and unevictable always; available and evictable apart only with its
     KV gauges in /metrics; the hit rate only with --enable-metrics; no sessions."""
@@ -75,15 +86,44 @@ def read_sglang(spec: WorkerSpec, api_key: str | None, timeout: float, why: str)
     missing = [] if t.split else ["available and evictable apart (no KV gauges in /metrics)"]
     if not t.metrics:
         missing.append("the hit rate (no /metrics: --enable-metrics)")
-    notes = [w for w in (spec.down, why) if w]
-    if missing:
-        notes.append("unknown: " + ", ".join(missing))
-    return WorkerRow(
-        spec.worker, spec.dp_rank, None, "sglang", True, why="; ".join(notes), model=spec.model,
-        healthy=spec.healthy, capacity_tokens=t.capacity, available_tokens=t.available if t.split else None,
+    return _engine_row(
+        spec, "sglang", why, missing, capacity_tokens=t.capacity, available_tokens=t.available if t.split else None,
         evictable_tokens=t.evictable if t.split else None, unevictable_tokens=t.unevictable,
-        prompt_tokens=t.prompt if t.metrics else None, cached_tokens=t.cached if t.metrics else None,
-        running_requests=spec.running_requests, indexed_tokens=spec.indexed_tokens)
+        prompt_tokens=t.prompt if t.metrics else None, cached_tokens=t.cached if t.metrics else None)
+
+
+def read_vllm(spec: WorkerSpec, api_key: str | None, timeout: float, why: str) -> WorkerRow:
+    """vLLM's own /metrics, for its DP rank (the ``engine`` label): capacity (the usable blocks x
+    block size: ``num_gpu_blocks`` less vLLM's null block), unevictable (the blocks running requests
+    hold, ``kv_cache_usage_perc``), the hit rate (its prefix-cache queries and hits); available and
+    evictable never apart (it counts the blocks nobody holds as one), sessions never."""
+    from radixtop.adapters.vllm.server import VLLMServer  # only a fleet with vLLM workers loads it
+
+    server, rank = VLLMServer(spec.engine_url or spec.worker, api_key=api_key, timeout=timeout), spec.dp_rank or 0
+    try:
+        f = server.figures(rank)
+    finally:
+        server.close()
+    if f.blocks is None and f.usage is None and f.running is None:  # not a row of zeros: none of it is known
+        raise AdapterError(f"{server.url}/metrics has no figures of engine {rank} (no vllm:cache_config_info, "
+                           "vllm:kv_cache_usage_perc): is it a vLLM server with that DP rank?")
+
+    def tokens(blocks: int | None) -> int | None:
+        return None if blocks is None or f.block_size is None else blocks * f.block_size
+
+    capacity, held = tokens(f.usable_blocks), tokens(f.held_blocks)
+    missing = ["available and evictable apart (vLLM's /metrics counts the blocks no request holds as one)"]
+    if capacity is None:
+        missing.append("capacity (no num_gpu_blocks and block_size in vllm:cache_config_info)")
+    if held is None and capacity is not None:
+        missing.append("unevictable (no vllm:kv_cache_usage_perc)")
+    return _engine_row(spec, "vllm", why, missing, capacity_tokens=capacity, unevictable_tokens=held,
+                       prompt_tokens=f.queries, cached_tokens=f.hits,
+                       running_requests=spec.running_requests if f.running is None else f.running)
+
+
+ENGINE_READERS = {"sglang": read_sglang, "vllm": read_vllm}
+"""How a worker's engine is read where it has no radixtop that answers (``WorkerSpec.engine``)."""
 
 
 def _read_by(until: float, spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> WorkerRow:
@@ -94,7 +134,8 @@ def _read_by(until: float, spec: WorkerSpec, tokens: dict[str, str], timeout: fl
 
 
 def read_worker(spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> WorkerRow:
-    """The worker's radixtop where it has one; else its engine's routes; else its source's figures."""
+    """The worker's radixtop where it has one; else its engine's routes (SGLang's or vLLM's); else
+    its source's figures."""
     why = ""
     if spec.radixtop_url:
         try:
@@ -108,7 +149,7 @@ def read_worker(spec: WorkerSpec, tokens: dict[str, str], timeout: float) -> Wor
             why = f"radixtop: {exc.message}"
     if spec.engine_url:
         try:
-            return read_sglang(spec, tokens.get(spec.engine_url), timeout, why)
+            return ENGINE_READERS[spec.engine](spec, tokens.get(spec.engine_url), timeout, why)
         except AdapterError as exc:
             row = _row_from_source(spec, "; ".join(w for w in (why, f"engine: {exc.message}") if w))
             return replace(row, reachable=False)

@@ -33,7 +33,9 @@ class WorkerSpec:
     by_rule: bool = False
     """The radixtop URL is a guess by the plugin's port rule (checked before it is believed)."""
     engine_url: str | None = None
-    """SGLang's own routes, read where there is no radixtop."""
+    """The engine's own routes, read where there is no radixtop (or it does not answer)."""
+    engine: str = "sglang"
+    """Whose routes ``engine_url`` are: ``sglang`` or ``vllm`` (``config.ENGINES``)."""
     model: str = ""
     healthy: bool | None = None
     running_requests: int | None = None
@@ -138,7 +140,7 @@ def _int(value: Any) -> int | None:
 
 
 class FleetFileSource(Source):
-    """Workers listed in a file: radixtop servers, or SGLang workers with or without radixtop."""
+    """Workers listed in a file: radixtop servers, or SGLang or vLLM workers with or without radixtop."""
 
     def __init__(self, path: Path, entries: list[FleetEntry], mapping: Mapping):
         self.label = f"fleet {path}"
@@ -157,10 +159,10 @@ class FleetFileSource(Source):
                     if rank:
                         head, _, port = url.rpartition(":")
                         url = f"{head}:{int(port) + rank}" if port.isdigit() else url
-                    specs.append(WorkerSpec(e.url, rank, url, engine_url=e.url))
-                else:
-                    url, by_rule = self.mapping.radixtop_for(e.url, rank, e.url)
-                    specs.append(WorkerSpec(e.url, rank, url, by_rule, engine_url=e.url))
+                    specs.append(WorkerSpec(e.url, rank, url, engine_url=e.url, engine=e.kind))
+                else:  # the port rule finds SGLang's plugin; vLLM has none, only --map entries
+                    url, by_rule = self.mapping.radixtop_for(e.url, rank, e.url if e.kind == "sglang" else None)
+                    specs.append(WorkerSpec(e.url, rank, url, by_rule, engine_url=e.url, engine=e.kind))
         specs, notes = _unambiguous(specs)
         return Discovery(tuple(specs), notes=tuple(notes))
 

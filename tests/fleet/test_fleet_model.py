@@ -88,6 +88,32 @@ def test_fleet_file_lines(tmp_path):
             read_fleet_file(path)
 
 
+def test_fleet_file_vllm_lines(tmp_path):
+    """``vllm=URL [radixtop=URL] [dp=N]``: a vLLM server and its radixtop (a ``radixtop serve
+    --vllm-events``); without one, its own /metrics (SGLang's plugin port rule does not apply)."""
+    path = tmp_path / "fleet.txt"
+    path.write_text("vllm=http://v:8000 radixtop=http://v:8765 dp=2\nvllm=w:8000\n")
+    entries = read_fleet_file(path)
+    assert [(e.url, e.kind, e.radixtop_url, e.dp_size) for e in entries] == [
+        ("http://v:8000", "vllm", "http://v:8765", 2), ("http://w:8000", "vllm", None, 1)]
+    specs = FleetFileSource(path, entries, Mapping({"http://w:8000": "http://w:9000"}, 30100)).discover().specs
+    assert [(s.worker, s.dp_rank, s.radixtop_url, s.by_rule, s.engine_url, s.engine) for s in specs] == [
+        ("http://v:8000", 0, "http://v:8765", False, "http://v:8000", "vllm"),
+        ("http://v:8000", 1, "http://v:8766", False, "http://v:8000", "vllm"),
+        ("http://w:8000", None, "http://w:9000", False, "http://w:8000", "vllm")]
+    path.write_text("vllm=http://x:8000\n")
+    (spec,) = FleetFileSource(path, read_fleet_file(path), Mapping({}, 30100)).discover().specs
+    assert (spec.radixtop_url, spec.by_rule) == (None, False)  # no plugin inside vLLM to guess a port of
+    for bad, said in (("vllm=http://x sglang=http://y", "one of sglang= or vllm="),
+                      ("vllm=ftp://x", "not an http"), ("vllm=http://x dp=0", "dp= wants"),
+                      ("vllm=", "expected URL, sglang=URL or vllm=URL"),
+                      ("vllm=http://x vllm=http://y", "expected URL, sglang=URL or vllm=URL")):
+        path.write_text(bad + "\n")
+        with pytest.raises(BadRequest, match=said) as caught:
+            read_fleet_file(path)
+        assert caught.value.message.startswith(f"{path}:1: ") and "\n" not in caught.value.message
+
+
 def test_the_port_rule_is_dropped_where_two_workers_would_share_one_plugin(tmp_path):
     path = tmp_path / "fleet.txt"
     path.write_text("sglang=http://h:30000\nsglang=http://h:30001\nsglang=http://k:30000\n")
