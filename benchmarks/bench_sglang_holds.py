@@ -134,13 +134,13 @@ def _counter(tree: Tree):
 
 def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             baseline_s: float | None = None) -> dict[str, Any]:
+    from sglang.srt.managers.io_struct import OpenSessionReqInput
+    from sglang.srt.session.session_controller import SessionController
+
     from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
     from radixtop.gpu_backend.owner.queue import OwnerQueue
     from radixtop.inspector.poller import Poller, PollRequest
     from radixtop.inspector.tree_ops import Toggle
-
-    from sglang.srt.managers.io_struct import OpenSessionReqInput
-    from sglang.srt.session.session_controller import SessionController
 
     owner = OwnerQueue("the benchmark scheduler")
     history = grown["history"]
