@@ -66,7 +66,7 @@ def close(
             except UnknownSession:
                 unknown.append(sid)
             except Unsupported as exc:
-                if dry_run:
+                if dry_run or not t.capabilities().close:  # no close at all here (vLLM): its one line
                     raise
                 return _close_blind(t, ids, exc.message, yes, as_json)
         if plans and (not as_json or dry_run):  # no empty table before the errors

@@ -154,9 +154,14 @@ def external_spec(kv_events: str | None, kv_replay: str | None, dp_rank: int, sg
 
 def fleet_row_spec(row: WorkerRow, poller: FleetPoller) -> RadixtopSpec | SGLangRoutesSpec:
     """A fleet row's own target: its radixtop, with the token the tokens file gives that URL
-    (actions need it); or, without one, SGLang's own routes of that worker and rank."""
+    (actions need it); or, without one, SGLang's own routes of that worker and rank. A vLLM
+    worker without a radixtop has none to open (its routes serve no tree): ValueError, saying so."""
     if row.source == "radixtop":
         return RadixtopSpec(row.radixtop_url, poller.token_for(row), poller.timeout)
+    if row.source == "vllm":
+        from radixtop.adapters.fleet.format import why_closed
+
+        raise ValueError(why_closed(row) or f"{row.key}: no dashboard to open")
     return SGLangRoutesSpec(row.worker, poller.tokens.get(row.worker), row.dp_rank, timeout=poller.timeout)
 
 

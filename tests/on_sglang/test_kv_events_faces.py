@@ -9,13 +9,12 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
 from radixtop.adapters.events.zmq import KVEventsAdapter
 from tests.on_sglang.test_kv_events import Server, catch_up, sgl  # noqa: F401  (the sgl fixture)
-from tests.support.live_server import free_ports
+from tests.support.live_server import free_ports, wait_for_serve
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(90)]
 
@@ -62,15 +61,7 @@ def test_serve_kv_events_then_every_read_command(sgl, tmp_path):  # noqa: F811
         text=True)
     url = f"http://127.0.0.1:{api}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.monotonic() < deadline, "radixtop serve --kv-events did not come up"
-                time.sleep(0.2)
+        wait_for_serve(proc, url, "radixtop serve --kv-events", 30)
         server.insert([7, 8, 9, 10])
         runner = CliRunner()
 

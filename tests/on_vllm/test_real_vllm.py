@@ -152,6 +152,92 @@ def test_flush_resets_vllm_and_the_tree_clears_with_its_next_step(stream):
     assert only.first_tokens[0] == 800
 
 
+async def test_the_dashboard_on_a_vllm_server(stream):
+    from radixtop.inspector.app import RadixtopApp
+    from tests.dashboard.test_dashboard import idle
+    from tests.dashboard.test_dashboard import settle as polled
+    from tests.dashboard.test_snapshots import screen_lines
+
+    server, record, adapter = stream
+    server.complete(PREFIX + list(range(600, 640)), session_id="dash-1")
+    settle(adapter, record)
+    app = RadixtopApp(adapter, target=adapter.name, interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await polled(pilot, app, polls=2)
+        for _ in range(50):  # the sessions pane's page lands a poll after the header's
+            text = "\n".join(screen_lines(app))
+            if "dash-1" in text:
+                break
+            await polled(pilot, app)
+        assert "dash-1" in text and "of 624.0 KiB" in text, text  # 1,248 tokens x 512 B: vLLM's pool
+        assert "F Flush" in text and "c Close" not in text and "E Evict" not in text
+        await pilot.press("c")  # no close in vLLM: says so, in words
+        await idle(pilot, app)
+        assert any("close" in n.message and "vLLM" in n.message for n in app._notifications)
+        assert app.home.down is None
+
+
+def test_serve_a_vllm_server_then_every_command_and_an_audited_flush(stream, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from radixtop.cli.main import app
+    from tests.support.live_server import free_port, wait_for_serve
+
+    server, record, adapter = stream
+    api, token, audit = free_port(), "vllm-faces-token-0123456789", tmp_path / "audit.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--vllm-events", server.events, "--vllm-replay",
+         server.replay, "--vllm-url", server.url, "--port", str(api), "--audit-log", str(audit)],
+        env={**os.environ, "RADIXTOP_TOKEN": token}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{api}"
+    runner = CliRunner()
+
+    def run(*args: str):
+        result = runner.invoke(app, [args[0], "--url", url, *args[1:]], env={"RADIXTOP_TOKEN": token})
+        return result
+
+    try:
+        wait_for_serve(proc, url, "radixtop serve --vllm-events", 60)
+        server.complete(PREFIX + list(range(650, 690)), session_id="cli-1")
+        settle(adapter, record)
+        deadline = time.monotonic() + 20
+        while json.loads(run("stats", "--json").stdout)["total_tokens"] != adapter.stats().total_tokens:
+            assert time.monotonic() < deadline, "the server's tree did not catch up"
+            time.sleep(0.2)
+        stats, m = json.loads(run("stats", "--json").stdout), server.metrics()
+        assert stats["prompt_tokens"] == m["vllm:prefix_cache_queries_total"]
+        assert stats["cached_tokens"] == m["vllm:prefix_cache_hits_total"]
+        assert stats["capacity_tokens"] == (pool_blocks(server) - 1) * BLOCK_SIZE
+        tree = json.loads(run("tree", "--json").stdout)
+        firsts = {c["node"]["first_tokens"][0] for c in tree["children"]}
+        assert 100 in firsts
+        node_id = next(c["node"]["id"] for c in tree["children"] if c["node"]["first_tokens"][0] == 100)
+        assert run("node", str(node_id)).exit_code == 0
+        sessions = json.loads(run("sessions", "--json").stdout)
+        assert "cli-1" in {s["id"] for s in sessions["sessions"]}
+        assert json.loads(run("match", *map(str, PREFIX), "--json").stdout)["matched_tokens"] == 64
+        doctor = json.loads(run("doctor", "--json").stdout)
+        assert doctor["checked"] == ["usage_gauge"] and doctor["findings"] == []
+        export = run("export")
+        assert export.exit_code == 0 and len(export.stdout.splitlines()) == stats["node_count"] + 1
+        refused = run("close", "cli-1", "--yes")
+        assert refused.exit_code != 0 and "vLLM" in refused.output and len(refused.output.strip().splitlines()) == 1
+        cached = sum(record.cached().values()) * BLOCK_SIZE
+        flushed = json.loads(run("flush", "--yes", "--json").stdout)
+        assert flushed["flushed"] and flushed["freed_tokens"] == cached
+        entries = [json.loads(line) for line in audit.read_text().splitlines()]
+        (done,) = [e for e in entries if e["action"] == "flush" and e["phase"] == "outcome"]  # intent, then outcome
+        assert done["allowed"] and done["result"]["freed_tokens"] == cached
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_a_restarted_server_is_seen_and_its_tree_rebuilt(stream, tmp_path):
     server, record, adapter = stream
     ports = (int(server.url.rsplit(":", 1)[1]), int(server.events.rsplit(":", 1)[1]),

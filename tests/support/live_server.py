@@ -18,6 +18,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_for_serve(proc, url: str, what: str, timeout: float = 30.0) -> None:
+    """Until the ``radixtop serve`` child ``proc`` answers ``url``/healthz; its output if it ends first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(f"{url}/healthz", timeout=1)
+            return
+        except httpx.HTTPError:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, f"{what} did not come up"
+            time.sleep(0.2)
+
+
 def free_ports(n: int = 1) -> int:
     """A base port such that base .. base+n-1 are all free (a test's ports; DP ranks add their rank)."""
     rng = random.Random()
