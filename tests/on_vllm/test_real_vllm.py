@@ -106,6 +106,19 @@ def test_a_block_stored_twice_is_one_node_and_two_blocks_of_the_pool(stream):
     assert st.evictable_tokens == (len(record.cached()) + copies) * BLOCK_SIZE  # idle: every cached copy
 
 
+
+def test_a_cache_salt_keeps_the_same_prompt_apart(stream):
+    server, record, adapter = stream
+    prompt = list(range(400, 440))
+    server.complete(prompt)
+    server.complete(prompt, cache_salt="tenant-b")  # vLLM hashes the salt into the first block
+    settle(adapter, record)
+    salted = [e for e in record.events() if e["type"] == "BlockStored" and e.get("extra_keys") == [["tenant-b"]]]
+    assert len(salted) == 1
+    nodes = [n for n in adapter.children(0).children if n.first_tokens[0] == 400]
+    assert len(nodes) == 2 and {n.tokens for n in nodes} == {32}
+    assert adapter.stats().total_tokens == tree_tokens(record)
+
 def test_evictions_are_counted_from_block_removed(stream):
     server, record, adapter = stream
     for i in range(15):  # 15 distinct 104-token prompts in a 39-block pool
