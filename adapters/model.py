@@ -492,6 +492,9 @@ class Diagnosis(_View):
     nodes_walked: int | None = None
     """Nodes the lock and tombstone walk visited (None: no walk)."""
     took_s: float = 0.0
+    notes: tuple[str, ...] = ()
+    """What the checks read and what it means, where it is no finding (vLLM: its usage gauge
+    against the tree, and why they differ)."""
 
     @property
     def healthy(self) -> bool:

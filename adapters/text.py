@@ -167,6 +167,7 @@ def diagnosis_text(d: Diagnosis) -> str:
              + (f" · {d.nodes_walked:,} nodes walked" if d.nodes_walked is not None else "")]
     for kind, why in d.skipped.items():
         lines.append(f"  not checked: {kind}: {why}")
+    lines.extend(f"  read: {note}" for note in d.notes)
     if d.healthy:
         lines.append("healthy: nothing found")
         return "\n".join(lines)

@@ -328,6 +328,7 @@ class DiagnosisOut(Schema):
     idle_after_s: float
     nodes_walked: int | None = Field(description="null: no walk of the tree (it cannot be read)")
     took_s: float
+    notes: list[str] = Field(default_factory=list, description="What the checks read, where it is no finding")
     healthy: bool = Field(description="No findings")
 
 

@@ -210,14 +210,32 @@ class VLLMAdapter(KVEventsAdapter):
         if f is None or f.usable_blocks is None or f.block_size is None:
             skipped["usage_gauge"] = "needs the server's /metrics (--vllm-url)"
             return Diagnosis(self.name, (), (), skipped, idle_after_s, None, time.monotonic() - started)
-        findings = usage_findings(f, self.stats(), self._tree_blocks())
+        tree = self._tree_blocks()
+        findings = usage_findings(f, self.stats(), tree)
         return Diagnosis(self.name, tuple(findings), ("usage_gauge",), skipped, idle_after_s, None,
-                         time.monotonic() - started)
+                         time.monotonic() - started, notes=(usage_note(f, tree),))
 
     def _tree_blocks(self) -> tuple[int, int]:
         with self._lock:
             block = self._block_size or 1
             return self._tree.root.subtree_tokens // block, self._tree.copies
+
+
+def usage_note(f: Figures, tree: tuple[int, int]) -> str:
+    """The usage gauge against the tree, by how much they differ and what that means."""
+    blocks, copies = tree
+    held, cached, bs = f.held_blocks or 0, blocks + copies, f.block_size or 1
+    running = "?" if f.running is None else f"{f.running:,}"
+    waiting = "?" if f.waiting is None else f"{f.waiting:,}"
+    line = (f"vLLM's usage gauge: {held:,} of {f.usable_blocks or 0:,} blocks held by running requests "
+            f"({running} running, {waiting} waiting); the tree caches {cached:,} blocks ({copies:,} of them "
+            f"copies); they differ by {abs(cached - held):,} blocks ({abs(cached - held) * bs:,} tokens)")
+    if cached > held:
+        return line + ": cached blocks no request holds, free to vLLM (it evicts them first when it needs room)"
+    if held > cached:
+        return line + (": blocks running requests hold beyond the cache (their blocks not yet full, not yet "
+                       "published)" if f.running else ": held with nothing running (see the finding)")
+    return line
 
 
 def usage_findings(f: Figures, st: Stats, tree: tuple[int, int]) -> list[Finding]:

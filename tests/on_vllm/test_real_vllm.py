@@ -236,6 +236,10 @@ def test_serve_a_vllm_server_then_every_command_and_an_audited_flush(stream, tmp
         assert json.loads(run("match", *map(str, PREFIX), "--json").stdout)["matched_tokens"] == 64
         doctor = json.loads(run("doctor", "--json").stdout)
         assert doctor["checked"] == ["usage_gauge"] and doctor["findings"] == []
+        cached = sum(record.cached().values())  # idle: the gauge holds 0, the tree its cached blocks
+        (note,) = doctor["notes"]
+        assert f"0 of {pool_blocks(server) - 1} blocks held" in note and f"differ by {cached} blocks" in note
+        assert f"differ by {cached} blocks" in run("doctor").stdout.replace("\n", " ").replace("  ", " ")
         export = run("export")
         assert export.exit_code == 0 and len(export.stdout.splitlines()) == stats["node_count"] + 1
         refused = run("close", "cli-1", "--yes")
