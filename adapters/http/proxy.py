@@ -28,7 +28,7 @@ def proxy_for(url: str, environ: Mapping[str, str] = os.environ) -> str | None:
     names the host. An empty variable counts as unset."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
-    if _is_loopback(host):
+    if is_loopback_host(host):
         return None
     scheme = parts.scheme.lower()
     names = [f"{scheme}_proxy"] + ([] if scheme == "http" else [f"{scheme}_proxy".upper()]) + ["all_proxy", "ALL_PROXY"]
@@ -42,7 +42,8 @@ def _first(environ: Mapping[str, str], *names: str) -> str:
     return next((environ[name] for name in names if environ.get(name)), "")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """localhost, a name under .localhost, 127.0.0.0/8, ::1 (or an IPv4-mapped loopback)."""
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:

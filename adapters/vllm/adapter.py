@@ -25,9 +25,11 @@ import dataclasses
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from radixtop.adapters.errors import Unsupported, read_only
 from radixtop.adapters.events.zmq import KVEventsAdapter
+from radixtop.adapters.http.proxy import is_loopback_host
 from radixtop.adapters.model import (
     TREE_FINDING_KINDS,
     Capabilities,
@@ -37,8 +39,11 @@ from radixtop.adapters.model import (
     Geometry,
     Stats,
 )
+from radixtop.adapters.text import one_line
 from radixtop.adapters.vllm.server import DEV_MODE_HINT, Figures, VLLMServer, geometry_from
 
+MAX_NAME = 80
+"""The most of the server's model name the target's name keeps."""
 NO_ACTIONS = ("vLLM tells no locks or reference counts (vllm#50732's BlockInactive would) and has no route to "
               "evict part of its cache or to close a session")
 
@@ -73,8 +78,9 @@ class VLLMAdapter(KVEventsAdapter):
                 model = self.server.model()
                 if geometry is None:
                     geometry = self._local_geometry(model, figures)
-            label = name or f"vLLM {model.get('id') or ''} at {self.server.url if self.server else events}".replace(
-                "  ", " ")
+            served = model.get("id")
+            served = one_line(served[:MAX_NAME]) + " " if isinstance(served, str) and served else ""
+            label = name or f"vLLM {served}at {self.server.url if self.server else events}"
             super().__init__(events, default_replay(events) if replay is None else (replay or None), topic=topic,
                              dp_rank=dp_rank, geometry=geometry, capacity_tokens=capacity_tokens,
                              name=label + (f" rank {dp_rank}" if dp_rank else ""), tokenizer=tokenizer)
@@ -85,8 +91,14 @@ class VLLMAdapter(KVEventsAdapter):
 
     def _local_geometry(self, model: dict[str, Any], figures: Figures) -> Geometry | None:
         """The geometry of the server's model folder (``/v1/models``' root), where this machine
-        has it; None, with the reason kept for the capabilities, where not."""
+        has it (a server on loopback: another host's paths mean nothing here); None, with the
+        reason kept for the capabilities, where not."""
         root = model.get("root")
+        assert self.server is not None
+        if not is_loopback_host(urlsplit(self.server.url).hostname or ""):
+            self._geometry_note = ("bytes unknown: the server is on another host, whose model folder radixtop does "
+                                   "not read; give --model (a preset or the model's folder)")
+            return None
         if not isinstance(root, str) or not (Path(root) / "config.json").is_file():
             self._geometry_note = (f"bytes unknown: the server's model ({root!r}) is not a folder on this machine; "
                                    "give --model (a preset or the model's folder)")

@@ -57,8 +57,8 @@ def free_ports(n: int = 1) -> int:
 def running_server(app, port: int | None = None, **options) -> Iterator[str]:
     """Serve ``app`` (on ``port``, or a free one) until the block ends; yield its URL. ``options``
     go to ``uvicorn.Config`` (``http=`` the protocol ``serve`` uses, for one)."""
-    options = {"log_level": "warning", "access_log": False, "lifespan": "off", **options}
-    config = uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), **options)
+    options = {"log_level": "warning", "access_log": False, "lifespan": "off", "host": "127.0.0.1", **options}
+    config = uvicorn.Config(app, port=port or free_port(), **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="radixtop-test-api", daemon=True)
     thread.start()
