@@ -4,6 +4,7 @@ replay socket; ``rank_endpoint``, a DP rank's address."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -21,6 +22,9 @@ END_SEQ = -1
 """The replay socket's end-of-replay marker (sequence -1, signed)."""
 SUB_HWM = 100_000
 """Batches the subscriber queues before ZMQ drops (a drop is a gap, filled from the replay)."""
+MAX_BATCH_BYTES = 64 * 2**20
+"""The largest message radixtop takes from a publisher (ZMQ's MAXMSGSIZE: a bigger one cuts the
+peer off, and the socket reconnects; what it carried is a gap). A real batch is a few KB to a few MB."""
 
 def rank_endpoint(endpoint: str, dp_rank: int = 0, local: bool = True) -> str:
     """``dp_rank``'s address for a server configured with ``endpoint``: SGLang's and vLLM's
@@ -49,22 +53,25 @@ class KVEventsAdapter(EventTreeAdapter):
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
                  dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
                  capacity_tokens: int = 0, medium: str = "GPU", bind: bool = False,
-                 name: str | None = None, tokenizer: Any = None, replay_timeout: float = 2.0):
+                 name: str | None = None, tokenizer: Any = None, replay_timeout: float = 2.0,
+                 max_batch_bytes: int = MAX_BATCH_BYTES):
         """``endpoint``/``replay_endpoint``: the server's ``--kv-events-config`` ``endpoint`` and
         ``replay_endpoint`` (rank 0's; the rank's port offset is applied here). ``bind``: bind
         instead of connect, for a server whose publisher connects (a non-wildcard endpoint).
-        The rest as :class:`EventTreeAdapter`."""
+        ``max_batch_bytes``: the largest message taken (``MAX_BATCH_BYTES``). The rest as
+        :class:`EventTreeAdapter`."""
         endpoint = rank_endpoint(endpoint, dp_rank, local=not bind)
         super().__init__(name=name or f"kv-events rank {dp_rank} @ {endpoint}", endpoint=endpoint,
                          replay_endpoint=rank_endpoint(replay_endpoint, dp_rank) if replay_endpoint else None,
                          dp_rank=dp_rank, bytes_per_token=bytes_per_token, geometry=geometry,
                          capacity_tokens=capacity_tokens, medium=medium, tokenizer=tokenizer)
-        self.replay_timeout = replay_timeout
+        self.replay_timeout, self.max_batch_bytes, self._bind = replay_timeout, max_batch_bytes, bind
         self._stop = threading.Event()
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, SUB_HWM)
+        self._sub.setsockopt(zmq.MAXMSGSIZE, max_batch_bytes)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         try:
             (self._sub.bind if bind else self._sub.connect)(self.endpoint)
@@ -97,9 +104,19 @@ class KVEventsAdapter(EventTreeAdapter):
 
     def _run(self) -> None:
         sub = self._sub
+        # a connecting SUB that ZMQ cut off for a message over MAXMSGSIZE is not retried by ZMQ:
+        # its disconnections are watched, and each is answered with a connect of our own
+        monitor = None if self._bind else sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if not sub.poll(100):
+                ready = dict(poller.poll(100))
+                if monitor is not None and monitor in ready:
+                    self._reconnect(monitor)
+                if sub not in ready:
                     continue
                 while not self._stop.is_set():
                     try:
@@ -111,7 +128,25 @@ class KVEventsAdapter(EventTreeAdapter):
                         continue
                     self._receive(int.from_bytes(frames[1], "big", signed=True), frames[2])
         finally:
+            if monitor is not None:
+                sub.disable_monitor()
+                monitor.close(linger=0)
             sub.close(linger=0)
+
+    def _reconnect(self, monitor: zmq.Socket) -> None:
+        """The publisher went away, or ZMQ cut it off (a message over ``max_batch_bytes``): connect
+        again (retried until it answers). What was sent meanwhile is a gap, filled from the replay."""
+        while True:
+            try:
+                monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        with contextlib.suppress(zmq.ZMQError):  # not connected any more: nothing to undo
+            self._sub.disconnect(self.endpoint)
+        self._sub.connect(self.endpoint)
+        self._count("reconnects")
+        log.info("kv-events: disconnected from %s (the publisher went away, or sent a message over %d bytes); "
+                 "connecting again", self.endpoint, self.max_batch_bytes)
 
     def _receive(self, seq: int, payload: bytes) -> None:
         try:
@@ -164,6 +199,7 @@ class KVEventsAdapter(EventTreeAdapter):
         self._count("replays")
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_batch_bytes)
         got: list[tuple[int, bytes]] = []
         try:
             dealer.connect(self.replay_endpoint)

@@ -8,7 +8,7 @@ import pytest
 
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import BadRequest
-from radixtop.adapters.model import FINDING_KINDS, Diagnosis
+from radixtop.adapters.model import TREE_FINDING_KINDS, Diagnosis
 from radixtop.adapters.text import diagnosis_text
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.kv_geometry import get_geometry
@@ -31,7 +31,7 @@ def test_a_healthy_cache_has_no_findings_and_every_check_ran(known):
     adapter, _ = known
     d = adapter.diagnose()
     assert d.healthy and d.findings == () and d.skipped == {}
-    assert d.checked == FINDING_KINDS and d.nodes_walked == adapter.stats().node_count
+    assert d.checked == TREE_FINDING_KINDS and d.nodes_walked == adapter.stats().node_count
     assert "healthy: nothing found" in diagnosis_text(d)
     assert d.to_dict()["findings"] == () and d.to_dict()["skipped"] == {}
 
