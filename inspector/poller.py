@@ -41,6 +41,9 @@ SESSIONS_EVERY = 0.0
 """Least seconds between reloads of the sessions table: 0, every poll (the in-process targets keep
 every session's figures with the tree, so a page costs O(log n + page) and ranks live; a target
 that still attributes in passes reuses its last pass between them)."""
+CAPS_EVERY = 30.0
+"""Seconds between two reads of the target's capabilities (they change: sessions that appear, a
+token's rights, a server restarted with other settings)."""
 DETAIL_TOKENS = 64
 """Token ids the detail panel shows at once (``[`` and ``]`` page through them)."""
 CHAIN_MARKS = 64
@@ -130,6 +133,7 @@ class Poller:
         """Held while the tree state is read or changed (a poll, or a tree operation)."""
         self.capabilities = Capabilities()
         self._caps_stale = True
+        self._caps_at = float("-inf")
         self._since: int | None = None
         self._sessions_at = float("-inf")
         self._sessions_read: SessionsQuery | None = None  # the query the table's rows answer
@@ -153,9 +157,11 @@ class Poller:
     def collect(self, request: PollRequest) -> Snapshot:
         """Read what ``request`` needs now; raises the target's AdapterError."""
         capabilities = None
-        if self._caps_stale:  # first poll, or the target is back (it may have restarted meanwhile)
+        # first poll, the target is back (it may have restarted meanwhile), or what it can do may
+        # have changed: read them again every CAPS_EVERY s too (a token's rights, vLLM's dev mode)
+        if self._caps_stale or time.monotonic() - self._caps_at >= CAPS_EVERY:
             capabilities = self.capabilities = self.adapter.capabilities()
-            self._caps_stale = False
+            self._caps_stale, self._caps_at = False, time.monotonic()
         # One read_many: one request, and where the adapter owns the cache's thread one hold of
         # it (each read apart waited for a step boundary, and over HTTP cost the target's
         # interpreter a request).
@@ -182,6 +188,8 @@ class Poller:
         results = self.adapter.read_many(reads + [("children", args) for args in pages])
         got = dict(zip((op for op, _ in reads), results, strict=False))
         stats = _ok(got["stats"])
+        if not caps.sessions and stats.open_sessions is not None:
+            self._caps_stale = True  # sessions appeared (a KV-event stream's first session_id): read again
         tree = sessions = detail = None
         if live and caps.tree:  # a target without a tree or sessions says so once, not each poll
             with self.tree_lock:
