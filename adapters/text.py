@@ -165,8 +165,10 @@ def diagnosis_text(d: Diagnosis) -> str:
     strings in it (ids, names) are as sent: a face shows them through ``inert``."""
     lines = [f"radixtop doctor · {d.target} · checked {', '.join(d.checked) or 'nothing'}"
              + (f" · {d.nodes_walked:,} nodes walked" if d.nodes_walked is not None else "")]
+    kinds_for: dict[str, list[str]] = {}  # one line per reason (a vLLM skips five checks for one)
     for kind, why in d.skipped.items():
-        lines.append(f"  not checked: {kind}: {why}")
+        kinds_for.setdefault(why, []).append(kind)
+    lines.extend(f"  not checked: {', '.join(kinds)}: {why}" for why, kinds in kinds_for.items())
     lines.extend(f"  read: {note}" for note in d.notes)
     if d.healthy:
         lines.append("healthy: nothing found")

@@ -55,7 +55,9 @@ class ActionFlows:
                           f"{screen.target} is read-only: actions are disabled", severity="warning", title="read-only")
             return True
         if action and not getattr(caps, action):
-            screen.notify(f"{screen.target} cannot {action}: {caps.reason}", severity="warning", title="not here")
+            # the reason's clause about this action, where it has one (a target lists what it lacks, and why)
+            why = next((part for part in caps.reason.split("; ") if action in part), caps.reason)
+            screen.notify(f"{screen.target} cannot {action}: {why}", severity="warning", title="not here")
             return True
         return False
 
