@@ -154,16 +154,27 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     index = adapter._index
     by_op: dict[str, list[float]] = {}  # what the holds were made of: each read of a poll, timed
     by_cpu: dict[str, list[float]] = {}  # the same steps on the scheduler thread's CPU clock
-    read_one = adapter._read_one
+    read_pass = adapter._read_pass
 
-    def timed_read(op: str, args: tuple) -> Any:
-        started = pc()
-        try:
-            return read_one(op, args)
-        finally:
-            by_op.setdefault(f"{mode['name']}:{op}", []).append(pc() - started)
+    def timed_read_pass(owner_args: Any, op: str, args: tuple) -> Any:
+        """Each read of a poll's batch, by its kind: its steps on the scheduler thread's CPU clock
+        ("read <op>": each step; "read <op>, whole": each read's steps summed)."""
+        steps = read_pass(owner_args, op, args)
+        name, whole = f"{mode['name']}:read {op}", 0.0
+        while True:
+            c0 = thread_time()
+            try:
+                next(steps)
+            except StopIteration as done:
+                whole += thread_time() - c0
+                by_cpu.setdefault(name + ", whole", []).append(whole)
+                return done.value
+            finally:
+                by_cpu.setdefault(name, []).append(thread_time() - c0)
+            whole += by_cpu[name][-1]
+            yield
 
-    adapter._read_one = timed_read
+    adapter._read_pass = timed_read_pass
     slice_run = owner.slices.run
 
     def timed_slices(idle: bool = False, deadline: float | None = None) -> float:
@@ -271,10 +282,14 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     out: dict[str, Any] = {"first_poll_s": first_s, "first_poll_holds": first_holds,
                            "by_op": {k: {"n": len(v), "longest_ms": max(v) * 1e3, "total_ms": sum(v) * 1e3,
                                          "longest_cpu_ms": max(by_cpu[k]) * 1e3 if by_cpu.get(k) else None}
-                                     for k, v in sorted(by_op.items())}}
+                                     for k, v in sorted(by_op.items())},
+                           "reads_cpu": {k: {"n": len(v), "longest_ms": max(v) * 1e3, "total_ms": sum(v) * 1e3}
+                                         for k, v in sorted(by_cpu.items()) if ":read " in k}}
     for k, v in out["by_op"].items():
         cpu = f" ({v['longest_cpu_ms']:.1f} ms CPU)" if v["longest_cpu_ms"] is not None else ""
         log(f"  {k}: {v['n']} calls, longest {v['longest_ms']:.1f} ms{cpu}, total {v['total_ms']:.0f} ms")
+    for k, v in out["reads_cpu"].items():
+        log(f"  {k}: {v['n']}, longest {v['longest_ms']:.2f} ms CPU, total {v['total_ms']:.0f} ms CPU")
     for name, agg in results.items():
         hs, ss, ng = sorted(agg["holds"]), agg["steps"], sorted(agg["without_gc"])
         out[name] = {
