@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from sortedcontainers import SortedKeyList, SortedList
 
+from radixtop.gpu_backend.owner.shards import ShardedMap, ShardedSet
 from radixtop.gpu_backend.owner.slices import released
 
 
@@ -109,10 +110,10 @@ class SessionOrders:
         self._orders: dict[str, _Order] = {}
         self._ranked: dict[tuple[str, str, bool], _Ranking] = {}
         self.rank_min_s, self.rank_budget = RANK_MIN_S, RANK_BUDGET
-        self._open: set[str] = set()
+        self._open: ShardedSet[str] = ShardedSet()  # sharded: no add rebuilds a table of every session
         self._recount: set[str] = set()
         self._roster: list[str] = []
-        self._on_roster: set[str] = set()
+        self._on_roster: ShardedSet[str] = ShardedSet()
         ledger.moved.update(everyone())  # what the owner knows already: counted as it moves from now on
         self.moves = 0
 
@@ -145,9 +146,10 @@ class SessionOrders:
         for order in self._orders.values():
             order.pending |= part
         self._recount |= part
-        fresh = part - self._on_roster
+        on_roster = self._on_roster
+        fresh = [sid for sid in part if sid not in on_roster]
         if fresh:
-            self._on_roster |= fresh
+            on_roster.update(fresh)
             self._roster.extend(fresh)
         return not self.ledger.moved
 
@@ -284,7 +286,7 @@ class SessionOrders:
         keys: list[Any] = []
         listed, work = 0, 0.0
         started = time.perf_counter()
-        roster, gone, ranked = self._roster, [], set()
+        roster, gone, ranked = self._roster, [], ShardedSet()
         for start in range(0, len(roster), ROWS_CHUNK):  # appended to meanwhile: those too
             for sid in roster[start : start + ROWS_CHUNK]:
                 if sid in ranked:
@@ -325,7 +327,7 @@ class SessionOrders:
         that comes back meanwhile has moved and is put on it again (once)."""
         on_roster = self._on_roster
         on_roster.difference_update(gone)
-        old, new, kept = self._roster, [], set()
+        old, new, kept = self._roster, [], ShardedSet()
         start = 0
         while start < len(old):  # appended to meanwhile: those too
             for sid in old[start : start + PRUNE_CHUNK]:
@@ -382,7 +384,7 @@ class _Order:
 
     def __init__(self) -> None:
         self.keys: SortedList | SortedKeyList = SortedList()
-        self.key_of: dict[str, tuple] = {}
+        self.key_of: ShardedMap[str, tuple] = ShardedMap()  # no add rebuilds a table of every session
         self.pending: set[str] = set()
         self.key: Callable[[SessionOrders, str], tuple] = KEY_OF["id"]
         self.ready = False

@@ -26,11 +26,31 @@ non-negative int below 2**61, as node ids are, ``hash(key) == key``)."""
 _MISSING: Any = object()
 
 
-class ShardedMap(Generic[K, V]):
+class _Sharded(Generic[K]):
+    """What a sharded dict and set share: ``shards``, a key's shard by its hash."""
+
+    __slots__ = ("shards",)
+    shards: list[Any]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.shards[hash(key) & SHARD_MASK]
+
+    def __len__(self) -> int:
+        return sum(map(len, self.shards))
+
+    def __bool__(self) -> bool:
+        return any(self.shards)
+
+    def __iter__(self) -> Iterator[K]:
+        for shard in self.shards:
+            yield from shard
+
+
+class ShardedMap(_Sharded[K], Generic[K, V]):
     """The part of a dict's interface the owner's indexes use, over ``SHARDS`` dicts by the
     key's hash. Iteration goes shard by shard (not in insertion order)."""
 
-    __slots__ = ("shards",)
+    __slots__ = ()
 
     def __init__(self, items: Any = ()) -> None:
         self.shards: list[dict[K, V]] = [{} for _ in range(SHARDS)]
@@ -54,18 +74,6 @@ class ShardedMap(Generic[K, V]):
         shard = self.shards[hash(key) & SHARD_MASK]
         return shard.pop(key) if default is _MISSING else shard.pop(key, default)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self.shards[hash(key) & SHARD_MASK]
-
-    def __len__(self) -> int:
-        return sum(map(len, self.shards))
-
-    def __bool__(self) -> bool:
-        return any(self.shards)
-
-    def __iter__(self) -> Iterator[K]:
-        for shard in self.shards:
-            yield from shard
 
     def keys(self) -> Iterator[K]:
         return iter(self)
@@ -89,3 +97,34 @@ class ShardedMap(Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"ShardedMap({len(self)} entries in {SHARDS} shards)"
+
+
+class ShardedSet(_Sharded[K]):
+    """The part of a set's interface the sessions' orders use, over ``SHARDS`` sets by the key's
+    hash (a set rebuilds its whole table as a dict does)."""
+
+    __slots__ = ()
+
+    def __init__(self, items: Any = ()) -> None:
+        self.shards: list[set[K]] = [set() for _ in range(SHARDS)]
+        self.update(items)
+
+    def add(self, key: K) -> None:
+        self.shards[hash(key) & SHARD_MASK].add(key)
+
+    def discard(self, key: K) -> None:
+        self.shards[hash(key) & SHARD_MASK].discard(key)
+
+    def update(self, keys: Any) -> None:
+        shards = self.shards
+        for key in keys:
+            shards[hash(key) & SHARD_MASK].add(key)
+
+    def difference_update(self, keys: Any) -> None:
+        shards = self.shards
+        for key in keys:
+            shards[hash(key) & SHARD_MASK].discard(key)
+
+
+    def __repr__(self) -> str:
+        return f"ShardedSet({len(self)} keys in {SHARDS} shards)"
