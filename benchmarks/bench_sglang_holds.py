@@ -437,9 +437,10 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
         f"{max(compaction_steps, default=0.0) * 1e3:.1f} ms CPU (walking {max(walking, default=0.0) * 1e3:.1f}, "
         f"freeing the old heap {max(freeing, default=0.0) * 1e3:.1f}); the longest hold while one ran "
         f"{max(during, default=0.0) * 1e3:.1f} ms, in the windows while none ran {max(outside, default=0.0) * 1e3:.1f} ms")
-    for op, spent in sorted(steps_by_read.items()):
-        log(f"  read {op}: {len(spent):,} steps, the longest {max(spent) * 1e3:.2f} ms CPU, "
-            f"p99 {sorted(spent)[int(0.99 * (len(spent) - 1))] * 1e3:.2f} ms, {sum(spent):.2f} s in all")
+    for op, read_steps in sorted(steps_by_read.items()):  # not ``spent``: the loops' times, below
+        log(f"  read {op}: {len(read_steps):,} steps, the longest {max(read_steps) * 1e3:.2f} ms CPU, "
+            f"p99 {sorted(read_steps)[int(0.99 * (len(read_steps) - 1))] * 1e3:.2f} ms, "
+            f"{sum(read_steps):.2f} s in all")
     if PROFILE is not None:
         import pstats
         pstats.Stats(PROFILE).sort_stats("tottime").print_stats(15)

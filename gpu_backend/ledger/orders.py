@@ -55,7 +55,8 @@ RECOUNT_AT_ONCE = 4096
 STEP_S = 0.001
 """A loop over sessions yields once it has run this long (``_spent``, checked every 8 sessions),
 as well as after its count: at 1M nodes under the demo workload, steps bounded by a count alone
-ran 5-7 ms (with this check too some still do: docs/benchmarks.md)."""
+ran 5-7 ms; those that still did were a set or dict of every session rebuilding its table, now
+in shards (docs/benchmarks.md)."""
 TAKE_CHUNK = 512
 """Sessions that moved taken into the orders per step (set operations; all of them at attach)."""
 PRUNE_CHUNK = 4096
