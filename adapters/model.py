@@ -338,8 +338,9 @@ class SessionView(_View):
     """On its paths but also held by other sessions or locked: a close keeps it."""
     fair_share_bytes: int
     """Each node's bytes split evenly among the sessions beneath it."""
-    locked_tokens: int
-    """Tokens on its paths that running requests lock."""
+    locked_tokens: int | None
+    """Tokens on the session's paths that running requests lock; None: the target tells no locks
+    (a tree kept from KV events)."""
     last_activity_age_s: float | None
 
 

@@ -221,7 +221,8 @@ def _sessions_table(views: list[Any], title: str):
         table.add_column(col, justify="left" if col in ("session", "state") else "right")
     for s in views:
         table.add_row(inert(s.id), inert(s.state), str(s.tagged_nodes), human_bytes(s.exclusive_bytes),
-                      human_bytes(s.shared_bytes), human_bytes(s.fair_share_bytes), f"{s.locked_tokens:,}",
+                      human_bytes(s.shared_bytes), human_bytes(s.fair_share_bytes),
+                      "unknown" if s.locked_tokens is None else f"{s.locked_tokens:,}",
                       age(s.last_activity_age_s))
     return table
 

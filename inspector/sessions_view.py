@@ -5,6 +5,7 @@ FilterBox: the lines above it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
@@ -47,7 +48,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("exclusive", 10, lambda s: human_bytes(s.exclusive_bytes), "exclusive_bytes", True),
     Column("shared", 10, lambda s: human_bytes(s.shared_bytes), "shared_bytes", True),
     Column("fair", 10, lambda s: human_bytes(s.fair_share_bytes), "fair_share_bytes", True),
-    Column("locked", 7, lambda s: f"{s.locked_tokens:,}", "locked_tokens", True),
+    Column("locked", 7, lambda s: "?" if s.locked_tokens is None else f"{s.locked_tokens:,}", "locked_tokens", True),
     Column("active", 6, lambda s: age(s.last_activity_age_s), "last_activity", False),
 )
 _HEADER = Style(bold=True, underline=True)
@@ -219,7 +220,13 @@ class SessionsTable(RowsView):
         col = COLUMNS[self.sort_column]
         field = SORT_KEYS[col.order]
         by_id = sorted(self.rows, key=lambda s: s.id)  # ties as the target breaks them: by id
-        self.rows = tuple(sorted(by_id, key=lambda s: getattr(s, field), reverse=col.descending != self.sort_reverse))
+        descending = col.descending != self.sort_reverse
+
+        def key(s: SessionView) -> tuple[bool, Any]:  # an unknown figure (None) sorts last either way
+            value = getattr(s, field)
+            return (value is None) != descending, 0 if value is None else value
+
+        self.rows = tuple(sorted(by_id, key=key, reverse=descending))
         self.first = 0
 
     def action_mark(self) -> None:

@@ -55,6 +55,7 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionView,
     Stats,
 )
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
@@ -102,6 +103,11 @@ class StreamStatus:
     block_size: int
     last_batch_age_s: float | None
     last_error: str | None
+
+
+def _no_locks(view: SessionView) -> SessionView:
+    """A session as the events tell it: its locked tokens unknown (no lock is in them)."""
+    return dataclasses.replace(view, locked_tokens=None)
 
 
 class EventTreeAdapter(CacheAdapter):
@@ -446,19 +452,20 @@ class EventTreeAdapter(CacheAdapter):
     def sessions(self, order: str = "exclusive_bytes", offset: int = 0, limit: int = 100, contains: str = "",
                  reverse: bool = False) -> SessionsPage:
         """The sessions whose requests stored blocks still cached (all "open": the events do not
-        say when a session closes; locks are not in them, so ``locked_tokens`` reads 0). Figures
+        say when a session closes; locks are not in them, so ``locked_tokens`` is unknown). Figures
         and order as of the last event applied (the ledger keeps them as the tree changes)."""
         check_sessions_read(order, offset, limit, contains)
         with self._lock:
-            return run_to_end(sessions_page_pass(self._sessions(), order, offset, limit, contains, reverse,
+            page = run_to_end(sessions_page_pass(self._sessions(), order, offset, limit, contains, reverse,
                                                  clock=time.time))
+        return dataclasses.replace(page, sessions=tuple(_no_locks(v) for v in page.sessions))
 
     def session(self, session_id: str) -> SessionDetail:
         with self._lock:
             orders = self._sessions()
             if session_id not in self._tree.holding:
                 raise UnknownSession(f"no cached block was stored by session {session_id!r}")
-            view = session_row(orders, session_id, clock=time.time)
+            view = _no_locks(session_row(orders, session_id, clock=time.time))
             node_ids = tuple(n.id for n in self._tree.ledger.held.get(session_id, ()))
         return SessionDetail(view, node_ids)
 

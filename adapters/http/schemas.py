@@ -175,7 +175,7 @@ class SessionOut(Schema):
     exclusive_bytes: int
     shared_bytes: int
     fair_share_bytes: int
-    locked_tokens: int
+    locked_tokens: int | None = Field(description="null: the target tells no locks (KV events)")
     last_activity_age_s: float | None
 
 

@@ -102,3 +102,32 @@ async def test_a_page_of_the_old_order_that_lands_after_s_does_not_undo_the_sort
     finally:
         adapter.let_go.set()
         adapter.answer.set()
+
+
+async def test_every_column_sorts_where_a_figure_is_unknown():
+    """A KV-event tree tells no locks (None) and may not know a session's last activity: s on
+    each column sorts the rows shown, the unknown ones last, and nothing fails."""
+    import time
+
+    from radixtop.adapters.events.adapter import EventTreeAdapter
+    from radixtop.adapters.events.wire import Batch, Stored
+
+    adapter = EventTreeAdapter(name="events", bytes_per_token=2, capacity_tokens=100)
+    adapter.apply_batch(0, Batch(time.time(), 0, [Stored((1, 2), None, (7, 8), 1, "GPU", session_id="a"),
+                                                  Stored((3,), 2, (9,), 1, "GPU", session_id="b")]))
+    app = RadixtopApp(adapter, target="events", interval=0.2)
+    async with app.run_test(size=(320, 48)) as pilot:  # wide enough for every column
+        await settle(pilot, app, polls=2)
+        table = app.query_one(SessionsTable)
+        assert len(table.rows) == 2
+        table.focus()
+        await pilot.pause()
+        seen = set()
+        for _ in COLUMNS:
+            await pilot.press("s")
+            await pilot.pause()
+            seen.add(COLUMNS[table.sort_column].order)
+            assert {s.id for s in table.rows} == {"a", "b"}
+        assert seen == {c.order for c in COLUMNS}  # every column was the sort column once
+        await settle(pilot, app)
+        assert app.home.down is None and app.is_running
