@@ -250,6 +250,9 @@ class NodeDetail(_View):
     """Distinct sessions that hold this node or something below it (None: the target cannot tell)."""
     text: str | None = None
     """The page's token ids as text, where the target has a tokenizer (None: ids only)."""
+    group: str | None = None
+    """The KV-cache group whose blocks the node is, for a hybrid model ("KV group 1
+    (sliding_window)", from vLLM's events); None: the model has one, or the target does not say."""
 
 
 @dataclass(frozen=True)

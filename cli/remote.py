@@ -206,6 +206,8 @@ def node(
     ]
     if n.tiers is not None:  # a target with storage tiers (SGLang): where this node's KV is
         rows.insert(-1, ("tiers", inert(" + ".join(n.tiers)) or "-"))
+    if d.group is not None:  # a hybrid model's KV group (vLLM)
+        rows.insert(-1, ("group", inert(d.group)))
     if n.text is not None:
         rows.append(("text", inert(n.text, lines=True)))
     for k, v in rows:

@@ -153,6 +153,8 @@ class EventTreeAdapter(CacheAdapter):
         self._last_batch_at: float | None = None
         self._last_error: str | None = None
         self._sessions_seen = False  # a BlockStored with a session_id has been applied
+        self._group_kinds: dict[int, str] = {}
+        """A hybrid model's KV-cache groups (vLLM's ``group_idx``) and their kinds, as stored."""
         self._orders: SessionOrders | None = None
         """The sessions in order, over the tree's ledger (made again when the tree is cleared)."""
 
@@ -220,6 +222,8 @@ class EventTreeAdapter(CacheAdapter):
                 elif isinstance(event, Stored):
                     self._block_size = event.block_size
                     self._sessions_seen |= event.session_id is not None
+                    if event.group_idx is not None and event.kind is not None:
+                        self._group_kinds[event.group_idx] = event.kind
                 else:
                     self._counts["removed_blocks"] += len(event.block_hashes)
             self._tree.ledger.settle()  # the sessions' figures, as of this batch
@@ -385,11 +389,19 @@ class EventTreeAdapter(CacheAdapter):
                 beneath = self._tree.ledger.beneath(node)
             else:
                 beneath = None
-            return NodeDetail(node=self._view(node, node.depth(), time.time()),
+            return NodeDetail(node=self._view(node, node.depth(), time.time()), group=self._group_of(node),
                               token_ids=node.token_slice(token_offset, token_limit),
                               token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=beneath,
                               text=decode_preview(self.tokenizer,
                                                   node.token_slice(token_offset, min(token_limit, TEXT_TOKENS))))
+
+    def _group_of(self, node: BlockNode) -> str | None:
+        """"KV group G (kind)" where the model has several groups (its blocks are keyed (G, hash))."""
+        if len(self._group_kinds) < 2 or not node.blocks or not isinstance(node.blocks[0].key, tuple):
+            return None
+        group = node.blocks[0].key[0]
+        kind = self._group_kinds.get(group)
+        return f"KV group {group}" + (f" ({kind})" if kind else "")
 
     def paths(self, node_ids: Sequence[int]) -> PathsView:
         """``CacheAdapter.paths`` under the tree's lock: one moment of the stream."""

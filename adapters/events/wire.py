@@ -41,7 +41,7 @@ BlockHash = Union[int, bytes]
 """A block's hash as published: an int (SGLang, older vLLM) or bytes (newer vLLM)."""
 
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                 "lora_name", "extra_keys", "group_idx")
+                 "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind")
 """An array ``BlockStored``'s fields in order (vLLM's; SGLang 0.5.18's metadata map takes
 ``lora_name``'s place)."""
 MEDIUM_ALIASES = {"CPU_TIER1": "CPU_PINNED", "CPU_TIER2": "DISK"}
@@ -68,6 +68,8 @@ class Stored:
     cache_salt: str | None = None
     session_id: str | None = None
     """The session of the request that stored these blocks (SGLang 0.5.19+; None: not said)."""
+    kind: str | None = None
+    """vLLM's ``kv_cache_spec_kind`` of the group (``full_attention``, ``sliding_window``, ...)."""
 
     def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
         """(hash, tokens) of each block, root-ward first."""
@@ -155,7 +157,8 @@ def _event(tag: str, body: Any) -> Event:
             meta = {}
         return Stored(hashes, None if parent is None else _hash(parent), tokens, size,
                       _medium(f.get("medium")), _optional_int(f.get("group_idx")),
-                      _optional_str(meta.get("cache_salt")), _optional_str(meta.get("session_id")))
+                      _optional_str(meta.get("cache_salt")), _optional_str(meta.get("session_id")),
+                      _optional_str(f.get("kv_cache_spec_kind")))
     if tag == "BlockRemoved":
         f = _fields(body, REMOVED_FIELDS)
         return Removed(tuple(_hash(h) for h in f["block_hashes"]), _medium(f.get("medium")),

@@ -141,6 +141,7 @@ class NodeDetailOut(Schema):
     path_tokens: int
     sessions_beneath: int | None
     text: str | None = None
+    group: str | None = Field(default=None, description="A hybrid model's KV-cache group of the node (vLLM)")
 
 
 class ChildrenPageOut(Schema):

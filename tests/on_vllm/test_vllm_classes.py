@@ -78,6 +78,8 @@ def test_a_hybrid_models_kv_groups_are_kept_apart():
         caught_up(adapter, 1)
         nodes = sorted(adapter.children(0).children, key=lambda n: -n.tokens)
         assert [n.tokens for n in nodes] == [8, 4]  # group 1 lost its second block, group 0 kept both
+        groups = [adapter.node(n.id).group for n in nodes]
+        assert groups == ["KV group 0 (full_attention)", "KV group 1 (sliding_window)"]
         assert adapter.stats().total_tokens == 12 and adapter.stats().evicted_tokens == 4
     finally:
         adapter.release()
