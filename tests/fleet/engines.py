@@ -4,7 +4,6 @@ child processes): SMG, SGLang's model gateway, and Dynamo's standalone KV indexe
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.live_server import free_port
+from tests.support.server_process import terminate
 
 FLEET_VENV = REPO / ".venv-fleet"
 
@@ -25,16 +25,6 @@ def fleet_executable(name: str) -> Path:
     if not path.exists():
         pytest.fail(f"{path} is missing: run bash .ci/setup-fleet (these tests must not be skipped)", pytrace=False)
     return path
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 @contextmanager
@@ -63,7 +53,7 @@ def smg(worker_urls: list[str], log: Path, *extra: str) -> Iterator[str]:
                 time.sleep(0.3)
         yield url
     finally:
-        _stop(proc)
+        terminate(proc)
 
 
 @contextmanager
@@ -89,4 +79,4 @@ def dynamo_indexer(log: Path, block_size: int = 16) -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
-        _stop(proc)
+        terminate(proc)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,8 +20,9 @@ from typing import Any
 
 import httpx
 
-from tests.on_sglang.server import _group_alive, free_port
+from tests.on_sglang.server import free_port
 from tests.support import REPO
+from tests.support.server_process import metric_totals, stop_group
 
 VENV = REPO / ".venv-vllm"
 PYTHON = VENV / "bin" / "python"
@@ -81,34 +80,15 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         """vLLM's /metrics, each sample summed over its label sets (one engine here)."""
-        totals: dict[str, float] = {}
-        for line in self.client.get(f"{self.url}/metrics").text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            match = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)", line)
-            if match:
-                totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
-        return totals
+        return metric_totals(self.client.get(f"{self.url}/metrics").text)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM to the launcher; then nothing of its process group may be left."""
+        """SIGTERM to the launcher (it ends EngineCore and its Worker); then nothing of its group may be left."""
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        deadline = time.monotonic() + 30
-        while _group_alive(self.proc.pid):
-            if time.monotonic() > deadline:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                raise AssertionError("vLLM: processes left after the launcher ended")
-            time.sleep(0.2)
+        stop_group(self.proc, "vLLM", timeout)
 
 
 def launch(workdir: Path, *, blocks: int | None = 40, port: int | None = None, events_port: int | None = None,

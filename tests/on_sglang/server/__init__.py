@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from typing import Any
 import httpx
 
 from tests.support import REPO
+from tests.support.server_process import metric_totals, stop_group
 
 BOOT = Path(__file__).resolve().parent / "boot"
 MODEL_CONFIG = {
@@ -103,14 +102,7 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         """SGLang's /metrics, each sample summed over its label sets (one scheduler here)."""
-        totals: dict[str, float] = {}
-        for line in self.get("/metrics").text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            match = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)", line)
-            if match:
-                totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
-        return totals
+        return metric_totals(self.get("/metrics").text)
 
     # ----- radixtop's plugin -----
 
@@ -122,41 +114,9 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM to the launcher; then nothing of its process group may be left."""
+        """SIGTERM to the launcher (it drains, then ends its children); then nothing of its group may be left."""
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        deadline = time.monotonic() + 30
-        while _group_alive(self.proc.pid):
-            if time.monotonic() > deadline:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                raise AssertionError(f"SGLang {self.version}: processes left after the launcher ended")
-            time.sleep(0.2)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie group member still counts: check /proc for live ones
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+        stop_group(self.proc, f"SGLang {self.version}", timeout)
 
 
 def launch(workdir: Path, *, sessions: bool = True, core: str | None = None, metrics: bool = True,
