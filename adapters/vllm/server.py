@@ -9,7 +9,6 @@ from typing import Any
 
 from radixtop.adapters.errors import AdapterError, Unsupported
 from radixtop.adapters.http.routes import Samples, ServerRoutes, parse_metrics
-from radixtop.adapters.http.wire import MAX_COUNT
 from radixtop.adapters.model import Geometry
 
 USAGE, QUERIES, HITS = "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
@@ -50,9 +49,16 @@ def _engine(samples: Samples, rank: int) -> Samples:
     return [(labels, v) for labels, v in samples if labels.get("engine", "0") == str(rank)]
 
 
-def _int_label(labels: dict[str, str], name: str) -> int | None:
+MAX_BLOCKS = 2**40
+"""More blocks than any pool has (2**40 blocks of 16 tokens of a small model: petabytes)."""
+MAX_BLOCK_SIZE = 2**20
+"""More tokens per block than any vLLM uses (its block sizes are 16 to a few thousand)."""
+
+
+def _int_label(labels: dict[str, str], name: str, most: int) -> int | None:
+    """A label's count, where it is one and at most ``most`` (else unknown)."""
     value = labels.get(name, "")
-    return int(value) if value.isdigit() and int(value) <= MAX_COUNT else None
+    return int(value) if value.isdigit() and len(value) < 20 and int(value) <= most else None
 
 
 def figures_of(text: str, rank: int = 0) -> Figures:
@@ -65,7 +71,7 @@ def figures_of(text: str, rank: int = 0) -> Figures:
     config = m[CONFIG][0][0] if m[CONFIG] else {}
     usage = one(USAGE)
     running, waiting = one(RUNNING), one(WAITING)
-    return Figures(_int_label(config, "num_gpu_blocks"), _int_label(config, "block_size"),
+    return Figures(_int_label(config, "num_gpu_blocks", MAX_BLOCKS), _int_label(config, "block_size", MAX_BLOCK_SIZE),
                    config.get("cache_dtype"), None if usage is None else min(usage, 1.0),
                    int(one(QUERIES) or 0), int(one(HITS) or 0),
                    None if running is None else int(running), None if waiting is None else int(waiting))

@@ -54,3 +54,12 @@ def test_held_blocks_while_requests_run_are_no_finding():
 def test_a_tree_bigger_than_the_pool_lost_removals():
     (lost,) = usage_findings(figures_of(metrics(0.0, running=0)), dataclasses.replace(STATS), (38, 3))
     assert "41 blocks, 2 more than vLLM's pool has (39)" in lost.summary and lost.tokens == 64
+
+
+def test_pool_figures_out_of_any_real_range_are_unknown():
+    """A /metrics that says 10**30 blocks or blocks of 2**40 tokens (a broken or hostile server):
+    unknown, not a capacity past what the wire carries."""
+    text = metrics(0.0, 0).replace('num_gpu_blocks="40"', 'num_gpu_blocks="' + "9" * 30 + '"')
+    assert figures_of(text).blocks is None and figures_of(text).usable_blocks is None
+    text = metrics(0.0, 0).replace('block_size="32"', f'block_size="{2**40}"')
+    assert figures_of(text).block_size is None
