@@ -253,6 +253,9 @@ class NodeDetail(_View):
     group: str | None = None
     """The KV-cache group whose blocks the node is, for a hybrid model ("KV group 1
     (sliding_window)", from vLLM's events); None: the model has one, or the target does not say."""
+    lora: str | None = None
+    """The LoRA adapter whose requests stored the node's blocks (vLLM's ``lora_name``); None: the base
+    model, or the target does not say."""
 
 
 @dataclass(frozen=True)

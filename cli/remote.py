@@ -208,6 +208,8 @@ def node(
         rows.insert(-1, ("tiers", inert(" + ".join(n.tiers)) or "-"))
     if d.group is not None:  # a hybrid model's KV group (vLLM)
         rows.insert(-1, ("group", inert(d.group)))
+    if d.lora is not None:  # a LoRA adapter's blocks (vLLM)
+        rows.insert(-1, ("lora", inert(d.lora)))
     if n.text is not None:
         rows.append(("text", inert(n.text, lines=True)))
     for k, v in rows:

@@ -34,6 +34,8 @@ def detail_rows(d: NodeDetail) -> list[tuple[str, str | Text]]:
         rows.insert(5, ("tiers", Text(inert(" + ".join(n.tiers)) or "-")))  # the target's names: plain text
     if d.group is not None:  # a hybrid model's KV group (vLLM)
         rows.insert(2, ("group", Text(inert(d.group))))
+    if d.lora is not None:  # a LoRA adapter's blocks (vLLM)
+        rows.insert(2, ("lora", Text(inert(d.lora))))
     text = d.text if d.text is not None else n.text
     if text:  # the page as text, where the target has a tokenizer (the ids above, one glance away)
         rows.append(("text", Text(inert(text, lines=True))))

@@ -154,6 +154,8 @@ class EventTreeAdapter(CacheAdapter):
         self._last_error: str | None = None
         self._sessions_seen = False  # a BlockStored with a session_id has been applied
         self._group_kinds: dict[int, str] = {}
+        self._lora_of: dict[Any, str] = {}
+        """The LoRA adapter of each cached block stored under one (vLLM's ``lora_name``), by block key."""
         """A hybrid model's KV-cache groups (vLLM's ``group_idx``) and their kinds, as stored."""
         self._orders: SessionOrders | None = None
         """The sessions in order, over the tree's ledger (made again when the tree is cleared)."""
@@ -216,6 +218,7 @@ class EventTreeAdapter(CacheAdapter):
                     continue
                 self._removed_tokens += self._tree.apply(event, batch.ts)
                 if isinstance(event, Cleared):
+                    self._lora_of.clear()
                     self._tiers.clear()
                     self._tier_tokens.clear()
                     self._complete = True
@@ -224,8 +227,18 @@ class EventTreeAdapter(CacheAdapter):
                     self._sessions_seen |= event.session_id is not None
                     if event.group_idx is not None and event.kind is not None:
                         self._group_kinds[event.group_idx] = event.kind
+                    if event.lora_name is not None:
+                        group = event.group_idx
+                        for h in event.block_hashes:
+                            self._lora_of[h if group is None else (group, h)] = event.lora_name
                 else:
                     self._counts["removed_blocks"] += len(event.block_hashes)
+                    if self._lora_of:
+                        group = event.group_idx
+                        for h in event.block_hashes:
+                            key = h if group is None else (group, h)
+                            if key not in self._tree.blocks:  # its last copy went
+                                self._lora_of.pop(key, None)
             self._tree.ledger.settle()  # the sessions' figures, as of this batch
             self._unknown.update(batch.unknown)
             self._counts["malformed_events"] += batch.malformed
@@ -390,6 +403,7 @@ class EventTreeAdapter(CacheAdapter):
             else:
                 beneath = None
             return NodeDetail(node=self._view(node, node.depth(), time.time()), group=self._group_of(node),
+                              lora=self._lora_of.get(node.blocks[0].key) if node.blocks else None,
                               token_ids=node.token_slice(token_offset, token_limit),
                               token_offset=token_offset, path_tokens=path_tokens, sessions_beneath=beneath,
                               text=decode_preview(self.tokenizer,

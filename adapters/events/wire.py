@@ -70,6 +70,8 @@ class Stored:
     """The session of the request that stored these blocks (SGLang 0.5.19+; None: not said)."""
     kind: str | None = None
     """vLLM's ``kv_cache_spec_kind`` of the group (``full_attention``, ``sliding_window``, ...)."""
+    lora_name: str | None = None
+    """The LoRA adapter of the request that stored these blocks (vLLM; its blocks hash apart)."""
 
     def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
         """(hash, tokens) of each block, root-ward first."""
@@ -153,12 +155,13 @@ def _event(tag: str, body: Any) -> Event:
         if not hashes or -(-len(tokens) // size) != len(hashes):  # the last block may be partial
             raise ValueError(f"{len(hashes)} blocks of {size} tokens do not hold {len(tokens)} tokens")
         meta = f if isinstance(body, dict) else f.get("lora_name")  # 0.5.18's map at position 7
+        lora = f.get("lora_name") if not isinstance(f.get("lora_name"), dict) else None
         if not isinstance(meta, dict):
             meta = {}
         return Stored(hashes, None if parent is None else _hash(parent), tokens, size,
                       _medium(f.get("medium")), _optional_int(f.get("group_idx")),
                       _optional_str(meta.get("cache_salt")), _optional_str(meta.get("session_id")),
-                      _optional_str(f.get("kv_cache_spec_kind")))
+                      _optional_str(f.get("kv_cache_spec_kind")), _optional_str(lora))
     if tag == "BlockRemoved":
         f = _fields(body, REMOVED_FIELDS)
         return Removed(tuple(_hash(h) for h in f["block_hashes"]), _medium(f.get("medium")),

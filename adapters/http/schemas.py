@@ -142,6 +142,7 @@ class NodeDetailOut(Schema):
     sessions_beneath: int | None
     text: str | None = None
     group: str | None = Field(default=None, description="A hybrid model's KV-cache group of the node (vLLM)")
+    lora: str | None = Field(default=None, description="The LoRA adapter whose requests stored the node (vLLM)")
 
 
 class ChildrenPageOut(Schema):

@@ -554,14 +554,15 @@ def _pack(obj) -> bytes:
 
 def test_sglang_shape_with_extra_and_missing_trailing_fields():
     batch = decode_batch(_pack([1.5, [
-        ["BlockStored", [11], None, [1, 2], 2, None, "GPU", "a future field", 7],
+        ["BlockStored", [11], None, [1, 2], 2, None, "GPU", "lora-a", [None], 7, "full_attention", "a future field"],
         ["BlockStored", [12], 11, [3, 4], 2],  # no lora_id, no medium
         ["BlockRemoved", [12], "GPU", "extra"],
         ["BlockRemoved", [13]],
         ["AllBlocksCleared", "extra"],
     ], 3, "extra batch field"]))
     assert batch.ts == 1.5 and batch.rank == 3 and not batch.unknown and batch.malformed == 0
-    assert batch.events == [Stored((11,), None, (1, 2), 2, "GPU"), Stored((12,), 11, (3, 4), 2),
+    assert batch.events == [Stored((11,), None, (1, 2), 2, "GPU", 7, kind="full_attention", lora_name="lora-a"),
+                            Stored((12,), 11, (3, 4), 2),
                             Removed((12,), "GPU"), Removed((13,)), Cleared()]
 
 

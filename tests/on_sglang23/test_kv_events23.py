@@ -127,7 +127,8 @@ def test_the_0523_classes_decode(sgl):
     assert isinstance(msgspec.msgpack.decode(payload)[1][0], dict)  # the wire shape: maps
     batch = decode_batch(payload)
     assert batch.rank == 2 and batch.malformed == 0 and not batch.unknown
-    assert batch.events == [Stored((1, 2), None, (5, 6), 1, "GPU", cache_salt="salt", session_id="s1"),
+    assert batch.events == [Stored((1, 2), None, (5, 6), 1, "GPU", cache_salt="salt", session_id="s1",
+                                   lora_name="lora"),
                             Stored((3,), 2, (7,), 1, "CPU_PINNED"), Removed((3,), "DISK"), Cleared()]
 
 

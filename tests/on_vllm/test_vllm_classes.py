@@ -85,3 +85,23 @@ def test_a_hybrid_models_kv_groups_are_kept_apart():
         adapter.release()
         proc.stdin.close()
         proc.wait(20)
+
+
+def test_a_lora_adapters_blocks_say_its_name():
+    base = free_ports(10)
+    proc = publish(0, base, [])
+    adapter = VLLMAdapter(f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 8}")
+    tokens = [1, 2, 3, 4]
+    lora = {**stored([31], None, tokens), "lora_name": "support-bot", "lora_id": 1, "extra_keys": [["support-bot"]]}
+    try:  # the same tokens under a LoRA adapter hash apart (vLLM keys them by it): two nodes
+        send(proc, [[stored([30], None, tokens), lora]])
+        caught_up(adapter, 0)
+        assert {adapter.node(n.id).lora: n.tokens for n in adapter.children(0).children} == {None: 4, "support-bot": 4}
+        send(proc, [[{"type": "BlockRemoved", "block_hashes": [31], "medium": "GPU", "group_idx": 0}]])
+        caught_up(adapter, 1)
+        assert [adapter.node(n.id).lora for n in adapter.children(0).children] == [None]
+        assert adapter._lora_of == {}  # nothing kept of a removed block
+    finally:
+        adapter.release()
+        proc.stdin.close()
+        proc.wait(20)
