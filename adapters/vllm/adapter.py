@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from radixtop.adapters.errors import Unsupported, read_only
-from radixtop.adapters.events.zmq import KVEventsAdapter
+from radixtop.adapters.events.zmq import KVEventsAdapter, rank_endpoint
 from radixtop.adapters.http.proxy import is_loopback_host
 from radixtop.adapters.model import (
     TREE_FINDING_KINDS,
@@ -49,12 +49,9 @@ NO_ACTIONS = ("vLLM tells no locks or reference counts (vllm#50732's BlockInacti
 
 
 def default_replay(events: str) -> str | None:
-    """The replay socket beside a ``tcp://host:port`` publisher: port + 1 (as vLLM's examples set it)."""
-    if events.startswith("tcp://"):
-        host, _, port = events[len("tcp://"):].rpartition(":")
-        if port.isdigit() and int(port) < 65535:
-            return f"tcp://{host}:{int(port) + 1}"
-    return None
+    """The replay socket beside a ``tcp://host:port`` publisher: port + 1 (as vLLM's examples set
+    it; ``rank_endpoint``'s offset, the host as given); None for another transport."""
+    return rank_endpoint(events, 1, local=False) if events.startswith("tcp://") else None
 
 
 class VLLMAdapter(KVEventsAdapter):
@@ -223,7 +220,7 @@ class VLLMAdapter(KVEventsAdapter):
             skipped["usage_gauge"] = "needs the server's /metrics (--vllm-url)"
             return Diagnosis(self.name, (), (), skipped, idle_after_s, None, time.monotonic() - started)
         tree = self._tree_blocks()
-        findings = usage_findings(f, self.stats(), tree)
+        findings = usage_findings(f, self.bytes_per_token, tree)  # one read of /metrics, not two
         return Diagnosis(self.name, tuple(findings), ("usage_gauge",), skipped, idle_after_s, None,
                          time.monotonic() - started, notes=(usage_note(f, tree),))
 
@@ -250,10 +247,11 @@ def usage_note(f: Figures, tree: tuple[int, int]) -> str:
     return line
 
 
-def usage_findings(f: Figures, st: Stats, tree: tuple[int, int]) -> list[Finding]:
-    """What the usage gauge and the tree say together, each with what it means."""
+def usage_findings(f: Figures, bpt: int, tree: tuple[int, int]) -> list[Finding]:
+    """What the usage gauge and the tree (its blocks, and their copies) say together, each with what
+    it means; ``bpt``: bytes per token."""
     blocks, copies = tree
-    held, usable, bs, bpt = f.held_blocks or 0, f.usable_blocks or 0, f.block_size or 1, st.bytes_per_token
+    held, usable, bs = f.held_blocks or 0, f.usable_blocks or 0, f.block_size or 1
     figures = {"num_gpu_blocks": f.blocks, "block_size": bs, "kv_cache_usage_perc": f.usage,
                "held_blocks": held, "tree_blocks": blocks, "copies": copies,
                "num_requests_running": f.running, "num_requests_waiting": f.waiting}

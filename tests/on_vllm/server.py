@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import httpx
 
 from tests.on_sglang.server import free_port
 from tests.support import REPO
-from tests.support.server_process import metric_totals, stop_group
+from tests.support.server_process import metric_totals, stop_group, wait_healthy
 
 VENV = REPO / ".venv-vllm"
 PYTHON = VENV / "bin" / "python"
@@ -123,24 +122,10 @@ def launch(workdir: Path, *, blocks: int | None = 40, port: int | None = None, e
     server = Server(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{events_port}",
                     f"tcp://127.0.0.1:{replay_port}", model, proc, log_path, blocks)
     try:
-        _wait(server, timeout)
+        wait_healthy(server.proc, server.client, [f"{server.url}/health"], timeout)
     except BaseException:
         tail = server.log()[-4000:]
         server.stop()
         raise RuntimeError(f"vLLM did not start (log {log_path}):\n{tail}") from None
     return server
 
-
-def _wait(server: Server, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"exited with {server.proc.returncode}")
-        try:
-            if server.client.get(f"{server.url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no answer on {server.url}/health within {timeout:g}s")
-        time.sleep(0.25)

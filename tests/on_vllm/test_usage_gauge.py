@@ -5,8 +5,6 @@ demand): vLLM's /metrics text as vLLM 0.32 writes it, read by ``figures_of``, th
 
 from __future__ import annotations
 
-import dataclasses
-
 from radixtop.adapters.model import Geometry, Stats
 from radixtop.adapters.vllm.adapter import usage_findings
 from radixtop.adapters.vllm.server import figures_of
@@ -40,19 +38,19 @@ def test_figures_are_read_per_engine():
 
 def test_blocks_held_with_no_request_running_are_a_leak():
     f = figures_of(metrics(3 / 39, running=0))
-    (leak,) = usage_findings(f, STATS, (10, 0))
+    (leak,) = usage_findings(f, STATS.bytes_per_token, (10, 0))
     assert leak.kind == "usage_gauge" and "3 of 39 blocks are held" in leak.summary
     assert leak.tokens == 3 * 32 and leak.bytes == 3 * 32 * 512 and "vllm#57336" in leak.meaning
     assert leak.figures["held_blocks"] == 3 and leak.figures["tree_blocks"] == 10
 
 
 def test_held_blocks_while_requests_run_are_no_finding():
-    assert usage_findings(figures_of(metrics(30 / 39, running=2)), STATS, (10, 0)) == []
-    assert usage_findings(figures_of(metrics(0.0, running=0)), STATS, (39, 0)) == []  # idle, pool full of cache
+    assert usage_findings(figures_of(metrics(30 / 39, running=2)), STATS.bytes_per_token, (10, 0)) == []
+    assert usage_findings(figures_of(metrics(0.0, running=0)), STATS.bytes_per_token, (39, 0)) == []  # idle, pool full of cache
 
 
 def test_a_tree_bigger_than_the_pool_lost_removals():
-    (lost,) = usage_findings(figures_of(metrics(0.0, running=0)), dataclasses.replace(STATS), (38, 3))
+    (lost,) = usage_findings(figures_of(metrics(0.0, running=0)), STATS.bytes_per_token, (38, 3))
     assert "41 blocks, 2 more than vLLM's pool has (39)" in lost.summary and lost.tokens == 64
 
 

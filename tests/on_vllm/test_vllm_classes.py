@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -25,16 +27,26 @@ def stored(hashes, parent, tokens, group=0, kind="full_attention", session=None,
             "session_id": session}
 
 
-def publish(rank: int, base: int, batches: list[list[dict]]) -> subprocess.Popen:
+@contextmanager
+def publishing(rank: int) -> Iterator[tuple[subprocess.Popen, VLLMAdapter, int]]:
     """vLLM's publisher for ``rank`` of a server configured at ports ``base`` (events) and
-    ``base + 8`` (replay): vLLM binds them at + rank."""
+    ``base + 8`` (replay), which vLLM binds at + rank; radixtop's adapter of that rank; ``base``."""
     why = available()
     if why:
         pytest.fail(why)
+    base = free_ports(10)
     proc = subprocess.Popen([str(PYTHON), str(SCRIPT), str(rank), f"tcp://*:{base}", f"tcp://*:{base + 8}", "kv"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        adapter = VLLMAdapter(f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 8}", dp_rank=rank)
+        try:
+            yield proc, adapter, base
+        finally:
+            adapter.release()
+    finally:
+        proc.stdin.close()
+        proc.wait(20)
 
 
 def send(proc: subprocess.Popen, batches: list[list[dict]]) -> None:
@@ -48,10 +60,7 @@ def caught_up(adapter: VLLMAdapter, seq: int) -> None:
 
 
 def test_a_dp_ranks_stream_at_its_port_offset_with_its_replay():
-    base = free_ports(10)
-    proc = publish(1, base, [])
-    adapter = VLLMAdapter(f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 8}", dp_rank=1)
-    try:
+    with publishing(1) as (proc, adapter, base):
         assert adapter.endpoint.endswith(f":{base + 1}") and adapter.replay_endpoint.endswith(f":{base + 9}")
         send(proc, [[stored([11, 12], None, [1, 2, 3, 4, 5, 6, 7, 8], session="r1")],
                     [stored([13], 12, [9, 10, 11, 12], session="r1")]])
@@ -60,18 +69,11 @@ def test_a_dp_ranks_stream_at_its_port_offset_with_its_replay():
         assert st.batch_rank == 1 and st.complete  # the batches say their rank
         (node,) = adapter.children(0).children
         assert node.tokens == 12 and node.holders == ("r1",)
-    finally:
-        adapter.release()
-        proc.stdin.close()
-        proc.wait(20)
 
 
 def test_a_hybrid_models_kv_groups_are_kept_apart():
-    base = free_ports(10)
-    proc = publish(0, base, [])
-    adapter = VLLMAdapter(f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 8}")
     tokens = [1, 2, 3, 4, 5, 6, 7, 8]
-    try:  # the same tokens and hashes in both groups: two trees, one per group
+    with publishing(0) as (proc, adapter, _):  # the same tokens and hashes in both groups: two trees, one per group
         send(proc, [[stored([21, 22], None, tokens, group=0),
                      stored([21, 22], None, tokens, group=1, kind="sliding_window")],
                     [{"type": "BlockRemoved", "block_hashes": [22], "medium": "GPU", "group_idx": 1}]])
@@ -81,19 +83,12 @@ def test_a_hybrid_models_kv_groups_are_kept_apart():
         groups = [adapter.node(n.id).group for n in nodes]
         assert groups == ["KV group 0 (full_attention)", "KV group 1 (sliding_window)"]
         assert adapter.stats().total_tokens == 12 and adapter.stats().evicted_tokens == 4
-    finally:
-        adapter.release()
-        proc.stdin.close()
-        proc.wait(20)
 
 
 def test_a_lora_adapters_blocks_say_its_name():
-    base = free_ports(10)
-    proc = publish(0, base, [])
-    adapter = VLLMAdapter(f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 8}")
     tokens = [1, 2, 3, 4]
     lora = {**stored([31], None, tokens), "lora_name": "support-bot", "lora_id": 1, "extra_keys": [["support-bot"]]}
-    try:  # the same tokens under a LoRA adapter hash apart (vLLM keys them by it): two nodes
+    with publishing(0) as (proc, adapter, _):  # the same tokens under a LoRA adapter hash apart (vLLM keys them by it): two nodes
         send(proc, [[stored([30], None, tokens), lora]])
         caught_up(adapter, 0)
         assert {adapter.node(n.id).lora: n.tokens for n in adapter.children(0).children} == {None: 4, "support-bot": 4}
@@ -101,7 +96,3 @@ def test_a_lora_adapters_blocks_say_its_name():
         caught_up(adapter, 1)
         assert [adapter.node(n.id).lora for n in adapter.children(0).children] == [None]
         assert adapter._lora_of == {}  # nothing kept of a removed block
-    finally:
-        adapter.release()
-        proc.stdin.close()
-        proc.wait(20)

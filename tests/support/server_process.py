@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
+
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)")
 
 
@@ -65,3 +67,21 @@ def group_alive(pgid: int) -> bool:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 return True
     return False
+
+
+def wait_healthy(proc: subprocess.Popen, client: httpx.Client, urls: list[str], timeout: float) -> None:
+    """Until each of ``urls`` answers 200 in turn, all within ``timeout`` s; RuntimeError if the
+    process ends first, TimeoutError if one never answers."""
+    deadline = time.monotonic() + timeout
+    for url in urls:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with {proc.returncode}")
+            try:
+                if client.get(url, timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer on {url} within {timeout:g}s")
+            time.sleep(0.25)

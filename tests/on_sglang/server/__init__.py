@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 
 from tests.support import REPO
-from tests.support.server_process import metric_totals, stop_group
+from tests.support.server_process import metric_totals, stop_group, wait_healthy
 
 BOOT = Path(__file__).resolve().parent / "boot"
 MODEL_CONFIG = {
@@ -166,25 +165,10 @@ def launch(workdir: Path, *, sessions: bool = True, core: str | None = None, met
                     {"sessions": sessions, "core": core, "metrics": metrics, "sleep_on_idle": sleep_on_idle,
                      "max_total_tokens": max_total_tokens})
     try:
-        _wait(server, timeout)
+        wait_healthy(server.proc, server.client, [f"{server.url}/health", f"{server.admin_url}/healthz"], timeout)
     except BaseException:
         tail = server.log()[-4000:]
         server.stop()
         raise RuntimeError(f"SGLang {version} did not start (log {log_path}):\n{tail}") from None
     return server
 
-
-def _wait(server: Server, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for path, base in (("/health", server.url), ("/healthz", server.admin_url)):
-        while True:
-            if server.proc.poll() is not None:
-                raise RuntimeError(f"exited with {server.proc.returncode}")
-            try:
-                if server.client.get(f"{base}{path}", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer on {base}{path} within {timeout:g}s")
-            time.sleep(0.25)
