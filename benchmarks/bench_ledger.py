@@ -18,9 +18,12 @@ alternates every round, so a noisy neighbour slows both), each op timed between 
   exclusive nodes freed).
 
 The ratio of each op's total time with the ledger to without is the upkeep's cost (goal: at most
-1.25x). Then, on the tree with the ledger, reads as an operator's dashboard makes them after each
-round of changes: the top 50 sessions by exclusive bytes (``SessionOrders.page_pass``), one
-session's row, and every kept figure checked against a from-scratch attribution at the end.
+1.25x). The fair-share and locked orders (``ledger.paths.PathSums``) are read once before the
+rounds, so their upkeep runs in every op with the ledger, as with a dashboard sorted by them.
+Then, on the tree with the ledger, reads as an operator's dashboard makes them after each round
+of changes: the top 50 sessions by exclusive bytes (``SessionOrders.page_pass``), by fair share
+and by locked tokens (each pass's longest step timed), one session's row, and every kept figure
+and the first 50 of each order either way checked against a from-scratch attribution at the end.
 Writes ``benchmarks/results/ledger.json``.
 """
 
@@ -88,6 +91,21 @@ def run_round(s, rng: random.Random, sids: list[str], histories: dict[str, list[
         times["close"].append(pc() - t0)
 
 
+def stepped(work) -> tuple[tuple[float, Any], float]:
+    """A pass run to its end, each step timed: ((its work in seconds, its result), the longest step)."""
+    total, longest = 0.0, 0.0
+    while True:
+        t0 = pc()
+        try:
+            next(work)
+        except StopIteration as done:
+            took = pc() - t0
+            return (total + took, done.value), max(longest, took)
+        took = pc() - t0
+        total += took
+        longest = max(longest, took)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -110,8 +128,13 @@ def main() -> None:
     times: dict[bool, dict[str, list[float]]] = {k: {op: [] for op in OPS} for k in built}
     histories_of = {k: {sid: list(h) for sid, h in histories.items()} for k in built}
     closed: dict[bool, set[str]] = {k: set() for k in built}
-    reads: dict[str, list[float]] = {"top50_exclusive": [], "session_row": []}
+    reads: dict[str, list[float]] = {"top50_exclusive": [], "session_row": [], "top50_fair_share": [],
+                                     "top50_locked": []}
+    steps: dict[str, list[float]] = {"top50_fair_share": [], "top50_locked": []}
+    gc.collect()
     gc.disable()
+    # the path orders made once before the rounds (so their upkeep runs in every round's ops)
+    first = {order: stepped(on.orders.page_pass(order, 0, 50)) for order in ("fair_share_bytes", "locked_tokens")}
     try:
         for r in range(args.rounds):
             order = (True, False) if r % 2 == 0 else (False, True)
@@ -127,6 +150,11 @@ def main() -> None:
             t0 = pc()
             on.orders.row(rows[0][0])
             reads["session_row"].append(pc() - t0)
+            for name, order in (("top50_fair_share", "fair_share_bytes"), ("top50_locked", "locked_tokens")):
+                t0 = pc()
+                _, longest = stepped(on.orders.page_pass(order, 0, 50))
+                reads[name].append(pc() - t0)
+                steps[name].append(longest)
             gc.enable()
             gc.collect()
             gc.disable()
@@ -143,10 +171,18 @@ def main() -> None:
                      on.session_activity, on.orders.bpt, True)
     oracle_s = pc() - t0
     wrong = [sid for sid, row in want.sessions.items() if on.orders.row(sid)[:7] != row[:7]]
+    pages_wrong = [order for order in ("fair_share_bytes", "locked_tokens", "exclusive_bytes")
+                   for reverse in (False, True)
+                   if run_to_end(on.orders.page_pass(order, 0, 50, reverse=reverse))[:2]
+                   != want.page(order, 0, 50, reverse=reverse)]
     results: dict[str, Any] = {"environment": environment(), "tree": cfg.label, "nodes": cache.node_count(),
                                "sessions_listed": len(want.sessions), "rounds": args.rounds,
                                "oracle_pass_s": oracle_s, "rows_differing_from_oracle": len(wrong), "ops": {},
-                               "reads": {k: ms_stats(v) for k, v in reads.items()}}
+                               "reads": {k: ms_stats(v) for k, v in reads.items()},
+                               "read_longest_step_ms": {k: max(v) * 1e3 for k, v in steps.items()},
+                               "first_path_reads": {k: {"work_s": v[0][0], "longest_step_ms": v[1] * 1e3}
+                                                    for k, v in first.items()},
+                               "pages_differing_from_oracle": pages_wrong}
     lines = ["| op | n | without ledger: total ms | with ledger: total ms | ratio | median µs without / with | "
              "p99 µs without / with | longest ms without / with |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -167,10 +203,15 @@ def main() -> None:
     lines += ["", "| read (with ledger, after each round) | median ms | max ms |", "|---|---:|---:|",
               f"| top 50 sessions by exclusive bytes | {r50['median']:.2f} | {r50['max']:.2f} |",
               f"| one session's row | {row['median']:.3f} | {row['max']:.3f} |",
+              *(f"| top 50 sessions by {name[6:].replace('_', ' ')} (longest step {max(steps[name]) * 1e3:.2f} ms) | "
+                f"{results['reads'][name]['median']:.2f} | {results['reads'][name]['max']:.2f} |"
+                for name in steps),
+              *(f"| its first read, {order} (made: work {v[0][0] * 1e3:,.0f} ms, longest step {v[1] * 1e3:.2f} ms) | | |"
+                for order, v in first.items()),
               f"| (the from-scratch attribution pass, for comparison) | {oracle_s * 1e3:,.0f} | |"]
     finish(args.out, results, "\n".join(lines),
            f"{cache.node_count():,} nodes, {len(want.sessions):,} sessions listed; kept rows differing from "
-           f"the from-scratch attribution: {len(wrong)}")
+           f"the from-scratch attribution: {len(wrong)}; pages differing from its ranking: {pages_wrong or 'none'}")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ def sessions_page_pass(orders: SessionOrders, order: str, offset: int, limit: in
                        reverse: bool = False, clock: Callable[[], float] = time.monotonic,
                        ) -> Generator[None, None, SessionsPage]:
     """A sessions page (``CacheAdapter.sessions``) as a pass on the owner thread: its figures
-    are the ledger's now; in an order kept sorted (exclusive, shared, tagged, ...) so is its
-    ranking (age 0, current), in one ranked at its read (fair share, locked) the ranking may be
-    reused a while (its age). ``clock``: the clock of the sessions' last activity."""
+    are the ledger's now, and so is its ranking (age 0, current), except a page ranked at its read
+    (a filtered or deep page by fair share or locked tokens, or one the ledger cannot keep): that
+    ranking may be reused a while (its age). ``clock``: the clock of the sessions' last activity."""
     rows, total, listed, age = yield from orders.page_pass(order, offset, limit, contains, reverse)
     return SessionsPage(offset, limit, total, order, (yield from views_pass(rows, clock())), age, False,
                         contains.strip(), reverse, listed, figures_current=age == 0.0)

@@ -70,6 +70,18 @@ class _Batch:
                 ledger._settle(node)
 
 
+class _Watch:
+    """What a reader of path sums (``paths.PathSums``) is told: the nodes whose weight may have
+    moved since it last settled (``nodes``) and the splits (``splits``: head, tail)."""
+
+    __slots__ = ("nodes", "splits", "lock")
+
+    def __init__(self, lock: bool) -> None:
+        self.nodes: set[Node] = set()
+        self.splits: list[tuple[Node, Node]] = []
+        self.lock = lock
+
+
 class SessionLedger:
     """Figures of every session that holds a node of one tree (owner thread only).
 
@@ -96,12 +108,19 @@ class SessionLedger:
         self.moves = 0
         """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
         self.tags: dict[str, int] = {}
+        self.resets = 0
+        """Resets so far (a reader of path sums starts again after one)."""
+        self._beneath_watch: list[set[Node]] = []
+        """The ``nodes`` of each watch told when a node's sessions beneath move."""
+        self._lock_watch: list[set[Node]] = []
+        self._watches: list[_Watch] = []
         self.reset(root)
 
     def reset(self, root: Node) -> None:
         """A new, empty tree: every session's figures go to 0."""
         touched = list(self.tags)
         self.moves += 1
+        self.resets += 1
         self.root = root
         self.recs: ShardedMap[Node, _Rec] = ShardedMap()
         self.exclusive: dict[str, int] = {}
@@ -142,6 +161,22 @@ class SessionLedger:
                     locked += n
                 node = node.parent
         return fair, locked
+
+    def watch(self, lock: bool = False) -> _Watch:
+        """A new reader of path sums: told each node whose sessions beneath moved, or (``lock``)
+        whose lock count crossed zero, and each split."""
+        watch = _Watch(lock)
+        self._watches.append(watch)
+        (self._lock_watch if lock else self._beneath_watch).append(watch.nodes)
+        return watch
+
+    def unwatch(self, watch: _Watch) -> None:
+        """That reader is gone: told nothing more."""
+        for kept in (self._watches, self._lock_watch, self._beneath_watch):
+            for k, item in enumerate(kept):
+                if item is watch or item is watch.nodes:
+                    del kept[k]
+                    break
 
     # ----- what changed -----
 
@@ -211,6 +246,8 @@ class SessionLedger:
         rec = self._rec(tail)
         if rec is None:
             return
+        for watch in self._watches:
+            watch.splits.append((head, tail))
         made = self.recs.shards[hash(head) & SHARD_MASK][head] = _Rec()
         made.below = rec.below.copy()
         if rec.owner is not None:
@@ -226,6 +263,8 @@ class SessionLedger:
         shard = shards[hash(node) & SHARD_MASK]
         rec = shard.get(node)
         if rec is not None:
+            for watch in self._watches:
+                watch.nodes.add(node)
             for sid in list(rec.held or ()):
                 rec.held.discard(sid)
                 self._carry(sid, node, -1, parent)
@@ -243,10 +282,12 @@ class SessionLedger:
         """``node``'s lock count went from 0 to more, or back to 0. Only a node some session lies
         beneath can gain or lose an owner: the others (most nodes a request locks) are left."""
         self.moves += 1
-        if not self.frees:
-            return
         rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
         if rec is None:
+            return
+        for nodes in self._lock_watch:
+            nodes.add(node)
+        if not self.frees:
             return
         if (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
             if rec.owner is None:  # a lock only takes an owner away
@@ -284,6 +325,7 @@ class SessionLedger:
         ancestors; the nodes it comes to or leaves move its path tokens. ``parent``: where the walk
         goes on from a node already unlinked. A node's record goes when no session lies beneath it."""
         shards, size = self.recs.shards, (None if self.size is _key_len else self.size)
+        watching = self._beneath_watch
         gained = 0
         first = True
         while node is not None:
@@ -297,6 +339,8 @@ class SessionLedger:
                 counts[sid] = was + 1
                 if not was:
                     gained += len(node.key) if size is None else size(node)
+                    for nodes in watching:
+                        nodes.add(node)
             elif rec is not None:
                 counts = rec.below
                 left = counts.get(sid, 0) - 1
@@ -305,6 +349,8 @@ class SessionLedger:
                 elif left == 0:
                     del counts[sid]
                     gained -= len(node.key) if size is None else size(node)
+                    for nodes in watching:
+                        nodes.add(node)
                     if not counts and rec.owner is None and rec.kids is None and rec.held is None:
                         del shard[node]
             node = parent if first and parent is not None else node.parent

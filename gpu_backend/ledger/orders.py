@@ -4,7 +4,10 @@ Each order a reader asked for is a sorted list of keys (``sortedcontainers.Sorte
 once at its first read; afterwards a session whose figures, activity or state moved is re-keyed
 at the next read (O(log n) each), so a page costs O(log n + page) plus the sessions that moved
 since. Orders by a figure the ledger sums at read time (fair share, locked tokens) are made at
-their read from every session's figures (``ranked_pass``).
+the tree by ``paths.PathSums`` (a page of the top K is a best-first walk of the tree, O(K x depth
+x log n)); where the ledger cannot keep them (a KV-event tree's fair share, locks not followed) or
+a page asks for a filter or lies deep, they are ranked at their read from every session's
+figures (``ranked_pass``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Protocol
 
 from sortedcontainers import SortedKeyList, SortedList
 
+from radixtop.gpu_backend.ledger.paths import PathSums
 from radixtop.gpu_backend.owner.shards import ShardedMap, ShardedSet
 from radixtop.gpu_backend.owner.slices import released
 
@@ -43,7 +47,13 @@ class Ledger(Protocol):
 SessionRow = tuple[str, bool, int, int, int, int, int, "float | None"]
 
 KEPT_ORDERS = ("exclusive_bytes", "shared_bytes", "tagged_nodes", "last_activity", "state", "id")
-"""Orders kept sorted between reads; the others are ranked at their read."""
+"""Orders kept sorted between reads; the others are kept on the tree (``PATH_ORDERS``) or ranked
+at their read."""
+PATH_ORDERS = ("fair_share_bytes", "locked_tokens")
+"""Orders by a sum over each session's path, kept on the tree where the ledger can (``PathSums``)."""
+PATH_PAGE_MAX = 1000
+"""A page in a path order reaching further than this (offset + limit) is ranked at its read:
+the walk to it runs in one step."""
 RANK_BUDGET = 100
 """A ranking of every session (an order not kept) is reused for this many times its cost."""
 RANK_MIN_S = 1.0
@@ -110,6 +120,7 @@ class SessionOrders:
         self.leaves_of, self.everyone = leaves_of, everyone
         self._orders: dict[str, _Order] = {}
         self._ranked: dict[tuple[str, str, bool], _Ranking] = {}
+        self._paths: dict[str, PathSums] = {}
         self.rank_min_s, self.rank_budget = RANK_MIN_S, RANK_BUDGET
         self._open: ShardedSet[str] = ShardedSet()  # sharded: no add rebuilds a table of every session
         self._recount: set[str] = set()
@@ -146,6 +157,8 @@ class SessionOrders:
             part = {pop() for _ in range(TAKE_CHUNK)}
         for order in self._orders.values():
             order.pending |= part
+        for sums in self._paths.values():
+            sums.pending |= part
         self._recount |= part
         on_roster = self._on_roster
         fresh = [sid for sid in part if sid not in on_roster]
@@ -201,6 +214,8 @@ class SessionOrders:
             if self._recount:
                 yield
         if order not in KEPT_ORDERS:
+            if not contains.strip() and offset + limit <= PATH_PAGE_MAX and self._keeps_path(order):
+                return (yield from self._path_page(order, offset, limit, reverse))
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = self._orders.get(order)
         if kept is None:
@@ -267,6 +282,58 @@ class SessionOrders:
             age = max(1e-6, now - kept.taken_at)
         rows = yield from self.rows_pass(kept.ids[offset : offset + limit])
         return rows, len(kept.ids), kept.listed, age
+
+    def _keeps_path(self, order: str) -> bool:
+        return (order in PATH_ORDERS and hasattr(self.ledger, "watch")
+                and (order != "locked_tokens" or self.ledger.locks_told))
+
+    def _path_page(self, order: str, offset: int, limit: int, reverse: bool,
+                   ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
+        """A page in a path order from ``PathSums``: the sessions that moved and the nodes whose
+        weight moved settled in steps, then the page's ids walked in the same step (current)."""
+        sums = self._paths.get(order)
+        if sums is None:
+            sums = yield from self._path_made(order)
+        while not sums.ready:  # another read is making it, between the same steps
+            yield
+            if self._paths.get(order) is not sums:  # that read was dropped midway
+                sums = self._paths.get(order) or (yield from self._path_made(order))
+        while True:
+            yield from self._take_all_moved()
+            yield from sums.settle()
+            if not self.ledger.moved:  # nothing moved between: the walk runs in this step
+                break
+        ids = sums.top(offset + limit, ascending=reverse)[offset:]
+        total = sums.listed_count()
+        return (yield from self.rows_pass(ids)), total, total, 0.0
+
+    def _path_made(self, order: str) -> Generator[None, None, PathSums]:
+        """A path order made at its first read: every session on the roster pending, a chunk a step."""
+        ledger = self.ledger
+        size = ledger.size
+        if order == "fair_share_bytes":
+            weight = lambda node, rec: size(node) / len(rec.below) if rec.below else 0.0  # noqa: E731
+            sums = PathSums(ledger, weight, lambda sid: self.row(sid)[5], self.leaves_of, self.listed,
+                            scale=self.bpt)
+        else:
+            lock_of = ledger.lock_of or (lambda node: node.lock_ref)
+            weight = lambda node, rec: float(size(node)) if lock_of(node) > 0 else 0.0  # noqa: E731
+            sums = PathSums(ledger, weight, lambda sid: self.row(sid)[6], self.leaves_of, self.listed,
+                            rounded=False, lock=True)
+        self._paths[order] = sums  # a session that moves while it is made is pending at once
+        try:
+            yield from self._take_all_moved()
+            roster, start = self._roster, 0
+            while start < len(roster):  # appended to meanwhile: those too
+                sums.pending.update(roster[start : start + TAKE_CHUNK])
+                start += TAKE_CHUNK
+                yield
+            sums.ready = True
+        finally:
+            if not sums.ready and self._paths.get(order) is sums:  # dropped midway: made again next time
+                del self._paths[order]
+                ledger.unwatch(sums.watch)
+        return sums
 
     def _told(self, order: str) -> bool:
         """Whether every change to ``order``'s figure moves the stamp (a lock does only where

@@ -232,22 +232,31 @@ def test_a_slice_starts_no_step_it_expects_to_run_past_its_end(monkeypatch):
     assert max(per_slice) >= 5  # forgotten at last: several 0.5 ms steps a slice again
 
 
-def test_an_order_ranked_at_its_read_is_reused_with_its_age_and_current_rows(kept):
-    """Fair share moves for every session under a node when one more joins it, so it is not kept
-    sorted: its ranking is made at a read and reused a while (said by its age, not current);
-    the rows of the page are made at every read."""
+def test_the_fair_share_order_is_current_at_every_read(kept):
+    """Fair share moves for every session under a node when one more joins it: the order is kept
+    on the tree (``PathSums``), so a read after the change ranks the sessions as they are now."""
     first = kept.sessions("fair_share_bytes")
     assert first.figures_current and first.figures_age_s == 0.0
     add_to_session(kept, "b")
     again = kept.sessions("fair_share_bytes")
+    assert again.figures_current and again.figures_age_s == 0.0
+    want = {sid: row[1:7] for sid, row in exact(kept).sessions.items()}
+    assert figures(again) == want
+    assert [v.id for v in again.sessions] == sorted(want, key=lambda sid: (-want[sid][4], sid))
+
+
+def test_a_filtered_fair_share_page_is_ranked_at_its_read_and_says_its_age(kept):
+    """A filtered page in a path order is ranked from every session's row and reused a while
+    (its age said, not current); its rows are made at every read."""
+    first = kept.sessions("fair_share_bytes", contains="a")
+    assert first.figures_current and first.figures_age_s == 0.0
+    add_to_session(kept, "b")
+    again = kept.sessions("fair_share_bytes", contains="a")
     assert not again.figures_current and again.figures_age_s > 0.0
     assert [v.id for v in again.sessions] == [v.id for v in first.sessions]  # the same ranking
-    want = {sid: row[1:7] for sid, row in exact(kept).sessions.items()}
-    assert figures(again) == want  # its rows as they are now
     kept.engine.call(lambda s: setattr(s.orders, "rank_min_s", 0.0) or setattr(s.orders, "rank_budget", 0))
-    fresh = kept.sessions("fair_share_bytes")
+    fresh = kept.sessions("fair_share_bytes", contains="a")
     assert fresh.figures_current
-    assert [v.id for v in fresh.sessions] == sorted(want, key=lambda sid: (-want[sid][4], sid))
 
 
 def test_an_order_whose_first_read_was_dropped_is_made_again():
@@ -311,6 +320,7 @@ def test_no_step_of_an_order_made_or_ranked_works_over_every_session():
     walk the roster a chunk a step, sort runs and merge them a chunk a step; no step keys more
     than a chunk of sessions, and none lists every session again after the orders are made."""
     from radixtop.gpu_backend.ledger import orders as orders_module
+    from radixtop.gpu_backend.ledger import paths as paths_module
     from radixtop.gpu_backend.owner.slices import run_to_end
     from tests.support.engines import make_scheduler
 
@@ -325,9 +335,19 @@ def test_no_step_of_an_order_made_or_ranked_works_over_every_session():
         return {order: (lambda *a, _key=key: (calls.__setitem__(0, calls[0] + 1), _key(*a))[1])
                 for order, key in table.items()}
 
-    for order, table in (("exclusive_bytes", "KEY_OF"), ("fair_share_bytes", "ROW_KEYS")):
-        real = getattr(orders_module, table)
-        setattr(orders_module, table, counted(real))
+    real_end = paths_module.PathSums._re_end
+
+    def counted_end(self, sid):
+        calls[0] += 1
+        return real_end(self, sid)
+
+    for order, table in (("exclusive_bytes", "KEY_OF"), ("fair_share_bytes", None)):
+        if table is None:  # kept on the tree: the sessions re-ended a chunk a step
+            paths_module.PathSums._re_end = counted_end
+            real = None
+        else:
+            real = getattr(orders_module, table)
+            setattr(orders_module, table, counted(real))
         try:
             steps, most = orders.page_pass(order, 0, 10), 0
             while True:
@@ -340,9 +360,12 @@ def test_no_step_of_an_order_made_or_ranked_works_over_every_session():
                 finally:
                     most = max(most, calls[0])
         finally:
-            setattr(orders_module, table, real)
+            if table is None:
+                paths_module.PathSums._re_end = real_end
+            else:
+                setattr(orders_module, table, real)
         assert total == listed == 1200 and len(rows) == 10, order
-        assert 0 < most <= max(orders_module.MAKE_CHUNK, orders_module.ROWS_CHUNK), (order, most)
+        assert 0 < most <= max(orders_module.MAKE_CHUNK, orders_module.ROWS_CHUNK, paths_module.CHUNK), (order, most)
     assert [r[0] for r in run_to_end(orders.page_pass("fair_share_bytes", 0, 5))[0]] == \
         [r[0] for r in sorted((orders.row(f"s{k}") for k in range(1200)), key=orders_module.ROW_KEYS["fair_share_bytes"])[:5]]
 

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixtop.adapters.owned.attribution import attribute, attribution_pass
+from radixtop.gpu_backend.ledger import paths
 from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.scheduler import OutOfSlotsError
@@ -269,6 +270,19 @@ class DerefCacheMachine(CacheMachine):
     close_policy = "deref"
 
 
+class NarrowCacheMachine(CacheMachine):
+    """The fair-share and locked orders' tree (``PathSums``) with every node's children and ends
+    kept sorted (as a wide node's are), so that the sorted path is checked on small trees too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide, self.ends = paths.WIDE, paths.ENDS_SORTED
+        paths.WIDE = paths.ENDS_SORTED = 0
+
+    def teardown(self) -> None:
+        paths.WIDE, paths.ENDS_SORTED = self.wide, self.ends
+
+
 class LFUCacheMachine(CacheMachine):
     eviction_policy = "lfu"
 
@@ -284,3 +298,5 @@ TestDerefCache = DerefCacheMachine.TestCase
 TestDerefCache.settings = SETTINGS
 TestLFUCache = LFUCacheMachine.TestCase
 TestLFUCache.settings = SETTINGS
+TestNarrowCache = NarrowCacheMachine.TestCase
+TestNarrowCache.settings = SETTINGS
