@@ -328,6 +328,30 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
         _wrap(full, "register_session_leaf", lambda result, sid, *a, **k: ledger.touch(sid)),
         _wrap(full, "release_session", lambda result, sid, *a, **k: ledger.touch(sid)),
     ]
+
+    def crossed(now: int) -> Callable[..., None]:
+        """After the full component locked (``now`` 1) or released (0) a path: the nodes on it
+        whose count crossed zero."""
+        def walk(_returned: Any, *a: Any, **k: Any) -> None:  # (node, result or params, lock_host)
+            node = k["node"] if "node" in k else (a[0] if a else None)
+            if k.get("lock_host", a[2] if len(a) > 2 else False):
+                return  # a host lock: the device slots' locks did not move
+            root = core.root_node
+            while node is not None and node is not root:
+                if node.component_data[FULL].lock_ref == now:
+                    ledger.lock_changed(node)
+                node = node.parent
+        return walk
+
+    def tell_locks() -> bool:
+        """Follow the locks from now on (a reader asked for the sessions by locked tokens): a
+        walk of the locked path after each of the full component's locks and releases."""
+        if not ledger.locks_told:
+            ledger.locks_told = (_wrap(full, "acquire_component_lock", crossed(1))
+                                 and _wrap(full, "release_component_lock", crossed(0)))
+        return ledger.locks_told
+
+    ledger.tell_locks = tell_locks
     return all(hooks)
 
 

@@ -100,6 +100,8 @@ class SessionLedger:
         self.frees = frees
         self.lock_of = lock_of
         """A node's lock count, where it is not ``node.lock_ref``."""
+        self.tell_locks: Callable[[], bool] | None = None
+        """Where locks are not told yet: starts telling them (True once it does)."""
         self.moved: set[str] = set()
         self.seen: dict[str, float] = {}
         """Each session's last activity told (``touch``: a request of it finished, it closed), as

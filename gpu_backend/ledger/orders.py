@@ -284,8 +284,13 @@ class SessionOrders:
         return rows, len(kept.ids), kept.listed, age
 
     def _keeps_path(self, order: str) -> bool:
-        return (order in PATH_ORDERS and hasattr(self.ledger, "watch")
-                and (order != "locked_tokens" or self.ledger.locks_told))
+        ledger = self.ledger
+        if order not in PATH_ORDERS or not hasattr(ledger, "watch"):
+            return False
+        if order != "locked_tokens" or ledger.locks_told:
+            return True
+        tell = getattr(ledger, "tell_locks", None)  # locks followed from the first read by them
+        return tell is not None and tell()
 
     def _path_page(self, order: str, offset: int, limit: int, reverse: bool,
                    ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
