@@ -110,6 +110,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--no-path-orders", action="store_true",
+                    help="never read the fair-share and locked orders (their upkeep then never runs)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "ledger.json")
     args = ap.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -134,7 +136,8 @@ def main() -> None:
     gc.collect()
     gc.disable()
     # the path orders made once before the rounds (so their upkeep runs in every round's ops)
-    first = {order: stepped(on.orders.page_pass(order, 0, 50)) for order in ("fair_share_bytes", "locked_tokens")}
+    path_orders = () if args.no_path_orders else ("fair_share_bytes", "locked_tokens")
+    first = {order: stepped(on.orders.page_pass(order, 0, 50)) for order in path_orders}
     try:
         for r in range(args.rounds):
             order = (True, False) if r % 2 == 0 else (False, True)
@@ -151,6 +154,8 @@ def main() -> None:
             on.orders.row(rows[0][0])
             reads["session_row"].append(pc() - t0)
             for name, order in (("top50_fair_share", "fair_share_bytes"), ("top50_locked", "locked_tokens")):
+                if order not in path_orders:
+                    continue
                 t0 = pc()
                 _, longest = stepped(on.orders.page_pass(order, 0, 50))
                 reads[name].append(pc() - t0)
@@ -178,8 +183,9 @@ def main() -> None:
     results: dict[str, Any] = {"environment": environment(), "tree": cfg.label, "nodes": cache.node_count(),
                                "sessions_listed": len(want.sessions), "rounds": args.rounds,
                                "oracle_pass_s": oracle_s, "rows_differing_from_oracle": len(wrong), "ops": {},
-                               "reads": {k: ms_stats(v) for k, v in reads.items()},
-                               "read_longest_step_ms": {k: max(v) * 1e3 for k, v in steps.items()},
+                               "reads": {k: ms_stats(v) for k, v in reads.items() if v},
+                               "path_orders_read": list(path_orders),
+                               "read_longest_step_ms": {k: max(v) * 1e3 for k, v in steps.items() if v},
                                "first_path_reads": {k: {"work_s": v[0][0], "longest_step_ms": v[1] * 1e3}
                                                     for k, v in first.items()},
                                "pages_differing_from_oracle": pages_wrong}
@@ -205,7 +211,7 @@ def main() -> None:
               f"| one session's row | {row['median']:.3f} | {row['max']:.3f} |",
               *(f"| top 50 sessions by {name[6:].replace('_', ' ')} (longest step {max(steps[name]) * 1e3:.2f} ms) | "
                 f"{results['reads'][name]['median']:.2f} | {results['reads'][name]['max']:.2f} |"
-                for name in steps),
+                for name in steps if steps[name]),
               *(f"| its first read, {order} (made: work {v[0][0] * 1e3:,.0f} ms, longest step {v[1] * 1e3:.2f} ms) | | |"
                 for order, v in first.items()),
               f"| (the from-scratch attribution pass, for comparison) | {oracle_s * 1e3:,.0f} | |"]

@@ -340,6 +340,8 @@ class RadixCache(SessionRadixCacheMixin):
         """Lock the path from ``node`` to the root against eviction; returns the evictable delta."""
         delta = 0
         root, ledger = self.root_node, self.ledger
+        if ledger is not None and ledger.lock_watched:
+            ledger.locks_moved(node)
         while node is not root:
             if node.lock_ref == 0:
                 n = len(node.key)
@@ -362,6 +364,8 @@ class RadixCache(SessionRadixCacheMixin):
             raise ValueError(f"dec_lock_ref on node {node.id}, which is not locked")
         delta = 0
         root, ledger = self.root_node, self.ledger
+        if ledger is not None and ledger.lock_watched:
+            ledger.locks_moved(node)
         while node is not root:
             if node.lock_ref == 1:
                 n = len(node.key)

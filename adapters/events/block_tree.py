@@ -135,7 +135,7 @@ class BlockTree:
         """Stores of a block beyond its first, not yet removed: vLLM keeps each copy apart in its
         pool (it recomputes a prompt's last full block and caches it again under the same hash)."""
         self.last_store: dict[str, float] = {}
-        self.ledger = BlockLedger()
+        self.ledger = BlockLedger(self.root)
         """Every session's figures, kept as the tree changes (``settle()`` before reading them)."""
         self.version += 1
         self._journal.reset(self.version)

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from radixtop.gpu_backend.ledger.paths import Watch
+
 if TYPE_CHECKING:
     from radixtop.adapters.events.block_tree import BlockNode
 
@@ -37,8 +39,16 @@ class BlockLedger:
 
     locks_told = True
     """Locks are not in the events: the locked tokens of every session are 0, and stay 0."""
+    has_locks = False
+    """(so the sessions by locked tokens are the sessions by id)"""
+    lock_watched = False
+    resets = 0
+    """A new tree makes a new ledger: this one is never reset."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: BlockNode | None = None) -> None:
+        self.root = root
+        """The tree's root (the path sums' walks stop there)."""
+        self._watches: list[Watch] = []
         self.clear()
 
     def clear(self) -> None:
@@ -91,6 +101,38 @@ class BlockLedger:
             for node in nodes:
                 self._settle_excl(node)
 
+    # ----- the sessions ranked by fair share (``paths.PathSums``) -----
+
+    def watch(self, lock: bool = False) -> Watch:
+        """A new reader of path sums: told each node whose sessions or reaches moved, and splits."""
+        watch = Watch(lock)
+        self._watches.append(watch)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        if watch in self._watches:
+            self._watches.remove(watch)
+
+    def _moved_node(self, node: BlockNode) -> None:
+        for watch in self._watches:
+            watch.nodes.add(node)
+
+    @staticmethod
+    def alive(node: BlockNode) -> bool:
+        """Whether a session's path reaches into ``node`` still."""
+        return bool(node.under) or bool(node.part)
+
+    @staticmethod
+    def fair_weight(node: BlockNode) -> float:
+        """``node``'s fair share for a session under it (its whole run of blocks)."""
+        return _fair_upto(node, node.tokens)
+
+    @staticmethod
+    def fair_tail(node: BlockNode, sid: str) -> float:
+        """``sid``'s fair share of ``node``: all of it where the session is under it, else up to
+        the end of its last block there."""
+        return _fair_in(node, sid)
+
     # ----- what the tree tells -----
 
     def held_by(self, node: BlockNode, sid: str, delta: int, crossed: bool = True) -> None:
@@ -118,6 +160,8 @@ class BlockLedger:
     def resized(self, node: BlockNode, delta: int) -> None:
         """``node`` has ``delta`` more tokens (its own blocks)."""
         self.moves += 1
+        if self._watches:
+            self._moved_node(node)
         if node.under:
             path = self.path
             for sid in node.under:
@@ -156,12 +200,17 @@ class BlockLedger:
         tail.part = tail_part or None
         head.part = part or None
         head.partial = tail.partial = None
+        for watch in self._watches:  # the tail came below the head, above the head's children
+            watch.splits.append((tail, head))
+            watch.nodes.update(tail.children.values())
         self._excl.add(head)
         self._excl.add(tail)
 
     def detached(self, top: BlockNode) -> None:
         """``top``'s subtree is about to leave the tree: every session's figures lose it."""
         self.moves += 1
+        if self._watches:
+            self._moved_node(top)
         path, moved = self.path, self.moved
         stored: dict[str, int] = {}
         stack = [top]
@@ -212,6 +261,8 @@ class BlockLedger:
             else:
                 del under[sid]
             if (before > 0) != (now > 0):
+                if self._watches:
+                    self._moved_node(node)
                 part = node.part.get(sid, 0) if node.part else 0
                 _add(path, sid, (node.tokens - part) if now > 0 else (part - node.tokens))
                 self._excl.add(node)
@@ -262,6 +313,8 @@ class BlockLedger:
         if not part:
             node.part = None
         self._excl.add(node)
+        if self._watches:
+            self._moved_node(node)
 
     def _settle_excl(self, node: BlockNode) -> None:
         """The tokens of ``node`` on one session's path only, and whose: the furthest reach less
@@ -311,7 +364,12 @@ def _add(counts: dict[str, int], sid: str, delta: int) -> None:
 def _fair_in(node: BlockNode, sid: str) -> float:
     """``sid``'s fair share of ``node``: each token of its reach over the sessions that reach it."""
     under, part = node.under or {}, node.part or {}
-    reach = node.tokens if sid in under else part.get(sid, 0)
+    return _fair_upto(node, node.tokens if sid in under else part.get(sid, 0))
+
+
+def _fair_upto(node: BlockNode, reach: int) -> float:
+    """The fair share of ``node``'s first ``reach`` tokens for a session that reaches that far."""
+    under, part = node.under or {}, node.part or {}
     ends = node.partial
     if ends is None:  # kept until the node's sessions move: a shared prompt's holders are many
         ends = node.partial = sorted(end for s, end in part.items() if s not in under)

@@ -337,6 +337,8 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
             if k.get("lock_host", a[2] if len(a) > 2 else False):
                 return  # a host lock: the device slots' locks did not move
             root = core.root_node
+            if ledger.lock_watched:
+                ledger.locks_moved(node)
             while node is not None and node is not root:
                 if node.component_data[FULL].lock_ref == now:
                     ledger.lock_changed(node)
@@ -387,6 +389,8 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         nodes on it whose count crossed zero."""
         def walk(result: Any, node: Any, *a: Any, **k: Any) -> None:
             root = cache.root_node
+            if ledger.lock_watched:
+                ledger.locks_moved(node)
             while node is not None and node is not root:
                 if node.lock_ref == now:
                     ledger.lock_changed(node)

@@ -4,8 +4,9 @@ The tree's owner (the bundled cache, or the hooks on an SGLang cache) tells the 
 changed, after it changed: a session tagged or untagged a node, a leaf was added or removed, a
 node was split, a node's lock count crossed zero, the tree was reset. The ledger keeps, per node,
 
-* ``below[n]``: how many of each session's tagged nodes lie in n's subtree (its keys: the
-  sessions beneath n; a session's *path* is every node with it below);
+* ``below[n]``: for each session beneath n, how many reasons it has to be: n tagged by it, and
+  each child of n with it beneath (its keys: the sessions beneath n; a session's *path* is every
+  node with it below);
 * ``owner[n]``: the one session whose close frees n now, under SessionRadixCacheMixin's rule: n
   is unlocked, every leaf of its subtree is tagged, and one session alone holds anything there.
   Bottom-up: a leaf is owned by its only holder; an inner node by the owner of all its children,
@@ -13,9 +14,11 @@ node was split, a node's lock count crossed zero, the tree was reset. The ledger
 
 and per session its exclusive tokens (the nodes it owns), its path tokens, and its tagged nodes.
 A change moves an owner or a count on the path from the change to the root only, so each costs
-O(depth); a split copies the child's ``below`` (one dict copy, C speed). Fair shares and locked
-tokens depend on every session beneath a node, so they are summed per session when read
-(``shares``: O(the session's path)).
+O(depth) at most, and a tag or untag only the part of the path the session comes to or leaves
+(a turn below a session's path: its new node); a split gives the new node one reason per session
+of its child's ``below`` (C speed). Fair shares and locked tokens depend on every session
+beneath a node, so they are summed per session when read (``shares``: O(the session's path)),
+and their orders kept on the tree (``paths.PathSums``).
 
 A node's figures are one record (``_Rec``), kept only while a session lies beneath it, in a
 ``ShardedMap`` by node: one lookup per node a change passes, and no map of every node on the
@@ -28,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from radixtop.gpu_backend.ledger.paths import Watch
 from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 
 Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``; its size through ``size``
@@ -70,18 +74,6 @@ class _Batch:
                 ledger._settle(node)
 
 
-class _Watch:
-    """What a reader of path sums (``paths.PathSums``) is told: the nodes whose weight may have
-    moved since it last settled (``nodes``) and the splits (``splits``: head, tail)."""
-
-    __slots__ = ("nodes", "splits", "lock")
-
-    def __init__(self, lock: bool) -> None:
-        self.nodes: set[Node] = set()
-        self.splits: list[tuple[Node, Node]] = []
-        self.lock = lock
-
-
 class SessionLedger:
     """Figures of every session that holds a node of one tree (owner thread only).
 
@@ -115,7 +107,9 @@ class SessionLedger:
         self._beneath_watch: list[set[Node]] = []
         """The ``nodes`` of each watch told when a node's sessions beneath move."""
         self._lock_watch: list[set[Node]] = []
-        self._watches: list[_Watch] = []
+        self._watches: list[Watch] = []
+        self.lock_watched = False
+        """Whether a reader of path sums by locks is watching (the owner then tells ``locks_moved``)."""
         self.reset(root)
 
     def reset(self, root: Node) -> None:
@@ -164,21 +158,36 @@ class SessionLedger:
                 node = node.parent
         return fair, locked
 
-    def watch(self, lock: bool = False) -> _Watch:
+    def watch(self, lock: bool = False) -> Watch:
         """A new reader of path sums: told each node whose sessions beneath moved, or (``lock``)
         whose lock count crossed zero, and each split."""
-        watch = _Watch(lock)
+        watch = Watch(lock)
         self._watches.append(watch)
-        (self._lock_watch if lock else self._beneath_watch).append(watch.nodes)
+        (self._lock_watch if lock else self._beneath_watch).append(watch.paths if lock else watch.nodes)
+        self.lock_watched = bool(self._lock_watch)
         return watch
 
-    def unwatch(self, watch: _Watch) -> None:
+    def unwatch(self, watch: Watch) -> None:
         """That reader is gone: told nothing more."""
         for kept in (self._watches, self._lock_watch, self._beneath_watch):
             for k, item in enumerate(kept):
-                if item is watch or item is watch.nodes:
+                if item is watch or item is watch.nodes or item is watch.paths:
                     del kept[k]
                     break
+        self.lock_watched = bool(self._lock_watch)
+
+    def alive(self, node: Node) -> bool:
+        """Whether a session lies beneath ``node`` (it has a record)."""
+        return self.recs.shards[hash(node) & SHARD_MASK].get(node) is not None
+
+    def fair_weight(self, node: Node) -> float:
+        """``node``'s tokens split among the sessions beneath it (a path sum's weight)."""
+        rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
+        return self.size(node) / len(rec.below) if rec is not None and rec.below else 0.0
+
+    def locked_weight(self, node: Node) -> float:
+        """``node``'s tokens where it is locked, else 0 (a path sum's weight)."""
+        return float(self.size(node)) if (node.lock_ref if self.lock_of is None else self.lock_of(node)) > 0 else 0.0
 
     # ----- what changed -----
 
@@ -251,7 +260,7 @@ class SessionLedger:
         for watch in self._watches:
             watch.splits.append((head, tail))
         made = self.recs.shards[hash(head) & SHARD_MASK][head] = _Rec()
-        made.below = rec.below.copy()
+        made.below = dict.fromkeys(rec.below, 1)  # one reason each: its one child, the tail
         if rec.owner is not None:
             made.owner = rec.owner
             made.kids = {rec.owner: 1}
@@ -284,12 +293,10 @@ class SessionLedger:
         """``node``'s lock count went from 0 to more, or back to 0. Only a node some session lies
         beneath can gain or lose an owner: the others (most nodes a request locks) are left."""
         self.moves += 1
+        if not self.frees:
+            return
         rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
         if rec is None:
-            return
-        for nodes in self._lock_watch:
-            nodes.add(node)
-        if not self.frees:
             return
         if (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
             if rec.owner is None:  # a lock only takes an owner away
@@ -297,6 +304,12 @@ class SessionLedger:
         elif rec.held is None and rec.kids is None:  # unlocked, but no holder, no owned child
             return
         self._settle_now_or_later(node)
+
+    def locks_moved(self, node: Node) -> None:
+        """A lock or an unlock of the path from ``node`` to the root (once per path, where a
+        reader of path sums by locks is watching: ``lock_watched``)."""
+        for paths in self._lock_watch:
+            paths.add(node)
 
     def rebuild(self, root: Node, holders: Callable[[Node], Iterable[str] | None]) -> None:
         """Start again from the tree as it is (a change the ledger was not told of): one walk,
@@ -323,9 +336,13 @@ class SessionLedger:
             self._deferred.add(node)
 
     def _carry(self, sid: str, node: Node, delta: int, parent: Node | None = None) -> None:
-        """One more (``delta`` 1) or one fewer (-1) of ``sid``'s tags below ``node`` and each of its
-        ancestors; the nodes it comes to or leaves move its path tokens. ``parent``: where the walk
-        goes on from a node already unlinked. A node's record goes when no session lies beneath it."""
+        """One more (``delta`` 1) or one fewer (-1) reason for ``sid`` to be beneath ``node``: a tag
+        of it, or a child with ``sid`` beneath. Where the session comes to lie beneath the node (or
+        no longer does), its parent gains (or loses) that reason in turn, and the node moves the
+        session's path tokens; where it lay beneath it already (or still does), nothing above
+        moves, so the walk stops there: a tag below a session's path costs the new part of it, not
+        the depth. ``parent``: where the walk goes on from a node already unlinked. A node's record
+        goes when no session lies beneath it."""
         shards, size = self.recs.shards, (None if self.size is _key_len else self.size)
         watching = self._beneath_watch
         gained = 0
@@ -339,22 +356,27 @@ class SessionLedger:
                 counts = rec.below
                 was = counts.get(sid, 0)
                 counts[sid] = was + 1
-                if not was:
-                    gained += len(node.key) if size is None else size(node)
-                    for nodes in watching:
-                        nodes.add(node)
-            elif rec is not None:
+                if was:
+                    break
+                gained += len(node.key) if size is None else size(node)
+                for nodes in watching:
+                    nodes.add(node)
+            else:
+                if rec is None:
+                    break
                 counts = rec.below
                 left = counts.get(sid, 0) - 1
                 if left > 0:
                     counts[sid] = left
-                elif left == 0:
-                    del counts[sid]
-                    gained -= len(node.key) if size is None else size(node)
-                    for nodes in watching:
-                        nodes.add(node)
-                    if not counts and rec.owner is None and rec.kids is None and rec.held is None:
-                        del shard[node]
+                    break
+                if left < 0:
+                    break
+                del counts[sid]
+                gained -= len(node.key) if size is None else size(node)
+                for nodes in watching:
+                    nodes.add(node)
+                if not counts and rec.owner is None and rec.kids is None and rec.held is None:
+                    del shard[node]
             node = parent if first and parent is not None else node.parent
             first = False
         if gained:

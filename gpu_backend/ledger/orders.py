@@ -213,6 +213,8 @@ class SessionOrders:
             self._recount_some(CHUNK)
             if self._recount:
                 yield
+        if order == "locked_tokens" and not getattr(self.ledger, "has_locks", True):
+            order = "id"  # no locks in this tree: every session's figure is 0, so the order is by id
         if order not in KEPT_ORDERS:
             if not contains.strip() and offset + limit <= PATH_PAGE_MAX and self._keeps_path(order):
                 return (yield from self._path_page(order, offset, limit, reverse))
@@ -287,7 +289,11 @@ class SessionOrders:
         ledger = self.ledger
         if order not in PATH_ORDERS or not hasattr(ledger, "watch"):
             return False
-        if order != "locked_tokens" or ledger.locks_told:
+        if order != "locked_tokens":
+            return True
+        if not hasattr(ledger, "locked_weight"):
+            return False
+        if ledger.locks_told:
             return True
         tell = getattr(ledger, "tell_locks", None)  # locks followed from the first read by them
         return tell is not None and tell()
@@ -315,16 +321,12 @@ class SessionOrders:
     def _path_made(self, order: str) -> Generator[None, None, PathSums]:
         """A path order made at its first read: every session on the roster pending, a chunk a step."""
         ledger = self.ledger
-        size = ledger.size
         if order == "fair_share_bytes":
-            weight = lambda node, rec: size(node) / len(rec.below) if rec.below else 0.0  # noqa: E731
-            sums = PathSums(ledger, weight, lambda sid: self.row(sid)[5], self.leaves_of, self.listed,
-                            scale=self.bpt)
+            sums = PathSums(ledger, ledger.fair_weight, lambda sid: self.row(sid)[5], self.leaves_of, self.listed,
+                            ledger.alive, getattr(ledger, "fair_tail", None), scale=self.bpt)
         else:
-            lock_of = ledger.lock_of or (lambda node: node.lock_ref)
-            weight = lambda node, rec: float(size(node)) if lock_of(node) > 0 else 0.0  # noqa: E731
-            sums = PathSums(ledger, weight, lambda sid: self.row(sid)[6], self.leaves_of, self.listed,
-                            rounded=False, lock=True)
+            sums = PathSums(ledger, ledger.locked_weight, lambda sid: self.row(sid)[6], self.leaves_of,
+                            self.listed, ledger.alive, rounded=False, lock=True)
         self._paths[order] = sums  # a session that moves while it is made is pending at once
         try:
             yield from self._take_all_moved()

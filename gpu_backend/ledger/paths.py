@@ -62,6 +62,21 @@ SLACK = 1e-9
 in another order can pass it."""
 
 
+class Watch:
+    """What a reader of path sums (``paths.PathSums``) is told: the nodes whose weight may have
+    moved since it last settled (``nodes``), the splits (``splits``: head, tail) and, for one by
+    locks, the nodes from which a locked or unlocked path went up to the root (``paths``: one per
+    lock, not one per node that crossed)."""
+
+    __slots__ = ("nodes", "splits", "lock", "paths")
+
+    def __init__(self, lock: bool) -> None:
+        self.nodes: set[Node] = set()
+        self.paths: set[Node] = set()
+        self.splits: list[tuple[Node, Node]] = []
+        self.lock = lock
+
+
 class _P:
     """A node's entry: what sessions beneath it add from the node down."""
 
@@ -109,16 +124,22 @@ _FIRST = _Desc(None)
 class PathSums:
     """Sessions ranked by ``weight`` summed over their paths, for one ``SessionLedger``.
 
-    ``weight(node, rec)``: the node's weight (``rec``: its ledger record); ``exact(sid)``: the
-    session's figure as its row gives it (an int: bytes or tokens); ``scale``: bytes per token
-    where the figure is a rounded fair share (``rounded``), else 1; ``lock``: whether the weight
-    moves with locks (it then listens to lock changes, else to changes of sessions beneath).
+    ``weight(node)``: what the node adds to the figure of a session whose path goes through it
+    (or below it); ``tail(node, sid)``: what it adds to ``sid``'s where ``sid``'s path may end
+    inside it (a KV-event tree's node is a run of blocks, and a session reaches into it as far as
+    its last stored block), None where a tagged node is on the path whole; ``alive(node)``: whether
+    a session lies beneath it still; ``exact(sid)``: the session's figure as its row gives it (an
+    int: bytes or tokens); ``scale``: bytes per token where the figure is a rounded fair share
+    (``rounded``), else 1; ``lock``: whether the weight moves with locks (it then listens to lock
+    changes, else to changes of sessions beneath).
     """
 
-    def __init__(self, ledger: Any, weight: Callable[[Node, Any], float], exact: Callable[[str], int],
+    def __init__(self, ledger: Any, weight: Callable[[Node], float], exact: Callable[[str], int],
                  leaves_of: Callable[[str], Collection[Node]], listed: Callable[[str], bool],
+                 alive: Callable[[Node], bool], tail: Callable[[Node, str], float] | None = None,
                  scale: int = 1, rounded: bool = True, lock: bool = False):
         self.ledger, self.weight, self.exact = ledger, weight, exact
+        self.alive, self.tail = alive, tail
         self.leaves_of, self.listed = leaves_of, listed
         self.scale, self.rounded = scale, rounded
         self.watch = ledger.watch(lock=lock)
@@ -136,11 +157,15 @@ class PathSums:
         self._untagged_set: set[str] = set()
         self._resum: set[str] = set()
         self._seq = itertools.count(1)
+        self._dirty: set[Node] = set()
+        """Nodes whose sessions ending or anchored there moved (re-summed; unlike the ledger's
+        ``watch.nodes``, whose weight moved, they move no branching session's sum below them)."""
         self._heap: list[tuple[int, int, Node]] = []
         self._queued: set[Node] = set()
         self._tick = itertools.count()
         self.watch.nodes.clear()
         self.watch.splits.clear()
+        self.watch.paths.clear()
 
     def listed_count(self) -> int:
         return len(self.untagged) + len(self.end_of) + len(self.anchor_of)
@@ -162,6 +187,8 @@ class PathSums:
                 head, tail = watch.splits.pop()
                 watch.nodes.add(head)
                 watch.nodes.add(tail)
+            if watch.paths:  # paths locked or unlocked: every node on them with sessions beneath
+                self._lock_paths(watch)
             while self.pending:
                 self._re_end(self.pending.pop())
                 k += 1
@@ -177,15 +204,32 @@ class PathSums:
                         break
                 else:
                     if self._renode(started):
-                        if not (self.pending or self._resum or watch.nodes or watch.splits):
+                        if not (self.pending or self._resum or watch.nodes or self._dirty or watch.splits or watch.paths):
                             return
             yield
+
+    def _lock_paths(self, watch: Any) -> None:
+        """The nodes on each path locked or unlocked since the last settle, up to the root, that
+        have an entry (a session ends beneath them) or lie on a branching session's path below its
+        anchor: their weight may have moved. A walk stops at a node it met already."""
+        root, entries, through, nodes = self.ledger.root, self.entries, self.through, watch.nodes
+        seen: set[Node] = set()
+        paths = watch.paths
+        for _ in range(min(CHUNK, len(paths))):  # the rest at the next step
+            node = paths.pop()
+            while node is not None and node is not root and node not in seen:
+                seen.add(node)
+                if node in entries or node in through:  # (through: a branch below an anchor)
+                    nodes.add(node)
+                node = node.parent
+        if not paths:
+            paths.clear()  # its table freed (a set drained by pop() keeps it: see SessionOrders)
 
     def _re_end(self, sid: str) -> None:
         """Where ``sid`` ends or is anchored now (its old place left where it moved)."""
         leaves = self.leaves_of(sid) if sid in self.ledger.tags else ()
         end = self._one_path_end(leaves) if leaves else None
-        if end is not None and self.end_of.get(sid) is end:
+        if end is not None and self.tail is None and self.end_of.get(sid) is end:
             return  # ends where it did: its figure moves only with its nodes' weights (told apart)
         self._leave(sid)
         if not leaves:
@@ -200,7 +244,7 @@ class PathSums:
         if sid in self._untagged_set:
             self._untagged_set.discard(sid)
             self.untagged.discard(sid)
-        if end is not None:  # one path: it ends at its deepest tagged node
+        if end is not None and self.tail is None:  # one path: it ends at its deepest tagged node
             p = self._entry(end)
             p.ends.add(sid)
             if p.sorted_ends is not None:
@@ -208,7 +252,12 @@ class PathSums:
             elif len(p.ends) > ENDS_SORTED:
                 p.sorted_ends = SortedList(p.ends)
             self.end_of[sid] = end
-            self.watch.nodes.add(end)
+            self._dirty.add(end)
+            return
+        if end is not None:  # one path ending inside its deepest node: anchored there, plus its reach
+            w = self.weight(end)
+            rest = self.tail(end, sid) - w  # type: ignore[misc]
+            self._anchor(sid, end, rest, [end])
             return
         root = self.ledger.root
         chains = []
@@ -228,10 +277,16 @@ class PathSums:
             common.intersection_update(chain)
         anchor = next((v for v in deepest if v in common), root)
         below = [v for v in union if v not in common]
-        weight, rec_of = self.weight, self.ledger._rec
+        weight, tail = self.weight, self.tail
         rest = 0.0
         for v in below:
-            rest += weight(v, rec_of(v))
+            rest += weight(v) if tail is None else tail(v, sid)
+        self._anchor(sid, anchor, rest, below)
+
+    def _anchor(self, sid: str, anchor: Node, rest: float, below: list[Node]) -> None:
+        """``sid`` anchored at ``anchor``, its path below adding ``rest`` (re-summed whenever a node
+        of ``below`` moves)."""
+        for v in below:
             users = self.through.get(v)
             if users is None:
                 self.through[v] = {sid}
@@ -240,7 +295,7 @@ class PathSums:
         p = self._entry(anchor)
         p.anchored[sid] = rest
         self.anchor_of[sid] = (anchor, rest, below)
-        self.watch.nodes.add(anchor)
+        self._dirty.add(anchor)
 
     def _one_path_end(self, leaves: Collection[Node]) -> Node | None:
         """The deepest of ``leaves`` where every other lies on its root path, else None (they
@@ -275,14 +330,14 @@ class PathSums:
                 p.ends.discard(sid)
                 if p.sorted_ends is not None:
                     p.sorted_ends.discard(sid)
-                self.watch.nodes.add(old)
+                self._dirty.add(old)
         anchored = self.anchor_of.pop(sid, None)
         if anchored is not None:
             node, _, below = anchored
             p = self.entries.get(node)
             if p is not None:
                 p.anchored.pop(sid, None)
-                self.watch.nodes.add(node)
+                self._dirty.add(node)
             for v in below:
                 users = self.through.get(v)
                 if users is not None:
@@ -301,14 +356,17 @@ class PathSums:
         through a heap kept across steps: the moved nodes go in a chunk a step (each with its
         depth), then come out deepest first, each re-summed and, where its sums moved, its parent
         put in. False where the step ran out first."""
-        nodes, heap, queued = self.watch.nodes, self._heap, self._queued
+        nodes, dirty, heap, queued = self.watch.nodes, self._dirty, self._heap, self._queued
         root, through, tick = self.ledger.root, self.through, self._tick
         k = 0
-        while nodes:
-            node = nodes.pop()
-            users = through.get(node) if through else None
-            if users:  # branched sessions whose path below their anchor moved: re-summed
-                self._resum.update(users)
+        while nodes or dirty:
+            if nodes:
+                node = nodes.pop()
+                users = through.get(node) if through else None
+                if users:  # sessions anchored above whose path below moved: re-summed
+                    self._resum.update(users)
+            else:
+                node = dirty.pop()
             if node not in queued:
                 depth, v = 0, node
                 while v is not None and v is not root:
@@ -341,8 +399,7 @@ class PathSums:
         if p is None:
             return ()
         root = self.ledger.root
-        rec = self.ledger._rec(node) if node is not root else None
-        live = node is root or (rec is not None and (p.ends or p.anchored or p.kids))
+        live = node is root or ((p.ends or p.anchored or p.kids) and self.alive(node))
         if not live:  # nothing ends beneath it any more (or it left the tree)
             del self.entries[node]
             return (self._unhook(node, p),) if p.up is not None else ()
@@ -364,7 +421,7 @@ class PathSums:
                 entries = self.entries
                 highs.append(min(entries[c].hk for c in p.kids))
                 lows.append(min(entries[c].lk for c in p.kids))
-        w = 0.0 if node is root else self.weight(node, rec)
+        w = 0.0 if node is root else self.weight(node)
         if highs:
             h, l = min(highs), min(lows)
             hk, lk = (h[0] - w, h[1]), (l[0] + w, l[1])
@@ -429,7 +486,7 @@ class PathSums:
         p = self.entries.get(root)
         heap: list[tuple] = []
         tick = itertools.count()
-        weight, rec_of, entries = self.weight, self.ledger._rec, self.entries
+        weight, entries = self.weight, self.entries
         rounded = self.rounded
         tie = _Desc if ascending else str
 
@@ -468,7 +525,7 @@ class PathSums:
                 nxt = siblings[at + 1]
                 push_node(nxt if type(siblings) is list else nxt[3], above, siblings, at + 1)
             e = entries[node]
-            here = above + (0.0 if node is root else weight(node, rec_of(node)))
+            here = above + (0.0 if node is root else weight(node))
             if e.ends:
                 self._push_ends(heap, e, here, ascending, tick)
             for sid, rest in e.anchored.items():

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from radixtop.adapters.events.block_tree import BlockTree
-from radixtop.gpu_backend.ledger.orders import ROW_KEYS
+from radixtop.gpu_backend.ledger.orders import ROW_KEYS, SessionOrders
+from radixtop.gpu_backend.owner.slices import run_to_end
 
 SESSIONS = st.sampled_from(["a", "b", "c", "d"])
 KEYS = st.integers(0, 24)  # few keys: stored again, removed and re-stored often
@@ -72,6 +73,25 @@ class BlockTreeMachine(RuleBasedStateMachine):
         held = {sid: {n.id for n in nodes} for sid, nodes in ledger.held.items()}
         assert held == {sid: {n.id for n in tree.iter_nodes() if sid in n.holders} for sid in tree.holding}
         assert set(ledger.path) <= set(tree.holding) and set(ledger.exclusive) <= set(tree.holding)
+
+    @invariant()
+    def the_fair_share_order_kept_on_the_tree_is_the_rows_ranking(self):
+        """The sessions by fair share, either way, kept on the tree across the steps
+        (``PathSums``: a session reaches into its last node as far as its last block), are the
+        sessions' own rows ranked from scratch; by locked tokens (none in KV events), by id."""
+        tree, ledger = self.tree, self.tree.ledger
+        ledger.settle()
+        if getattr(self, "orders", None) is None or self.orders.ledger is not ledger:
+            self.orders = SessionOrders(ledger, 3, known=ledger.tags.__contains__, is_closed=lambda sid: False,
+                                        seen_at=tree.last_store.get, leaves_of=lambda sid: ledger.held.get(sid, ()),
+                                        everyone=lambda: ledger.tags)
+        orders = self.orders
+        rows = [orders.row(sid) for sid in tree.holding]
+        for order in ("fair_share_bytes", "locked_tokens"):
+            for reverse in (False, True):
+                got, total, _, age = run_to_end(orders.page_pass(order, 0, 10, reverse=reverse))
+                assert (got, total, age) == (sorted(rows, key=ROW_KEYS[order], reverse=reverse), len(rows), 0.0)
+        assert "fair_share_bytes" in orders._paths  # kept, not ranked
 
 
 TestBlockTreeFigures = BlockTreeMachine.TestCase
