@@ -360,8 +360,6 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     engine.owner.between_steps = timed_step
     compactions = [0]
     compaction_steps: list[float] = []
-    walking: list[float] = []  # its steps before the new heap replaced the old, and after (freeing it)
-    freeing: list[float] = []
     cache = built.scheduler.cache
     compacting: list[bool] = []  # per hold: a compaction was under way
     compact = cache._compact_pass
@@ -377,7 +375,6 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
                 compaction_steps.append(thread_time() - c0)
                 return done.value
             compaction_steps.append(thread_time() - c0)
-            (freeing if cache._compacting is None else walking).append(compaction_steps[-1])
             yield
 
     built.scheduler.cache._compact_pass = counted_compaction
@@ -434,8 +431,7 @@ def measure_bundled(nodes: int, window_s: float, windows: int) -> dict[str, Any]
     during = [h for (h, _, _), c in zip(holds, compacting, strict=False) if c]
     outside = [h for (h, _, _), c in zip(holds[mark:], compacting[mark:], strict=False) if not c]
     log(f"  compactions: {compactions[0]}, {len(compaction_steps)} steps, the longest "
-        f"{max(compaction_steps, default=0.0) * 1e3:.1f} ms CPU (walking {max(walking, default=0.0) * 1e3:.1f}, "
-        f"freeing the old heap {max(freeing, default=0.0) * 1e3:.1f}); the longest hold while one ran "
+        f"{max(compaction_steps, default=0.0) * 1e3:.1f} ms CPU; the longest hold while one ran "
         f"{max(during, default=0.0) * 1e3:.1f} ms, in the windows while none ran {max(outside, default=0.0) * 1e3:.1f} ms")
     for op, read_steps in sorted(steps_by_read.items()):  # not ``spent``: the loops' times, below
         log(f"  read {op}: {len(read_steps):,} steps, the longest {max(read_steps) * 1e3:.2f} ms CPU, "
