@@ -213,10 +213,8 @@ class _NoWholeCopy(set):
 def test_a_sliced_compaction_neither_copies_every_leaf_nor_frees_the_old_heap_in_one_step():
     """At 1M nodes the compaction's first step copied the 780k evictable leaves (28.6 ms) and its
     last freed the 3.1M-entry heap it replaced (434 ms, and 2.5 s in a bench run): both in one
-    step of the owner. It walks the tree a chunk a step instead, and hands the old heap to
-    ``released`` (a chunk a step)."""
-    from radixtop.gpu_backend.owner.slices import RELEASE_CHUNK
-
+    step of the owner. It drops the stale entries of the heap in place instead, at most 128 a
+    step (each may free an evicted node), and leaves one entry per evictable leaf."""
     passes: list = []
     cache = make_cache(16384)
     cache.background = passes.append
@@ -232,14 +230,12 @@ def test_a_sliced_compaction_neither_copies_every_leaf_nor_frees_the_old_heap_in
                 break
         rounds += 1
         assert rounds < 20
-    old = cache._evict_heap
-    steps, swapped_at, sizes = passes[0], None, []
-    for k, _ in enumerate(steps):
-        if swapped_at is None and cache._evict_heap is not old:
-            swapped_at = k
-        sizes.append(len(old))
-    assert swapped_at is not None and cache._compacting is None
-    assert sizes[swapped_at] > RELEASE_CHUNK and sizes[-1] == 0  # freed over steps after the swap
+    heap = cache._evict_heap
+    sizes = [len(heap)]
+    for _ in passes[0]:
+        sizes.append(len(heap))
+    assert cache._evict_heap is heap and cache._compacting is None
+    assert len(sizes) > 10 and max(a - b for a, b in zip(sizes, sizes[1:])) <= 128  # a step drops at most 128
     assert len(cache._evict_heap) == len(cache.evictable_leaves)  # one entry per evictable leaf
     inline = make_cache(16384)
     for i in range(3000):
