@@ -219,13 +219,7 @@ class SessionOrders:
             if not contains.strip() and offset + limit <= PATH_PAGE_MAX and self._keeps_path(order):
                 return (yield from self._path_page(order, offset, limit, reverse))
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
-        kept = self._orders.get(order)
-        if kept is None:
-            kept = yield from self._made(order)
-        while not kept.ready:  # another read is making it, between the same steps
-            yield
-            if self._orders.get(order) is not kept:  # that read was dropped midway
-                kept = self._orders.get(order) or (yield from self._made(order))
+        kept = yield from self._ready(self._orders, order, self._made)
         yield from kept.catch_up(self)
         keys = kept.keys
         needle = contains.strip().lower()
@@ -298,17 +292,25 @@ class SessionOrders:
         tell = getattr(ledger, "tell_locks", None)  # locks followed from the first read by them
         return tell is not None and tell()
 
+    def _ready(self, table: dict[str, Any], order: str, make: Callable[[str], Generator[None, None, Any]],
+               ) -> Generator[None, None, Any]:
+        """``table[order]`` ready to read: made by this read where no other has made it, else
+        waited for while another read makes it (between the same steps), made again where that
+        read was dropped midway."""
+        made = table.get(order)
+        if made is None:
+            made = yield from make(order)
+        while not made.ready:
+            yield
+            if table.get(order) is not made:
+                made = table.get(order) or (yield from make(order))
+        return made
+
     def _path_page(self, order: str, offset: int, limit: int, reverse: bool,
                    ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
         """A page in a path order from ``PathSums``: the sessions that moved and the nodes whose
         weight moved settled in steps, then the page's ids walked in the same step (current)."""
-        sums = self._paths.get(order)
-        if sums is None:
-            sums = yield from self._path_made(order)
-        while not sums.ready:  # another read is making it, between the same steps
-            yield
-            if self._paths.get(order) is not sums:  # that read was dropped midway
-                sums = self._paths.get(order) or (yield from self._path_made(order))
+        sums = yield from self._ready(self._paths, order, self._path_made)
         while True:
             yield from self._take_all_moved()
             yield from sums.settle()
