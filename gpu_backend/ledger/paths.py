@@ -13,24 +13,31 @@ the tree instead:
   root down to ``e``. Every session ending at one node has the same figure;
 * a session whose tagged nodes branch is *anchored* at their deepest common ancestor ``a``; its
   figure is ``S(a) + R(s)``, ``R`` the weights of its path below ``a``, which moves only when a
-  node below ``a`` on its path moves (``through[v]``: those sessions, re-summed then);
-* each node keeps ``hi``/``lo``: the most and least a session ending or anchored in its subtree
-  adds from the node down (its own weight included).
+  node below ``a`` on its path moves (``through[v]``: those sessions, re-summed then). Where a
+  session's path may end inside its last node (``tail``: a KV-event tree's run of blocks, reached
+  up to the session's last block), every session is anchored so, at its last node at least;
+* each node keeps its extremes (``hk``/``lk``): the most (and least) a session ending or
+  anchored in its subtree adds from the node down, its own weight included, with the least (and
+  greatest) id among the sessions that add it.
 
-A page in descending order is then a best-first walk from the root: a heap of nodes keyed by
-``S(parent) + hi(node)`` (a bound on every figure beneath) and of sessions keyed by their figure;
-a node popped pushes its sessions and its best child, a child popped its next sibling
-(children kept sorted by ``hi`` where a node has many). Ascending: the same with ``lo``.
+A page in descending order is then a best-first walk from the root: one heap of nodes keyed by
+``S(parent)`` plus their extreme (a bound on every figure beneath, and on its ties by id) and of
+sessions keyed by (figure, id); a node popped pushes its sessions and its best child, a child
+popped its next sibling (children kept sorted by their extremes where a node has many); the
+sessions that hold nothing (figure 0) are one cursor over their ids. Ascending: the same from
+the other extreme. A tie of thousands at one figure (the locked tokens of every idle session:
+0) costs no walk of their subtrees: a node comes out only before the ids it could precede.
 
-The owner tells (``SessionLedger.watch``) which nodes' weights moved (``dirty``) and which split;
-the sessions whose tagged nodes moved come as the orders' pending sessions. A read first settles
-those (each session re-ended in O(tags x depth), each dirty node re-summed deepest first, its
-parent's entry re-keyed), in steps, then walks the heap in one step.
+The owner tells (``SessionLedger.watch``, ``BlockLedger.watch``) which nodes' weights moved, the
+paths it locked or unlocked (once per path: ``locks_moved``) and the splits; the sessions whose
+tagged nodes moved come as the orders' pending sessions. A read first settles those (each
+session re-placed in O(tags x depth), each moved node re-summed deepest first and its parent's
+entry re-keyed), in steps, then walks the heap in one step.
 
 Figures are compared as the rows carry them (fair share in bytes, rounded; locked tokens), by
 the row's key (figure, then id). A sum made root-down differs from the row's leaf-up sum in its
-last bits only: a session whose rounded bytes could fall either way (within ``UNSURE`` of a half)
-is keyed by its row's own sum instead.
+last bits only: a node's bound is widened by ``SLACK`` and a byte, and a session whose rounded
+bytes could fall either way (within ``UNSURE`` of a half) is keyed by its row's own figure.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from radixtop.gpu_backend.owner.shards import ShardedMap
 Node = Any
 
 WIDE = 32
-"""A node with more children with sessions beneath keeps them sorted (by ``hi`` and by ``lo``)."""
+"""A node with more children with sessions beneath keeps them sorted (by each extreme)."""
 ENDS_SORTED = 64
 """A node where more sessions end keeps their ids sorted."""
 STEP_S = 0.001
