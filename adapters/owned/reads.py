@@ -118,16 +118,17 @@ class OwnerReads:
                 started = time.perf_counter()
             read = self._read_pass(owner, op, args)
             while True:  # ``yield from``, each of the read's own chunks timed
-                began = time.perf_counter()
+                began, began_cpu = time.perf_counter(), time.thread_time()
                 try:
                     next(read)
                 except StopIteration as done:
                     results.append(done.value)
                     break
                 finally:
-                    took = time.perf_counter() - began
-                    one_read.record(took)
-                    work += took
+                    one_read.record(time.perf_counter() - began)
+                    # the work on the owner's own CPU clock: on a busy machine a chunk's wall time
+                    # is mostly other threads', and a small batch counted long was not read again
+                    work += time.thread_time() - began_cpu
                 if not hold:
                     yield
                     started = time.perf_counter()

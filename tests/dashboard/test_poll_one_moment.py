@@ -197,3 +197,21 @@ def test_a_batch_that_took_the_owner_long_is_never_read_again_in_one_hold(engine
     monkeypatch.setattr(owned_reads, "REREAD_S", 10.0)  # the same batch, counted short: read again
     adapter.read_many([("stats", ()), ("children", (ROOT_ID, 0, 100, "bytes"))])
     assert len(calls) == 2  # no flush queued this time: the tree did not move, so read once
+
+
+def test_a_batch_preempted_on_a_busy_machine_is_still_of_one_moment(engine, monkeypatch):
+    """On a busy machine (2 cores, others' work) the owner thread is preempted mid-read: each
+    chunk's wall time was counted as the batch's work, a small batch counted long, and after a
+    flush in its turn it was not read again (stats before the flush, pages after; seen in CI).
+    The work is the owner's own CPU time: here every wall-clock read jumps 10 ms."""
+    import types
+
+    wall = [0.0]
+
+    def jumping() -> float:
+        wall[0] += 0.010
+        return wall[0]
+
+    fake = types.SimpleNamespace(perf_counter=jumping, thread_time=time.thread_time, monotonic=time.monotonic)
+    monkeypatch.setattr(owned_reads, "time", fake)
+    test_a_flush_between_a_batchs_stats_and_its_pages_is_seen_by_both_or_neither(engine, monkeypatch)
