@@ -51,7 +51,7 @@ PER_BATCH = 8
 class NoLedger:
     """A ledger that keeps nothing: the tree as it was before the figures were kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Any = None) -> None:
         pass
 
     def __getattr__(self, name: str) -> Any:
