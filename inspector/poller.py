@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from radixtop.adapters.base import MAX_READS, CacheAdapter
@@ -34,9 +34,12 @@ from radixtop.inspector.tree_state import Row, TreeState
 
 T = TypeVar("T")
 
-SESSIONS_LOADED = 200
-"""Sessions the table loads around its cursor at each poll (a few screens: it reads them every
-poll now, each row a walk of its session's path on the owner thread)."""
+SESSIONS_LOADED = 90
+"""Sessions the table loads around its cursor at each poll, at least: three screens of a 30-row
+pane (a taller one loads three of its own, ``SessionsTable.loaded_rows``). Every loaded row is
+read at every poll, each a walk of its session's path on the owner thread: at 1M nodes and 50k
+sessions in SGLang, 200 rows were half of each sessions read and a quarter of a poll's holds of
+its scheduler."""
 SESSIONS_EVERY = 0.0
 """Least seconds between reloads of the sessions table: 0, every poll (the in-process targets keep
 every session's figures with the tree, so a page costs O(log n + page) and ranks live; a target
@@ -59,9 +62,13 @@ class SessionsQuery:
     reverse: bool = False
     contains: str = ""
     offset: int = 0
+    limit: int = field(default=SESSIONS_LOADED, compare=False)
+    """Rows from ``offset`` (what the pane shows and a margin). Not part of what a page answers:
+    a page of the same window with more or fewer rows (the pane was resized meanwhile) is the
+    table's, and no reason to read again before the next poll."""
 
     def read(self) -> tuple[str, tuple]:
-        return ("sessions", (self.order, self.offset, SESSIONS_LOADED, self.contains, self.reverse))
+        return ("sessions", (self.order, self.offset, self.limit, self.contains, self.reverse))
 
 
 @dataclass(frozen=True)

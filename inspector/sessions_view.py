@@ -106,7 +106,21 @@ class SessionsTable(RowsView):
 
     @property
     def query(self) -> SessionsQuery:
-        return SessionsQuery(COLUMNS[self.sort_column].order, self.sort_reverse, self.filter_text, self.window)
+        return SessionsQuery(COLUMNS[self.sort_column].order, self.sort_reverse, self.filter_text, self.window,
+                             self.loaded_rows)
+
+    @property
+    def shown_rows(self) -> int:
+        """Rows on screen (below the column header)."""
+        return max(self.size.height - self.HEADER_LINES, 1)
+
+    @property
+    def loaded_rows(self) -> int:
+        """Rows the table loads around its cursor: three of its screens, the cursor's in the
+        middle (it moves half a screen before the next window), at least ``SESSIONS_LOADED``.
+        Every loaded row is read at every poll on the target's owner thread (a live server's
+        scheduler): what the pane shows and a margin, not a fixed 200."""
+        return max(SESSIONS_LOADED, 3 * self.shown_rows)
 
     def set_page(self, page: SessionsPage) -> None:
         """The target's answer to ``query`` (or to an older one, until the new one comes)."""
@@ -148,12 +162,14 @@ class SessionsTable(RowsView):
         session = self.current
         self.post_message(self.Highlighted(session))
         # Near the end of the loaded window (or outside it): load the window around the cursor.
-        margin = SESSIONS_LOADED // 4
+        # A cursor a screen or more inside the window has every row on screen loaded.
+        loaded = self.loaded_rows
+        margin = max(self.shown_rows, loaded // 4)
         if self.total > len(self.rows) and not (
                 self.first + margin <= index < self.first + len(self.rows) - margin
                 or (self.first == 0 and index < margin)
                 or (self.first + len(self.rows) >= self.total and index >= self.first)):
-            window = max(0, min(index - SESSIONS_LOADED // 2, self.total - SESSIONS_LOADED))
+            window = max(0, min(index - loaded // 2, self.total - loaded))
             if window != self.window:
                 self.window = window
                 self._query_changed(reset=False)
