@@ -12,8 +12,12 @@ makes (``tests/on_sglang/ref``: match, lock, allocate, ``cache_finished_req``). 
 thread keeps serving requests (new turns of those sessions and sessionless prompts, evicting when the
 pool is full) and between its steps runs radixtop's ``OwnerQueue.between_steps()``, exactly where the plugin's
 hook runs it. Meanwhile the dashboard's own ``Poller`` (``radixtop.inspector.poller``) polls the
-in-process ``SGLangInProcessAdapter`` once a second (stats, the expanded pages, the selected node, sessions
-every 5 s). Every ``step()`` is timed: that is radixtop's hold of the scheduler thread.
+in-process ``SGLangInProcessAdapter`` as the dashboard does at its default refresh: the next poll a
+second after one ends (``PollLoop``), each reading the stats, the expanded pages, the selected node and
+the sessions (the rows a sessions pane of up to 30 rows asks for, ``SESSIONS_LOADED``; ``--session-rows``
+for another pane). Every ``step()`` is timed: that is radixtop's hold of the scheduler thread; each
+read's steps are timed too, so the share is told by the read that made it (per poll, on the scheduler
+thread's CPU clock).
 
 Two modes, alternating in windows on the same tree: ``index`` (the code as it is: ``TreeIndex``)
 and ``walk`` (the index switched off, so reads walk the tree as before it: the baseline).
@@ -133,16 +137,17 @@ def _counter(tree: Tree):
 
 
 def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
-            baseline_s: float | None = None) -> dict[str, Any]:
+            baseline_s: float | None = None, session_rows: int | None = None) -> dict[str, Any]:
     from sglang.srt.managers.io_struct import OpenSessionReqInput
     from sglang.srt.session.session_controller import SessionController
 
     from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
     from radixtop.gpu_backend.owner.queue import OwnerQueue
-    from radixtop.inspector.poller import Poller, PollRequest
+    from radixtop.inspector.poller import SESSIONS_LOADED, Poller, PollRequest, SessionsQuery
     from radixtop.inspector.tree_ops import Toggle
 
     owner = OwnerQueue("the benchmark scheduler")
+    sessions = SessionsQuery(limit=session_rows or SESSIONS_LOADED)
     history = grown["history"]
     # the sessions open in SGLang's own SessionController (/open_session), given to the adapter as
     # the plugin gives the scheduler's (followed as they open and close, never diffed)
@@ -175,6 +180,26 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             yield
 
     adapter._read_pass = timed_read_pass
+    orders = adapter._orders
+    if orders is not None:  # a sessions read's rows apart from the rest of it (its order's catch-up)
+        rows_pass = orders.rows_pass
+
+        def timed_rows_pass(ids: list[str]) -> Any:
+            steps, name, whole = rows_pass(ids), f"{mode['name']}:read sessions: its rows", 0.0
+            while True:
+                c0 = thread_time()
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    whole += thread_time() - c0
+                    by_cpu.setdefault(name + ", whole", []).append(whole)
+                    row_counts.append(len(ids))
+                    return done.value
+                whole += thread_time() - c0
+                yield
+
+        orders.rows_pass = timed_rows_pass
+    row_counts: list[int] = []
     slice_run = owner.slices.run
 
     def timed_slices(idle: bool = False, deadline: float | None = None) -> float:
@@ -208,7 +233,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     rng, vocab = random.Random(3), 30_000
     sids = list(history)
     stop = threading.Event()
-    mode = {"name": "index"}
+    mode = {"name": "attach"}  # the first poll's reads and holds apart from the windows'
     holds: list[tuple[str, float, float, float]] = []  # (mode, hold, GC seconds during it, thread CPU)
     steps: list[tuple[str, float]] = []
 
@@ -241,7 +266,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     thread.start()
     poller = Poller(adapter)
     started = pc()
-    first = poller.collect(PollRequest())  # the attach: the first sessions read makes the orders
+    first = poller.collect(PollRequest(sessions=sessions))  # the attach: the first sessions read makes the orders
     first_s = pc() - started
     firsts = [(h, c) for _, h, _, c in holds]
     first_holds = {"longest_ms": max((h for h, _ in firsts), default=0.0) * 1e3,
@@ -253,6 +278,8 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     if top is not None and top.node is not None and top.node.num_children:
         poller.tree_op(Toggle(top.node))
     results: dict[str, dict[str, Any]] = {}
+    polls = {"index": 0, "walk": 0}
+    poll_s: list[float] = []  # each poll, from its start to its snapshot
     try:
         for w in range(windows):
             name = ("index", "walk")[w % 2]
@@ -263,8 +290,11 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             end = time.monotonic() + (window_s if name == "index" or baseline_s is None else baseline_s)
             while time.monotonic() < end:
                 t = time.monotonic()
-                poller.collect(PollRequest(selected_node=top.node.id if top and top.node else None))
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
+                request = PollRequest(selected_node=top.node.id if top and top.node else None, sessions=sessions)
+                poller.collect(request)
+                poll_s.append(time.monotonic() - t)
+                polls[name] += 1
+                time.sleep(request.interval)  # as the dashboard's PollLoop: the next an interval after one ends
             window = [h for m, h, _, _ in holds[mark:] if m == name]
             without_gc = [h - g for m, h, g, _ in holds[mark:] if m == name]
             cpu = [c for m, _, _, c in holds[mark:] if m == name]
@@ -290,6 +320,25 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
         log(f"  {k}: {v['n']} calls, longest {v['longest_ms']:.1f} ms{cpu}, total {v['total_ms']:.0f} ms")
     for k, v in out["reads_cpu"].items():
         log(f"  {k}: {v['n']}, longest {v['longest_ms']:.2f} ms CPU, total {v['total_ms']:.0f} ms CPU")
+    # What one poll of the windows cost the scheduler thread, by the read that took it (its CPU)
+    per_poll: dict[str, dict[str, float]] = {}
+    for name, agg in results.items():
+        n = max(polls[name], 1)
+        kinds = {k.split(":read ", 1)[1][: -len(", whole")]: sum(v) / n * 1e3
+                 for k, v in by_cpu.items() if k.startswith(f"{name}:read ") and k.endswith(", whole")}
+        kinds["all holds (wall)"] = sum(agg["holds"]) / n * 1e3
+        kinds["all holds (CPU)"] = sum(agg["cpu"]) / n * 1e3
+        per_poll[name] = kinds
+        log(f"  {name}: per poll ({polls[name]} polls), ms of the scheduler thread: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items())))
+    if row_counts:
+        log(f"  session rows per sessions read: {row_counts[-1]} (the last; the attach's first: {row_counts[0]})")
+    if poll_s:
+        log(f"  a poll took {statistics.mean(poll_s) * 1e3:.0f} ms on average (the longest {max(poll_s) * 1e3:.0f} ms): "
+            f"one every {1 + statistics.mean(poll_s):.2f} s")
+    out["per_poll_ms"] = per_poll
+    out["session_rows"] = row_counts[-1] if row_counts else None
+    out["poll_s_mean"] = statistics.mean(poll_s) if poll_s else None
     for name, agg in results.items():
         hs, ss, ng = sorted(agg["holds"]), agg["steps"], sorted(agg["without_gc"])
         out[name] = {
@@ -488,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*", help="node counts (default 100000 1000000)")
     parser.add_argument("--windows", type=int, default=None, help="alternating windows per size")
     parser.add_argument("--window-s", type=float, default=None)
+    parser.add_argument("--session-rows", type=int, default=None,
+                        help="session rows each poll reads (default: SESSIONS_LOADED, what a pane of up to "
+                             "30 rows asks for; a taller pane asks for three of its screens)")
     parser.add_argument("--baseline-s", type=float, default=None,
                         help="length of the baseline's (walk) windows (default: --window-s)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sglang_holds.json")
@@ -508,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = Tree(args.unified, capacity)
         grown = grow(tree, size)
         log(f"  {grown['nodes']:,} nodes, {grown['sessions']:,} sessions in {grown['build_s']:.0f} s")
-        modes = measure(tree, grown, window_s, windows, args.baseline_s)
+        modes = measure(tree, grown, window_s, windows, args.baseline_s, args.session_rows)
         rows.append({"nodes": grown["nodes"], "sessions": grown["sessions"], "build_s": grown["build_s"],
                      "modes": modes})
         del tree, grown
