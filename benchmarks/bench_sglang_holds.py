@@ -161,23 +161,32 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
     by_cpu: dict[str, list[float]] = {}  # the same steps on the scheduler thread's CPU clock
     read_pass = adapter._read_pass
 
-    def timed_read_pass(owner_args: Any, op: str, args: tuple) -> Any:
-        """Each read of a poll's batch, by its kind: its steps on the scheduler thread's CPU clock
-        ("read <op>": each step; "read <op>, whole": each read's steps summed)."""
-        steps = read_pass(owner_args, op, args)
-        name, whole = f"{mode['name']}:read {op}", 0.0
+    def cpu_timed(steps: Any, name: str, each: bool) -> Any:
+        """A pass's steps on the scheduler thread's CPU clock: each step under ``name`` (where
+        ``each``), and the pass's steps summed under ``name + ", whole"``."""
+        whole = 0.0
         while True:
             c0 = thread_time()
             try:
                 next(steps)
             except StopIteration as done:
-                whole += thread_time() - c0
+                finished = True
+                value = done.value
+            else:
+                finished = False
+            took = thread_time() - c0
+            whole += took
+            if each:
+                by_cpu.setdefault(name, []).append(took)
+            if finished:
                 by_cpu.setdefault(name + ", whole", []).append(whole)
-                return done.value
-            finally:
-                by_cpu.setdefault(name, []).append(thread_time() - c0)
-            whole += by_cpu[name][-1]
+                return value
             yield
+
+    def timed_read_pass(owner_args: Any, op: str, args: tuple) -> Any:
+        """Each read of a poll's batch, by its kind ("read <op>": each step; "read <op>, whole":
+        each read's steps summed)."""
+        return cpu_timed(read_pass(owner_args, op, args), f"{mode['name']}:read {op}", each=True)
 
     adapter._read_pass = timed_read_pass
     orders = adapter._orders
@@ -185,18 +194,8 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
         rows_pass = orders.rows_pass
 
         def timed_rows_pass(ids: list[str]) -> Any:
-            steps, name, whole = rows_pass(ids), f"{mode['name']}:read sessions: its rows", 0.0
-            while True:
-                c0 = thread_time()
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    whole += thread_time() - c0
-                    by_cpu.setdefault(name + ", whole", []).append(whole)
-                    row_counts.append(len(ids))
-                    return done.value
-                whole += thread_time() - c0
-                yield
+            row_counts.append(len(ids))
+            return cpu_timed(rows_pass(ids), f"{mode['name']}:read sessions: its rows", each=False)
 
         orders.rows_pass = timed_rows_pass
     row_counts: list[int] = []

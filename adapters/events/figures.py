@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from radixtop.gpu_backend.ledger.paths import Watch
+from radixtop.gpu_backend.ledger.paths import Watched
 
 if TYPE_CHECKING:
     from radixtop.adapters.events.block_tree import BlockNode
 
 
-class BlockLedger:
+class BlockLedger(Watched):
     """Figures of the sessions of one ``BlockTree`` (the tree's thread, or under its lock).
 
     The interface ``SessionOrders`` reads: ``tags``, ``exclusive``, ``figures(sid)``,
@@ -41,14 +41,13 @@ class BlockLedger:
     """Locks are not in the events: the locked tokens of every session are 0, and stay 0."""
     has_locks = False
     """(so the sessions by locked tokens are the sessions by id)"""
-    lock_watched = False
     resets = 0
     """A new tree makes a new ledger: this one is never reset."""
 
     def __init__(self, root: BlockNode | None = None) -> None:
         self.root = root
         """The tree's root (the path sums' walks stop there)."""
-        self._watches: list[Watch] = []
+        self._watchers()
         self.clear()
 
     def clear(self) -> None:
@@ -103,18 +102,9 @@ class BlockLedger:
 
     # ----- the sessions ranked by fair share (``paths.PathSums``) -----
 
-    def watch(self, lock: bool = False) -> Watch:
-        """A new reader of path sums: told each node whose sessions or reaches moved, and splits."""
-        watch = Watch(lock)
-        self._watches.append(watch)
-        return watch
-
-    def unwatch(self, watch: Watch) -> None:
-        if watch in self._watches:
-            self._watches.remove(watch)
-
     def _moved_node(self, node: BlockNode) -> None:
-        for watch in self._watches:
+        """A node whose sessions or reaches moved (its fair share's weight, or its tail)."""
+        for watch in self.watches:
             watch.nodes.add(node)
 
     @staticmethod
@@ -160,7 +150,7 @@ class BlockLedger:
     def resized(self, node: BlockNode, delta: int) -> None:
         """``node`` has ``delta`` more tokens (its own blocks)."""
         self.moves += 1
-        if self._watches:
+        if self.watches:
             self._moved_node(node)
         if node.under:
             path = self.path
@@ -200,7 +190,7 @@ class BlockLedger:
         tail.part = tail_part or None
         head.part = part or None
         head.partial = tail.partial = None
-        for watch in self._watches:  # the tail came below the head, above the head's children
+        for watch in self.watches:  # the tail came below the head, above the head's children
             watch.splits.append((tail, head))
             watch.nodes.update(tail.children.values())
         self._excl.add(head)
@@ -209,7 +199,7 @@ class BlockLedger:
     def detached(self, top: BlockNode) -> None:
         """``top``'s subtree is about to leave the tree: every session's figures lose it."""
         self.moves += 1
-        if self._watches:
+        if self.watches:
             self._moved_node(top)
         path, moved = self.path, self.moved
         stored: dict[str, int] = {}
@@ -261,7 +251,7 @@ class BlockLedger:
             else:
                 del under[sid]
             if (before > 0) != (now > 0):
-                if self._watches:
+                if self.watches:
                     self._moved_node(node)
                 part = node.part.get(sid, 0) if node.part else 0
                 _add(path, sid, (node.tokens - part) if now > 0 else (part - node.tokens))
@@ -313,7 +303,7 @@ class BlockLedger:
         if not part:
             node.part = None
         self._excl.add(node)
-        if self._watches:
+        if self.watches:
             self._moved_node(node)
 
     def _settle_excl(self, node: BlockNode) -> None:

@@ -336,13 +336,7 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
             node = k["node"] if "node" in k else (a[0] if a else None)
             if k.get("lock_host", a[2] if len(a) > 2 else False):
                 return  # a host lock: the device slots' locks did not move
-            root = core.root_node
-            if ledger.lock_watched:
-                ledger.locks_moved(node)
-            while node is not None and node is not root:
-                if node.component_data[FULL].lock_ref == now:
-                    ledger.lock_changed(node)
-                node = node.parent
+            _tell_crossings(ledger, core.root_node, node, now)
         return walk
 
     def tell_locks() -> bool:
@@ -355,6 +349,17 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
 
     ledger.tell_locks = tell_locks
     return all(hooks)
+
+
+def _tell_crossings(ledger: SessionLedger, root: Any, node: Any, now: int) -> None:
+    """After a lock (``now`` 1) or an unlock (0) of the path from ``node`` to ``root``: the path,
+    once, to a reader by locks, and each node on it whose count crossed zero."""
+    if ledger.lock_watched:
+        ledger.locks_moved(node)
+    while node is not None and node is not root:
+        if ledger.lock_count(node) == now:
+            ledger.lock_changed(node)
+        node = node.parent
 
 
 def _holders(node: Any) -> set[str] | None:
@@ -388,13 +393,7 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         """After a lock (``now`` 1: from 0) or an unlock (``now`` 0: from 1) of a path: the
         nodes on it whose count crossed zero."""
         def walk(result: Any, node: Any, *a: Any, **k: Any) -> None:
-            root = cache.root_node
-            if ledger.lock_watched:
-                ledger.locks_moved(node)
-            while node is not None and node is not root:
-                if node.lock_ref == now:
-                    ledger.lock_changed(node)
-                node = node.parent
+            _tell_crossings(ledger, cache.root_node, node, now)
         return walk
 
     hooks = [

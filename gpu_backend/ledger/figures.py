@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from radixtop.gpu_backend.ledger.paths import Watch
+from radixtop.gpu_backend.ledger.paths import Watched
 from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 
 Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``; its size through ``size``
@@ -74,7 +74,7 @@ class _Batch:
                 ledger._settle(node)
 
 
-class SessionLedger:
+class SessionLedger(Watched):
     """Figures of every session that holds a node of one tree (owner thread only).
 
     ``size(node)``: a node's tokens; ``frees``: a close frees a session's exclusive nodes
@@ -104,12 +104,7 @@ class SessionLedger:
         self.tags: dict[str, int] = {}
         self.resets = 0
         """Resets so far (a reader of path sums starts again after one)."""
-        self._beneath_watch: list[set[Node]] = []
-        """The ``nodes`` of each watch told when a node's sessions beneath move."""
-        self._lock_watch: list[set[Node]] = []
-        self._watches: list[Watch] = []
-        self.lock_watched = False
-        """Whether a reader of path sums by locks is watching (the owner then tells ``locks_moved``)."""
+        self._watchers()
         self.reset(root)
 
     def reset(self, root: Node) -> None:
@@ -158,24 +153,6 @@ class SessionLedger:
                 node = node.parent
         return fair, locked
 
-    def watch(self, lock: bool = False) -> Watch:
-        """A new reader of path sums: told each node whose sessions beneath moved, or (``lock``)
-        whose lock count crossed zero, and each split."""
-        watch = Watch(lock)
-        self._watches.append(watch)
-        (self._lock_watch if lock else self._beneath_watch).append(watch.paths if lock else watch.nodes)
-        self.lock_watched = bool(self._lock_watch)
-        return watch
-
-    def unwatch(self, watch: Watch) -> None:
-        """That reader is gone: told nothing more."""
-        for kept in (self._watches, self._lock_watch, self._beneath_watch):
-            for k, item in enumerate(kept):
-                if item is watch or item is watch.nodes or item is watch.paths:
-                    del kept[k]
-                    break
-        self.lock_watched = bool(self._lock_watch)
-
     def alive(self, node: Node) -> bool:
         """Whether a session lies beneath ``node`` (it has a record)."""
         return self.recs.shards[hash(node) & SHARD_MASK].get(node) is not None
@@ -187,7 +164,11 @@ class SessionLedger:
 
     def locked_weight(self, node: Node) -> float:
         """``node``'s tokens where it is locked, else 0 (a path sum's weight)."""
-        return float(self.size(node)) if (node.lock_ref if self.lock_of is None else self.lock_of(node)) > 0 else 0.0
+        return float(self.size(node)) if self.lock_count(node) > 0 else 0.0
+
+    def lock_count(self, node: Node) -> int:
+        """``node``'s lock count (``lock_of``, else ``node.lock_ref``)."""
+        return node.lock_ref if self.lock_of is None else self.lock_of(node)
 
     # ----- what changed -----
 
@@ -257,7 +238,7 @@ class SessionLedger:
         rec = self._rec(tail)
         if rec is None:
             return
-        for watch in self._watches:
+        for watch in self.watches:
             watch.splits.append((head, tail))
         made = self.recs.shards[hash(head) & SHARD_MASK][head] = _Rec()
         made.below = dict.fromkeys(rec.below, 1)  # one reason each: its one child, the tail
@@ -274,7 +255,7 @@ class SessionLedger:
         shard = shards[hash(node) & SHARD_MASK]
         rec = shard.get(node)
         if rec is not None:
-            for watch in self._watches:
+            for watch in self.watches:
                 watch.nodes.add(node)
             for sid in list(rec.held or ()):
                 rec.held.discard(sid)
@@ -298,7 +279,7 @@ class SessionLedger:
         rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
         if rec is None:
             return
-        if (node.lock_ref if self.lock_of is None else self.lock_of(node)) != 0:
+        if self.lock_count(node) != 0:
             if rec.owner is None:  # a lock only takes an owner away
                 return
         elif rec.held is None and rec.kids is None:  # unlocked, but no holder, no owned child
@@ -308,7 +289,7 @@ class SessionLedger:
     def locks_moved(self, node: Node) -> None:
         """A lock or an unlock of the path from ``node`` to the root (once per path, where a
         reader of path sums by locks is watching: ``lock_watched``)."""
-        for paths in self._lock_watch:
+        for paths in self.lock_paths:
             paths.add(node)
 
     def rebuild(self, root: Node, holders: Callable[[Node], Iterable[str] | None]) -> None:
@@ -344,7 +325,7 @@ class SessionLedger:
         the depth. ``parent``: where the walk goes on from a node already unlinked. A node's record
         goes when no session lies beneath it."""
         shards, size = self.recs.shards, (None if self.size is _key_len else self.size)
-        watching = self._beneath_watch
+        watching = self.beneath_nodes
         gained = 0
         first = True
         while node is not None:

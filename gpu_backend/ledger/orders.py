@@ -5,9 +5,8 @@ once at its first read; afterwards a session whose figures, activity or state mo
 at the next read (O(log n) each), so a page costs O(log n + page) plus the sessions that moved
 since. Orders by a figure the ledger sums at read time (fair share, locked tokens) are made at
 the tree by ``paths.PathSums`` (a page of the top K is a best-first walk of the tree, O(K x depth
-x log n)); where the ledger cannot keep them (a KV-event tree's fair share, locks not followed) or
-a page asks for a filter or lies deep, they are ranked at their read from every session's
-figures (``ranked_pass``).
+x log n)); a page that asks for a filter or lies deep, or by locks where the tree cannot follow
+them, is ranked at its read from every session's figures (``ranked_pass``).
 """
 
 from __future__ import annotations
@@ -281,13 +280,9 @@ class SessionOrders:
 
     def _keeps_path(self, order: str) -> bool:
         ledger = self.ledger
-        if order not in PATH_ORDERS or not hasattr(ledger, "watch"):
+        if order not in PATH_ORDERS:
             return False
-        if order != "locked_tokens":
-            return True
-        if not hasattr(ledger, "locked_weight"):
-            return False
-        if ledger.locks_told:
+        if order != "locked_tokens" or ledger.locks_told:  # (a tree with no locks reads by id)
             return True
         tell = getattr(ledger, "tell_locks", None)  # locks followed from the first read by them
         return tell is not None and tell()

@@ -84,6 +84,39 @@ class Watch:
         self.lock = lock
 
 
+class Watched:
+    """A ledger that readers of path sums watch: ``watch()`` and ``unwatch()``, and what its
+    changes tell (``watches``: every reader; ``beneath_nodes``: the ``nodes`` of those told when a
+    node's sessions beneath move; ``lock_paths``: the ``paths`` of those by locks)."""
+
+    watches: list[Watch]
+    beneath_nodes: list[set[Node]]
+    lock_paths: list[set[Node]]
+
+    def _watchers(self) -> None:
+        self.watches, self.beneath_nodes, self.lock_paths = [], [], []
+
+    def watch(self, lock: bool = False) -> Watch:
+        """A new reader of path sums: told each node whose sessions beneath moved, or (``lock``)
+        each path locked or unlocked, and each split."""
+        watch = Watch(lock)
+        self.watches.append(watch)
+        (self.lock_paths if lock else self.beneath_nodes).append(watch.paths if lock else watch.nodes)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        """That reader is gone: told nothing more."""
+        if watch in self.watches:
+            self.watches.remove(watch)
+            self.beneath_nodes = [w.nodes for w in self.watches if not w.lock]
+            self.lock_paths = [w.paths for w in self.watches if w.lock]
+
+    @property
+    def lock_watched(self) -> bool:
+        """Whether a reader by locks watches (the owner then tells ``locks_moved``)."""
+        return bool(self.lock_paths)
+
+
 class _P:
     """A node's entry: what sessions beneath it add from the node down."""
 
@@ -120,9 +153,6 @@ class _Desc:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Desc) and self.sid == other.sid
-
-    def __hash__(self) -> int:
-        return hash(self.sid)
 
 
 _FIRST = _Desc(None)

@@ -123,11 +123,11 @@ def test_a_wide_node_keeps_its_children_sorted_and_pages_exact():
 def test_a_path_order_dropped_while_made_stops_listening():
     s = _busy(sessions=50)
     ledger = s.cache.ledger
-    before = len(ledger._watches)
+    before = len(ledger.watches)
     read = s.orders.page_pass("fair_share_bytes", 0, 10)
     next(read)  # its making started, then the reader went away
     read.close()
     assert "fair_share_bytes" not in s.orders._paths
-    assert len(ledger._watches) == before
+    assert len(ledger.watches) == before
     rows, total, _, _ = _page(s, "fair_share_bytes")
     assert (rows, total) == _oracle(s).page("fair_share_bytes", 0, 20)

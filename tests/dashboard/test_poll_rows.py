@@ -54,7 +54,7 @@ async def test_a_48_line_terminal_asks_for_a_few_screens_of_sessions_not_200():
         async with app.run_test(size=(160, 48)) as pilot:
             await settle(pilot, app, polls=3)
             table = app.query_one(SessionsTable)
-            shown = table.size.height - table.HEADER_LINES
+            shown = table.shown_rows
             assert shown == 27
             assert adapter.asked and all(shown < rows <= 4 * shown for rows in adapter.asked), adapter.asked
             assert len(table.rows) == adapter.asked[-1] < 200
@@ -112,7 +112,7 @@ async def test_a_tall_pane_loads_three_of_its_screens():
         async with app.run_test(size=(200, 100)) as pilot:
             await settle(pilot, app, polls=2)
             table = app.query_one(SessionsTable)
-            shown = table.size.height - table.HEADER_LINES
+            shown = table.shown_rows
             assert 3 * shown > SESSIONS_LOADED
             assert adapter.asked[-1] == 3 * shown == len(table.rows)
             table.focus()
