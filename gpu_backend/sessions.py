@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -154,21 +153,25 @@ class SessionRadixCacheMixin:
                     holds += 1
                     self._refresh(node)
             return CloseResult(session_id, "deref", already_closed, (), 0, 0, holds)
-        with self.ledger.batch() if self.ledger is not None else nullcontext():
-            return self._release_free(session_id, already_closed, indexed)
+        # (no ledger batch: ``ledger.drop`` leaves each node it walked settled, so what the walk
+        # frees settles only the parent it leaves, once)
+        return self._release_free(session_id, already_closed, indexed)
 
     def _release_free(self, session_id: str, already_closed: bool, indexed: dict[TreeNode, None]) -> CloseResult:
         freed: list[int] = []
         freed_tokens = 0
         holds = sum(1 for n in indexed if n.session_ids and session_id in n.session_ids)
         free = self.token_to_kv_pool_allocator.free
+        ledger = self.ledger
+        if ledger is not None:  # every hold of the session dropped at once, before the tree changes
+            ledger.drop(session_id, indexed)
         for leaf in indexed:
             if not leaf.session_ids or session_id not in leaf.session_ids:
                 continue
             node = leaf
             while True:
                 if node.session_ids is not None:
-                    self._drop_holder(node, session_id)
+                    self._drop_holder(node, session_id, told=True)
                 if (
                     node is self.root_node
                     or node.lock_ref != 0
@@ -214,10 +217,11 @@ class SessionRadixCacheMixin:
             return {sid: 0 for sid, leaves in self._session_leaves.items() if leaves}
         return exclusive_tokens(self.root_node, self._session_leaves, on_paths)
 
-    def _drop_holder(self, node: TreeNode, session_id: str) -> None:
+    def _drop_holder(self, node: TreeNode, session_id: str, told: bool = False) -> None:
+        """``session_id`` no longer holds ``node``; ``told``: the ledger knows already (``drop``)."""
         self._mark(node)
         node.session_ids.discard(session_id)
         if not node.session_ids:
             node.session_ids = None
-        if self.ledger is not None:
+        if self.ledger is not None and not told:
             self.ledger.untag(session_id, node)

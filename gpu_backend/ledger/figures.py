@@ -204,6 +204,73 @@ class SessionLedger(Watched):
         if self.frees:
             self._settle_now_or_later(node)
 
+    def drop(self, sid: str, nodes: Iterable[Node]) -> None:
+        """``sid`` no longer holds ``nodes`` (distinct; a close's, before the tree changes): an
+        ``untag`` of each. Where they are every node it holds, outside a ``batch``, it lies
+        beneath no node after and owns none (an owner holds something beneath), so its path is
+        walked once: its key dropped from each node's ``below`` (no reasons counted, no part
+        walked twice), each node it owned unowned (the parent's count of owned children down as
+        the walk comes to it), its exclusive, path and tags to 0. A child owned by no one keeps
+        its parent unowned, until it leaves the tree (``removed`` then settles the parent). The
+        nodes it held where another session lies beneath are settled (it may own them now);
+        what the close then frees leaves as ever, with no record left to drop."""
+        shards = self.recs.shards
+        held = []
+        for node in nodes:
+            rec = shards[hash(node) & SHARD_MASK].get(node)
+            if rec is not None and rec.held is not None and sid in rec.held:
+                held.append((node, rec))
+        if len(held) != self.tags.get(sid, 0) or self._deferred is not None:
+            # (inside a batch, a node settled at its end may still name the session its owner)
+            for node, _ in held:
+                self.untag(sid, node)
+            return
+        self.moves += 1
+        watching, watches = self.beneath_nodes, self.watches
+        for _, rec in held:
+            rec.held.discard(sid)  # type: ignore[union-attr]
+            if not rec.held:
+                rec.held = None
+        for node, _ in held:
+            owned = False  # the child this walk came from was the session's (now no one's)
+            while node is not None:
+                shard = shards[hash(node) & SHARD_MASK]
+                rec = shard.get(node)
+                if rec is None:
+                    break
+                if owned:
+                    kids = rec.kids
+                    count = kids[sid] - 1  # type: ignore[index]
+                    if count:
+                        kids[sid] = count  # type: ignore[index]
+                    elif len(kids) == 1:  # type: ignore[arg-type]
+                        rec.kids = None
+                    else:
+                        del kids[sid]  # type: ignore[union-attr]
+                walked = rec.below.pop(sid, None) is None  # from another of its nodes: stop here
+                if not walked:
+                    for beneath in watching:
+                        beneath.add(node)
+                    owned = rec.owner == sid
+                    if owned:
+                        rec.owner = None
+                if not rec.below and rec.owner is None and rec.kids is None and rec.held is None:
+                    del shard[node]
+                    for watch in watches:  # its entry goes (as ``removed`` tells of a record)
+                        watch.nodes.add(node)
+                if walked:
+                    break
+                node = node.parent
+        self.exclusive.pop(sid, None)  # (every node it owned was on its path)
+        self.path.pop(sid, None)
+        self.tags.pop(sid, None)
+        self.moved.add(sid)
+        if self.frees:
+            settle = self._settle_now_or_later
+            for node, rec in held:
+                if rec.below:  # another session lies beneath: it may own it now
+                    settle(node)
+
     def touch(self, sid: str) -> None:
         """A request of ``sid`` finished (or it closed) now: its last activity."""
         self.moves += 1
@@ -413,9 +480,13 @@ class SessionLedger(Watched):
                         kids[old] = count
                     elif len(kids) == 1:
                         up.kids = None
+                        if not up.below and up.held is None and up.owner is None:
+                            del shards[hash(parent) & SHARD_MASK][parent]  # nothing left to keep
                     else:
                         del kids[old]
             rec.owner = new
+            if new is None and not rec.below and rec.held is None and rec.kids is None:
+                shards[hash(node) & SHARD_MASK].pop(node, None)  # (its last reason went before its owner)
             if new is not None:
                 exclusive[new] = exclusive.get(new, 0) + n
                 moved.add(new)
@@ -456,3 +527,5 @@ class SessionLedger(Watched):
             del kids[sid]
             if not kids:
                 rec.kids = None
+                if not rec.below and rec.held is None and rec.owner is None:
+                    del self.recs.shards[hash(parent) & SHARD_MASK][parent]  # nothing left to keep

@@ -98,6 +98,52 @@ def test_close_stops_where_another_session_still_holds():
     check_invariants(s)
 
 
+def test_close_under_a_locked_node_with_two_of_its_children():
+    """A session holds two children of a node a running request locks: its close frees both and
+    leaves the node's count of owned children at none (a count left at one made the node owned
+    by a session that holds nothing beneath it, once it unlocked)."""
+    s = make_scheduler()
+    s.request("r1", [1, 2, 3, 4], [5], "a")
+    s.request("r2", [1, 2, 3, 4, 6], [7], "a")
+    s.begin("r3", [1, 2, 3, 4, 8])  # locks [1,2,3,4]
+    assert s.cache.ledger.exclusive["a"] == 3
+    result = s.close_session("a")
+    assert result.freed_tokens == 3
+    check_invariants(s)
+    s.finish("r3", [])
+    check_invariants(s)
+
+
+def test_close_of_a_node_above_another_sessions_leaves_it_to_that_session():
+    """a holds [1,2,3], b the child [4,5] below it: a's close frees nothing (a child), and b
+    alone lies beneath the node then: b's close would free both, and its figure says so."""
+    s = make_scheduler()
+    s.request("r1", [1, 2], [3], "a")
+    s.request("r2", [1, 2, 3, 4], [5], "b")
+    assert s.cache.ledger.exclusive.get("b") == 2
+    assert s.close_session("a").freed_tokens == 0
+    assert s.cache.ledger.exclusive.get("b") == 5 == s.cache.plan_close("b").freed_tokens
+    check_invariants(s)
+
+
+def test_a_drop_inside_a_batch_leaves_the_ledger_as_untags_would():
+    """``ledger.drop`` inside a ``batch`` (an owner settled at the batch's end may still name the
+    session): the same records as one untag each."""
+    from tests.support.engines import check_ledger_records
+
+    s = make_scheduler()
+    s.request("r1", [1, 2], [3], "a")
+    s.request("r2", [7, 8], [9], "a")
+    x, y = s.cache.lookup([1, 2, 3]).last_node, s.cache.lookup([7, 8, 9]).last_node
+    ledger = s.cache.ledger
+    with ledger.batch():
+        ledger.untag("a", x)
+        ledger.drop("a", [y])
+    x.session_ids = y.session_ids = None
+    s.cache._session_leaves.pop("a")
+    check_ledger_records(s.cache)
+
+
 def test_request_finishing_after_close_tags_nothing_and_register_clears_the_tombstone():
     s = make_scheduler()
     s.begin("late", [1, 2], "a")

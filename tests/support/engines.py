@@ -119,3 +119,24 @@ def check_invariants(s: Scheduler) -> None:
     assert index == holders
     for sid in cache.closed_session_ids():
         assert sid not in holders, f"closed session {sid} still holds nodes"
+    if cache.ledger is not None:
+        check_ledger_records(cache)
+
+
+def check_ledger_records(cache) -> None:
+    """The ledger's records as the changes left them (each node's sessions beneath with their
+    reasons, holders, owner, its children's owners; no empty record) and its per-session counts
+    equal those of a ledger rebuilt from the tree as it is: no stale owner or count that a later
+    change would turn into a wrong figure."""
+    from radixtop.gpu_backend.ledger import SessionLedger
+
+    kept = cache.ledger
+    fresh = SessionLedger(cache.root_node, frees=kept.frees)
+    fresh.rebuild(cache.root_node, lambda n: n.session_ids)
+
+    def records(ledger):
+        return {node.id: (dict(rec.below), frozenset(rec.held or ()), rec.owner, dict(rec.kids or {}))
+                for node, rec in ledger.recs.items()}
+
+    assert records(kept) == records(fresh)
+    assert (kept.exclusive, kept.path, kept.tags) == (fresh.exclusive, fresh.path, fresh.tags)
