@@ -180,6 +180,14 @@ def main() -> None:
                    for reverse in (False, True)
                    if run_to_end(on.orders.page_pass(order, 0, 50, reverse=reverse))[:2]
                    != want.page(order, 0, 50, reverse=reverse)]
+    # a page far down the fair-share order and a filtered one: walked on the tree, in steps
+    far: dict[str, dict[str, Any]] = {}
+    for name, offset, needle in (("offset 10,000", 10_000, ""), ('contains "u012"', 0, "u012")):
+        (work, page), longest = stepped(on.orders.page_pass("fair_share_bytes", offset, 50, needle))
+        far[name] = {"work_ms": work * 1e3, "longest_step_ms": longest * 1e3, "rows": len(page[0]),
+                     "exact": page[:2] == want.page("fair_share_bytes", offset, 50, needle), "age_s": page[3]}
+        if not far[name]["exact"]:
+            pages_wrong.append(f"fair_share_bytes {name}")
     results: dict[str, Any] = {"environment": environment(), "tree": cfg.label, "nodes": cache.node_count(),
                                "sessions_listed": len(want.sessions), "rounds": args.rounds,
                                "oracle_pass_s": oracle_s, "rows_differing_from_oracle": len(wrong), "ops": {},
@@ -188,6 +196,7 @@ def main() -> None:
                                "read_longest_step_ms": {k: max(v) * 1e3 for k, v in steps.items() if v},
                                "first_path_reads": {k: {"work_s": v[0][0], "longest_step_ms": v[1] * 1e3}
                                                     for k, v in first.items()},
+                               "far_pages_fair_share": far,
                                "pages_differing_from_oracle": pages_wrong}
     lines = ["| op | n | without ledger: total ms | with ledger: total ms | ratio | median µs without / with | "
              "p99 µs without / with | longest ms without / with |",
@@ -214,6 +223,8 @@ def main() -> None:
                 for name in steps if steps[name]),
               *(f"| its first read, {order} (made: work {v[0][0] * 1e3:,.0f} ms, longest step {v[1] * 1e3:.2f} ms) | | |"
                 for order, v in first.items()),
+              *(f"| 50 sessions by fair share, {name} (work {v['work_ms']:,.1f} ms, longest step "
+                f"{v['longest_step_ms']:.2f} ms, age {v['age_s']:g} s, exact: {v['exact']}) | | |" for name, v in far.items()),
               f"| (the from-scratch attribution pass, for comparison) | {oracle_s * 1e3:,.0f} | |"]
     finish(args.out, results, "\n".join(lines),
            f"{cache.node_count():,} nodes, {len(want.sessions):,} sessions listed; kept rows differing from "

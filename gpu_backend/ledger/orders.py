@@ -50,9 +50,6 @@ KEPT_ORDERS = ("exclusive_bytes", "shared_bytes", "tagged_nodes", "last_activity
 at their read."""
 PATH_ORDERS = ("fair_share_bytes", "locked_tokens")
 """Orders by a sum over each session's path, kept on the tree where the ledger can (``PathSums``)."""
-PATH_PAGE_MAX = 1000
-"""A page in a path order reaching further than this (offset + limit) is ranked at its read:
-the walk to it runs in one step."""
 RANK_BUDGET = 100
 """A ranking of every session (an order not kept) is reused for this many times its cost."""
 RANK_MIN_S = 1.0
@@ -215,8 +212,8 @@ class SessionOrders:
         if order == "locked_tokens" and not getattr(self.ledger, "has_locks", True):
             order = "id"  # no locks in this tree: every session's figure is 0, so the order is by id
         if order not in KEPT_ORDERS:
-            if not contains.strip() and offset + limit <= PATH_PAGE_MAX and self._keeps_path(order):
-                return (yield from self._path_page(order, offset, limit, reverse))
+            if self._keeps_path(order):
+                return (yield from self._path_page(order, offset, limit, contains, reverse))
             return (yield from self.ranked_pass(order, offset, limit, contains, reverse))
         kept = yield from self._ready(self._orders, order, self._made)
         yield from kept.catch_up(self)
@@ -301,19 +298,67 @@ class SessionOrders:
                 made = table.get(order) or (yield from make(order))
         return made
 
-    def _path_page(self, order: str, offset: int, limit: int, reverse: bool,
+    def _path_page(self, order: str, offset: int, limit: int, contains: str, reverse: bool,
                    ) -> Generator[None, None, tuple[list[SessionRow], int, int, float]]:
         """A page in a path order from ``PathSums``: the sessions that moved and the nodes whose
-        weight moved settled in steps, then the page's ids walked in the same step (current)."""
+        weight moved settled in steps, then the order walked from its top (``contains``: past
+        the sessions that do not match) until the page is full, in steps of ``STEP_S``, over the
+        sums as that last settle left them (current: no settle runs while the walk is under
+        way, whatever the owner changes between its steps), then the page's rows."""
         sums = yield from self._ready(self._paths, order, self._path_made)
+        needle = contains.strip().lower()
+        closed = self.is_closed
         while True:
-            yield from self._take_all_moved()
-            yield from sums.settle()
-            if not self.ledger.moved:  # nothing moved between: the walk runs in this step
+            while True:
+                yield from self._take_all_moved()
+                current = yield from sums.settle()
+                if not current or not self.ledger.moved:  # nothing moved between: the walk starts now
+                    break
+            age = 0.0 if current else max(1e-6, time.monotonic() - sums.settled_at)
+            ids: list[str] = []
+            want, matched = offset + limit, 0
+            total = listed = sums.listed_count()
+            generation = sums.begin_walk()
+            try:
+                if needle:  # those that match: every listed id looked at, a chunk a step
+                    matching = []
+                    for k, sid in enumerate(sums.listed_ids(), 1):
+                        if row_matches(sid, closed(sid), needle):
+                            matching.append(sid)
+                        if k % CHUNK == 0:
+                            yield
+                            if sums.generation != generation:
+                                break
+                    total = len(matching)
+                else:
+                    matching = None
+                # few match: their own rows ranked (m rows, current) costs less than walking
+                # past the others to the page (about want x listed / m sessions walked)
+                if matching is not None and total * total <= want * listed:
+                    pass
+                elif want > 0 and sums.generation == generation:
+                    started = time.perf_counter()
+                    for k, sid in enumerate(sums.walk(ascending=reverse), 1):
+                        if not needle or row_matches(sid, closed(sid), needle):
+                            if matched >= offset:
+                                ids.append(sid)
+                            matched += 1
+                            if matched >= want:
+                                break
+                        if _spent(k, started):
+                            yield
+                            started = time.perf_counter()
+                            if sums.generation != generation:
+                                break  # settled under it (it was held too long): again
+            finally:
+                sums.end_walk()
+            if sums.generation == generation:
                 break
-        ids = sums.top(offset + limit, ascending=reverse)[offset:]
-        total = sums.listed_count()
-        return (yield from self.rows_pass(ids)), total, total, 0.0
+        if matching is not None and total * total <= want * listed:
+            rows = yield from self.rows_pass(matching)
+            rows.sort(key=ROW_KEYS[order], reverse=reverse)
+            return rows[offset:want], total, listed, 0.0
+        return (yield from self.rows_pass(ids)), total, listed, age
 
     def _path_made(self, order: str) -> Generator[None, None, PathSums]:
         """A path order made at its first read: every session on the roster pending, a chunk a step."""

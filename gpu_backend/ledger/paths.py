@@ -45,7 +45,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection, Generator, Iterator
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -62,8 +62,14 @@ STEP_S = 0.001
 """A settling loop yields once it has run this long (checked every 8 items)..."""
 CHUNK = 256
 """... or once it has re-ended this many sessions or re-summed this many nodes."""
-UNSURE = 1e-6
-"""A figure in bytes this close to a half (relative) is summed again the row's way."""
+UNSURE = 1e-12
+"""A figure in bytes this close to a half (relative) is summed again the row's way. Two sums of
+the same terms in another order differ by a few units in the last place times the terms (about
+1e-14 relative for a path of 100 nodes); 1e-6 marked every figure over 5e5 bytes unsure (a
+session's row made for each one a walk passed, at a real model's 128 KiB a token)."""
+WALK_HOLD_S = 2.0
+"""A walk under way keeps the sums from being settled for at most this long (its reader may have
+stopped driving it); then a read settles them, and the walk, if resumed, starts again."""
 SLACK = 1e-9
 """A node's bound in bytes is widened by this much (relative) and one byte, so that no sum made
 in another order can pass it."""
@@ -120,9 +126,11 @@ class Watched:
 class _P:
     """A node's entry: what sessions beneath it add from the node down."""
 
-    __slots__ = ("hk", "lk", "kids", "up", "ends", "anchored", "by_hi", "by_lo", "seq", "sorted_ends")
+    __slots__ = ("hk", "lk", "w", "kids", "up", "ends", "anchored", "by_hi", "by_lo", "seq", "sorted_ends")
 
     def __init__(self, seq: int) -> None:
+        self.w = 0.0
+        """The node's weight when it was last summed (a walk reads this, not the tree)."""
         self.hk: tuple[float, str] = (0.0, "")
         """(minus the most a session beneath adds from here down, the least id of those)."""
         self.lk: tuple[float, _Desc] = (0.0, _Desc(""))
@@ -182,6 +190,13 @@ class PathSums:
         self.watch = ledger.watch(lock=lock)
         self.pending: set[str] = set()
         self.ready = False
+        self.walking = 0
+        """Walks under way (``walk``, in steps, counted by their readers): no settle meanwhile."""
+        self.walk_began = 0.0
+        self.generation = 0
+        """Settles begun so far (a walk under way whose generation moved starts again)."""
+        self.settled_at = time.monotonic()
+        """When the last settle left nothing to do: what a read that could not settle is as of."""
         self._clear()
 
     def _clear(self) -> None:
@@ -207,11 +222,34 @@ class PathSums:
     def listed_count(self) -> int:
         return len(self.untagged) + len(self.end_of) + len(self.anchor_of)
 
+    def listed_ids(self) -> Iterator[str]:
+        """Every listed session's id, as of the last ``settle`` (iterated while ``walking``)."""
+        yield from self.end_of.keys()
+        yield from self.anchor_of.keys()
+        yield from self.untagged
+
     # ----- settling what moved -----
 
-    def settle(self) -> Generator[None, None, None]:
-        """The pending sessions re-ended and the moved nodes re-summed, in steps; returns in the
-        step after which nothing is left (a caller's next work runs in that same step)."""
+    def begin_walk(self) -> int:
+        """A reader's walk starts (call ``end_walk`` when it is done, or dropped): the sums stay
+        as they are until then, or for ``WALK_HOLD_S``; the generation it walks."""
+        if not self.walking:
+            self.walk_began = time.monotonic()
+        self.walking += 1
+        return self.generation
+
+    def end_walk(self) -> None:
+        self.walking -= 1
+
+    def settle(self) -> Generator[None, None, bool]:
+        """The pending sessions re-ended and the moved nodes re-summed, in steps; returns True in
+        the step after which nothing is left (a caller's next work runs in that same step). While
+        another read's walk is under way (in steps, for less than ``WALK_HOLD_S``) it returns
+        False at once and changes nothing: the caller reads the sums as of ``settled_at``. (It
+        never waits for the walk: a read run in one hold could not let the walk go on.)"""
+        if self.walking and time.monotonic() - self.walk_began < WALK_HOLD_S:
+            return False
+        self.generation += 1  # (a walk held too long: it starts again when resumed)
         while True:
             if self.resets != self.ledger.resets:  # the tree was reset: every session placed again (rare)
                 everyone = [*self.end_of, *self.anchor_of, *self.untagged]
@@ -242,7 +280,8 @@ class PathSums:
                 else:
                     if self._renode(started):
                         if not (self.pending or self._resum or watch.nodes or self._dirty or watch.splits or watch.paths):
-                            return
+                            self.settled_at = time.monotonic()
+                            return True
             yield
 
     def _lock_paths(self, watch: Any) -> None:
@@ -459,6 +498,7 @@ class PathSums:
                 highs.append(min(entries[c].hk for c in p.kids))
                 lows.append(min(entries[c].lk for c in p.kids))
         w = 0.0 if node is root else self.weight(node)
+        p.w = w
         if highs:
             h, l = min(highs), min(lows)
             hk, lk = (h[0] - w, h[1]), (l[0] + w, l[1])
@@ -510,20 +550,21 @@ class PathSums:
 
     # ----- a page -----
 
-    def top(self, count: int, ascending: bool = False) -> list[str]:
-        """The first ``count`` listed sessions by (figure, id) descending, or the last ``count``
-        backwards (``ascending``: the order's other end), as of now (after ``settle``).
+    def walk(self, ascending: bool = False) -> Iterator[str]:
+        """The listed sessions by (figure, id) descending, or backwards (``ascending``: from the
+        order's other end), one at a time, as of the last ``settle``: it reads the sums and
+        weights as they were summed, not the tree, so a walk may go on over several of the
+        owner's steps while its caller counts it in ``walking`` (no settle meanwhile).
 
         One heap of sessions and of nodes, each keyed by (its figure, its id) or, for a node, the
         extreme (figure, id) beneath it: a node comes out before any session it could precede. A
         rounded figure (fair share in bytes) keys a node by a bound widened past any other sum's
         rounding and by the least id (it comes out before every session of that figure)."""
-        out: list[str] = []
         root = self.ledger.root
         p = self.entries.get(root)
         heap: list[tuple] = []
         tick = itertools.count()
-        weight, entries = self.weight, self.entries
+        entries = self.entries
         rounded = self.rounded
         tie = _Desc if ascending else str
 
@@ -547,10 +588,10 @@ class PathSums:
             heapq.heappush(heap, (0, tie(untagged[at]), 1, next(tick), (untagged, at)))
         if p is not None and (p.kids or p.ends or p.anchored):
             push_node(root, 0.0, None, 0)
-        while heap and len(out) < count:
+        while heap:
             key = heapq.heappop(heap)
             if key[2] == 1:  # a session
-                out.append(key[1].sid if ascending else key[1])
+                yield key[1].sid if ascending else key[1]
                 if key[4] is not None:  # the next of the same figure (ending at one node, or untagged)
                     ids, at = key[4]
                     at = at - 1 if ascending else at + 1
@@ -562,7 +603,7 @@ class PathSums:
                 nxt = siblings[at + 1]
                 push_node(nxt if type(siblings) is list else nxt[3], above, siblings, at + 1)
             e = entries[node]
-            here = above + (0.0 if node is root else weight(node))
+            here = above + e.w
             if e.ends:
                 self._push_ends(heap, e, here, ascending, tick)
             for sid, rest in e.anchored.items():
@@ -574,7 +615,6 @@ class PathSums:
                 else:
                     kids = sorted(e.kids, key=(lambda c: entries[c].lk) if ascending else (lambda c: entries[c].hk))
                     push_node(kids[0], here, kids, 0)
-        return out
 
     def _push_ends(self, heap: list, e: _P, figure: float, ascending: bool, tick: Any) -> None:
         """The sessions ending at one node: one figure, pushed one at a time in id order (the

@@ -59,10 +59,19 @@ def _counting_rows(orders):
     return made
 
 
+LLAMA_3_8B = 131_072
+"""llama-3-8b's KV bytes per token (the tests' tiny model has 256): fair shares of 10^8-10^9 bytes."""
+
+
 @pytest.mark.parametrize("order", ["fair_share_bytes", "locked_tokens"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_a_page_makes_its_rows_only_and_equals_a_ranking_from_scratch(order, reverse):
+@pytest.mark.parametrize("bpt", [None, LLAMA_3_8B])
+def test_a_page_makes_its_rows_only_and_equals_a_ranking_from_scratch(order, reverse, bpt):
+    """(At a real model's bytes per token too: a sum in bytes is near a half only where it truly
+    is, so the walk keys its sessions by the sums, not by each one's row.)"""
     s = _busy()
+    if bpt:
+        s.orders.bpt = bpt
     _page(s, order, reverse=reverse)  # the first read makes the order (every session once)
     s.request("late", SYSTEMS[0] + [9_000_001, 9_000_002], [9_000_003], "s0001")  # moves every s on SYSTEMS[0]
     made = _counting_rows(s.orders)
@@ -102,11 +111,104 @@ def test_every_page_is_current_as_the_tree_changes(order):
             assert age == 0.0
 
 
-def test_a_deep_page_is_ranked_and_still_exact(monkeypatch):
-    s = _busy(sessions=120)
-    monkeypatch.setattr(orders_module, "PATH_PAGE_MAX", 50)
-    rows, total, _, _ = _page(s, "fair_share_bytes", 60, 20)
-    assert (rows, total) == _oracle(s).page("fair_share_bytes", 60, 20)
+@pytest.mark.parametrize("order", ["fair_share_bytes", "locked_tokens"])
+def test_deep_and_filtered_pages_are_walked_current_and_exact(order):
+    """A page far down the order, or of the sessions that match a filter, is exact and current
+    (age 0) with no ranking of every session (which made every listed session's row and was
+    reused with its age): walked on the tree, making the page's rows only, or, where few
+    sessions match, those sessions' rows ranked."""
+    s = _busy(sessions=420)
+    _page(s, order)  # the order made
+    made = _counting_rows(s.orders)
+    want = _oracle(s)
+    for offset, limit, contains, reverse in ((300, 25, "", False), (60, 20, "", True), (0, 10, "s01", False),
+                                             (5, 10, "s02", True), (0, 50, "closed", False), (0, 5, "idle", True)):
+        made.clear()
+        rows, total, listed, age = run_to_end(s.orders.page_pass(order, offset, limit, contains, reverse))
+        assert (rows, total) == want.page(order, offset, limit, contains, reverse=reverse), (offset, contains)
+        assert listed == len(want.sessions) and age == 0.0
+        if total * total <= (offset + limit) * listed:
+            assert len(made) == total, (offset, contains)  # the matching sessions' rows
+        else:
+            assert len(made) == len(rows), (offset, contains)  # only the page's rows
+    assert not s.orders._ranked
+
+
+@pytest.mark.parametrize("bpt", [None, LLAMA_3_8B])
+def test_a_walk_in_steps_keeps_the_order_it_settled_while_the_tree_moves(monkeypatch, bpt):
+    """A deep page's walk runs in steps; the owner changes the tree between them. The page is
+    the order as of the step that settled it (the oracle then), its rows as of their own steps.
+    Another read meanwhile does not wait for it (a read run in one hold could not): it answers
+    at once from the same settled sums, saying their age; the next read after the walk settles
+    and is current again."""
+    s = _busy(sessions=300)
+    if bpt:
+        s.orders.bpt = bpt
+    _page(s, "fair_share_bytes")
+    monkeypatch.setattr(orders_module, "STEP_S", 0.0)  # a step after every 8 sessions walked
+    read = s.orders.page_pass("fair_share_bytes", 150, 40)
+    sums = s.orders._paths["fair_share_bytes"]
+    while not sums.walking:
+        next(read)  # settled (nothing moved), then the walk begun
+    oracle = _oracle(s)
+    want = oracle.page("fair_share_bytes", 150, 40)
+    s.request("late", SYSTEMS[0] + [9_999_990], [9_999_991], "s0001")  # the tree moves between steps
+    s.close_session("s0002")
+    rows, total, _, age = _in_steps(s.orders.page_pass("fair_share_bytes", 0, 10))  # another read
+    assert [r[0] for r in rows] == [r[0] for r in oracle.page("fair_share_bytes", 0, 10)[0]]
+    assert age > 0.0  # the order as of the walk's settle, said so
+    rows, total, _, age = _in_steps(read)
+    assert age == 0.0
+    assert [r[0] for r in rows] == [r[0] for r in want[0]] and total == want[1]
+    assert not sums.walking
+    rows, total, _, age = _in_steps(s.orders.page_pass("fair_share_bytes", 0, 10))
+    assert (rows, total) == _oracle(s).page("fair_share_bytes", 0, 10) and age == 0.0
+
+
+def _in_steps(read, most: int = 10_000):
+    """A pass driven to its end, at most ``most`` steps (a pass that waits for another forever
+    fails here instead of hanging)."""
+    for _ in range(most):
+        try:
+            next(read)
+        except StopIteration as done:
+            return done.value
+    raise AssertionError(f"no end after {most} steps")
+
+
+def test_a_walk_left_paused_too_long_is_started_again(monkeypatch):
+    """A walk whose reader stopped driving it (never resumed, never closed) keeps the sums as
+    they were for at most ``WALK_HOLD_S``: then a read settles them, and the walk, resumed, starts
+    again over the new sums (exact as of that settle)."""
+    from radixtop.gpu_backend.ledger import paths as paths_module
+
+    s = _busy(sessions=200)
+    _page(s, "fair_share_bytes")
+    monkeypatch.setattr(orders_module, "STEP_S", 0.0)
+    read = s.orders.page_pass("fair_share_bytes", 100, 30)
+    sums = s.orders._paths["fair_share_bytes"]
+    while not sums.walking:
+        next(read)
+    s.close_session("s0003")
+    monkeypatch.setattr(paths_module, "WALK_HOLD_S", 0.0)  # held too long
+    assert _in_steps(s.orders.page_pass("fair_share_bytes", 0, 10))[3] == 0.0  # settled: current
+    want = _oracle(s).page("fair_share_bytes", 100, 30)
+    rows, total, _, age = _in_steps(read)
+    assert (rows, total) == want and age == 0.0
+
+
+def test_a_dropped_walk_lets_the_next_read_settle(monkeypatch):
+    s = _busy(sessions=200)
+    _page(s, "fair_share_bytes")
+    monkeypatch.setattr(orders_module, "STEP_S", 0.0)
+    read = s.orders.page_pass("fair_share_bytes", 100, 50, contains="s0")
+    sums = s.orders._paths["fair_share_bytes"]
+    while not sums.walking:
+        next(read)
+    read.close()
+    assert not sums.walking
+    s.close_session("s0003")
+    assert _page(s, "fair_share_bytes")[:2] == _oracle(s).page("fair_share_bytes", 0, 20)
 
 
 def test_a_wide_node_keeps_its_children_sorted_and_pages_exact():

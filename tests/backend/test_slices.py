@@ -245,18 +245,18 @@ def test_the_fair_share_order_is_current_at_every_read(kept):
     assert [v.id for v in again.sessions] == sorted(want, key=lambda sid: (-want[sid][4], sid))
 
 
-def test_a_filtered_fair_share_page_is_ranked_at_its_read_and_says_its_age(kept):
-    """A filtered page in a path order is ranked from every session's row and reused a while
-    (its age said, not current); its rows are made at every read."""
+def test_a_filtered_fair_share_page_is_current_at_every_read(kept):
+    """A filtered page in a path order is walked on the tree like any other (it was ranked from
+    every session's row and reused a while with its age): current after a change."""
     first = kept.sessions("fair_share_bytes", contains="a")
     assert first.figures_current and first.figures_age_s == 0.0
     add_to_session(kept, "b")
+    add_to_session(kept, "a")
     again = kept.sessions("fair_share_bytes", contains="a")
-    assert not again.figures_current and again.figures_age_s > 0.0
-    assert [v.id for v in again.sessions] == [v.id for v in first.sessions]  # the same ranking
-    kept.engine.call(lambda s: setattr(s.orders, "rank_min_s", 0.0) or setattr(s.orders, "rank_budget", 0))
-    fresh = kept.sessions("fair_share_bytes", contains="a")
-    assert fresh.figures_current
+    assert again.figures_current and again.figures_age_s == 0.0
+    want = {sid: row[1:7] for sid, row in exact(kept).sessions.items() if "a" in sid}
+    assert figures(again) == want
+    assert [v.id for v in again.sessions] == sorted(want, key=lambda sid: (-want[sid][4], sid))
 
 
 def test_an_order_whose_first_read_was_dropped_is_made_again():
