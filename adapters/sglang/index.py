@@ -109,18 +109,30 @@ class TreeIndex:
         keep = max(KEEP, 2 * want)
         if ranked is not None:
             # Every child outside the kept ids and not changed since ranks after ``threshold``.
-            candidates = [n for i in {*ranked.ids, *ranked.dirty}
-                          if (n := self.nodes.get(i)) is not None and n.parent is node]
-            top = heapq.nsmallest(keep, candidates, key=key)
-            exact = ranked.threshold is None or (len(top) >= want and key(top[want - 1]) < ranked.threshold)
-            if exact:
-                if len(candidates) > keep:  # the dropped rank after the last kept, and the rest
-                    last = key(top[-1])
-                    ranked.threshold = last if ranked.threshold is None else min(last, ranked.threshold)
-                ranked.ids = [n.id for n in top]
-                ranked.dirty.clear()
-                ranked.read_at = now
-                return top[:want]
+            # The changed ones taken now (a change meanwhile marks its child again), ranked with
+            # the kept ones ``RANK_CHUNK`` a step: up to 8 x KEEP of them in one step held
+            # SGLang's scheduler 6 ms at 1M nodes.
+            kept, dirty = ranked.ids, ranked.dirty
+            ids = list(dict.fromkeys([*kept, *dirty]))
+            ranked.dirty = set()
+            top, seen = [], 0
+            for start in range(0, len(ids), RANK_CHUNK):
+                if start:
+                    yield
+                chunk = [n for i in ids[start : start + RANK_CHUNK]
+                         if (n := self.nodes.get(i)) is not None and n.parent is node]
+                seen += len(chunk)
+                top = heapq.nsmallest(keep, [*top, *chunk], key=key)
+            if self._ranked.get(node.id) is ranked and ranked.ids is kept:  # (no other read kept another)
+                exact = ranked.threshold is None or (len(top) >= want and key(top[want - 1]) < ranked.threshold)
+                if exact:
+                    if seen > keep:  # the dropped rank after the last kept, and the rest
+                        last = key(top[-1])
+                        ranked.threshold = last if ranked.threshold is None else min(last, ranked.threshold)
+                    ranked.ids = [n.id for n in top]
+                    ranked.read_at = now
+                    return top[:want]
+            ranked.dirty |= dirty  # not kept: ranked in full below
         kids = list(node.children.values())
         top: list[Any] = []
         for start in range(0, len(kids), RANK_CHUNK):
