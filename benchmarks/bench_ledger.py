@@ -110,6 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--closes", type=int, default=20, help="sessions closed a round (more: a steadier close ratio)")
     ap.add_argument("--no-path-orders", action="store_true",
                     help="never read the fair-share and locked orders (their upkeep then never runs)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "ledger.json")
@@ -145,7 +146,7 @@ def main() -> None:
                 s = built[kept].scheduler
                 before = {sid for sid in sids if s.cache.is_session_closed(sid)}
                 run_round(s, random.Random(1000 + r), sids, histories_of[kept], times[kept],
-                          turns=400, evicts=50, closes=20, round_no=r, closed=closed[kept])
+                          turns=400, evicts=50, closes=args.closes, round_no=r, closed=closed[kept])
                 closed[kept] |= {sid for sid in sids if s.cache.is_session_closed(sid)} - before
             t0 = pc()
             rows, total, _, _ = run_to_end(on.orders.page_pass("exclusive_bytes", 0, 50))

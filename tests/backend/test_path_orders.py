@@ -197,6 +197,27 @@ def test_a_walk_left_paused_too_long_is_started_again(monkeypatch):
     assert (rows, total) == want and age == 0.0
 
 
+def test_a_costly_walk_is_reused_a_while_with_its_age_and_its_rows_current(monkeypatch):
+    """A page whose walk cost more than ``WALK_REUSE_S`` (far down the order at 1M nodes: ~250 ms)
+    keeps its ids for ``rank_budget`` times that work: the same read again walks nothing, says
+    its order's age, and makes its rows anew; a cheap walk is never reused."""
+    s = _busy(sessions=300)
+    _page(s, "fair_share_bytes")
+    first = _page(s, "fair_share_bytes", 150, 20)
+    s.close_session(first[0][0][0])  # the page's first session closes
+    assert _page(s, "fair_share_bytes", 150, 20)[3] == 0.0  # cheap: walked again, current
+    monkeypatch.setattr(orders_module, "WALK_REUSE_S", 0.0)  # every walk costly
+    kept = _page(s, "fair_share_bytes", 150, 20)
+    s.close_session(kept[0][1][0])
+    made = _counting_rows(s.orders)
+    rows, total, _, age = _page(s, "fair_share_bytes", 150, 20)
+    assert age > 0.0 and len(made) == len(rows) == 20
+    assert [r[0] for r in rows] == [r[0] for r in kept[0]]  # the same ids...
+    assert rows[1][1] is True and not kept[0][1][1]  # ...their rows made anew: this one closed since
+    s.orders.rank_budget = 0  # reused for no time: walked again
+    assert _page(s, "fair_share_bytes", 150, 20)[3] == 0.0
+
+
 def test_a_dropped_walk_lets_the_next_read_settle(monkeypatch):
     s = _busy(sessions=200)
     _page(s, "fair_share_bytes")
