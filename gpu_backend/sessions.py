@@ -145,6 +145,8 @@ class SessionRadixCacheMixin:
         already_closed = session_id in self._closed_session_ids
         self._remember_closed_session(session_id)
         indexed = self._session_leaves.pop(session_id, {})
+        if self.ledger is not None:  # every hold of the session dropped at once, before the tree changes
+            self.ledger.drop(session_id, indexed)
         if self.close_policy == "deref":
             holds = 0
             for node in indexed:
@@ -153,7 +155,7 @@ class SessionRadixCacheMixin:
                     holds += 1
                     self._refresh(node)
             return CloseResult(session_id, "deref", already_closed, (), 0, 0, holds)
-        # (no ledger batch: ``ledger.drop`` leaves each node it walked settled, so what the walk
+        # (no ledger batch: ``ledger.drop`` left each node it walked settled, so what the walk
         # frees settles only the parent it leaves, once)
         return self._release_free(session_id, already_closed, indexed)
 
@@ -162,16 +164,13 @@ class SessionRadixCacheMixin:
         freed_tokens = 0
         holds = sum(1 for n in indexed if n.session_ids and session_id in n.session_ids)
         free = self.token_to_kv_pool_allocator.free
-        ledger = self.ledger
-        if ledger is not None:  # every hold of the session dropped at once, before the tree changes
-            ledger.drop(session_id, indexed)
         for leaf in indexed:
             if not leaf.session_ids or session_id not in leaf.session_ids:
                 continue
             node = leaf
             while True:
                 if node.session_ids is not None:
-                    self._drop_holder(node, session_id, told=True)
+                    self._drop_holder(node, session_id)
                 if (
                     node is self.root_node
                     or node.lock_ref != 0
@@ -217,11 +216,9 @@ class SessionRadixCacheMixin:
             return {sid: 0 for sid, leaves in self._session_leaves.items() if leaves}
         return exclusive_tokens(self.root_node, self._session_leaves, on_paths)
 
-    def _drop_holder(self, node: TreeNode, session_id: str, told: bool = False) -> None:
-        """``session_id`` no longer holds ``node``; ``told``: the ledger knows already (``drop``)."""
+    def _drop_holder(self, node: TreeNode, session_id: str) -> None:
+        """``session_id`` no longer holds ``node`` (a close: the ledger was told by ``drop``)."""
         self._mark(node)
         node.session_ids.discard(session_id)
         if not node.session_ids:
             node.session_ids = None
-        if self.ledger is not None and not told:
-            self.ledger.untag(session_id, node)

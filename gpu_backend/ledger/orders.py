@@ -5,8 +5,9 @@ once at its first read; afterwards a session whose figures, activity or state mo
 at the next read (O(log n) each), so a page costs O(log n + page) plus the sessions that moved
 since. Orders by a figure the ledger sums at read time (fair share, locked tokens) are made at
 the tree by ``paths.PathSums`` (a page of the top K is a best-first walk of the tree, O(K x depth
-x log n)); a page that asks for a filter or lies deep, or by locks where the tree cannot follow
-them, is ranked at its read from every session's figures (``ranked_pass``).
+x log n), in steps for a page that lies deep or asks for a filter); where the ledger cannot keep
+them (locks the tree does not follow) they are ranked at their read from every session's figures
+(``ranked_pass``).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ RANK_BUDGET = 100
 RANK_MIN_S = 1.0
 RANK_FORGET_S = 600.0
 WALK_REUSE_S = 0.05
-"""A path page whose walk took more work than this (a page far down the order: each session
-walked past costs ~25 µs) keeps its ids, reused by the same ask for ``RANK_BUDGET`` times that
+"""A path page whose walk took more work than this (a page far down the order: 16-25 µs a session
+walked past at 1M nodes) keeps its ids, reused by the same ask for ``RANK_BUDGET`` times that
 work, with their age (its rows made at every read): a dashboard parked 10,000 rows down costs
 the owner ~1%, not a quarter of its time."""
 CHUNK = 512
@@ -310,7 +311,9 @@ class SessionOrders:
         weight moved settled in steps, then the order walked from its top (``contains``: past
         the sessions that do not match) until the page is full, in steps of ``STEP_S``, over the
         sums as that last settle left them (current: no settle runs while the walk is under
-        way, whatever the owner changes between its steps), then the page's rows."""
+        way, whatever the owner changes between its steps), then the page's rows. Where few
+        match the filter, their own rows ranked instead; a walk that cost over ``WALK_REUSE_S``
+        reused a while, with its age."""
         sums = yield from self._ready(self._paths, order, self._path_made)
         needle = contains.strip().lower()
         closed = self.is_closed
@@ -334,23 +337,13 @@ class SessionOrders:
             total = listed = sums.listed_count()
             generation = sums.begin_walk()
             try:
-                if needle:  # those that match: every listed id looked at, a chunk a step
-                    matching = []
-                    for k, sid in enumerate(sums.listed_ids(), 1):
-                        if row_matches(sid, closed(sid), needle):
-                            matching.append(sid)
-                        if k % CHUNK == 0:
-                            yield
-                            if sums.generation != generation:
-                                break
+                matching = (yield from self._matching(sums, needle, generation)) if needle else None
+                if matching is not None:
                     total = len(matching)
-                else:
-                    matching = None
                 # few match: their own rows ranked (m rows, current) costs less than walking
                 # past the others to the page (about want x listed / m sessions walked)
-                if matching is not None and total * total <= want * listed:
-                    pass
-                elif want > 0 and sums.generation == generation:
+                few = matching is not None and total * total <= want * listed
+                if not few and want > 0 and sums.generation == generation:
                     started = time.perf_counter()
                     for k, sid in enumerate(sums.walk(ascending=reverse), 1):
                         if not needle or row_matches(sid, closed(sid), needle):
@@ -370,15 +363,29 @@ class SessionOrders:
                 sums.end_walk()
             if sums.generation == generation:
                 break
+        if few:
+            rows = yield from self.rows_pass(matching)  # type: ignore[arg-type]
+            rows.sort(key=ROW_KEYS[order], reverse=reverse)
+            return rows[offset:want], total, listed, 0.0
         if work > WALK_REUSE_S and not age:
             now = time.monotonic()
             self._walked = {k: v for k, v in self._walked.items() if now - v.taken_at < RANK_FORGET_S}
             self._walked[ask] = _Walked(ids, total, listed, now, work)
-        if matching is not None and total * total <= want * listed:
-            rows = yield from self.rows_pass(matching)
-            rows.sort(key=ROW_KEYS[order], reverse=reverse)
-            return rows[offset:want], total, listed, 0.0
         return (yield from self.rows_pass(ids)), total, listed, age
+
+    def _matching(self, sums: PathSums, needle: str, generation: int) -> Generator[None, None, list[str]]:
+        """The listed ids (as of ``sums``' last settle) that match ``needle``, ``CHUNK`` a step;
+        cut short where the sums were settled meanwhile (the caller starts again)."""
+        closed = self.is_closed
+        matching = []
+        for k, sid in enumerate(sums.listed_ids(), 1):
+            if row_matches(sid, closed(sid), needle):
+                matching.append(sid)
+            if k % CHUNK == 0:
+                yield
+                if sums.generation != generation:
+                    break
+        return matching
 
     def _path_made(self, order: str) -> Generator[None, None, PathSums]:
         """A path order made at its first read: every session on the roster pending, a chunk a step."""

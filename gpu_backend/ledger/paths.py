@@ -554,7 +554,7 @@ class PathSums:
         """The listed sessions by (figure, id) descending, or backwards (``ascending``: from the
         order's other end), one at a time, as of the last ``settle``: it reads the sums and
         weights as they were summed, not the tree, so a walk may go on over several of the
-        owner's steps while its caller counts it in ``walking`` (no settle meanwhile).
+        owner's steps between its caller's ``begin_walk`` and ``end_walk`` (no settle meanwhile).
 
         One heap of sessions and of nodes, each keyed by (its figure, its id) or, for a node, the
         extreme (figure, id) beneath it: a node comes out before any session it could precede. A
