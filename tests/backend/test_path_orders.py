@@ -10,7 +10,7 @@ import pytest
 from radixtop.adapters.owned.attribution import attribute
 from radixtop.gpu_backend.ledger import orders as orders_module
 from radixtop.gpu_backend.owner.slices import run_to_end
-from tests.support.engines import make_scheduler
+from tests.support.engines import make_scheduler, stepped
 
 SYSTEMS = [[100 + k, 200 + k, 300 + k] for k in range(5)]
 
@@ -154,26 +154,15 @@ def test_a_walk_in_steps_keeps_the_order_it_settled_while_the_tree_moves(monkeyp
     want = oracle.page("fair_share_bytes", 150, 40)
     s.request("late", SYSTEMS[0] + [9_999_990], [9_999_991], "s0001")  # the tree moves between steps
     s.close_session("s0002")
-    rows, total, _, age = _in_steps(s.orders.page_pass("fair_share_bytes", 0, 10))  # another read
+    rows, total, _, age = stepped(s.orders.page_pass("fair_share_bytes", 0, 10))[0]  # another read
     assert [r[0] for r in rows] == [r[0] for r in oracle.page("fair_share_bytes", 0, 10)[0]]
     assert age > 0.0  # the order as of the walk's settle, said so
-    rows, total, _, age = _in_steps(read)
+    rows, total, _, age = stepped(read)[0]
     assert age == 0.0
     assert [r[0] for r in rows] == [r[0] for r in want[0]] and total == want[1]
     assert not sums.walking
-    rows, total, _, age = _in_steps(s.orders.page_pass("fair_share_bytes", 0, 10))
+    rows, total, _, age = stepped(s.orders.page_pass("fair_share_bytes", 0, 10))[0]
     assert (rows, total) == _oracle(s).page("fair_share_bytes", 0, 10) and age == 0.0
-
-
-def _in_steps(read, most: int = 10_000):
-    """A pass driven to its end, at most ``most`` steps (a pass that waits for another forever
-    fails here instead of hanging)."""
-    for _ in range(most):
-        try:
-            next(read)
-        except StopIteration as done:
-            return done.value
-    raise AssertionError(f"no end after {most} steps")
 
 
 def test_a_walk_left_paused_too_long_is_started_again(monkeypatch):
@@ -191,9 +180,9 @@ def test_a_walk_left_paused_too_long_is_started_again(monkeypatch):
         next(read)
     s.close_session("s0003")
     monkeypatch.setattr(paths_module, "WALK_HOLD_S", 0.0)  # held too long
-    assert _in_steps(s.orders.page_pass("fair_share_bytes", 0, 10))[3] == 0.0  # settled: current
+    assert stepped(s.orders.page_pass("fair_share_bytes", 0, 10))[0][3] == 0.0  # settled: current
     want = _oracle(s).page("fair_share_bytes", 100, 30)
-    rows, total, _, age = _in_steps(read)
+    rows, total, _, age = stepped(read)[0]
     assert (rows, total) == want and age == 0.0
 
 

@@ -10,6 +10,7 @@ from radixtop.adapters.model import ROOT_ID
 from radixtop.adapters.sglang.index import INDEX
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
+from tests.support.engines import stepped
 from tests.support.trace_gen import capacity_for, generate_trace
 
 SEEDS = range(8)
@@ -105,7 +106,7 @@ def test_kept_rankings_of_children_equal_a_full_sort_after_every_operation(sgl, 
                     continue
                 want = min(1 + line_no % 2, len(node.children))
                 kept = index._ranked.get(node.id)
-                got, steps = _stepped(index.top_children(node, want))
+                got, steps = stepped(index.top_children(node, want))
                 got = [n.id for n in got]
                 kept_in_steps += kept is not None and index._ranked.get(node.id) is kept and steps > 0
                 full = sorted(node.children.values(), key=lambda n: (-index.subtree[n.id], n.id))
@@ -113,17 +114,6 @@ def test_kept_rankings_of_children_equal_a_full_sort_after_every_operation(sgl, 
     finally:
         index_module.KEEP = keep
     assert kept_in_steps > 0 or not rank_chunk  # a kept ranking re-ranked in steps
-
-
-def _stepped(read):
-    """A pass run to its end: its value and how many times it yielded."""
-    steps = 0
-    while True:
-        try:
-            next(read)
-        except StopIteration as done:
-            return done.value, steps
-        steps += 1
 
 
 def test_pages_and_details_are_decoded_on_the_readers_thread_not_the_schedulers(sgl):

@@ -140,3 +140,14 @@ def check_ledger_records(cache) -> None:
 
     assert records(kept) == records(fresh)
     assert (kept.exclusive, kept.path, kept.tags) == (fresh.exclusive, fresh.path, fresh.tags)
+
+
+def stepped(read, most: int = 10_000):
+    """A pass driven to its end: (its value, how many times it yielded). At most ``most`` steps:
+    a pass that waits for another forever fails here instead of hanging."""
+    for steps in range(most):
+        try:
+            next(read)
+        except StopIteration as done:
+            return done.value, steps
+    raise AssertionError(f"no end after {most} steps")
