@@ -45,6 +45,7 @@ class TreeNode:
         "subtree_tokens",
         "created_version",
         "heap_seq",
+        "ledger_rec",
     )
 
     def __init__(self, node_id: int, now: float, priority: int = 0):
@@ -60,6 +61,8 @@ class TreeNode:
         self.priority = priority
         # Sessions that hold this node (None when none: most nodes, and it saves a set each).
         self.session_ids: set[str] | None = None
+        # The session ledger's record of this node (``ledger.figures``): None where no session lies beneath.
+        self.ledger_rec: Any = None
         # Tokens in this node and everything below it (kept exact between operations).
         self.subtree_tokens = 0
         self.created_version = 0

@@ -20,9 +20,12 @@ of its child's ``below`` (C speed). Fair shares and locked tokens depend on ever
 beneath a node, so they are summed per session when read (``shares``: O(the session's path)),
 and their orders kept on the tree (``paths.PathSums``).
 
-A node's figures are one record (``_Rec``), kept only while a session lies beneath it, in a
-``ShardedMap`` by node: one lookup per node a change passes, and no map of every node on the
-sessions' paths rebuilt whole in one insert (a stall of milliseconds at 100k+ entries).
+A node's figures are one record (``_Rec``), kept only while a session lies beneath it, on the
+node itself (its ``ledger_rec``; None where it has none): a change reads it with the node it
+walks to (a map by node cost a lookup of ~0.5 µs a node at 1M nodes, most of it a cache miss),
+and no map of every node on the sessions' paths is ever rebuilt whole in one insert. One ledger
+per tree: a node has one record. The root has none: every holding session lies beneath it, and
+it is never owned, so no walk goes up to it.
 """
 
 from __future__ import annotations
@@ -32,9 +35,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from radixtop.gpu_backend.ledger.paths import Watched
-from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 
-Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``; its size through ``size``
+Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``, ``ledger_rec``; its size through ``size``
 
 
 def _key_len(node: Node) -> int:
@@ -113,21 +115,34 @@ class SessionLedger(Watched):
         self.moves += 1
         self.resets += 1
         self.root = root
-        self.recs: ShardedMap[Node, _Rec] = ShardedMap()
+        if not hasattr(type(root), "ledger_rec"):  # a tree whose nodes have no such slot (SGLang's):
+            type(root).ledger_rec = None  # every node's reads None until a record is set on it
+        try:
+            root.ledger_rec = None  # (a new tree; a tree that had records starts again by ``rebuild``)
+        except AttributeError as exc:  # slots without it: say so here, not in the owner's next change
+            raise TypeError(f"a {type(root).__name__} cannot keep the ledger's record ({exc})") from exc
         self.exclusive: dict[str, int] = {}
         self.path: dict[str, int] = {}
         self.tags = {}
         for sid in touched:
             self.moved.add(sid)
 
-    def _rec(self, node: Node) -> _Rec | None:
-        return self.recs.shards[hash(node) & SHARD_MASK].get(node)
+    def records(self) -> Iterable[tuple[Node, _Rec]]:
+        """Each node of the tree with its record (a walk of the whole tree: for tests)."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.ledger_rec is not None:
+                yield node, node.ledger_rec
 
     # ----- reads -----
 
     def beneath(self, node: Node) -> int:
         """Sessions with a tagged node in ``node``'s subtree (for the root: every holding session)."""
-        rec = self._rec(node)
+        if node is self.root:
+            return len(self.tags)
+        rec = node.ledger_rec
         return len(rec.below) if rec is not None else 0
 
     def figures(self, sid: str) -> tuple[int, int, int]:
@@ -138,7 +153,7 @@ class SessionLedger(Watched):
         """(fair-share tokens, locked tokens) of ``sid``, whose tagged nodes are ``leaves``: its
         path's nodes, each split evenly among the sessions beneath it, and those locked. Summed
         in the order of ``leaves`` (the from-scratch computation's order, to the last bit)."""
-        size, shards, root, lock_of = self.size, self.recs.shards, self.root, self.lock_of
+        size, root, lock_of = self.size, self.root, self.lock_of
         keyed = size is _key_len
         seen: set[Node] = set()
         fair, locked = 0.0, 0
@@ -147,7 +162,7 @@ class SessionLedger(Watched):
             while node is not root and node is not None and node not in seen:
                 seen.add(node)
                 n = len(node.key) if keyed else size(node)
-                fair += n / len(shards[hash(node) & SHARD_MASK][node].below)
+                fair += n / len(node.ledger_rec.below)
                 if (node.lock_ref if lock_of is None else lock_of(node)) > 0:
                     locked += n
                 node = node.parent
@@ -155,11 +170,11 @@ class SessionLedger(Watched):
 
     def alive(self, node: Node) -> bool:
         """Whether a session lies beneath ``node`` (it has a record)."""
-        return self.recs.shards[hash(node) & SHARD_MASK].get(node) is not None
+        return node.ledger_rec is not None
 
     def fair_weight(self, node: Node) -> float:
         """``node``'s tokens split among the sessions beneath it (a path sum's weight)."""
-        rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
+        rec = node.ledger_rec
         return self.size(node) / len(rec.below) if rec is not None and rec.below else 0.0
 
     def locked_weight(self, node: Node) -> float:
@@ -175,12 +190,11 @@ class SessionLedger(Watched):
     def tag(self, sid: str, node: Node) -> None:
         """``sid`` now holds ``node`` (no-op where it did already)."""
         self.moves += 1
-        shard = self.recs.shards[hash(node) & SHARD_MASK]
-        rec = shard.get(node)
+        rec = node.ledger_rec
         if rec is not None and rec.held is not None and sid in rec.held:
             return
         self._carry(sid, node, 1)
-        rec = shard[node]
+        rec = node.ledger_rec
         if rec.held is None:
             rec.held = {sid}
         else:
@@ -193,7 +207,7 @@ class SessionLedger(Watched):
     def untag(self, sid: str, node: Node) -> None:
         """``sid`` no longer holds ``node`` (no-op where it did not)."""
         self.moves += 1
-        rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
+        rec = node.ledger_rec
         if rec is None or rec.held is None or sid not in rec.held:
             return
         rec.held.discard(sid)
@@ -214,30 +228,29 @@ class SessionLedger(Watched):
         its parent unowned, until it leaves the tree (``removed`` then settles the parent). The
         nodes it held where another session lies beneath are settled (it may own them now);
         what the close then frees leaves as ever, with no record left to drop."""
-        shards = self.recs.shards
-        held = []
+        held, root = [], self.root
         for node in nodes:
-            rec = shards[hash(node) & SHARD_MASK].get(node)
-            if rec is not None and rec.held is not None and sid in rec.held:
-                held.append((node, rec))
+            rec = node.ledger_rec
+            if rec is not None:
+                holders = rec.held
+                if holders is not None and sid in holders:
+                    held.append((node, rec))
         if len(held) != self.tags.get(sid, 0) or self._deferred is not None:
             # (inside a batch, a node settled at its end may still name the session its owner)
             for node, _ in held:
                 self.untag(sid, node)
             return
         self.moves += 1
-        watching, watches = self.beneath_nodes, self.watches
         for _, rec in held:
-            rec.held.discard(sid)  # type: ignore[union-attr]
-            if not rec.held:
+            holders = rec.held
+            holders.discard(sid)  # type: ignore[union-attr]
+            if not holders:
                 rec.held = None
-        for node, _ in held:
+        walked: list[Node] = []  # each node it lay beneath
+        gone: list[Node] = []  # each node whose record went
+        for node, rec in held:
             owned = False  # the child this walk came from was the session's (now no one's)
-            while node is not None:
-                shard = shards[hash(node) & SHARD_MASK]
-                rec = shard.get(node)
-                if rec is None:
-                    break
+            while True:
                 if owned:
                     kids = rec.kids
                     count = kids[sid] - 1  # type: ignore[index]
@@ -247,20 +260,30 @@ class SessionLedger(Watched):
                         rec.kids = None
                     else:
                         del kids[sid]  # type: ignore[union-attr]
-                walked = rec.below.pop(sid, None) is None  # from another of its nodes: stop here
-                if not walked:
-                    for beneath in watching:
-                        beneath.add(node)
-                    owned = rec.owner == sid
-                    if owned:
-                        rec.owner = None
-                if not rec.below and rec.owner is None and rec.kids is None and rec.held is None:
-                    del shard[node]
-                    for watch in watches:  # its entry goes (as ``removed`` tells of a record)
-                        watch.nodes.add(node)
-                if walked:
+                below = rec.below
+                if below.pop(sid, None) is None:  # from another of its nodes: walked from here up
+                    if not below and rec.owner is None and rec.kids is None and rec.held is None:
+                        node.ledger_rec = None
+                        gone.append(node)
                     break
+                walked.append(node)
+                owned = rec.owner == sid
+                if owned:
+                    rec.owner = None
+                if not below and rec.owner is None and rec.kids is None and rec.held is None:
+                    node.ledger_rec = None
+                    gone.append(node)
                 node = node.parent
+                if node is None or node is root:
+                    break
+                rec = node.ledger_rec
+                if rec is None:
+                    break
+        for beneath in self.beneath_nodes:
+            beneath.update(walked)
+        if gone:
+            for watch in self.watches:  # their entries go (as ``removed`` tells of a record)
+                watch.nodes.update(gone)
         self.exclusive.pop(sid, None)  # (every node it owned was on its path)
         self.path.pop(sid, None)
         self.tags.pop(sid, None)
@@ -293,7 +316,7 @@ class SessionLedger(Watched):
         self.moves += 1
         parent = node.parent
         if self.frees and parent is not None:
-            rec = self._rec(parent)
+            rec = parent.ledger_rec
             if rec is not None and rec.owner is not None:
                 self._settle_now_or_later(parent)  # one more child, owned by no one: the parent no longer owned
 
@@ -302,12 +325,12 @@ class SessionLedger(Watched):
         it is). The same sessions lie beneath both and the same one owns both, so no session's
         figures move."""
         self.moves += 1
-        rec = self._rec(tail)
+        rec = tail.ledger_rec
         if rec is None:
             return
         for watch in self.watches:
             watch.splits.append((head, tail))
-        made = self.recs.shards[hash(head) & SHARD_MASK][head] = _Rec()
+        made = head.ledger_rec = _Rec()
         made.below = dict.fromkeys(rec.below, 1)  # one reason each: its one child, the tail
         if rec.owner is not None:
             made.owner = rec.owner
@@ -318,9 +341,7 @@ class SessionLedger(Watched):
         """``node``, a leaf, left the tree; it was ``parent``'s child. What it still held (a
         cache that drops holders without telling) is untagged here."""
         self.moves += 1
-        shards = self.recs.shards
-        shard = shards[hash(node) & SHARD_MASK]
-        rec = shard.get(node)
+        rec = node.ledger_rec
         if rec is not None:
             for watch in self.watches:
                 watch.nodes.add(node)
@@ -328,13 +349,13 @@ class SessionLedger(Watched):
                 rec.held.discard(sid)
                 self._carry(sid, node, -1, parent)
                 self._one_tag_fewer(sid)
-            rec = shard.pop(node, None)
+            rec, node.ledger_rec = node.ledger_rec, None
             if rec is not None and rec.owner is not None:
                 self._credit(rec.owner, -self.size(node))
                 if parent is not None:
                     self._count_kid(parent, rec.owner, -1)
         if self.frees and parent is not None:
-            if parent in shards[hash(parent) & SHARD_MASK]:  # one child fewer: the rest may be one session's now
+            if parent.ledger_rec is not None:  # one child fewer: the rest may be one session's now
                 self._settle_now_or_later(parent)  # (a node no session lies beneath has no owner to gain or lose)
 
     def lock_changed(self, node: Node) -> None:
@@ -343,7 +364,7 @@ class SessionLedger(Watched):
         self.moves += 1
         if not self.frees:
             return
-        rec = self.recs.shards[hash(node) & SHARD_MASK].get(node)
+        rec = node.ledger_rec
         if rec is None:
             return
         if self.lock_count(node) != 0:
@@ -367,6 +388,7 @@ class SessionLedger(Watched):
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
+            node.ledger_rec = None  # (a parent before its children: no tag below has reached it yet)
             for sid in holders(node) or ():
                 self.tag(sid, node)
 
@@ -391,16 +413,15 @@ class SessionLedger(Watched):
         moves, so the walk stops there: a tag below a session's path costs the new part of it, not
         the depth. ``parent``: where the walk goes on from a node already unlinked. A node's record
         goes when no session lies beneath it."""
-        shards, size = self.recs.shards, (None if self.size is _key_len else self.size)
-        watching = self.beneath_nodes
+        size = None if self.size is _key_len else self.size
+        watching, root = self.beneath_nodes, self.root
         gained = 0
         first = True
-        while node is not None:
-            shard = shards[hash(node) & SHARD_MASK]
-            rec = shard.get(node)
+        while node is not None and node is not root:
+            rec = node.ledger_rec
             if delta > 0:
                 if rec is None:
-                    shard[node] = rec = _Rec()
+                    node.ledger_rec = rec = _Rec()
                 counts = rec.below
                 was = counts.get(sid, 0)
                 counts[sid] = was + 1
@@ -424,7 +445,7 @@ class SessionLedger(Watched):
                 for nodes in watching:
                     nodes.add(node)
                 if not counts and rec.owner is None and rec.kids is None and rec.held is None:
-                    del shard[node]
+                    node.ledger_rec = None
             node = parent if first and parent is not None else node.parent
             first = False
         if gained:
@@ -439,10 +460,10 @@ class SessionLedger(Watched):
         it is locked or two sessions hold it; a leaf's only holder; an inner node's children's
         one owner, where all of them have it and the node holds no one else. (Inline, with the
         credit and the parent's count: this runs at every tag and unlock.)"""
-        root, shards, lock_of, moved = self.root, self.recs.shards, self.lock_of, self.moved
+        root, lock_of, moved = self.root, self.lock_of, self.moved
         exclusive = self.exclusive
         keyed = self.size is _key_len
-        rec = shards[hash(node) & SHARD_MASK].get(node)
+        rec = node.ledger_rec
         while node is not None and node is not root:
             if rec is None:
                 return  # no session beneath: no owner, and none before
@@ -465,7 +486,7 @@ class SessionLedger(Watched):
                 return
             n = len(node.key) if keyed else self.size(node)
             parent = node.parent
-            up = shards[hash(parent) & SHARD_MASK].get(parent) if parent is not None else None
+            up = parent.ledger_rec if parent is not None else None
             if old is not None:
                 left = exclusive[old] - n
                 if left:
@@ -481,12 +502,12 @@ class SessionLedger(Watched):
                     elif len(kids) == 1:
                         up.kids = None
                         if not up.below and up.held is None and up.owner is None:
-                            del shards[hash(parent) & SHARD_MASK][parent]  # nothing left to keep
+                            parent.ledger_rec = None  # nothing left to keep
                     else:
                         del kids[old]
             rec.owner = new
             if new is None and not rec.below and rec.held is None and rec.kids is None:
-                shards[hash(node) & SHARD_MASK].pop(node, None)  # (its last reason went before its owner)
+                node.ledger_rec = None  # (its last reason went before its owner)
             if new is not None:
                 exclusive[new] = exclusive.get(new, 0) + n
                 moved.add(new)
@@ -514,7 +535,7 @@ class SessionLedger(Watched):
         self.moved.add(sid)
 
     def _count_kid(self, parent: Node, sid: str, delta: int) -> None:
-        rec = self._rec(parent)
+        rec = parent.ledger_rec
         if rec is None:  # an owned child has its owner's tags below it, so below its parent too
             return
         kids = rec.kids
@@ -528,4 +549,5 @@ class SessionLedger(Watched):
             if not kids:
                 rec.kids = None
                 if not rec.below and rec.held is None and rec.owner is None:
-                    del self.recs.shards[hash(parent) & SHARD_MASK][parent]  # nothing left to keep
+                    parent.ledger_rec = None  # nothing left to keep
+

@@ -126,6 +126,33 @@ def test_close_of_a_node_above_another_sessions_leaves_it_to_that_session():
     check_invariants(s)
 
 
+def test_a_rebuild_over_the_records_of_a_changed_tree_leaves_none_stale():
+    """The ledger keeps each node's record on the node: a rebuild (SGLang's index starts one
+    after a change it was not told of) must leave none of the old ones. Here a holder goes behind
+    the ledger's back, and a node no session lies beneath any more kept a record."""
+    s = make_scheduler()
+    s.request("r1", [1, 2], [3], "a")
+    s.request("r2", [1, 2, 3, 4], [5], "b")
+    s.request("r3", [7, 8], [9], "b")
+    node = s.cache.lookup([7, 8, 9]).last_node
+    node.session_ids = None  # b no longer holds [7,8,9], untold
+    del s.cache._session_leaves["b"][node]
+    s.cache.ledger.rebuild(s.cache.root_node, lambda n: n.session_ids)
+    assert node.ledger_rec is None
+    assert s.cache.ledger.figures("b") == (1, 2, 5)
+    check_invariants(s)
+
+
+def test_a_ledger_on_nodes_that_cannot_keep_its_record_is_refused_at_once():
+    from radixtop.gpu_backend.ledger import SessionLedger
+
+    class Slotted:
+        __slots__ = ("parent", "children", "key", "lock_ref")
+
+    with pytest.raises(TypeError, match="cannot keep the ledger's record"):
+        SessionLedger(Slotted())
+
+
 def test_a_drop_inside_a_batch_leaves_the_ledger_as_untags_would():
     """``ledger.drop`` inside a ``batch`` (an owner settled at the batch's end may still name the
     session): the same records as one untag each."""

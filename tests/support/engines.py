@@ -123,6 +123,28 @@ def check_invariants(s: Scheduler) -> None:
         check_ledger_records(cache)
 
 
+class _Copy:
+    """A copy of a tree node as the ledger reads it (its holders, key, lock count, children)."""
+
+    __slots__ = ("id", "key", "lock_ref", "session_ids", "parent", "children", "ledger_rec")
+
+    @classmethod
+    def of(cls, root) -> _Copy:
+        made = cls(root, None)
+        stack = [(root, made)]
+        while stack:
+            node, copy = stack.pop()
+            for key, child in node.children.items():
+                copy.children[key] = mine = cls(child, copy)
+                stack.append((child, mine))
+        return made
+
+    def __init__(self, node, parent) -> None:
+        self.id, self.key, self.lock_ref = node.id, node.key, node.lock_ref
+        self.session_ids = set(node.session_ids) if node.session_ids else None
+        self.parent, self.children, self.ledger_rec = parent, {}, None
+
+
 def check_ledger_records(cache) -> None:
     """The ledger's records as the changes left them (each node's sessions beneath with their
     reasons, holders, owner, its children's owners; no empty record) and its per-session counts
@@ -131,12 +153,13 @@ def check_ledger_records(cache) -> None:
     from radixtop.gpu_backend.ledger import SessionLedger
 
     kept = cache.ledger
-    fresh = SessionLedger(cache.root_node, frees=kept.frees)
-    fresh.rebuild(cache.root_node, lambda n: n.session_ids)
+    copy = _Copy.of(cache.root_node)  # (a node has one ledger's record: the fresh one's on a copy)
+    fresh = SessionLedger(copy, frees=kept.frees)
+    fresh.rebuild(copy, lambda n: n.session_ids)
 
     def records(ledger):
         return {node.id: (dict(rec.below), frozenset(rec.held or ()), rec.owner, dict(rec.kids or {}))
-                for node, rec in ledger.recs.items()}
+                for node, rec in ledger.records()}
 
     assert records(kept) == records(fresh)
     assert (kept.exclusive, kept.path, kept.tags) == (fresh.exclusive, fresh.path, fresh.tags)
