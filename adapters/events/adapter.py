@@ -176,6 +176,10 @@ class EventTreeAdapter(CacheAdapter):
             self._sessions_seen = False
             self._last_seq, self._last_ts, self._complete = -1, None, True
 
+    def missed(self, n: int) -> None:
+        """``n`` batches never came and none will (a gap no replay fills): the tree is incomplete."""
+        self._missed(n)
+
     def _missed(self, n: int) -> None:
         with self._lock:
             self._counts["missed_batches"] += n

@@ -227,9 +227,11 @@ def build_unified_cache23(
     geometry: KVGeometry = KVGeometry(),
     max_running: int = 16,
     max_context_len: int = 4096,
+    enable_kv_cache_events: bool = False,
 ):
     """A real 0.5.23 ``UnifiedRadixCache`` (FULL component only, as ``create_unified_radix_cache``
     builds it for a plain full-attention model) over real pools. Returns ``(cache, pools)``.
+    ``enable_kv_cache_events``: its core records KV events (``take_events()``).
 
     ``tree_core_backend`` is ``CacheInitParams.tree_core_backend`` (overrides the env var
     ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``, default "rust"); with sessions on, "rust" falls back
@@ -244,7 +246,7 @@ def build_unified_cache23(
         page_size=page_size, eviction_policy=eviction_policy,
         tree_components=(sgl.ComponentType.FULL,),
         enable_session_radix_cache=enable_session_radix_cache,
-        tree_core_backend=tree_core_backend,
+        tree_core_backend=tree_core_backend, enable_kv_cache_events=enable_kv_cache_events,
     ))
     pools = Pools(kv_pool, allocator, rtp, page_size, kind="unified",
                   sessions=enable_session_radix_cache)

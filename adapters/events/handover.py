@@ -1,0 +1,60 @@
+"""radixtop's side of a probe's hand-over: the frames of encoded KV-event batches a probe in the
+server's process sends (``adapters.sglang.probe``), applied to an :class:`EventTreeAdapter` on a
+thread of radixtop's own process, where no read or upkeep takes the server's GIL.
+
+A frame the probe dropped (it never waits for this side) is a gap: the tree counts the batches
+missed and says it is incomplete (the Rust core keeps no history to replay; a later full resync is
+the probe's to offer). The probe's end closing (the server exited) stops the thread, and the tree
+says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from radixtop.adapters.events.adapter import EventTreeAdapter
+from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeGone
+
+log = logging.getLogger("radixtop.events")
+
+EVENTS = 1
+"""The kind of a frame of one encoded ``KVEventBatch`` (``adapters.sglang.probe.EVENTS``)."""
+
+
+class HandoverEvents:
+    """Applies the event frames from ``end`` to ``tree`` on a thread of its own until the probe's
+    end closes or :meth:`close`."""
+
+    def __init__(self, tree: EventTreeAdapter, end: MirrorEnd) -> None:
+        self.tree = tree
+        self.end = end
+        self.gone = False
+        """The probe's end closed (the server exited, or its probe stopped)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radixtop-handover", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        end, tree = self.end, self.tree
+        while not self._stop.is_set():
+            try:
+                frame = end.receive(timeout=0.2)
+            except ProbeGone:
+                self.gone = True
+                log.info("radixtop: the probe's end closed (the server exited): the tree stops here")
+                return
+            if frame is None or frame.kind != EVENTS:
+                continue
+            if frame.lost:
+                tree.missed(frame.lost)
+            try:
+                tree.apply(frame.seq, frame.payload)
+            except Exception as exc:  # the thread must outlive a batch it cannot apply
+                log.exception("radixtop: applying KV-event batch %d failed", frame.seq)
+                tree.skipped(frame.seq, f"batch {frame.seq}: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.end.close()

@@ -1,0 +1,160 @@
+"""Issue 27's probe on SGLang 0.5.23's default tree core (Rust): the events the core records,
+taken and encoded on the scheduler's thread (``adapters.sglang.probe``), handed over to radixtop's
+side (``gpu_backend.owner.handover``) and applied there (``adapters.events.handover``): in this
+process over a socket pair, and in a real process of its own, killed mid-stream.
+
+Needs sglang 0.5.23 (``.venv-sglang23``; tests/conftest.py collects this file only there).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.engines import SGLANG_VERSION
+
+if SGLANG_VERSION != "0.5.23":  # tests/conftest.py collects this file only beside 0.5.23
+    raise RuntimeError(f"needs sglang 0.5.23 (found {SGLANG_VERSION}): run it with .venv-sglang23 "
+                       "(.ci/setup-sglang23), as .ci/test does")
+
+import os  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+from radixtop.adapters.events.adapter import EventTreeAdapter  # noqa: E402
+from radixtop.adapters.events.handover import HandoverEvents  # noqa: E402
+from radixtop.adapters.model import ROOT_ID  # noqa: E402
+from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair  # noqa: E402
+from tests.on_sglang.ref import drive23  # noqa: E402
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    try:
+        return drive23.import_sglang23()
+    except drive23.SGLang23UnavailableError as exc:  # pragma: no cover - a broken install
+        pytest.fail(str(exc))
+
+
+def rust_cache(sgl, capacity: int = 4096):
+    cache, pools = drive23.build_unified_cache23(capacity, enable_session_radix_cache=False,
+                                                 tree_core_backend="rust", enable_kv_cache_events=True)
+    assert cache._tree_core_backend == "rust"
+    return cache, pools
+
+
+def requests(seed: int, n: int):
+    rng = random.Random(seed)
+    talks: list[list[int]] = []
+    for _ in range(n):
+        if not talks or rng.random() < 0.3:
+            talks.append([rng.randrange(1, 50) for _ in range(rng.randrange(5, 40))])
+        talk = rng.choice(talks)
+        talk.extend(rng.randrange(1, 500) for _ in range(rng.randrange(3, 30)))
+        output = [rng.randrange(1, 500) for _ in range(rng.randrange(1, 6))]
+        yield list(talk), output
+        talk.extend(output)
+
+
+def test_the_tree_beside_equals_sglangs_cached_tokens_through_the_handover(sgl):
+    """Requests with evictions (a pool of 1,024 tokens), the probe's step once a request as the
+    plugin's hook once a loop: radixtop's tree, kept off the scheduler's thread from the frames,
+    holds exactly SGLang's cached tokens; nothing lost, no frame waited for."""
+    from radixtop.adapters.sglang.probe import EventsProbe
+
+    cache, pools = rust_cache(sgl, capacity=1024)
+    probe_sock, mirror_sock = pair()
+    probe = EventsProbe(cache, ProbeEnd(probe_sock))
+    tree = EventTreeAdapter(name="beside", capacity_tokens=1024)
+    beside = HandoverEvents(tree, MirrorEnd(mirror_sock))
+    try:
+        for tokens, output in requests(3, 300):
+            drive23.run_request(cache, pools, tokens, output)
+            probe.step()
+        assert probe.batches > 10 and probe.end.dropped == 0
+        assert tree.wait_for_seq(probe.batches - 1, 30)
+        cached = cache.evictable_size() + cache.protected_size()
+        assert tree.node(ROOT_ID).node.subtree_tokens == cached > 0
+        st = tree.status()
+        assert st.complete and st.missed_batches == 0 and st.last_error is None
+        assert tree.stats().total_tokens == cached
+    finally:
+        beside.close()
+        probe.end.close()
+
+
+def test_a_stalled_mirror_costs_the_scheduler_nothing_and_is_told_what_it_missed(sgl):
+    """Nobody reads radixtop's end for a while: the probe's sends never wait, the frames past its
+    bound are dropped and counted, and when radixtop reads again its tree says it missed them
+    (incomplete), never a silent wrong tree."""
+    from radixtop.adapters.sglang.probe import EventsProbe
+
+    cache, pools = rust_cache(sgl, capacity=8192)
+    probe_sock, mirror_sock = pair(buffer=16 << 10)
+    probe = EventsProbe(cache, ProbeEnd(probe_sock, backlog_bytes=16 << 10))
+    for tokens, output in requests(4, 400):  # radixtop's side not started yet: a stall
+        drive23.run_request(cache, pools, tokens, output)
+        probe.step()
+    assert probe.end.dropped > 0 and probe.end.held <= 16 << 10
+    tree = EventTreeAdapter(name="beside", capacity_tokens=8192)
+    beside = HandoverEvents(tree, MirrorEnd(mirror_sock))
+    try:
+        for tokens, output in requests(5, 20):
+            drive23.run_request(cache, pools, tokens, output)
+            probe.step()
+        assert tree.wait_for_seq(probe.batches - 1, 30)
+        st = tree.status()
+        assert not st.complete and st.missed_batches == probe.end.dropped
+    finally:
+        beside.close()
+        probe.end.close()
+
+
+def test_radixtops_process_killed_mid_stream_leaves_the_scheduler_serving(sgl):
+    """radixtop's side in a process of its own (the socket passed as a file descriptor, as the
+    plugin will start it); ``kill -9`` of it while requests run: every request completes, the
+    probe goes down and holds nothing, and nothing raises on the scheduler's side."""
+    from radixtop.adapters.sglang.probe import EventsProbe
+
+    cache, pools = rust_cache(sgl, capacity=2048)
+    probe_sock, mirror_sock = pair()
+    fd = mirror_sock.fileno()
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import socket, sys, time
+            from radixtop.adapters.events.adapter import EventTreeAdapter
+            from radixtop.adapters.events.handover import HandoverEvents
+            from radixtop.gpu_backend.owner.handover import MirrorEnd
+            tree = EventTreeAdapter(name="beside", capacity_tokens=2048)
+            HandoverEvents(tree, MirrorEnd(socket.socket(fileno={fd})))
+            print("ready", flush=True)
+            while True:
+                time.sleep(0.05)
+                print(tree.stats().total_tokens, flush=True)
+        """)],
+        pass_fds=(fd,), stdout=subprocess.PIPE, text=True,
+    )
+    mirror_sock.close()
+    probe = EventsProbe(cache, ProbeEnd(probe_sock))
+    try:
+        assert child.stdout.readline() == "ready\n"
+        done = 0
+        for i, (tokens, output) in enumerate(requests(6, 400)):
+            drive23.run_request(cache, pools, tokens, output)
+            probe.step()
+            done += 1
+            if i == 150:
+                assert int(child.stdout.readline()) >= 0  # alive, applying
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait(timeout=10)
+        assert done == 400 and probe.end.down and probe.end.held == 0
+        assert probe.end.sent > 0 and probe.end.dropped > 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=10)
+        probe.end.close()
