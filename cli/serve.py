@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -153,7 +154,8 @@ def serve(
         raise fail("--format and --scale go with --trace", EXIT_USAGE)
     if trace is not None:
         with trace_errors(trace):
-            workload = start_trace(scheduler, trace, fmt, scale, speed)
+            workload = start_trace(scheduler, trace, fmt, scale, speed,
+                                   note=lambda line: typer.echo(f"radixtop: {line}", err=True))
     engine = Engine(scheduler, workload, step_interval=0.01).start()
     name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
     from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
@@ -180,9 +182,11 @@ def inherited_socket(fd: int, host: str):
     return sock
 
 
-def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float):
+def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float,
+                note: Callable[[str], None] | None = None):
     """Apply ``trace`` to ``scheduler`` at once (a radixtop trace, or ``speed`` 0) and return None,
-    or return the TracePlayback that plays it in real time as the engine's workload."""
+    or return the TracePlayback that plays it in real time as the engine's workload. ``note``:
+    told, before anything runs, how many of a public trace's requests can never fit the pool."""
     from radixtop.gpu_backend.traces.formats import FORMATS, load_trace, scaled_block, timed_ops
     from radixtop.gpu_backend.traces.ops import Replayer, read_lines, read_trace
     from radixtop.gpu_backend.traces.playback import TracePlayback
@@ -199,6 +203,13 @@ def start_trace(scheduler, trace: Path, fmt: str, scale: int, speed: float):
         return None
     parsed = load_trace(trace, fmt)
     scaled_block(parsed.block_size, scale)  # a bad --scale is refused before anything runs
+    if note is not None:
+        needs = [-(-r.input_length // scale) for r in parsed.requests]
+        never = sum(1 for n in needs if not scheduler.fits(n))
+        if never:
+            note(f"{never:,} of the trace's {len(needs):,} requests need more KV slots than the pool has "
+                 f"({scheduler.pool.allocator.size:,}; the largest needs {max(needs):,}): they will never start. "
+                 "--capacity sets the pool; --scale shrinks the trace's blocks")
     ops = timed_ops(parsed, scale)
     if speed > 0:
         return TracePlayback(ops, speed)

@@ -146,6 +146,37 @@ def test_serve_plays_a_trace_in_real_time():
         proc.wait(10)
 
 
+def test_serve_says_at_start_how_many_of_a_traces_requests_can_never_fit_the_pool():
+    """Mooncake's requests run to 87k tokens; on a pool of 40,000 those over it would each be
+    refused as they come, one line at a time: serve says so once before it plays."""
+    over = sum(1 for line in open(MOONCAKE) if json.loads(line)["input_length"] > 40_000)
+    assert 0 < over < 37
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--trace", MOONCAKE, "--format", "mooncake",
+         "--speed", "1", "--model", "tiny", "--capacity", "40000", "--device", "meta", "--port", str(port)],
+        env={**os.environ, "RADIXTOP_TOKEN": "a-test-token-of-enough-characters"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, cwd=REPO)
+    client = RadixtopClient(f"http://127.0.0.1:{port}", timeout=5)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # listening: the note, if any, came before
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                client.stats()
+                break
+            except Exception:
+                time.sleep(0.2)
+    finally:
+        client.release()
+        proc.terminate()
+        proc.wait(10)
+    first = proc.stderr.read().splitlines(keepends=True)[0]
+    assert first == (f"radixtop: {over} of the trace's 37 requests need more KV slots than the pool has (40,000; "
+                     "the largest needs 87,169): they will never start. --capacity sets the pool; --scale shrinks "
+                     "the trace's blocks\n")
+
+
 def test_demo_plays_a_trace_and_says_how_far_it_is():
     done = radixtop("demo", "--trace", MOONCAKE, "--format", "mooncake", "--scale", "8", "--speed", "50",
                     "--duration", "2", "--device", "meta", "--model", "tiny")
