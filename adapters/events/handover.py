@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeGone
@@ -26,9 +27,11 @@ class HandoverEvents:
     """Applies the event frames from ``end`` to ``tree`` on a thread of its own until the probe's
     end closes or :meth:`close`."""
 
-    def __init__(self, tree: EventTreeAdapter, end: MirrorEnd) -> None:
+    def __init__(self, tree: EventTreeAdapter, end: MirrorEnd, on_gone: Callable[[], None] | None = None) -> None:
+        """``on_gone``: called (on this thread) once the probe's end closed."""
         self.tree = tree
         self.end = end
+        self.on_gone = on_gone
         self.gone = False
         """The probe's end closed (the server exited, or its probe stopped)."""
         self._stop = threading.Event()
@@ -43,6 +46,8 @@ class HandoverEvents:
             except ProbeGone:
                 self.gone = True
                 log.info("radixtop: the probe's end closed (the server exited): the tree stops here")
+                if self.on_gone is not None:
+                    self.on_gone()
                 return
             if frame is None or frame.kind != EVENTS:
                 continue

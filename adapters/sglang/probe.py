@@ -9,11 +9,12 @@ tree (``adapters.events.handover``). What the scheduler pays is the take, the en
 non-blocking send; SGLang's publisher pays the take and a queue's put on the scheduler thread, then
 the encoding and a ZMQ send on a thread of its own, in the same process.
 
-Frames from the probe: ``EVENTS`` (one encoded batch; its frame number is the batch's number).
+Frames from the probe: ``HELLO`` first, then ``EVENTS`` (one encoded batch each).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -21,6 +22,15 @@ from radixtop.gpu_backend.owner.handover import FRAME_MAX, ProbeEnd
 
 EVENTS = 1
 """A frame of one encoded ``KVEventBatch``."""
+HELLO = 2
+"""The first frame: JSON of what radixtop's side needs that the events do not say (``hello``)."""
+
+
+def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity_tokens: int) -> bool:
+    """Send the first frame: the target's name, its DP rank, its KV bytes per token and its pool's
+    capacity in tokens (``adapters.sglang.beside`` reads it before anything else)."""
+    info = {"name": name, "dp_rank": dp_rank, "bytes_per_token": bytes_per_token, "capacity_tokens": capacity_tokens}
+    return end.send(HELLO, json.dumps(info).encode())
 
 
 class EventsProbe:

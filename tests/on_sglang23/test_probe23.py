@@ -158,3 +158,60 @@ def test_radixtops_process_killed_mid_stream_leaves_the_scheduler_serving(sgl):
             child.kill()
         child.wait(timeout=10)
         probe.end.close()
+
+
+def test_radixtops_process_beside_serves_the_tree_and_goes_when_the_scheduler_does(sgl):
+    """``python -m radixtop.adapters.sglang.beside``, started as the plugin will start it (its end
+    of the hand-over and the admin API's listening socket passed as descriptors, the token in the
+    environment): its admin API shows the Rust core's tree as SGLang caches it; when the
+    scheduler's end closes (SGLang exited), it exits by itself."""
+    import time
+
+    from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.adapters.http.server.run import bind
+    from radixtop.adapters.sglang.probe import EventsProbe, hello
+
+    cache, pools = rust_cache(sgl, capacity=2048)
+    probe_sock, mirror_sock = pair()
+    listening = bind("127.0.0.1", 0)
+    listening.listen()
+    port = listening.getsockname()[1]
+    token = "a-test-token-of-enough-characters"
+    fds = (mirror_sock.fileno(), listening.fileno())
+    child = subprocess.Popen(
+        [sys.executable, "-m", "radixtop.adapters.sglang.beside", "--handover-fd", str(fds[0]),
+         "--socket-fd", str(fds[1])],
+        pass_fds=fds, env={**os.environ, "RADIXTOP_TOKEN": token}, stderr=subprocess.PIPE, text=True)
+    mirror_sock.close()
+    listening.close()
+    end = ProbeEnd(probe_sock)
+    client = RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=5)
+    try:
+        assert hello(end, "sglang dp0 (test)", 0, 4096, 2048)
+        probe = EventsProbe(cache, end)
+        for tokens, output in requests(7, 200):
+            drive23.run_request(cache, pools, tokens, output)
+            probe.step()
+        cached = cache.evictable_size() + cache.protected_size()
+        deadline = time.monotonic() + 30
+        while True:  # the frames applied beside, read over its admin API
+            assert child.poll() is None, child.stderr.read()
+            try:
+                stats = client.stats()
+                if stats.total_tokens == cached:
+                    break
+            except Exception:  # not listening yet
+                pass
+            assert time.monotonic() < deadline, f"tree beside never reached {cached} tokens"
+            time.sleep(0.1)
+        assert stats.capacity_tokens == 2048 and stats.target == "sglang dp0 (test)"
+        assert client.node(ROOT_ID).node.subtree_tokens == cached
+        assert sum(c.subtree_tokens for c in client.children(ROOT_ID, 0, 1000).children) == cached
+        end.close()  # the scheduler exits
+        assert child.wait(timeout=20) == 0
+    finally:
+        client.release()
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=10)
+        end.close()
