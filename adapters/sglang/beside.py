@@ -56,9 +56,12 @@ def tree_of(info: dict[str, Any]) -> EventTreeAdapter:
         return value
 
     name = info.get("name")
-    return EventTreeAdapter(name=str(name) if isinstance(name, str) and name else "sglang",
+    tree = EventTreeAdapter(name=str(name) if isinstance(name, str) and name else "sglang",
                             endpoint="the scheduler's probe", dp_rank=number("dp_rank"),
                             bytes_per_token=number("bytes_per_token"), capacity_tokens=number("capacity_tokens"))
+    if number("missed"):  # started again: what the cache stored before is not in this tree
+        tree.missed(number("missed"))
+    return tree
 
 
 def main(argv: list[str] | None = None) -> int:

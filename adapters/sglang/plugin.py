@@ -16,6 +16,10 @@ Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
   ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late. With
   ``--sleep-on-idle`` a queued request wakes the scheduler (``IdleWaker``).
 
+With ``RADIXTOP_BESIDE=1`` on the Rust core (SGLang's own publisher off), the admin API and the
+tree run in radixtop's own process beside the scheduler instead (``probe.BesideProcess``,
+``beside``; issue 27, under way), fed by a probe that never makes the scheduler wait.
+
 Environment: ``RADIXTOP_TOKEN`` (the bearer token for actions; without it one is made up and
 written, mode 0600, to ``RADIXTOP_TOKEN_FILE`` or ``sglang-<port>.token`` in a private directory,
 ``$XDG_RUNTIME_DIR/radixtop`` or ``$TMPDIR/radixtop-<uid>``, never through a link or into a file
@@ -54,14 +58,18 @@ class Attached:
     adapter: CacheAdapter  # SGLangInProcessAdapter, or CoreEventsAdapter over it
     owner: OwnerQueue
     url: str
-    server: Any  # uvicorn.Server
-    thread: threading.Thread
+    server: Any  # uvicorn.Server (None where radixtop's process beside serves the admin API)
+    thread: threading.Thread | None
     waker: IdleWaker | None = None
     core: Any = None  # CoreEvents: the Rust core's KV events, taken here each loop unless SGLang takes them
+    beside: Any = None  # probe.BesideProcess: radixtop's process next to the scheduler (RADIXTOP_BESIDE=1)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        if self.server is not None:
+            self.server.should_exit = True
+            self.thread.join(10)  # type: ignore[union-attr]
+        if self.beside is not None:
+            self.beside.close()
         self.adapter.release()
 
 
@@ -140,10 +148,12 @@ def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
     if attached is not None:
         if attached.waker is not None:
             attached.waker.drained()
-        if attached.core is not None and not attached.core.sglang_takes:
+        if attached.beside is not None:
+            attached.beside.step()
+        elif attached.core is not None and not attached.core.sglang_takes:
             attached.core.drain()
         attached.owner.between_steps(max_items=64)
-    if attached is None or attached.core is None:
+    if attached is None or (attached.core is None and attached.beside is None):
         _discard_events(scheduler)
 
 
@@ -229,6 +239,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     """Serve the admin API over ``scheduler.tree_cache`` (what the ``__init__`` hook does).
     Returns None on a TP rank other than the first."""
     from radixtop.adapters.http.server import AuditLog, check_token_strength, create_app, is_loopback, serve_in_thread
+    from radixtop.adapters.http.server.run import base_url
 
     if int(getattr(scheduler, "tp_rank", 0) or 0) != 0:
         return None
@@ -254,6 +265,13 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
+    beside = _beside(scheduler, adapter, dp_rank, host, port, token) if _env_flag("RADIXTOP_BESIDE") else None
+    if beside is not None:
+        attached = Attached(adapter, owner, base_url(host, port), None, None, waker, None, beside)
+        setattr(scheduler, ATTACHED, attached)
+        log.info("radixtop admin API for %s on %s, served by radixtop's process beside the scheduler (pid %d)",
+                 adapter.name, attached.url, beside.child.pid)
+        return attached
     served, core = _over_core_events(scheduler, adapter, dp_rank)
     app = create_app(served, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
                      host=host, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
@@ -263,6 +281,32 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     log.info("radixtop admin API for %s on %s%s", adapter.name, url,
              " (the tree from the core's own KV events)" if core is not None else "")
     return attached
+
+
+def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: int, host: str, port: int,
+            token: str) -> Any:
+    """radixtop's process next to the scheduler, fed by a probe (issue 27), where the tree is the
+    Rust core's (its KV events are all it shows) and SGLang's own publisher does not take them;
+    None elsewhere (a line says why), and radixtop stays in process."""
+    from radixtop.adapters.http.server.run import bind
+    from radixtop.adapters.sglang.events.core import records_events
+    from radixtop.adapters.sglang.probe import BesideProcess
+
+    publisher = getattr(scheduler, "kv_events_publisher", None)
+    if adapter.tree.has_nodes or not records_events(scheduler.tree_cache) \
+            or getattr(publisher, "enable_kv_cache_events", False):
+        log.info("radixtop: RADIXTOP_BESIDE=1 applies to the Rust tree core without SGLang's own KV-event "
+                 "publisher; radixtop stays in the scheduler's process here")
+        return None
+    listening = bind(host, port)
+    listening.listen(2048)
+    info = {"name": adapter.name, "dp_rank": dp_rank, "bytes_per_token": int(adapter.geometry.bytes_per_token),
+            "capacity_tokens": int(adapter.allocator.size)}
+    try:
+        return BesideProcess(scheduler.tree_cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token})
+    except BaseException:
+        listening.close()
+        raise
 
 
 def _over_core_events(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: int) -> tuple[CacheAdapter, Any]:

@@ -15,10 +15,13 @@ Frames from the probe: ``HELLO`` first, then ``EVENTS`` (one encoded batch each)
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
-from radixtop.gpu_backend.owner.handover import FRAME_MAX, ProbeEnd
+from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, FRAME_MAX, SOCKET_BUFFER, ProbeEnd
+
+log = logging.getLogger("radixtop.sglang")
 
 EVENTS = 1
 """A frame of one encoded ``KVEventBatch``."""
@@ -26,10 +29,13 @@ HELLO = 2
 """The first frame: JSON of what radixtop's side needs that the events do not say (``hello``)."""
 
 
-def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity_tokens: int) -> bool:
+def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity_tokens: int,
+          missed: int = 0) -> bool:
     """Send the first frame: the target's name, its DP rank, its KV bytes per token and its pool's
-    capacity in tokens (``adapters.sglang.beside`` reads it before anything else)."""
-    info = {"name": name, "dp_rank": dp_rank, "bytes_per_token": bytes_per_token, "capacity_tokens": capacity_tokens}
+    capacity in tokens (``adapters.sglang.beside`` reads it before anything else), and ``missed``:
+    the batches taken before this process was started (a restart: its tree lacks them)."""
+    info = {"name": name, "dp_rank": dp_rank, "bytes_per_token": bytes_per_token, "capacity_tokens": capacity_tokens,
+            "missed": missed}
     return end.send(HELLO, json.dumps(info).encode())
 
 
@@ -72,3 +78,137 @@ class EventsProbe:
             self.end.skip()
             return
         self.end.send(EVENTS, payload)
+
+
+RESTART_FIRST_S = 0.5
+"""The wait before radixtop's process is started again after it went down; doubled each time
+it goes down again within ``RESTART_QUIET_S``, up to ``RESTART_MOST_S``."""
+RESTART_MOST_S = 30.0
+RESTART_QUIET_S = 60.0
+LOOK_S = 0.5
+"""How often the scheduler's loop looks whether radixtop's process is still there (a waitpid)."""
+STALLED_S = 10.0
+"""radixtop's process that has taken no frame for this long while frames were dropped for it
+(alive but not reading: hung) is killed, and started again."""
+
+
+class BesideProcess:
+    """radixtop's process next to this scheduler (``adapters.sglang.beside``) and the probe that
+    feeds it, on the scheduler thread: ``step`` once a loop. Where that process dies, closes its
+    end or hangs, the probe drops at once (the scheduler never waits), and the process is started
+    again after a back-off, told how many batches it missed (its tree says it is incomplete until
+    the cache is flushed). The admin API's listening socket is bound here and kept, so the port
+    stays taken across restarts."""
+
+    def __init__(self, cache: Any, listening: Any, host: str, info: dict[str, Any], env: dict[str, str],
+                 buffer: int = SOCKET_BUFFER, backlog: int = BACKLOG_BYTES) -> None:
+        """``info``: ``hello``'s; ``env``: radixtop's process's environment (its token in it);
+        ``buffer`` and ``backlog``: the hand-over's bounds (``gpu_backend.owner.handover``)."""
+        self.cache = cache
+        self.buffer, self.backlog = buffer, backlog
+        self.listening = listening
+        self.host = host
+        self.info = info
+        self.env = env
+        self.child: Any = None
+        self.probe: EventsProbe | None = None
+        self.starts = 0
+        self._retry_at = 0.0
+        self._wait = RESTART_FIRST_S
+        self._down_at: float | None = None
+        self._stalled_since: float | None = None
+        self._dropped_seen = 0
+        self._look_at = 0.0
+        self._start()
+
+    def _start(self) -> None:
+        import subprocess
+        import sys
+
+        from radixtop.gpu_backend.owner.handover import pair
+
+        missed = self.probe.batches if self.probe is not None else 0
+        mine, theirs = pair(self.buffer)
+        fds = (theirs.fileno(), self.listening.fileno())
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "radixtop.adapters.sglang.beside", "--handover-fd", str(fds[0]),
+                 "--socket-fd", str(fds[1]), "--host", self.host],
+                pass_fds=fds, env=self.env, stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        end = ProbeEnd(mine, backlog_bytes=self.backlog)
+        hello(end, missed=missed, **self.info)
+        if self.probe is None:
+            self.probe = EventsProbe(self.cache, end)
+        else:
+            self.probe.end.close()
+            self.probe.end = end
+        self.starts += 1
+        self._stalled_since, self._dropped_seen = None, 0
+        if self.starts > 1:
+            log.warning("radixtop: its process beside the scheduler started again (pid %d; %d batches of KV events "
+                        "before it are not in its tree)", self.child.pid, missed)
+
+    @property
+    def up(self) -> bool:
+        """radixtop's process is there and taking frames."""
+        return self.probe is not None and not self.probe.end.down
+
+    def step(self) -> None:
+        probe = self.probe
+        assert probe is not None
+        probe.step()
+        now = time.monotonic()
+        end = probe.end
+        if not end.down and now >= self._look_at:  # gone while nothing was sent (an idle server)?
+            self._look_at = now + LOOK_S
+            if self.child.poll() is not None:
+                end.close()
+        if end.down:
+            self._restart_when_due(now)
+        elif end.dropped != self._dropped_seen:  # frames dropped since the last look: reading at all?
+            self._dropped_seen = end.dropped
+            if self._stalled_since is None:
+                self._stalled_since = now
+            elif now - self._stalled_since > STALLED_S:
+                log.warning("radixtop: its process beside the scheduler took no KV events for %.0f s: killed",
+                            STALLED_S)
+                self.child.kill()  # hung: its end closes, the probe sees it down at its next send
+                self._stalled_since = None
+        else:
+            self._stalled_since = None
+
+    def _restart_when_due(self, now: float) -> None:
+        if self._down_at is None:  # just went down
+            quiet = self._retry_at and now - self._retry_at > RESTART_QUIET_S
+            self._wait = RESTART_FIRST_S if quiet or not self._retry_at else min(self._wait * 2, RESTART_MOST_S)
+            self._down_at, self._retry_at = now, now + self._wait
+            code = self.child.poll() if self.child is not None else None
+            log.warning("radixtop: its process beside the scheduler went down (%s); SGLang goes on, and it is "
+                        "started again in %.1f s", "still running: killed" if code is None else f"exit {code}",
+                        self._wait)
+            if code is None:
+                self.child.kill()
+            return
+        if now < self._retry_at:
+            return
+        if self.child is not None and self.child.poll() is None:
+            return  # (killed, not yet gone)
+        self._down_at = None
+        try:
+            self._start()
+        except OSError:  # cannot start a process now: tried again after the next wait
+            self._down_at = now
+            self._retry_at = now + self._wait
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.end.close()
+        if self.child is not None:
+            self.child.terminate()
+            try:
+                self.child.wait(5)
+            except Exception:
+                self.child.kill()
+        self.listening.close()

@@ -215,3 +215,48 @@ def test_radixtops_process_beside_serves_the_tree_and_goes_when_the_scheduler_do
             child.kill()
         child.wait(timeout=10)
         end.close()
+
+
+def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed(sgl, monkeypatch):
+    """radixtop's process stopped (SIGSTOP: alive, reading nothing): the probe's frames are dropped
+    without a wait; after ``STALLED_S`` of that the process is killed, and started again on the
+    same port, its tree saying it is incomplete."""
+    import time
+
+    from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.adapters.http.server.run import bind
+    from radixtop.adapters.sglang import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "STALLED_S", 0.5)
+    monkeypatch.setattr(probe_module, "RESTART_FIRST_S", 0.1)
+    cache, pools = rust_cache(sgl, capacity=8192)
+    listening = bind("127.0.0.1", 0)
+    listening.listen()
+    port = listening.getsockname()[1]
+    token = "a-test-token-of-enough-characters"
+    beside = probe_module.BesideProcess(
+        cache, listening, "127.0.0.1", {"name": "t", "dp_rank": 0, "bytes_per_token": 64, "capacity_tokens": 8192},
+        {**os.environ, "RADIXTOP_TOKEN": token}, buffer=8 << 10, backlog=8 << 10)
+    client = RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=5)
+    try:
+        first = beside.child.pid
+        os.kill(first, signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        for tokens, output in requests(8, 100_000):
+            drive23.run_request(cache, pools, tokens, output)
+            beside.step()
+            if beside.starts == 2:
+                break
+            assert time.monotonic() < deadline, "the hung process was never replaced"
+        assert beside.child.pid != first and beside.probe.end.dropped == 0
+        while True:
+            try:
+                reason = client.capabilities().reason
+                break
+            except Exception:  # the new process not listening yet
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert "incomplete" in reason
+    finally:
+        client.release()
+        beside.close()

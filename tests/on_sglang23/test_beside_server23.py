@@ -1,0 +1,91 @@
+"""Issue 27 on a real SGLang 0.5.23 server with its defaults (the Rust tree core): with
+``RADIXTOP_BESIDE=1`` the plugin leaves a probe in the scheduler and serves the admin API from
+radixtop's own process beside it. The tree there is what SGLang caches; ``kill -9`` of that
+process under load costs SGLang no request, and it comes back, saying what it missed.
+Collected only beside sglang 0.5.23."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from radixtop.adapters.http.client import RadixtopClient
+from tests.on_sglang.server import launch
+from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, fresh, settle
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(600)]
+
+SERVED = re.compile(r"served by radixtop's process beside the scheduler \(pid (\d+)\)")
+
+
+@pytest.fixture(scope="module")
+def beside(tmp_path_factory):
+    srv = launch(tmp_path_factory.mktemp("sglang-beside"), sessions=False, sleep_on_idle=True,
+                 max_total_tokens=MAX_TOTAL_TOKENS, env={"RADIXTOP_BESIDE": "1"})
+    client = RadixtopClient(srv.admin_url, token=srv.token, timeout=30)
+    yield srv, client
+    client.release()
+    srv.stop()
+
+
+def beside_pid(server) -> int:
+    found = SERVED.findall(server.log())
+    assert found, server.log()[-3000:]
+    return int(found[-1])
+
+
+def test_the_admin_api_is_served_from_radixtops_own_process_with_sglangs_tree(beside):
+    server, client = beside
+    pid = beside_pid(server)
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"radixtop.adapters.sglang.beside" in cmdline  # not the scheduler's process
+    prompts = [fresh(64) for _ in range(3)]
+    shared = fresh(48)
+    for p in prompts + [shared + fresh(16), shared + fresh(16)]:
+        server.generate(p, max_new_tokens=4)
+    settle(server, client)
+    m = server.metrics()
+    assert client.node(0, 0, 1).node.subtree_tokens == m["sglang:kv_evictable_tokens"] > 0
+    for p in prompts:
+        assert client.match(p).matched_tokens >= len(p) - 1
+    branch = client.match(shared)
+    assert branch.matched_tokens == len(shared) and client.children(branch.node_id).total == 2
+    caps = client.capabilities()
+    assert caps.tree and "incomplete" not in caps.reason
+
+
+def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request(beside):
+    server, client = beside
+    pid = beside_pid(server)
+
+    def one(_: int) -> int:
+        return server.generate(fresh(40), max_new_tokens=4) is not None
+
+    with ThreadPoolExecutor(4) as pool:
+        running = pool.map(one, range(40))
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGKILL)
+        served = list(running)
+    assert len(served) == 40 and all(served)  # SGLang answered every request
+    deadline = time.monotonic() + 30
+    while True:  # back within seconds: a new process, the same port and token
+        found = SERVED.findall(server.log()) and re.findall(r"started again \(pid (\d+);", server.log())
+        if found:
+            try:
+                caps = client.capabilities()
+                break
+            except Exception:
+                pass
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        time.sleep(0.2)
+    assert int(found[-1]) != pid
+    assert "went down" in server.log()
+    assert "incomplete" in caps.reason  # it says what it missed, never a silent partial tree
+    server.generate(fresh(30), max_new_tokens=4)
+    assert server.get("/health").status_code == 200
