@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from radixtop.adapters.events.adapter import EventTreeAdapter
-from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeGone
+from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
 log = logging.getLogger("radixtop.events")
 
@@ -27,11 +27,18 @@ class HandoverEvents:
     """Applies the event frames from ``end`` to ``tree`` on a thread of its own until the probe's
     end closes or :meth:`close`."""
 
-    def __init__(self, tree: EventTreeAdapter, end: MirrorEnd, on_gone: Callable[[], None] | None = None) -> None:
-        """``on_gone``: called (on this thread) once the probe's end closed."""
+    where = "in radixtop's process beside the server"
+    """Where the events are applied (for a capabilities' reason)."""
+
+    def __init__(self, tree: EventTreeAdapter, end: MirrorEnd, on_gone: Callable[[], None] | None = None,
+                 on_other: Callable[[Frame], None] | None = None) -> None:
+        """``on_gone``: called (on this thread) once the probe's end closed; ``on_other``: each
+        frame that is not of events (a reply to a command), on this thread, in its order among
+        the events (so what the events before it did is in the tree when it is handled)."""
         self.tree = tree
         self.end = end
         self.on_gone = on_gone
+        self.on_other = on_other
         self.gone = False
         """The probe's end closed (the server exited, or its probe stopped)."""
         self._stop = threading.Event()
@@ -49,7 +56,11 @@ class HandoverEvents:
                 if self.on_gone is not None:
                     self.on_gone()
                 return
-            if frame is None or frame.kind != EVENTS:
+            if frame is None:
+                continue
+            if frame.kind != EVENTS:
+                if self.on_other is not None:
+                    self.on_other(frame)
                 continue
             if frame.lost:
                 tree.missed(frame.lost)

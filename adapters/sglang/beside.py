@@ -16,18 +16,26 @@ process stops its server and exits: it never outlives the server it watches.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from types import SimpleNamespace
 from typing import Any
 
+from radixtop.adapters.errors import TargetTimeout, TargetUnreachable
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.adapters.events.handover import HandoverEvents
-from radixtop.adapters.sglang.probe import HELLO
-from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeGone
+from radixtop.adapters.http import wire
+from radixtop.adapters.model import Capabilities, Diagnosis, EvictResultView, FlushResultView, Stats
+from radixtop.adapters.sglang.probe import CALL, HELLO, REPLY
+from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
 log = logging.getLogger("radixtop.sglang")
 
@@ -64,6 +72,94 @@ def tree_of(info: dict[str, Any]) -> EventTreeAdapter:
     return tree
 
 
+class Calls:
+    """Calls to SGLang itself through the probe (``probe.OPS``): each waits for its reply, which
+    the probe sends after every event the scheduler recorded before it, so the tree has them when
+    the reply is read (``HandoverEvents`` hands the replies here in their order among the events)."""
+
+    def __init__(self, end: MirrorEnd, timeout: float) -> None:
+        self.end = end
+        self.timeout = timeout
+        self._ids = itertools.count()
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    def call(self, op: str, **args: Any) -> Any:
+        ident = next(self._ids)
+        future: Future = Future()
+        with self._lock:
+            self._pending[ident] = future
+        try:
+            self.end.send(CALL, json.dumps({"id": ident, "op": op, "args": args}).encode(), timeout=self.timeout)
+            reply = future.result(self.timeout)
+        except FutureTimeout:
+            raise TargetTimeout(f"SGLang's scheduler did not answer {op!r} within {self.timeout:g}s") from None
+        except (ProbeGone, TimeoutError) as exc:
+            raise TargetUnreachable(f"SGLang's scheduler cannot be reached: {exc}") from None
+        finally:
+            with self._lock:
+                self._pending.pop(ident, None)
+        if "error" in reply:
+            raise wire.error_from_body(500, reply)
+        return reply.get("result")
+
+    def replied(self, frame: Frame) -> None:
+        if frame.kind != REPLY:
+            return
+        try:
+            reply = json.loads(frame.payload)
+            future = self._pending.get(reply["id"]) if isinstance(reply, dict) else None
+        except (ValueError, KeyError, TypeError):
+            return
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    def gone(self) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+        for future in pending:
+            if not future.done():
+                future.set_result({"error": {"code": "target_unreachable",
+                                             "message": "SGLang's scheduler went away"}})
+
+
+class RemoteSGLang:
+    """What SGLang itself says and does (its totals, its doctor's figures, evict and flush), asked
+    of the scheduler through the probe: the part of ``SGLangInProcessAdapter`` that
+    ``CoreEventsAdapter`` uses."""
+
+    def __init__(self, calls: Calls, name: str, read_only: bool, timeout: float) -> None:
+        self.calls = calls
+        self.name = name
+        self.read_only = read_only
+        self.timeout = timeout
+        self.tree = SimpleNamespace(kind="Rust tree core", policy=None)
+
+    def capabilities(self) -> Capabilities:
+        own = wire.capabilities_from_dict(self.calls.call("capabilities"))
+        return own if not self.read_only else Capabilities(**{**own.__dict__, "read_only": True})
+
+    def stats(self) -> Stats:
+        return wire.stats_from_dict(self.calls.call("stats"))
+
+    def diagnose(self, idle_after_s: float = 600.0) -> Diagnosis:
+        return wire.diagnosis_from_dict(self.calls.call("diagnose", idle_after_s=idle_after_s))
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        self._refuse_if_read_only("evict")
+        return wire.evict_result_from_dict(self.calls.call("evict", num_tokens=num_tokens))
+
+    def flush(self) -> FlushResultView:
+        self._refuse_if_read_only("flush")
+        return wire.flush_result_from_dict(self.calls.call("flush"))
+
+    def _refuse_if_read_only(self, action: str) -> None:
+        if self.read_only:
+            from radixtop.adapters.errors import ReadOnly
+
+            raise ReadOnly(f"{self.name} is read-only: {action} refused")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixtop.adapters.sglang.beside", description=__doc__.split("\n\n")[0])
     ap.add_argument("--handover-fd", type=int, required=True)
@@ -81,12 +177,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"radixtop beside: {exc}", file=sys.stderr)
         return 1
 
+    timeout = float(os.environ.get("RADIXTOP_TIMEOUT", "10"))
+    calls = Calls(end, timeout)
+
     def gone() -> None:  # the scheduler exited: so does this process (serve stops on SIGTERM)
+        calls.gone()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    handover = HandoverEvents(tree, end, on_gone=gone)
+    from radixtop.adapters.sglang.events.core import CoreEventsAdapter
+
+    handover = HandoverEvents(tree, end, on_gone=gone, on_other=calls.replied)
+    sglang = RemoteSGLang(calls, tree.name, os.environ.get("RADIXTOP_READ_ONLY", "").strip().lower()
+                          in ("1", "true", "yes", "on"), timeout)
+
+    def synced(wait: float) -> bool:  # the reply comes after every event recorded so far
+        calls.call("sync")
+        return True
+
+    adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=synced)  # type: ignore[arg-type]
     try:
-        serve(tree, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
+        serve(adapter, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,
               read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None, sock=listening,
               log=lambda line: print(line, file=sys.stderr, flush=True))

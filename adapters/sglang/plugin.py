@@ -254,8 +254,8 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     sleeper = getattr(scheduler, "idle_sleeper", None)
     waker = IdleWaker(sleeper.poller) if sleeper is not None and hasattr(sleeper, "poller") else None
     owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})", wake=waker.wake if waker else None)
-    adapter = SGLangInProcessAdapter(
-        scheduler.tree_cache, owner, name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
+    options: dict[str, Any] = dict(
+        name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
         model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
         session_controller=getattr(scheduler, "session_controller", None), closer=lambda sid: _close(scheduler, sid),
@@ -265,7 +265,11 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    beside = _beside(scheduler, adapter, dp_rank, host, port, token) if _env_flag("RADIXTOP_BESIDE") else None
+    adapter = SGLangInProcessAdapter(scheduler.tree_cache, owner, **options)
+    beside = None
+    if _env_flag("RADIXTOP_BESIDE"):  # its calls answered on the scheduler's thread: no owner queue there
+        beside = _beside(scheduler, adapter, SGLangInProcessAdapter(scheduler.tree_cache, None, **options),
+                         dp_rank, host, port, token, getattr(sleeper, "poller", None))
     if beside is not None:
         attached = Attached(adapter, owner, base_url(host, port), None, None, waker, None, beside)
         setattr(scheduler, ATTACHED, attached)
@@ -283,8 +287,8 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     return attached
 
 
-def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: int, host: str, port: int,
-            token: str) -> Any:
+def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, direct: SGLangInProcessAdapter, dp_rank: int,
+            host: str, port: int, token: str, poller: Any = None) -> Any:
     """radixtop's process next to the scheduler, fed by a probe (issue 27), where the tree is the
     Rust core's (its KV events are all it shows) and SGLang's own publisher does not take them;
     None elsewhere (a line says why), and radixtop stays in process."""
@@ -303,7 +307,8 @@ def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: int, host:
     info = {"name": adapter.name, "dp_rank": dp_rank, "bytes_per_token": int(adapter.geometry.bytes_per_token),
             "capacity_tokens": int(adapter.allocator.size)}
     try:
-        return BesideProcess(scheduler.tree_cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token})
+        return BesideProcess(scheduler.tree_cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
+                             sglang=direct, poller=poller)
     except BaseException:
         listening.close()
         raise

@@ -27,6 +27,15 @@ EVENTS = 1
 """A frame of one encoded ``KVEventBatch``."""
 HELLO = 2
 """The first frame: JSON of what radixtop's side needs that the events do not say (``hello``)."""
+CALL = 3
+"""From radixtop's side: JSON ``{"id", "op", "args"}``, one of ``OPS``, run between the scheduler's steps."""
+REPLY = 4
+"""To radixtop's side: JSON ``{"id", "result"}`` or ``{"id", "error": {"code", "message"}}``, sent
+after the events the scheduler recorded before it (an action's own events included)."""
+OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush")
+"""What radixtop's side may ask of SGLang itself: ``sync`` (nothing: its reply comes after every
+event recorded so far), its own figures, and its own actions."""
+ACTIONS = ("evict", "flush")
 
 
 def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity_tokens: int,
@@ -101,10 +110,18 @@ class BesideProcess:
     stays taken across restarts."""
 
     def __init__(self, cache: Any, listening: Any, host: str, info: dict[str, Any], env: dict[str, str],
-                 buffer: int = SOCKET_BUFFER, backlog: int = BACKLOG_BYTES) -> None:
+                 buffer: int = SOCKET_BUFFER, backlog: int = BACKLOG_BYTES, sglang: Any = None,
+                 poller: Any = None) -> None:
         """``info``: ``hello``'s; ``env``: radixtop's process's environment (its token in it);
-        ``buffer`` and ``backlog``: the hand-over's bounds (``gpu_backend.owner.handover``)."""
+        ``buffer`` and ``backlog``: the hand-over's bounds (``gpu_backend.owner.handover``);
+        ``sglang``: what answers radixtop's side's calls on this thread (an
+        ``SGLangInProcessAdapter`` with no owner queue: this is the scheduler's thread); ``poller``:
+        the ``zmq.Poller`` a scheduler that sleeps on idle waits in (``--sleep-on-idle``): the
+        hand-over's socket joins it, so a call from radixtop's side wakes it."""
         self.cache = cache
+        self.sglang = sglang
+        self.poller = poller
+        self._polled: Any = None
         self.buffer, self.backlog = buffer, backlog
         self.listening = listening
         self.host = host
@@ -138,6 +155,12 @@ class BesideProcess:
         finally:
             theirs.close()
         end = ProbeEnd(mine, backlog_bytes=self.backlog)
+        self._unpoll()
+        if self.poller is not None:
+            import zmq
+
+            self.poller.register(mine.fileno(), zmq.POLLIN)
+            self._polled = mine.fileno()
         hello(end, missed=missed, **self.info)
         if self.probe is None:
             self.probe = EventsProbe(self.cache, end)
@@ -159,6 +182,10 @@ class BesideProcess:
         probe = self.probe
         assert probe is not None
         probe.step()
+        if self.sglang is not None and not probe.end.down:
+            for frame in probe.end.commands(8):
+                if frame.kind == CALL:
+                    self._answer(frame.payload)
         now = time.monotonic()
         end = probe.end
         if not end.down and now >= self._look_at:  # gone while nothing was sent (an idle server)?
@@ -179,11 +206,37 @@ class BesideProcess:
         else:
             self._stalled_since = None
 
+    def _answer(self, payload: bytes) -> None:
+        """One call from radixtop's side, run here (the scheduler's thread, between its steps);
+        the reply goes after what the call's own action recorded."""
+        import orjson
+
+        from radixtop.adapters.errors import AdapterError
+        from radixtop.adapters.http.wire import error_body, error_to_body
+
+        ident: Any = None
+        try:
+            call = json.loads(payload)
+            ident, op, args = call["id"], call["op"], call.get("args") or {}
+            if op not in OPS or not isinstance(args, dict):
+                raise ValueError(f"no such call: {op!r}")
+            result = None if op == "sync" else getattr(self.sglang, op)(**args)
+            reply: dict[str, Any] = {"id": ident, "result": result}
+        except AdapterError as exc:
+            reply = {"id": ident, **error_to_body(exc)}
+        except Exception as exc:  # a bad call, or SGLang raising: an answer, never a scheduler down
+            reply = {"id": ident, **error_body("internal", f"{type(exc).__name__}: {exc}")}
+            op = None
+        if op in ACTIONS:
+            self.probe.step()  # type: ignore[union-attr]  # what the action recorded goes first
+        self.probe.end.send(REPLY, orjson.dumps(reply, default=_plain))  # type: ignore[union-attr]
+
     def _restart_when_due(self, now: float) -> None:
         if self._down_at is None:  # just went down
             quiet = self._retry_at and now - self._retry_at > RESTART_QUIET_S
             self._wait = RESTART_FIRST_S if quiet or not self._retry_at else min(self._wait * 2, RESTART_MOST_S)
             self._down_at, self._retry_at = now, now + self._wait
+            self._unpoll()  # (a closed end reads as ready forever: the idle scheduler would spin)
             code = self.child.poll() if self.child is not None else None
             log.warning("radixtop: its process beside the scheduler went down (%s); SGLang goes on, and it is "
                         "started again in %.1f s", "still running: killed" if code is None else f"exit {code}",
@@ -202,7 +255,16 @@ class BesideProcess:
             self._down_at = now
             self._retry_at = now + self._wait
 
+    def _unpoll(self) -> None:
+        if self._polled is not None:
+            try:
+                self.poller.unregister(self._polled)
+            except KeyError:
+                pass
+            self._polled = None
+
     def close(self) -> None:
+        self._unpoll()
         if self.probe is not None:
             self.probe.end.close()
         if self.child is not None:
@@ -212,3 +274,11 @@ class BesideProcess:
             except Exception:
                 self.child.kill()
         self.listening.close()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if hasattr(value, "item"):  # a numpy or torch scalar
+        return value.item()
+    raise TypeError(f"cannot encode {type(value).__name__}")

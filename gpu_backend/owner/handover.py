@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 from collections import deque
 from typing import NamedTuple
 
@@ -170,10 +171,13 @@ class ProbeEnd:
 
 
 class MirrorEnd:
-    """radixtop's end: reads wait (up to a timeout), and so may its commands."""
+    """radixtop's end: reads wait (up to a timeout), and so may its commands. One thread
+    receives; any thread may send (a lock, and a socket object of its own for its timeout)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._sending = sock.dup()
+        self._send_lock = threading.Lock()
         self._buffer = bytearray(HEADER.size + FRAME_MAX + 1)
         self.expected = 0
         """The number of the next frame from the probe."""
@@ -208,15 +212,17 @@ class MirrorEnd:
         where the probe's buffer stayed full ``timeout`` seconds; ``ProbeGone`` where it closed."""
         if len(payload) > FRAME_MAX:
             raise ValueError(f"a frame of {len(payload):,} bytes (at most {FRAME_MAX:,})")
-        self.sock.settimeout(timeout)
-        header = HEADER.pack(self.seq, kind)
-        self.seq += 1
-        try:
-            self.sock.sendmsg((header, payload))
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            raise ProbeGone(str(exc)) from exc
+        with self._send_lock:
+            self._sending.settimeout(timeout)
+            header = HEADER.pack(self.seq, kind)
+            self.seq += 1
+            try:
+                self._sending.sendmsg((header, payload))
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                raise ProbeGone(str(exc)) from exc
 
     def close(self) -> None:
+        self._sending.close()
         self.sock.close()

@@ -57,7 +57,29 @@ def test_the_admin_api_is_served_from_radixtops_own_process_with_sglangs_tree(be
     branch = client.match(shared)
     assert branch.matched_tokens == len(shared) and client.children(branch.node_id).total == 2
     caps = client.capabilities()
-    assert caps.tree and "incomplete" not in caps.reason
+    assert caps.tree and caps.evict and caps.flush and not caps.close
+    assert "beside" in caps.reason and "incomplete" not in caps.reason
+    st = client.stats()  # SGLang's own totals, asked of the scheduler through the probe
+    assert (st.available_tokens, st.evictable_tokens, st.capacity_tokens) == \
+        (m["sglang:kv_available_tokens"], m["sglang:kv_evictable_tokens"], MAX_TOTAL_TOKENS)
+
+
+def test_sglangs_own_evict_and_flush_through_radixtops_process_and_the_tree_follows(beside):
+    """Each compared with SGLang's own evictable tokens as its scheduler reads them at that step
+    (through the probe; its /metrics gauge is republished every 30 s when idle)."""
+    server, client = beside
+    for _ in range(4):
+        server.generate(fresh(64), max_new_tokens=4)
+    settle(server, client)
+    before = client.node(0, 0, 1).node.subtree_tokens
+    assert before == client.stats().evictable_tokens == server.metrics()["sglang:kv_evictable_tokens"] > 64
+    evicted = client.evict(32)
+    assert evicted.evicted_tokens >= 32 and evicted.evicted_nodes >= 1
+    assert client.node(0, 0, 1).node.subtree_tokens == before - evicted.evicted_tokens == \
+        client.stats().evictable_tokens
+    client.flush()
+    assert client.node(0, 0, 1).node.subtree_tokens == 0 == client.stats().evictable_tokens
+    assert client.children(0).total == 0
 
 
 def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request(beside):

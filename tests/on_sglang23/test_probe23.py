@@ -160,61 +160,128 @@ def test_radixtops_process_killed_mid_stream_leaves_the_scheduler_serving(sgl):
         probe.end.close()
 
 
-def test_radixtops_process_beside_serves_the_tree_and_goes_when_the_scheduler_does(sgl):
-    """``python -m radixtop.adapters.sglang.beside``, started as the plugin will start it (its end
-    of the hand-over and the admin API's listening socket passed as descriptors, the token in the
-    environment): its admin API shows the Rust core's tree as SGLang caches it; when the
-    scheduler's end closes (SGLang exited), it exits by itself."""
-    import time
+class SchedulerLoop:
+    """The scheduler's thread, as SGLang runs it: requests, and the plugin's hook once a loop
+    (``BesideProcess.step``: events out, radixtop's calls answered), on a thread of its own so
+    that the test's thread can read radixtop's admin API meanwhile (a read waits for a step)."""
 
+    def __init__(self, beside, cache, pools) -> None:
+        import queue
+        import threading
+
+        self.beside, self.cache, self.pools = beside, cache, pools
+        self.work: queue.SimpleQueue = queue.SimpleQueue()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import queue
+        import time
+
+        try:
+            while not self.stop.is_set():
+                try:
+                    fn = self.work.get(timeout=0.002)
+                except queue.Empty:
+                    fn = None
+                if fn is not None:
+                    fn()
+                self.beside.step()
+        except BaseException as exc:  # seen by the test, not lost in the thread
+            self.error = exc
+            time.sleep(0)
+
+    def run(self, fn, timeout: float = 60) -> None:
+        """``fn`` on the loop's thread, waited for."""
+        import threading
+
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        self.work.put(job)
+        assert done.wait(timeout) and self.error is None, self.error
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        assert self.error is None, self.error
+
+
+def started_beside(cache, capacity: int, **kwargs):
+    """radixtop's process beside this "scheduler", as the plugin starts it: ``(BesideProcess, client)``."""
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server.run import bind
-    from radixtop.adapters.sglang.probe import EventsProbe, hello
+    from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+    from radixtop.adapters.sglang.probe import BesideProcess
 
-    cache, pools = rust_cache(sgl, capacity=2048)
-    probe_sock, mirror_sock = pair()
     listening = bind("127.0.0.1", 0)
     listening.listen()
     port = listening.getsockname()[1]
     token = "a-test-token-of-enough-characters"
-    fds = (mirror_sock.fileno(), listening.fileno())
-    child = subprocess.Popen(
-        [sys.executable, "-m", "radixtop.adapters.sglang.beside", "--handover-fd", str(fds[0]),
-         "--socket-fd", str(fds[1])],
-        pass_fds=fds, env={**os.environ, "RADIXTOP_TOKEN": token}, stderr=subprocess.PIPE, text=True)
-    mirror_sock.close()
-    listening.close()
-    end = ProbeEnd(probe_sock)
-    client = RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=5)
+    sglang = SGLangInProcessAdapter(cache, name="sglang dp0 (test)")  # no owner queue: the loop's thread is the scheduler's
+    beside = BesideProcess(
+        cache, listening, "127.0.0.1",
+        {"name": "sglang dp0 (test)", "dp_rank": 0, "bytes_per_token": 64, "capacity_tokens": capacity},
+        {**os.environ, "RADIXTOP_TOKEN": token}, sglang=sglang, **kwargs)
+    return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=30)
+
+
+def test_radixtops_process_beside_serves_the_tree_and_sglangs_own_figures_and_actions(sgl):
+    """``python -m radixtop.adapters.sglang.beside``, started as the plugin starts it (its end of
+    the hand-over and the admin API's listening socket passed as descriptors, the token in the
+    environment): its admin API shows the Rust core's tree as SGLang caches it, SGLang's own
+    totals (asked of the scheduler through the probe), and runs SGLang's evict and flush, the
+    tree following each; when the scheduler's end closes (SGLang exited), it exits by itself."""
+    import time
+
+    from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+
+    cache, pools = rust_cache(sgl, capacity=2048)
+    beside, client = started_beside(cache, 2048)
+    loop = SchedulerLoop(beside, cache, pools)
     try:
-        assert hello(end, "sglang dp0 (test)", 0, 4096, 2048)
-        probe = EventsProbe(cache, end)
-        for tokens, output in requests(7, 200):
-            drive23.run_request(cache, pools, tokens, output)
-            probe.step()
-        cached = cache.evictable_size() + cache.protected_size()
+        def work() -> None:
+            for tokens, output in requests(7, 200):
+                drive23.run_request(cache, pools, tokens, output)
+                beside.step()
+
+        loop.run(work)
         deadline = time.monotonic() + 30
-        while True:  # the frames applied beside, read over its admin API
-            assert child.poll() is None, child.stderr.read()
+        while True:  # its first read: the process listening
             try:
                 stats = client.stats()
-                if stats.total_tokens == cached:
-                    break
-            except Exception:  # not listening yet
-                pass
-            assert time.monotonic() < deadline, f"tree beside never reached {cached} tokens"
-            time.sleep(0.1)
-        assert stats.capacity_tokens == 2048 and stats.target == "sglang dp0 (test)"
-        assert client.node(ROOT_ID).node.subtree_tokens == cached
-        assert sum(c.subtree_tokens for c in client.children(ROOT_ID, 0, 1000).children) == cached
-        end.close()  # the scheduler exits
-        assert child.wait(timeout=20) == 0
+                break
+            except Exception:
+                assert time.monotonic() < deadline and beside.child.poll() is None
+                time.sleep(0.1)
+        own = {}
+        loop.run(lambda: own.update(stats=SGLangInProcessAdapter(cache).stats()))
+        cached = cache.evictable_size() + cache.protected_size()
+        assert stats.total_tokens == cached and client.node(ROOT_ID).node.subtree_tokens == cached
+        assert (stats.capacity_tokens, stats.available_tokens, stats.evictable_tokens) == \
+            (own["stats"].capacity_tokens, own["stats"].available_tokens, own["stats"].evictable_tokens)
+        assert stats.target == "sglang dp0 (test)"
+        caps = client.capabilities()
+        assert caps.tree and caps.evict and caps.flush and not caps.close and "beside" in caps.reason
+        evicted = client.evict(100)
+        assert evicted.evicted_tokens >= 100 and evicted.evicted_nodes >= 1
+        assert client.node(ROOT_ID).node.subtree_tokens == cached - evicted.evicted_tokens == cache.evictable_size()
+        client.flush()
+        assert client.node(ROOT_ID).node.subtree_tokens == 0 == cache.evictable_size()
+        loop.close()
+        beside.probe.end.close()  # the scheduler exits
+        assert beside.child.wait(timeout=20) == 0
     finally:
+        loop.stop.set()
         client.release()
-        if child.poll() is None:
-            child.kill()
-        child.wait(timeout=10)
-        end.close()
+        beside.close()
 
 
 def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed(sgl, monkeypatch):
@@ -223,22 +290,27 @@ def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed
     same port, its tree saying it is incomplete."""
     import time
 
-    from radixtop.adapters.http.client import RadixtopClient
-    from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang import probe as probe_module
 
     monkeypatch.setattr(probe_module, "STALLED_S", 0.5)
     monkeypatch.setattr(probe_module, "RESTART_FIRST_S", 0.1)
+    class Poller:  # SGLang's idle sleeper's zmq.Poller, as the hand-over's socket joins and leaves it
+        def __init__(self) -> None:
+            self.fds: list[int] = []
+            self.gone: list[int] = []
+
+        def register(self, fd, flags) -> None:
+            self.fds.append(fd)
+
+        def unregister(self, fd) -> None:
+            self.gone.append(fd)
+
+    poller = Poller()
     cache, pools = rust_cache(sgl, capacity=8192)
-    listening = bind("127.0.0.1", 0)
-    listening.listen()
-    port = listening.getsockname()[1]
-    token = "a-test-token-of-enough-characters"
-    beside = probe_module.BesideProcess(
-        cache, listening, "127.0.0.1", {"name": "t", "dp_rank": 0, "bytes_per_token": 64, "capacity_tokens": 8192},
-        {**os.environ, "RADIXTOP_TOKEN": token}, buffer=8 << 10, backlog=8 << 10)
-    client = RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=5)
+    beside, client = started_beside(cache, 8192, buffer=8 << 10, backlog=8 << 10, poller=poller)
+    loop = None
     try:
+        assert poller.fds == [beside.probe.end.sock.fileno()]  # a call from radixtop's side wakes it
         first = beside.child.pid
         os.kill(first, signal.SIGSTOP)
         deadline = time.monotonic() + 60
@@ -249,6 +321,9 @@ def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed
                 break
             assert time.monotonic() < deadline, "the hung process was never replaced"
         assert beside.child.pid != first and beside.probe.end.dropped == 0
+        # the dead end left the poller (a closed socket reads as ready: an idle scheduler would spin)
+        assert poller.gone == poller.fds[:1] and poller.fds[1:] == [beside.probe.end.sock.fileno()]
+        loop = SchedulerLoop(beside, cache, pools)
         while True:
             try:
                 reason = client.capabilities().reason
@@ -258,5 +333,7 @@ def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed
                 time.sleep(0.1)
         assert "incomplete" in reason
     finally:
+        if loop is not None:
+            loop.close()
         client.release()
         beside.close()

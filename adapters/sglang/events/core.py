@@ -93,6 +93,9 @@ class CoreEvents:
     one; SGLang takes the events then, and its publisher's ``publish`` is wrapped to hand each
     batch here too."""
 
+    where = "taken in process"
+    """Where the events are applied (for a capabilities' reason)."""
+
     def __init__(self, cache: Any, tree: EventTreeAdapter, publisher: Any = None) -> None:
         self.cache = cache
         self.tree = tree
@@ -171,13 +174,18 @@ class CoreEvents:
 class CoreEventsAdapter(CacheAdapter):
     """The contract over a cache whose tree is known from its own KV events (see the module)."""
 
-    def __init__(self, sglang: SGLangInProcessAdapter, core: CoreEvents, sync_timeout: float = 5.0) -> None:
+    def __init__(self, sglang: SGLangInProcessAdapter, core: CoreEvents, sync_timeout: float = 5.0,
+                 synced: Callable[[float], bool] | None = None) -> None:
+        """``synced(timeout)``: brings the tree up to the scheduler's last step (False: not within
+        ``timeout``); by default the events taken in process (``CoreEvents``). ``sglang``: what
+        SGLang itself says (its totals, actions), in process or (beside it) over the hand-over."""
         self.sglang = sglang
         self.core = core
         self.events = core.tree
         self.name = sglang.name
         self.read_only = sglang.read_only
         self.sync_timeout = sync_timeout
+        self._synced = synced or self._synced_in_process
         self._in_read_many = threading.local()
 
     # ----- one moment: the tree has every event the core recorded before the read -----
@@ -185,10 +193,13 @@ class CoreEventsAdapter(CacheAdapter):
     def _sync(self) -> None:
         if getattr(self._in_read_many, "on", False):
             return
+        if not self._synced(self.sync_timeout):
+            raise TargetTimeout(f"the tree's KV events were not applied within {self.sync_timeout:g}s")
+
+    def _synced_in_process(self, timeout: float) -> bool:
         queued = self.sglang.call(self.core.drain)
         self.core.hurry()
-        if not self.events.wait_for_seq(queued - 1, self.sync_timeout):
-            raise TargetTimeout(f"the tree's KV events were not applied within {self.sync_timeout:g}s")
+        return self.events.wait_for_seq(queued - 1, timeout)
 
     def _read(self, fn: Callable[[], Any]) -> Any:
         self._sync()
@@ -209,7 +220,7 @@ class CoreEventsAdapter(CacheAdapter):
         own = self.sglang.capabilities()
         sessions = self.events.sessions_seen()
         unknown = "locks and hit counts" if sessions else "locks, hit counts and holders"
-        notes = [f"tree kept from the {self.sglang.tree.kind}'s own KV events, taken in process: "
+        notes = [f"tree kept from the {self.sglang.tree.kind}'s own KV events, {self.core.where}: "
                  f"{unknown} are unknown"]
         if sessions:
             notes.append("sessions are those whose requests stored each block (session_id); close is SGLang's")
