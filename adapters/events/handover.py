@@ -58,12 +58,12 @@ class HandoverEvents:
                 return
             if frame is None:
                 continue
+            if frame.lost:  # (whatever frame comes after the gap: a reply, too)
+                tree.missed(frame.lost)
             if frame.kind != EVENTS:
                 if self.on_other is not None:
                     self.on_other(frame)
                 continue
-            if frame.lost:
-                tree.missed(frame.lost)
             try:
                 tree.apply(frame.seq, frame.payload)
             except Exception as exc:  # the thread must outlive a batch it cannot apply

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import logging
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from typing import Any
 
 from radixtop.gpu_backend.ledger import SessionLedger
 from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
+
+log = logging.getLogger("radixtop.sglang")
 
 INDEX = "_radixtop_index"
 KEEP = 256
@@ -326,8 +329,12 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
     no lock needs following): its full component's mark and unmark of a session leaf are every
     change of a node's holders; the core's split, new node and removal, the tree's."""
     holders = lambda node: node.component_data[FULL].session_ids  # noqa: E731
-    ledger = SessionLedger(core.root_node, frees=False, lock_of=lambda node: node.component_data[FULL].lock_ref,
-                           locks_told=False)
+    try:
+        ledger = SessionLedger(core.root_node, frees=False, lock_of=lambda node: node.component_data[FULL].lock_ref,
+                               locks_told=False)
+    except TypeError as exc:  # nodes that cannot keep its records: the tree without sessions' figures
+        log.warning("radixtop: %s; sessions are unavailable on this cache", exc)
+        return True
     ledger.rebuild(core.root_node, holders)
     index.ledger = ledger
     hooks = [
@@ -382,7 +389,11 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
     """Keep a ``SessionLedger`` of a 0.5.15/0.5.16 ``RadixCache`` with sessions (the free
     policy), after the index's own hooks (wrapped outside them, so it sees the index updated):
     the session mixin's tag and close, and the locks crossing zero. Each adds O(depth)."""
-    ledger = SessionLedger(cache.root_node, frees=True)
+    try:
+        ledger = SessionLedger(cache.root_node, frees=True)
+    except TypeError as exc:  # nodes that cannot keep its records: the tree without sessions' figures
+        log.warning("radixtop: %s; sessions are unavailable on this cache", exc)
+        return True
     ledger.rebuild(cache.root_node, _holders)
     # what each session did before radixtop came: its newest tagged node's last access (SGLang's
     # RadixCache reads time.monotonic()); from now on, its requests' finishes

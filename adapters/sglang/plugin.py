@@ -149,12 +149,27 @@ def _after_inputs(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
         if attached.waker is not None:
             attached.waker.drained()
         if attached.beside is not None:
-            attached.beside.step()
+            _beside_step(attached)
         elif attached.core is not None and not attached.core.sglang_takes:
             attached.core.drain()
         attached.owner.between_steps(max_items=64)
     if attached is None or (attached.core is None and attached.beside is None):
         _discard_events(scheduler)
+
+
+def _beside_step(attached: Attached) -> None:
+    """The probe's turn; whatever it raises stays here (an AFTER hook's exception would reach
+    SGLang's scheduler loop): radixtop's process is stopped, SGLang goes on without it."""
+    try:
+        attached.beside.step()
+    except Exception:
+        log.exception("radixtop: its probe failed; radixtop's process beside the scheduler is stopped, "
+                      "SGLang goes on without it")
+        beside, attached.beside = attached.beside, None
+        try:
+            beside.close()
+        except Exception:
+            pass
 
 
 UNREAD = "_radixtop_events_unread"
@@ -302,6 +317,12 @@ def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, direct: SGLangInPro
         log.info("radixtop: RADIXTOP_BESIDE=1 applies to the Rust tree core without SGLang's own KV-event "
                  "publisher; radixtop stays in the scheduler's process here")
         return None
+    from radixtop.adapters.http.server import check_token_strength
+
+    check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)
+    read_token = os.environ.get("RADIXTOP_READ_TOKEN") or None
+    if read_token is not None:
+        check_token_strength(read_token, "read token")
     listening = bind(host, port)
     listening.listen(2048)
     info = {"name": adapter.name, "dp_rank": dp_rank, "bytes_per_token": int(adapter.geometry.bytes_per_token),

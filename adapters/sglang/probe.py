@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, FRAME_MAX, SOCKET_BUFFER, ProbeEnd
+from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
 
@@ -77,13 +77,14 @@ class EventsProbe:
 
     def _send(self, ts: float, events: list[Any]) -> None:
         payload = self._encode(self._batch(ts=ts, events=events))
-        if len(payload) > FRAME_MAX and len(events) > 1:  # (a burst: a flush of a large tree) in halves
+        most = self.end.frame_max
+        if len(payload) > most and len(events) > 1:  # (a burst, a long prefill) in halves
             half = len(events) // 2
             self._send(ts, events[:half])
             self._send(ts, events[half:])
             return
         self.batches += 1
-        if len(payload) > FRAME_MAX:  # one event over the frame: numbered, dropped, seen as lost
+        if len(payload) > most:  # one event over the frame: numbered, dropped, seen as lost
             self.end.skip()
             return
         self.end.send(EVENTS, payload)
@@ -133,8 +134,8 @@ class BesideProcess:
         self._retry_at = 0.0
         self._wait = RESTART_FIRST_S
         self._down_at: float | None = None
-        self._stalled_since: float | None = None
-        self._dropped_seen = 0
+        self._sent_seen = self._dropped_seen = 0
+        self._progress_at = 0.0
         self._look_at = 0.0
         self._start()
 
@@ -152,6 +153,9 @@ class BesideProcess:
                 [sys.executable, "-m", "radixtop.adapters.sglang.beside", "--handover-fd", str(fds[0]),
                  "--socket-fd", str(fds[1]), "--host", self.host],
                 pass_fds=fds, env=self.env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            mine.close()
+            raise
         finally:
             theirs.close()
         end = ProbeEnd(mine, backlog_bytes=self.backlog)
@@ -168,7 +172,7 @@ class BesideProcess:
             self.probe.end.close()
             self.probe.end = end
         self.starts += 1
-        self._stalled_since, self._dropped_seen = None, 0
+        self._sent_seen, self._progress_at, self._dropped_seen = end.sent, time.monotonic(), end.dropped
         if self.starts > 1:
             log.warning("radixtop: its process beside the scheduler started again (pid %d; %d batches of KV events "
                         "before it are not in its tree)", self.child.pid, missed)
@@ -194,17 +198,13 @@ class BesideProcess:
                 end.close()
         if end.down:
             self._restart_when_due(now)
-        elif end.dropped != self._dropped_seen:  # frames dropped since the last look: reading at all?
-            self._dropped_seen = end.dropped
-            if self._stalled_since is None:
-                self._stalled_since = now
-            elif now - self._stalled_since > STALLED_S:
-                log.warning("radixtop: its process beside the scheduler took no KV events for %.0f s: killed",
-                            STALLED_S)
-                self.child.kill()  # hung: its end closes, the probe sees it down at its next send
-                self._stalled_since = None
-        else:
-            self._stalled_since = None
+        elif end.sent != self._sent_seen:  # it took frames since the last look: going
+            self._sent_seen, self._progress_at, self._dropped_seen = end.sent, now, end.dropped
+        elif (end.held or end.dropped != self._dropped_seen) and now - self._progress_at > STALLED_S:
+            # frames waiting or dropped, none taken for STALLED_S: alive but not reading (hung)
+            log.warning("radixtop: its process beside the scheduler took no frame for %.0f s: killed", STALLED_S)
+            self.child.kill()  # its end closes: the probe sees it down at its next send
+            self._progress_at = now
 
     def _answer(self, payload: bytes) -> None:
         """One call from radixtop's side, run here (the scheduler's thread, between its steps);
@@ -215,21 +215,27 @@ class BesideProcess:
         from radixtop.adapters.http.wire import error_body, error_to_body
 
         ident: Any = None
+        op = None
+        end = self.probe.end  # type: ignore[union-attr]
         try:
             call = json.loads(payload)
             ident, op, args = call["id"], call["op"], call.get("args") or {}
             if op not in OPS or not isinstance(args, dict):
                 raise ValueError(f"no such call: {op!r}")
             result = None if op == "sync" else getattr(self.sglang, op)(**args)
-            reply: dict[str, Any] = {"id": ident, "result": result}
+            body = orjson.dumps({"id": ident, "result": result}, default=_plain, option=orjson.OPT_NON_STR_KEYS)
+            if len(body) > end.frame_max:
+                raise ValueError(f"the answer to {op!r} is {len(body):,} bytes, over a frame")
         except AdapterError as exc:
-            reply = {"id": ident, **error_to_body(exc)}
+            body = orjson.dumps({"id": ident, **error_to_body(exc)})
         except Exception as exc:  # a bad call, or SGLang raising: an answer, never a scheduler down
-            reply = {"id": ident, **error_body("internal", f"{type(exc).__name__}: {exc}")}
-            op = None
+            try:
+                body = orjson.dumps({"id": ident, **error_body("internal", f"{type(exc).__name__}: {exc}")})
+            except TypeError:  # an id that is not JSON
+                body = orjson.dumps({"id": None, **error_body("internal", "a call that is not JSON")})
         if op in ACTIONS:
             self.probe.step()  # type: ignore[union-attr]  # what the action recorded goes first
-        self.probe.end.send(REPLY, orjson.dumps(reply, default=_plain))  # type: ignore[union-attr]
+        end.send(REPLY, body)
 
     def _restart_when_due(self, now: float) -> None:
         if self._down_at is None:  # just went down
@@ -251,7 +257,9 @@ class BesideProcess:
         self._down_at = None
         try:
             self._start()
-        except OSError:  # cannot start a process now: tried again after the next wait
+        except Exception as exc:  # cannot start a process now: tried again after the next wait
+            log.warning("radixtop: cannot start its process beside the scheduler (%s: %s); trying again in %.1f s",
+                        type(exc).__name__, exc, self._wait)
             self._down_at = now
             self._retry_at = now + self._wait
 
@@ -273,6 +281,7 @@ class BesideProcess:
                 self.child.wait(5)
             except Exception:
                 self.child.kill()
+                self.child.wait(5)
         self.listening.close()
 
 

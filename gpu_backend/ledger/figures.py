@@ -111,16 +111,19 @@ class SessionLedger(Watched):
 
     def reset(self, root: Node) -> None:
         """A new, empty tree: every session's figures go to 0."""
-        touched = list(self.tags)
-        self.moves += 1
-        self.resets += 1
-        self.root = root
-        if not hasattr(type(root), "ledger_rec"):  # a tree whose nodes have no such slot (SGLang's):
-            type(root).ledger_rec = None  # every node's reads None until a record is set on it
         try:
             root.ledger_rec = None  # (a new tree; a tree that had records starts again by ``rebuild``)
         except AttributeError as exc:  # slots without it: say so here, not in the owner's next change
             raise TypeError(f"a {type(root).__name__} cannot keep the ledger's record ({exc})") from exc
+        if not hasattr(type(root), "ledger_rec"):  # a tree whose nodes have no such slot (SGLang's):
+            type(root).ledger_rec = None  # every node's reads None until a record is set on it
+        old = getattr(self, "root", None)
+        if old is not None and old is not root:  # the tree before: a request still running may name
+            _clear(old)  # one of its nodes, which must read as holding nothing (one walk, at a flush)
+        touched = list(self.tags)
+        self.moves += 1
+        self.resets += 1
+        self.root = root
         self.exclusive: dict[str, int] = {}
         self.path: dict[str, int] = {}
         self.tags = {}
@@ -551,3 +554,13 @@ class SessionLedger(Watched):
                 if not rec.below and rec.held is None and rec.owner is None:
                     parent.ledger_rec = None  # nothing left to keep
 
+
+
+def _clear(root: Node) -> None:
+    """No record left on ``root``'s tree."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.ledger_rec is not None:
+            node.ledger_rec = None
+        stack.extend(node.children.values())

@@ -22,6 +22,8 @@ layer above splits what it encodes. Pure Python (``socket``), no thread of its o
 
 from __future__ import annotations
 
+import errno
+import select
 import socket
 import struct
 import threading
@@ -31,7 +33,9 @@ from typing import NamedTuple
 HEADER = struct.Struct("<QB")
 """A frame's number (uint64, each end's own, from 0) and kind (a byte the layer above defines)."""
 FRAME_MAX = 1 << 20
-"""The most payload bytes in one frame (a message on the socket: the kernel's buffer must hold it)."""
+"""The most payload bytes in one frame, where the socket's buffer holds that much (a message must
+fit in it whole: ``ProbeEnd.frame_max`` is what this socket takes, often less: the kernel caps the
+buffer at ``net.core.wmem_max``, 208 KiB by default)."""
 BACKLOG_BYTES = 8 << 20
 """What a probe keeps at most while the socket's buffer is full, before it drops frames."""
 SOCKET_BUFFER = 4 << 20
@@ -69,10 +73,12 @@ class ProbeEnd:
     def __init__(self, sock: socket.socket, backlog_bytes: int = BACKLOG_BYTES) -> None:
         sock.setblocking(False)
         self.sock = sock
+        self.frame_max = frame_max(sock)
+        """The most payload bytes one frame may have on this socket (the layer above splits)."""
         self.backlog_bytes = backlog_bytes
         self._backlog: deque[tuple[bytes, bytes]] = deque()
         self._held = 0  # bytes in the backlog
-        self._buffer = bytearray(HEADER.size + FRAME_MAX)
+        self._buffer = bytearray(HEADER.size + FRAME_MAX + 1)  # (+1: a longer message is seen as one)
         self.seq = 0
         """The number the next frame gets."""
         self.sent = 0
@@ -91,9 +97,9 @@ class ProbeEnd:
     def send(self, kind: int, payload: bytes) -> bool:
         """Hand ``payload`` over as the next frame: sent now, or kept in the backlog behind the
         frames already there (True); dropped where the backlog is full or the mirror is down
-        (False). ``ValueError`` for a payload over ``FRAME_MAX`` (the caller splits)."""
-        if len(payload) > FRAME_MAX:
-            raise ValueError(f"a frame of {len(payload):,} bytes (at most {FRAME_MAX:,})")
+        (False). ``ValueError`` for a payload over ``frame_max`` (the caller splits)."""
+        if len(payload) > self.frame_max:
+            raise ValueError(f"a frame of {len(payload):,} bytes (at most {self.frame_max:,})")
         header = HEADER.pack(self.seq, kind)
         self.seq += 1
         if self.down:
@@ -141,7 +147,7 @@ class ProbeEnd:
             if n == 0:  # its end closed
                 self._lost_mirror()
                 break
-            if n < HEADER.size:
+            if not HEADER.size <= n <= HEADER.size + FRAME_MAX:
                 continue  # not a frame: ignored
             seq, kind = HEADER.unpack_from(view)
             frames.append(Frame(seq, kind, bytes(view[HEADER.size:n]), 0))
@@ -156,8 +162,11 @@ class ProbeEnd:
             self.sock.sendmsg((header, payload))
         except (BlockingIOError, InterruptedError):
             return False
-        except OSError:  # EPIPE, ECONNRESET: the mirror's end closed
-            self._lost_mirror()
+        except OSError as exc:
+            if exc.errno in (errno.EMSGSIZE, errno.ENOBUFS):  # this one frame cannot go: dropped, counted
+                self.dropped += 1
+                return True  # (gone from the backlog's point of view)
+            self._lost_mirror()  # EPIPE, ECONNRESET: the mirror's end closed
             return False
         self.sent += 1
         return True
@@ -172,11 +181,12 @@ class ProbeEnd:
 
 class MirrorEnd:
     """radixtop's end: reads wait (up to a timeout), and so may its commands. One thread
-    receives; any thread may send (a lock, and a socket object of its own for its timeout)."""
+    receives; any thread may send (under a lock). The socket stays non-blocking: each wait is a
+    ``poll`` of its own, so no thread's timeout changes another's."""
 
     def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
         self.sock = sock
-        self._sending = sock.dup()
         self._send_lock = threading.Lock()
         self._buffer = bytearray(HEADER.size + FRAME_MAX + 1)
         self.expected = 0
@@ -185,16 +195,22 @@ class MirrorEnd:
         """Frames the probe dropped, in all, as seen here."""
         self.seq = 0
 
+    def _wait(self, event: int, timeout: float | None) -> bool:
+        poller = select.poll()
+        poller.register(self.sock, event)
+        return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
+
     def receive(self, timeout: float | None = None) -> Frame | None:
         """The next frame, or None where none came within ``timeout`` seconds (None: wait).
         ``ProbeGone`` where the probe's end closed."""
-        self.sock.settimeout(timeout)
         view = memoryview(self._buffer)
         while True:
             try:
                 n = self.sock.recv_into(view)
-            except (TimeoutError, BlockingIOError):
-                return None
+            except (BlockingIOError, InterruptedError):
+                if not self._wait(select.POLLIN, timeout):
+                    return None
+                continue
             except OSError as exc:
                 raise ProbeGone(str(exc)) from exc
             if n == 0:
@@ -213,16 +229,26 @@ class MirrorEnd:
         if len(payload) > FRAME_MAX:
             raise ValueError(f"a frame of {len(payload):,} bytes (at most {FRAME_MAX:,})")
         with self._send_lock:
-            self._sending.settimeout(timeout)
             header = HEADER.pack(self.seq, kind)
             self.seq += 1
-            try:
-                self._sending.sendmsg((header, payload))
-            except TimeoutError:
-                raise
-            except OSError as exc:
-                raise ProbeGone(str(exc)) from exc
+            while True:
+                try:
+                    self.sock.sendmsg((header, payload))
+                    return
+                except (BlockingIOError, InterruptedError):
+                    if not self._wait(select.POLLOUT, timeout):
+                        raise TimeoutError(f"the probe took no command within {timeout:g}s") from None
+                except OSError as exc:
+                    if exc.errno == errno.EMSGSIZE:
+                        raise ValueError(f"a frame of {len(payload):,} bytes is more than the socket takes") from None
+                    raise ProbeGone(str(exc)) from exc
 
     def close(self) -> None:
-        self._sending.close()
         self.sock.close()
+
+
+def frame_max(sock: socket.socket) -> int:
+    """The most payload bytes one frame may carry on ``sock``: ``FRAME_MAX``, or less where its
+    send buffer is smaller (a message must fit in about half of what ``SO_SNDBUF`` reports)."""
+    size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    return max(1024, min(FRAME_MAX, size // 2 - HEADER.size - 64))

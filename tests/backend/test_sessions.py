@@ -143,6 +143,20 @@ def test_a_rebuild_over_the_records_of_a_changed_tree_leaves_none_stale():
     check_invariants(s)
 
 
+def test_a_reset_leaves_no_record_on_the_tree_before():
+    """Each node keeps its record: a reset (a new root) clears the old tree's, so a request still
+    naming one of its nodes finds it holding nothing (an untag of it raised before)."""
+    s = make_scheduler()
+    s.request("r1", [1, 2], [3], "a")
+    node = s.cache.lookup([1, 2, 3]).last_node
+    assert node.ledger_rec is not None
+    s.cache.reset()
+    assert node.ledger_rec is None and s.cache.ledger.figures("a") == (0, 0, 0)
+    s.cache.ledger.untag("a", node)
+    s.cache.ledger.lock_changed(node)
+    assert s.cache.ledger.figures("a") == (0, 0, 0)
+
+
 def test_a_ledger_on_nodes_that_cannot_keep_its_record_is_refused_at_once():
     from radixtop.gpu_backend.ledger import SessionLedger
 

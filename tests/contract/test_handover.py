@@ -165,3 +165,48 @@ def test_a_probe_that_only_takes_commands_sees_the_mirror_gone():
     probe, mirror = ends()
     mirror.close()
     assert probe.commands() == [] and probe.down
+
+
+def test_the_largest_frame_a_small_buffer_takes_arrives_whole_and_a_larger_one_is_refused():
+    """The kernel caps a socket's buffer (``net.core.wmem_max``: 208 KiB by default), and a
+    message over what it takes fails outright (EMSGSIZE), never in part: the probe's end says
+    what one frame may carry on its socket, and the layer above splits to that."""
+    probe, mirror = ends(buffer=64 << 10)
+    assert 1024 < probe.frame_max < FRAME_MAX
+    big = bytes(range(256)) * (probe.frame_max // 256) + b"z" * (probe.frame_max % 256)
+    assert probe.send(3, big) and probe.dropped == 0 and not probe.down
+    (got,) = drain(mirror)
+    assert got.payload == big and got.kind == 3
+    with pytest.raises(ValueError, match="at most"):
+        probe.send(3, big + b"!")
+    assert probe.send(4, b"after") and drain(mirror)[0].payload == b"after" and not probe.down
+
+
+def test_a_gap_before_a_frame_that_is_not_events_still_leaves_the_tree_incomplete():
+    """A burst overflows the backlog, the server goes idle, and the next frame through is a reply
+    to a call: the batches lost before it are counted all the same (the tree says incomplete)."""
+    import time
+
+    from radixtop.adapters.events.adapter import EventTreeAdapter
+    from radixtop.adapters.events.handover import HandoverEvents
+
+    probe, mirror = ends(buffer=64 << 10, backlog=16 << 10)
+    while probe.send(9, b"r" * 4000):  # (frames of another kind: no batch applied, only numbers)
+        pass
+    lost = probe.dropped
+    tree = EventTreeAdapter(name="t")
+    others = []
+    handover = HandoverEvents(tree, mirror, on_other=others.append)
+    try:
+        while probe.flush():
+            time.sleep(0.01)
+        assert probe.send(4, b"reply")
+        deadline = time.monotonic() + 10
+        while not others or others[-1].payload != b"reply":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        st = tree.status()
+        assert lost > 0 and st.missed_batches == lost and not st.complete
+    finally:
+        handover.close()
+        probe.close()

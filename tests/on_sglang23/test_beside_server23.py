@@ -86,14 +86,17 @@ def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request(beside):
     server, client = beside
     pid = beside_pid(server)
 
-    def one(_: int) -> int:
+    def one(_: int) -> bool:
         return server.generate(fresh(40), max_new_tokens=4) is not None
 
     with ThreadPoolExecutor(4) as pool:
-        running = pool.map(one, range(40))
-        time.sleep(1.0)
+        running = [pool.submit(one, i) for i in range(40)]
+        while sum(f.done() for f in running) < 5:  # under load: some served, the rest to come
+            time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
-        served = list(running)
+        pending = sum(not f.done() for f in running)
+        served = [f.result(timeout=120) for f in running]
+    assert pending > 0, "every request was served before the kill: not under load"
     assert len(served) == 40 and all(served)  # SGLang answered every request
     deadline = time.monotonic() + 30
     while True:  # back within seconds: a new process, the same port and token
