@@ -337,3 +337,33 @@ def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed
             loop.close()
         client.release()
         beside.close()
+
+
+def test_a_process_beside_that_hangs_before_the_server_goes_idle_is_replaced_all_the_same(sgl, monkeypatch):
+    """Frames dropped for a stopped process, then an idle server (steps with nothing to send):
+    the stall is judged by frames taken, not by drops seen at each step, so it is still replaced."""
+    import time
+
+    from radixtop.adapters.sglang import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "STALLED_S", 0.5)
+    monkeypatch.setattr(probe_module, "RESTART_FIRST_S", 0.1)
+    cache, pools = rust_cache(sgl, capacity=8192)
+    beside, client = started_beside(cache, 8192, buffer=8 << 10, backlog=8 << 10)
+    try:
+        first = beside.child.pid
+        os.kill(first, signal.SIGSTOP)
+        for tokens, output in requests(9, 100_000):  # a burst, until frames drop
+            drive23.run_request(cache, pools, tokens, output)
+            beside.step()
+            if beside.probe.end.dropped:
+                break
+        deadline = time.monotonic() + 30
+        while beside.starts == 1:  # idle: steps with no event
+            assert time.monotonic() < deadline, "a hang seen only under steady drops"
+            beside.step()
+            time.sleep(0.01)
+        assert beside.child.pid != first
+    finally:
+        client.release()
+        beside.close()
