@@ -29,7 +29,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import SimpleNamespace
 from typing import Any
 
-from radixtop.adapters.errors import TargetTimeout, TargetUnreachable
+from radixtop.adapters.errors import TargetTimeout
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.adapters.events.handover import HandoverEvents
 from radixtop.adapters.http import wire
@@ -84,24 +84,34 @@ class Calls:
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
 
-    def call(self, op: str, **args: Any) -> Any:
+    def start(self, op: str, **args: Any) -> Future:
+        """Send a call now: the future of its reply (a dict), resolved on the hand-over's thread."""
         ident = next(self._ids)
         future: Future = Future()
+        future.ident = ident  # type: ignore[attr-defined]
         with self._lock:
             self._pending[ident] = future
+        future.add_done_callback(self._forget)
         try:
             self.end.send(CALL, json.dumps({"id": ident, "op": op, "args": args}).encode(), timeout=self.timeout)
+        except (ProbeGone, TimeoutError) as exc:
+            future.set_result({"error": {"code": "target_unreachable",
+                                         "message": f"SGLang's scheduler cannot be reached: {exc}"}})
+        return future
+
+    def call(self, op: str, **args: Any) -> Any:
+        """A call, its reply waited for: its result, or the error it stands for."""
+        future = self.start(op, **args)
+        try:
             reply = future.result(self.timeout)
         except FutureTimeout:
+            self._forget(future)
             raise TargetTimeout(f"SGLang's scheduler did not answer {op!r} within {self.timeout:g}s") from None
-        except (ProbeGone, TimeoutError) as exc:
-            raise TargetUnreachable(f"SGLang's scheduler cannot be reached: {exc}") from None
-        finally:
-            with self._lock:
-                self._pending.pop(ident, None)
-        if "error" in reply:
-            raise wire.error_from_body(500, reply)
-        return reply.get("result")
+        return result_of(reply)
+
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._pending.pop(future.ident, None)  # type: ignore[attr-defined]
 
     def replied(self, frame: Frame) -> None:
         if frame.kind != REPLY:
@@ -121,6 +131,52 @@ class Calls:
             if not future.done():
                 future.set_result({"error": {"code": "target_unreachable",
                                              "message": "SGLang's scheduler went away"}})
+
+
+def result_of(reply: dict[str, Any]) -> Any:
+    if "error" in reply:
+        raise wire.error_from_body(500, reply)
+    return reply.get("result")
+
+
+class Syncs:
+    """Reads bring the tree up to the scheduler's step with a ``sync`` call; concurrent reads
+    share one (a flood makes at most one a round trip, not one a read). A read joins the next
+    sync not yet sent, never one sent before it began: its answer is as of a step after the read
+    began. At most one in flight; the next is sent when its reply comes."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self._lock = threading.RLock()  # (a call that fails at once replies in the sender's own thread)
+        self._in_flight = False
+        self._next: Future | None = None
+        self.sent = 0
+
+    def wait(self, timeout: float) -> bool:
+        with self._lock:
+            if self._next is None:
+                self._next = Future()
+            mine = self._next
+            if not self._in_flight:
+                self._send_next()
+        try:
+            result_of(mine.result(timeout))
+        except FutureTimeout:
+            return False
+        return True
+
+    def _send_next(self) -> None:  # (under the lock)
+        group, self._next, self._in_flight = self._next, None, True
+        self.sent += 1
+        reply = self.calls.start("sync")
+        reply.add_done_callback(lambda done: self._replied(group, done))  # type: ignore[arg-type]
+
+    def _replied(self, group: Future, reply: Future) -> None:
+        group.set_result(reply.result())
+        with self._lock:
+            self._in_flight = False
+            if self._next is not None:
+                self._send_next()
 
 
 class RemoteSGLang:
@@ -190,11 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     sglang = RemoteSGLang(calls, tree.name, os.environ.get("RADIXTOP_READ_ONLY", "").strip().lower()
                           in ("1", "true", "yes", "on"), timeout)
 
-    def synced(wait: float) -> bool:  # the reply comes after every event recorded so far
-        calls.call("sync")
-        return True
-
-    adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=synced)  # type: ignore[arg-type]
+    syncs = Syncs(calls)  # (a sync's reply comes after every event recorded before it)
+    adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=syncs.wait)  # type: ignore[arg-type]
     try:
         serve(adapter, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,
