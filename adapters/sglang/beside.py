@@ -223,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:  # the server's work comes first where both want a core (RADIXTOP_BESIDE_NICE, 10 by default)
+        os.nice(int(os.environ.get("RADIXTOP_BESIDE_NICE", "10")))
+    except (OSError, ValueError) as exc:
+        print(f"radixtop beside: RADIXTOP_BESIDE_NICE not applied ({exc})", file=sys.stderr)
     from radixtop.adapters.http.server import serve
 
     end = MirrorEnd(socket.socket(fileno=args.handover_fd))

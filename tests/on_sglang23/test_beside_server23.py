@@ -45,6 +45,8 @@ def test_the_admin_api_is_served_from_radixtops_own_process_with_sglangs_tree(be
     pid = beside_pid(server)
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert b"radixtop.adapters.sglang.beside" in cmdline  # not the scheduler's process
+    nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    assert nice == 10  # where both want a core, SGLang's work comes first
     prompts = [fresh(64) for _ in range(3)]
     shared = fresh(48)
     for p in prompts + [shared + fresh(16), shared + fresh(16)]:
