@@ -20,7 +20,7 @@ from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 log = logging.getLogger("radixtop.events")
 
 EVENTS = 1
-"""The kind of a frame of one encoded ``KVEventBatch`` (``adapters.sglang.probe.EVENTS``)."""
+"""The kind of a frame of one encoded ``KVEventBatch`` (the probe's ``EventsProbe`` sends them)."""
 
 
 class HandoverEvents:

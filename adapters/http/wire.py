@@ -252,6 +252,15 @@ def export_row_from_dict(d: dict[str, Any]) -> dict[str, Any]:
 MAX_MESSAGE = 1000
 
 
+def json_default(value: Any) -> Any:
+    """What orjson does not know in a view or an answer (it encodes the dataclasses itself)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if hasattr(value, "item"):  # a numpy or torch scalar from an adapter
+        return value.item()
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
 def error_body(code: str, message: str) -> dict[str, Any]:
     """The error body; a message over MAX_MESSAGE characters (one naming a 10 kB session id) keeps
     its start and its end, which says what went wrong."""

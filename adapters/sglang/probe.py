@@ -19,12 +19,12 @@ import logging
 import time
 from typing import Any
 
+from radixtop.adapters.events.handover import EVENTS
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
 
-EVENTS = 1
-"""A frame of one encoded ``KVEventBatch``."""
+# EVENTS (a frame of one encoded ``KVEventBatch``): the kind radixtop's side applies to its tree
 HELLO = 2
 """The first frame: JSON of what radixtop's side needs that the events do not say (``hello``)."""
 CALL = 3
@@ -177,11 +177,6 @@ class BesideProcess:
             log.warning("radixtop: its process beside the scheduler started again (pid %d; %d batches of KV events "
                         "before it are not in its tree)", self.child.pid, missed)
 
-    @property
-    def up(self) -> bool:
-        """radixtop's process is there and taking frames."""
-        return self.probe is not None and not self.probe.end.down
-
     def step(self) -> None:
         probe = self.probe
         assert probe is not None
@@ -212,7 +207,7 @@ class BesideProcess:
         import orjson
 
         from radixtop.adapters.errors import AdapterError
-        from radixtop.adapters.http.wire import error_body, error_to_body
+        from radixtop.adapters.http.wire import error_body, error_to_body, json_default
 
         ident: Any = None
         op = None
@@ -223,7 +218,7 @@ class BesideProcess:
             if op not in OPS or not isinstance(args, dict):
                 raise ValueError(f"no such call: {op!r}")
             result = None if op == "sync" else getattr(self.sglang, op)(**args)
-            body = orjson.dumps({"id": ident, "result": result}, default=_plain, option=orjson.OPT_NON_STR_KEYS)
+            body = orjson.dumps({"id": ident, "result": result}, default=json_default, option=orjson.OPT_NON_STR_KEYS)
             if len(body) > end.frame_max:
                 raise ValueError(f"the answer to {op!r} is {len(body):,} bytes, over a frame")
         except AdapterError as exc:
@@ -283,11 +278,3 @@ class BesideProcess:
                 self.child.kill()
                 self.child.wait(5)
         self.listening.close()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if hasattr(value, "item"):  # a numpy or torch scalar
-        return value.item()
-    raise TypeError(f"cannot encode {type(value).__name__}")

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixtop.adapters.errors import AdapterError, Unauthorized
 from radixtop.adapters.http.server.logs import SERVER_LOG
-from radixtop.adapters.http.wire import error_to_body
+from radixtop.adapters.http.wire import error_to_body, json_default
 
 logger = logging.getLogger(SERVER_LOG)
 
@@ -28,21 +28,12 @@ PRIORITY_THREADS = 8
 _PRIORITY: RunVar[anyio.CapacityLimiter] = RunVar("radixtop_priority_threads")
 
 
-def _encode_default(value: Any) -> Any:
-    """What orjson does not know (it encodes the views' dataclasses itself)."""
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if hasattr(value, "item"):  # a numpy or torch scalar from an adapter
-        return value.item()
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
-
-
 def json_response(payload: Any, status: int = 200) -> Response:
     """A JSON response from a view (a dataclass) or plain data. orjson encodes the views' dataclasses
     directly, with no dict built per row: a page of 1000 sessions costs the server (which shares
     the interpreter with the cache's owner where radixtop runs in process) a fraction of what
     ``to_dict`` plus ``json.dumps`` did. The output is the same JSON."""
-    body = orjson.dumps(payload, default=_encode_default, option=orjson.OPT_NON_STR_KEYS)
+    body = orjson.dumps(payload, default=json_default, option=orjson.OPT_NON_STR_KEYS)
     return Response(body, status_code=status, media_type="application/json")
 
 
