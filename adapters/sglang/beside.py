@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import SimpleNamespace
 from typing import Any
@@ -95,8 +95,8 @@ class Calls:
         try:
             self.end.send(CALL, json.dumps({"id": ident, "op": op, "args": args}).encode(), timeout=self.timeout)
         except (ProbeGone, TimeoutError) as exc:
-            future.set_result({"error": {"code": "target_unreachable",
-                                         "message": f"SGLang's scheduler cannot be reached: {exc}"}})
+            settle(future, {"error": {"code": "target_unreachable",
+                                      "message": f"SGLang's scheduler cannot be reached: {exc}"}})
         return future
 
     def call(self, op: str, **args: Any) -> Any:
@@ -121,16 +121,23 @@ class Calls:
             future = self._pending.get(reply["id"]) if isinstance(reply, dict) else None
         except (ValueError, KeyError, TypeError):
             return
-        if future is not None and not future.done():
-            future.set_result(reply)
+        if future is not None:
+            settle(future, reply)
 
     def gone(self) -> None:
         with self._lock:
             pending = list(self._pending.values())
         for future in pending:
-            if not future.done():
-                future.set_result({"error": {"code": "target_unreachable",
-                                             "message": "SGLang's scheduler went away"}})
+            settle(future, {"error": {"code": "target_unreachable", "message": "SGLang's scheduler went away"}})
+
+
+def settle(future: Future, reply: dict[str, Any]) -> None:
+    """A call's reply, unless it has one: the sender (its send failed), the receiving thread (the
+    probe gone, or its reply read) and a timed-out caller race to settle it; the first wins."""
+    try:
+        future.set_result(reply)
+    except InvalidStateError:
+        pass
 
 
 def result_of(reply: dict[str, Any]) -> Any:

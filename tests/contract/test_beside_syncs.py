@@ -99,3 +99,24 @@ def test_a_sync_that_cannot_be_sent_fails_its_reads_and_the_next_read_sends_agai
         pass
     assert syncs.sent == 2  # not stuck "in flight"
     probe.close()
+
+
+def test_a_call_whose_send_fails_while_the_receiver_sees_the_probe_gone_settles_once():
+    """Found in CI: the send failed (broken pipe) while the receiving thread, seeing the probe
+    gone, had already failed every pending call; the sender's own failure then raised
+    ``InvalidStateError`` out of the read instead of the read's one-line error."""
+    probe = HeldProbe()
+    calls = probe.calls
+
+    class GoneWhileSending:
+        def send(self, kind, payload, timeout=None):
+            calls.gone()  # the receiving thread saw the probe's end close first
+            raise ProbeGone("the probe's end is closed")
+
+    calls.end = GoneWhileSending()
+    try:
+        future = calls.start("sync")
+        assert future.result(1)["error"]["code"] == "target_unreachable"
+        assert not calls._pending
+    finally:
+        probe.close()
