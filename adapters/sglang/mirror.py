@@ -1,0 +1,290 @@
+"""The mirror: a copy of an SGLang Python-core tree in radixtop's process beside the scheduler,
+made by applying the probe's change records (``adapters.sglang.records``), so that the tree's
+index, the sessions' ledger and every read run here, off SGLang's GIL (issue 27).
+
+``MirrorCache`` is shaped as SGLang 0.5.16's ``RadixCache`` as far as radixtop reads it: nodes with
+the fields SGLang's have (``id``, ``parent``, ``children`` by SGLang's own child key, ``key`` with
+``token_ids``, ``lock_ref``, ``last_access_time``, ``hit_count``, ``session_ids``), the session
+mixin's ``_session_leaves`` and ``_closed_session_ids``, and the methods SGLang changes its tree
+with (``_split_node``, ``_insert_helper``, ``_delete_leaf``, ``evict``, ``release_radix_session``,
+``inc_lock_ref``, ``dec_lock_ref``, ``_tag_session_leaf``, ``reset``), each doing what the record
+says SGLang did. So the index and the ledger install on it exactly as they do on SGLang's own cache
+(``adapters.sglang.index.install`` wraps those methods), and ``SGLangInProcessAdapter`` reads it as
+it reads SGLang's: one code for both places, checked against each other by the tests.
+
+What the records cannot carry is not guessed: a node's KV slots (no read needs them), HiCache's
+host copies (the recorder refuses such a cache). Access stamps: a node SGLang split or added during
+a match or an insert has its own construction time there and the walk's time here (microseconds
+apart).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from radixtop.adapters.sglang.records import ADD, CLOSE, DELETE, EVICT, LOCK, RESET, SPLIT, TAG, TOUCH, UNLOCK
+
+TOMBSTONES = 8192
+"""SGLang 0.5.16's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``: closed ids it remembers, oldest dropped first."""
+
+
+class MirrorKey:
+    """A node's key: its token ids and SGLang's ``extra_key`` namespace (``RadixKey``'s reads)."""
+
+    __slots__ = ("token_ids", "extra_key")
+
+    def __init__(self, token_ids: array, extra_key: str | None = None) -> None:
+        self.token_ids = token_ids
+        self.extra_key = extra_key
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __getitem__(self, part: slice) -> MirrorKey:
+        return MirrorKey(self.token_ids[part], self.extra_key)
+
+    def child_key(self, page_size: int = 1) -> Any:
+        t = self.token_ids
+        plain = t[0] if page_size == 1 else tuple(t[:page_size])
+        return plain if self.extra_key is None else (self.extra_key, plain)
+
+
+class MirrorNode:
+    __slots__ = ("id", "parent", "children", "key", "lock_ref", "last_access_time", "creation_time", "hit_count",
+                 "session_ids", "ledger_rec", "value", "host_value")
+
+    def __init__(self, node_id: int, key: MirrorKey, last_access: float, created: float, hits: int = 0,
+                 lock_ref: int = 0) -> None:
+        self.id = node_id
+        self.parent: MirrorNode | None = None
+        self.children: dict[Any, MirrorNode] = {}
+        self.key = key
+        self.lock_ref = lock_ref
+        self.last_access_time = last_access
+        self.creation_time = created
+        self.hit_count = hits
+        self.session_ids: set[str] | None = None
+        self.ledger_rec = None
+        self.value = True  # (on the device: the mirror follows no host tier)
+        self.host_value = None
+
+
+class MirrorError(ValueError):
+    """A record the mirror cannot apply (a node it does not have): it no longer equals SGLang's tree."""
+
+
+class _Slots:
+    """The pool's totals as the probe last read them (``stats``): what ``SGLangInProcessAdapter``
+    reads of SGLang's allocator."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.available = 0
+
+    def available_size(self) -> int:
+        return self.available
+
+
+class MirrorCache:
+    """A ``RadixCache``-shaped copy of one SGLang tree, changed only by ``apply`` (one thread)."""
+
+    enable_session_radix_cache = True
+
+    def __init__(self, page_size: int = 1, sessions: bool = True) -> None:
+        self.page_size = page_size
+        self.enable_session_radix_cache = sessions
+        self.token_to_kv_pool_allocator = _Slots()
+        self.evictable_size_ = self.protected_size_ = 0
+        self.by_id: dict[int, MirrorNode] = {}
+        self.applied = 0
+        self.reset(-1)
+
+    # ----- SGLang's methods, as the records tell them -----
+
+    def _reset_session_radix_state(self) -> None:
+        self._session_leaves: defaultdict[str, set[MirrorNode]] = defaultdict(set)
+        self._closed_session_ids: OrderedDict[str, None] = OrderedDict()
+
+    def reset(self, root_id: int = -1) -> None:
+        root = MirrorNode(root_id, MirrorKey(array("q")), 0.0, 0.0, lock_ref=1)
+        self.root_node = root
+        self.by_id = {root_id: root}
+        self._reset_session_radix_state()
+
+    def _split_node(self, key: MirrorKey, child: MirrorNode, split_len: int, new_id: int = -1,
+                    last_access: float = 0.0) -> MirrorNode:
+        page = self.page_size
+        new = MirrorNode(new_id, child.key[:split_len], last_access, last_access, child.hit_count, child.lock_ref)
+        new.parent = child.parent
+        new.children = {key[split_len:].child_key(page): child}
+        child.parent = new
+        child.key = child.key[split_len:]
+        new.parent.children[key.child_key(page)] = new  # type: ignore[union-attr]
+        self.by_id[new_id] = new
+        return new
+
+    def _insert_helper(self, parent: MirrorNode, node: MirrorNode) -> tuple[int, MirrorNode]:
+        node.parent = parent
+        parent.children[node.key.child_key(self.page_size)] = node
+        self.by_id[node.id] = node
+        return 0, node
+
+    def _delete_leaf(self, node: MirrorNode) -> None:
+        parent = node.parent
+        if parent is None or parent.children.pop(node.key.child_key(self.page_size), None) is not node:
+            raise MirrorError(f"node {node.id} is not a child of its parent here")
+        held = node.session_ids
+        if held:
+            closed = self._closed_session_ids
+            for sid in tuple(held):
+                leaves = self._session_leaves.get(sid)
+                if leaves is not None:
+                    leaves.discard(node)
+                    if not leaves and sid not in closed:
+                        self._session_leaves.pop(sid, None)
+        node.session_ids = None
+        del self.by_id[node.id]
+
+    def evict(self, nodes: Iterable[MirrorNode]) -> None:
+        for node in nodes:
+            self._delete_leaf(node)
+
+    def release_radix_session(self, session_id: str, nodes: Iterable[MirrorNode] = ()) -> None:
+        closed = self._closed_session_ids
+        closed[session_id] = None
+        closed.move_to_end(session_id)
+        while len(closed) > TOMBSTONES:
+            closed.popitem(last=False)
+        indexed = self._session_leaves.pop(session_id, set())
+        for node in nodes:  # SGLang dropped the session from each, then deleted it
+            self._drop_holder(node, session_id)
+            self._delete_leaf(node)
+        for node in indexed:  # and dropped it from each node it kept
+            self._drop_holder(node, session_id)
+
+    @staticmethod
+    def _drop_holder(node: MirrorNode, session_id: str) -> None:
+        held = node.session_ids
+        if held is not None:
+            held.discard(session_id)
+            if not held:
+                node.session_ids = None
+
+    def _tag_session_leaf(self, req: Any, radix_key: Any = None, node: MirrorNode | None = None) -> None:
+        sid = req.session_id
+        if node is None or node is self.root_node or sid in self._closed_session_ids:
+            return
+        if node.session_ids is None:
+            node.session_ids = set()
+        node.session_ids.add(sid)
+        self._session_leaves[sid].add(node)
+
+    def inc_lock_ref(self, node: MirrorNode) -> None:
+        root = self.root_node
+        while node is not root:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def dec_lock_ref(self, node: MirrorNode) -> None:
+        root = self.root_node
+        while node is not root:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    # ----- the records -----
+
+    def _node(self, node_id: int) -> MirrorNode:
+        node = self.by_id.get(node_id)
+        if node is None:
+            raise MirrorError(f"no node {node_id} here")
+        return node
+
+    def apply(self, records: Iterable[Any]) -> None:
+        """Make each record's change (in order). ``MirrorError`` where one names a node this
+        tree does not have: from there it no longer equals SGLang's."""
+        node_of = self._node
+        for record in records:
+            kind = record[0]
+            self.applied += 1
+            if kind == TOUCH:
+                _, node_id, start_id, t, hits, skip_last = record
+                node, start = node_of(node_id), node_of(start_id)
+                if skip_last and node is not start:
+                    node = node.parent
+                while node is not start and node is not None:
+                    node.last_access_time = t
+                    if hits:
+                        node.hit_count += 1
+                    node = node.parent
+                start.last_access_time = t
+            elif kind == LOCK:
+                self.inc_lock_ref(node_of(record[1]))
+            elif kind == UNLOCK:
+                self.dec_lock_ref(node_of(record[1]))
+            elif kind == ADD:
+                _, node_id, parent_id, tokens, extra, last_access, created, hits, lock_ref = record
+                ids = array("q")
+                ids.frombytes(tokens)
+                node = MirrorNode(node_id, MirrorKey(ids, extra), last_access, created, hits, 0)
+                self._insert_helper(node_of(parent_id), node)
+                if lock_ref:  # (a snapshot's node, locked now: its own count)
+                    node.lock_ref = lock_ref
+                    self.protected_size_ += len(node.key)
+                else:
+                    self.evictable_size_ += len(node.key)
+            elif kind == SPLIT:
+                _, new_id, child_id, split_len, last_access, child_access = record
+                child = node_of(child_id)
+                self._split_node(child.key, child, split_len, new_id=new_id, last_access=last_access)
+                child.last_access_time = child_access
+            elif kind == DELETE:
+                node = node_of(record[1])
+                self._delete_leaf(node)
+                self._uncount(node)
+            elif kind == EVICT:
+                nodes = [node_of(i) for i in record[1]]
+                self.evict(nodes)
+                for node in nodes:
+                    self._uncount(node)
+            elif kind == CLOSE:
+                _, sid, ids = record
+                nodes = [node_of(i) for i in ids]
+                self.release_radix_session(sid, nodes)
+                for node in nodes:
+                    self._uncount(node)
+            elif kind == TAG:
+                _, sid, node_id = record
+                self._tag_session_leaf(_Req(sid), None, node_of(node_id))
+            elif kind == RESET:
+                self.evictable_size_ = self.protected_size_ = 0
+                self.reset(record[1])
+            else:
+                raise MirrorError(f"a record of unknown kind {kind!r}")
+
+    def _uncount(self, node: MirrorNode) -> None:
+        if node.lock_ref:
+            self.protected_size_ -= len(node.key)
+        else:
+            self.evictable_size_ -= len(node.key)
+
+
+class _Req:
+    __slots__ = ("session_id",)
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id

@@ -1,0 +1,223 @@
+"""Change records: what the probe in SGLang's scheduler captures of a Python-core tree as it
+changes (issue 27's split, the Python cores), for the mirror in radixtop's process beside it
+(``adapters.sglang.mirror``) to make the same changes to a tree of its own.
+
+On SGLang 0.5.15/0.5.16's ``RadixCache`` (sessions on or off) the recorder wraps, on the cache
+instance, the methods that change the tree, as the index does in process (``adapters.sglang.index``):
+each wrapper appends one small tuple (a node's id and a few numbers; a new node's tokens as the
+bytes of SGLang's own ``array('q')``, one copy) to a list, and nothing else. No node registry, no
+sizes, no sessions' figures: those are kept beside. ``take()`` hands the list over once a
+scheduler loop; the probe encodes it (``msgspec`` msgpack) and sends it without waiting.
+
+The records (each a tuple, its first item the kind):
+
+* ``(ADD, id, parent_id, tokens, extra_key, last_access, created, hits, lock_ref)``: a new node
+  under ``parent_id`` (``tokens``: the key's ``array('q')`` bytes);
+* ``(SPLIT, new_id, child_id, split_len, new_last_access, child_last_access)``: SGLang's
+  ``_split_node``: a new node above ``child`` with its first ``split_len`` tokens (its lock count
+  and hits copied, as SGLang's); the child's stamp (a match or an insert stamped it just before);
+* ``(DELETE, id)``: ``_delete_leaf`` (outside an eviction or a close);
+* ``(EVICT, ids)``: an eviction, the leaves it deleted in their order;
+* ``(CLOSE, sid, ids)``: ``release_radix_session``: the nodes it deleted, in their order;
+* ``(TAG, sid, id)``: a session's request ended at node ``id`` (SGLang tags it, unless closed);
+* ``(LOCK, id)``, ``(UNLOCK, id)``: ``inc_lock_ref``/``dec_lock_ref`` of the path from ``id`` up;
+* ``(TOUCH, id, start_id, t, hits, skip_last)``: a match or an insert went from ``start_id``
+  down to ``id``: each node on the way stamped ``t``; with ``hits``, each below ``start_id`` hit
+  once more (``skip_last``: ``id`` is a node just added, its own stamp and hit in its ``ADD``);
+* ``(RESET, root_id)``: a new, empty tree.
+
+``snapshot()`` gives the records that build the tree as it is now (at the first start, or a
+restart of radixtop's process after a crash): one walk of the tree on the scheduler thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("radixtop.sglang")
+
+ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET = range(10)
+RECORDER = "_radixtop_recorder"
+
+
+def tokens_of(key: Any) -> bytes:
+    """A key's token ids as the bytes of an ``array('q')`` (SGLang 0.5.16 keeps them so: one copy)."""
+    from array import array
+
+    ids = key.raw_token_ids() if hasattr(key, "raw_token_ids") else key.token_ids
+    if not isinstance(ids, array) or ids.typecode != "q":
+        ids = array("q", ids)
+    return ids.tobytes()
+
+
+def can_record(cache: Any) -> str | None:
+    """Why the recorder cannot follow ``cache`` (None: it can): a 0.5.15/0.5.16-shaped
+    ``RadixCache`` only (HiCache's host tier, the unified tree, bigram keys: not yet)."""
+    if hasattr(cache, "tree_core"):
+        return "a UnifiedRadixCache (its Python core's records are not built yet)"
+    if not hasattr(cache, "root_node") or not callable(getattr(cache, "_insert_helper", None)):
+        return f"{type(cache).__name__} is not a RadixCache"
+    if hasattr(cache, "cache_controller") or "HiRadix" in type(cache).__name__:
+        return "HiCache's host tier is not recorded yet"
+    if getattr(cache, "is_eagle", False):
+        return "bigram keys (EAGLE) are not recorded yet"
+    return None
+
+
+class ChangeRecorder:
+    """Records every change of one SGLang ``RadixCache`` (scheduler thread only)."""
+
+    def __init__(self, cache: Any) -> None:
+        why = can_record(cache)
+        if why is not None:
+            raise TypeError(why)
+        self.cache = cache
+        self.records: list[tuple] = []
+        self._diverted: list[int] | None = None
+        """Inside an eviction or a close: the ids its ``_delete_leaf`` calls deleted."""
+        self._next_id = type(cache.root_node).counter
+        """Every node with an id below this one existed when last looked (a node
+        ``_insert_helper`` returns with a higher one is the leaf it added)."""
+        self.recorded = 0
+        self._hook()
+        setattr(cache, RECORDER, self)
+
+    def take(self) -> list[tuple]:
+        records, self.records = self.records, []
+        return records
+
+    def snapshot(self) -> list[tuple]:
+        """Records that build the tree as it is now: a reset, each node parents first, the
+        sessions' tags and the closed sessions' tombstones. One walk (scheduler thread)."""
+        cache = self.cache
+        root = cache.root_node
+        out: list[tuple] = [(RESET, root.id)]
+        tags: list[tuple] = []
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append((ADD, node.id, node.parent.id, tokens_of(node.key), node.key.extra_key,
+                        node.last_access_time, getattr(node, "creation_time", node.last_access_time),
+                        int(node.hit_count), int(node.lock_ref)))
+            for sid in getattr(node, "session_ids", None) or ():
+                tags.append((TAG, sid, node.id))
+            stack.extend(node.children.values())
+        out.extend(tags)
+        out.extend((CLOSE, sid, []) for sid in getattr(cache, "_closed_session_ids", None) or ())
+        self._next_id = max(self._next_id, type(root).counter)
+        return out
+
+    # ----- the hooks -----
+
+    def _hook(self) -> None:
+        cache = self.cache
+
+        def wrap(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+            original = getattr(cache, name, None)
+            if callable(original):
+                setattr(cache, name, functools.wraps(original)(make(original)))
+
+        def split(original):
+            def recorded(key, child, split_len, *a, **k):
+                new = original(key, child, split_len, *a, **k)
+                self.records.append((SPLIT, new.id, child.id, int(split_len), new.last_access_time,
+                                     child.last_access_time))
+                self._next_id = max(self._next_id, new.id + 1)
+                return new
+            return recorded
+
+        def insert(original):
+            def recorded(node, *a, **k):
+                result = original(node, *a, **k)
+                last = result[1]
+                added = last is not node and last.id >= self._next_id
+                if added:
+                    self._next_id = last.id + 1
+                    self.records.append((ADD, last.id, last.parent.id, tokens_of(last.key), last.key.extra_key,
+                                         last.last_access_time, getattr(last, "creation_time", last.last_access_time),
+                                         int(last.hit_count), 0))
+                chunked = k.get("chunked", a[3] if len(a) > 3 else False)
+                self.records.append((TOUCH, last.id, node.id, node.last_access_time, not chunked, added))
+                return result
+            return recorded
+
+        def match(original):
+            def recorded(node, *a, **k):
+                result = original(node, *a, **k)
+                self.records.append((TOUCH, result[1].id, node.id, node.last_access_time, False, False))
+                return result
+            return recorded
+
+        def delete(original):
+            def recorded(node, *a, **k):
+                result = original(node, *a, **k)
+                if self._diverted is not None:
+                    self._diverted.append(node.id)
+                else:
+                    self.records.append((DELETE, node.id))
+                return result
+            return recorded
+
+        def diverting(kind: int):
+            def make(original):
+                def recorded(*a, **k):
+                    outer, self._diverted = self._diverted, []
+                    try:
+                        return original(*a, **k)
+                    finally:
+                        ids, self._diverted = self._diverted, outer
+                        if outer is not None:  # (nested: the outer one records them)
+                            outer.extend(ids)
+                        elif kind == CLOSE:
+                            self.records.append((CLOSE, a[0] if a else k.get("session_id"), ids))
+                        else:
+                            self.records.append((EVICT, ids))
+                return recorded
+            return make
+
+        def reset(original):
+            def recorded(*a, **k):
+                result = original(*a, **k)
+                self.records.clear()  # what came before the reset no longer matters
+                self.records.append((RESET, self.cache.root_node.id))
+                self._next_id = max(self._next_id, type(self.cache.root_node).counter)
+                return result
+            return recorded
+
+        def lock(kind: int):
+            def make(original):
+                def recorded(node, *a, **k):
+                    result = original(node, *a, **k)
+                    self.records.append((kind, node.id))
+                    return result
+                return recorded
+            return make
+
+        def tag(original):
+            def recorded(req, *a, **k):
+                node = k.get("node", a[1] if len(a) > 1 else None)
+                result = original(req, *a, **k)
+                sid = getattr(req, "session_id", None)
+                if sid is None:
+                    return result
+                if node is not None:  # (tagged or not: a closed session's request is its activity too)
+                    self.records.append((TAG, sid, node.id))
+                else:  # SGLang matched the node itself (it warns): each node the session holds, again
+                    leaves = (getattr(self.cache, "_session_leaves", None) or {}).get(sid) or (self.cache.root_node,)
+                    self.records.extend((TAG, sid, leaf.id) for leaf in leaves)
+                return result
+            return recorded
+
+        wrap("_split_node", split)
+        wrap("_insert_helper", insert)
+        wrap("_match_prefix_helper", match)
+        wrap("_delete_leaf", delete)
+        wrap("evict", diverting(EVICT))
+        wrap("release_radix_session", diverting(CLOSE))
+        wrap("reset", reset)
+        wrap("inc_lock_ref", lock(LOCK))
+        wrap("dec_lock_ref", lock(UNLOCK))
+        wrap("_tag_session_leaf", tag)

@@ -1,0 +1,140 @@
+"""The mirror beside the scheduler (issue 27, the Python cores): the REAL SGLang 0.5.16 RadixCache
+(sessions on) driven through SGLang's own request paths (splits, evictions under pressure, aborts,
+closes, a reset), its change records taken by the probe's recorder, sent through msgpack as the
+hand-over carries them and applied to a ``MirrorCache``; after every operation the mirror equals
+SGLang's tree field for field, and radixtop's adapter over the mirror (its index and ledger, as
+beside the scheduler) answers what the adapter in SGLang's process answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import msgspec
+import pytest
+
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.adapters.sglang.mirror import MirrorCache
+from radixtop.adapters.sglang.records import ChangeRecorder
+from radixtop.gpu_backend.ledger.orders import ROW_KEYS
+from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
+from tests.on_sglang.test_ledger16 import check_kept
+from tests.support.trace_gen import capacity_for, generate_trace
+
+STAMP_S = 1e-3
+"""A node SGLang made during a match or an insert has its own construction time; the mirror has
+the walk's (``adapters.sglang.mirror``): microseconds apart."""
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    return import_sglang()
+
+
+def walk(root):
+    out, stack = {}, [root]
+    while stack:
+        node = stack.pop()
+        out[node.id] = node
+        stack.extend(node.children.values())
+    return out
+
+
+def check_same(cache, mirror: MirrorCache) -> None:
+    real, mine = walk(cache.root_node), walk(mirror.root_node)
+    assert set(real) == set(mine)
+    assert set(mine) == set(mirror.by_id)
+    for node_id, node in real.items():
+        copy = mine[node_id]
+        if node is cache.root_node:
+            assert copy is mirror.root_node
+            continue
+        assert copy.parent.id == node.parent.id, node_id
+        assert list(copy.key.token_ids) == list(node.key.token_ids), node_id
+        assert copy.key.extra_key == node.key.extra_key
+        assert set(copy.children) == set(node.children), node_id
+        assert copy.lock_ref == node.lock_ref, node_id
+        assert copy.hit_count == node.hit_count, node_id
+        assert (copy.session_ids or set()) == (getattr(node, "session_ids", None) or set()), node_id
+        assert abs(copy.last_access_time - node.last_access_time) < STAMP_S, node_id
+    assert {sid: {n.id for n in nodes} for sid, nodes in mirror._session_leaves.items()} == \
+        {sid: {n.id for n in nodes} for sid, nodes in cache._session_leaves.items()}
+    assert list(mirror._closed_session_ids) == list(cache._closed_session_ids)
+    assert (mirror.evictable_size(), mirror.protected_size()) == (cache.evictable_size(), cache.protected_size())
+
+
+def wire(records: list) -> list:
+    """Through the hand-over's encoding (the probe's encoder, the mirror's decoder)."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(records))
+
+
+def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter) -> None:
+    def rows(page):  # (each read's own age of the last activity aside: read a moment apart)
+        return [dataclasses.replace(v, last_activity_age_s=None) for v in page.sessions]
+
+    for order in ROW_KEYS:
+        a, b = inproc.sessions(order, 0, 50), beside.sessions(order, 0, 50)
+        assert (a.total, rows(a)) == (b.total, rows(b)), order
+    for sid in [row.id for row in inproc.sessions("exclusive_bytes", 0, 20).sessions]:
+        a, b = inproc.plan_close(sid), beside.plan_close(sid)
+        # (the order SGLang's close visits a session's leaves is its set's, of its own nodes)
+        same = lambda p: dataclasses.replace(  # noqa: E731
+            p, freed_node_ids=sorted(p.freed_node_ids), kept=sorted(p.kept, key=lambda k: k.node_id))
+        assert same(a) == same(b)
+    a, b = inproc.children(0, 0, 50), beside.children(0, 0, 50)
+    strip = lambda page: [(v.id, v.tokens, v.subtree_tokens, v.lock_ref, v.hit_count, v.holders)  # noqa: E731
+                          for v in page.children]
+    assert (a.total, strip(a)) == (b.total, strip(b))
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_mirror_follows_every_operation(sgl, seed, size):
+    lines = generate_trace(seed, n_ops=150, max_in_flight=4, vocab=6 if seed % 2 else 400, abort_weight=3)
+    # (a tombstone dropped by hand, the replayer's "register", is no path of SGLang 0.5.16's)
+    lines = [line for line in lines if json.loads(line)["op"] != "register"]
+    replayer = SGLangReplayer(sgl, capacity_for(lines, size), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    inproc = SGLangInProcessAdapter(cache, model="tiny")
+    recorder = ChangeRecorder(cache)
+    mirror = MirrorCache(page_size=1)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    beside.bpt = inproc.bpt
+    beside._orders.bpt = inproc.bpt
+    kinds = set()
+    for line_no, op in _parse(lines):
+        replayer.apply(line_no, op)
+        records = recorder.take()
+        kinds |= {r[0] for r in records}
+        mirror.apply(wire(records))
+        check_same(cache, mirror)
+        check_kept(mirror, beside)
+        check_reads(inproc, beside)
+    assert replayer.counters["splits"] > 0 or seed % 2 == 0
+    assert len(kinds) >= 8, kinds
+    cache.reset()
+    mirror.apply(wire(recorder.take()))
+    check_same(cache, mirror)
+
+
+def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(sgl):
+    lines = generate_trace(3, n_ops=150, max_in_flight=4, vocab=6, abort_weight=3)
+    lines = [line for line in lines if json.loads(line)["op"] != "register"]
+    replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    ops = _parse(lines)
+    for line_no, op in ops[:100]:  # radixtop's process (re)started with requests running
+        replayer.apply(line_no, op)
+    recorder = ChangeRecorder(cache)
+    mirror = MirrorCache(page_size=1)
+    mirror.apply(wire(recorder.snapshot()))
+    check_same(cache, mirror)
+    for line_no, op in ops[100:]:
+        replayer.apply(line_no, op)
+        mirror.apply(wire(recorder.take()))
+        check_same(cache, mirror)
