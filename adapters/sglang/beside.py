@@ -16,6 +16,7 @@ process stops its server and exits: it never outlives the server it watches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
@@ -24,16 +25,30 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import SimpleNamespace
 from typing import Any
 
+from radixtop.adapters.base import check_tokens
 from radixtop.adapters.errors import TargetTimeout
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.adapters.events.handover import HandoverEvents
 from radixtop.adapters.http import wire
-from radixtop.adapters.model import Capabilities, Diagnosis, EvictResultView, FlushResultView, Stats
+from radixtop.adapters.model import (
+    Bucket,
+    Capabilities,
+    ClosePlanView,
+    CloseResultView,
+    Diagnosis,
+    EvictResultView,
+    FlushResultView,
+    Geometry,
+    Stats,
+)
+from radixtop.adapters.owned.common import refuse_if_read_only
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.probe import CALL, HELLO, REPLY
 from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
@@ -223,6 +238,109 @@ class RemoteSGLang:
             raise ReadOnly(f"{self.name} is read-only: {action} refused")
 
 
+class MirrorAdapter(SGLangInProcessAdapter):
+    """The contract over a ``MirrorCache`` (a Python core's tree copied beside the scheduler):
+    every read runs on the mirror's own thread here, after a ``sync`` through the probe (so it is
+    as of a scheduler step after the read began); SGLang's totals, its close, evict and flush,
+    and what the doctor reads of the scheduler are asked of the probe (``probe.CoreOps``)."""
+
+    def __init__(self, mirror: Any, loop: Any, calls: Calls, syncs: Syncs, info: dict[str, Any],
+                 read_only: bool, timeout: float) -> None:
+        self.calls, self.syncs, self.loop, self.mirror = calls, syncs, loop, mirror
+        self._told: dict[str, Any] = {}
+        self._local = threading.local()
+        geometry = info.get("geometry")
+        super().__init__(
+            mirror, loop.queue, name=str(info.get("name") or "sglang"), read_only=read_only, timeout=timeout,
+            geometry=wire.from_wire(Geometry, geometry) if isinstance(geometry, dict) else None,
+            buckets=lambda: self._told.get("buckets"), running_requests=self._holders,
+            waiting_requests=self._waiting)
+
+    # ----- every read as of a step after it began -----
+
+    def _synced(self, run: Callable[[], Any]) -> Any:
+        if getattr(self._local, "synced", False) or self._in_pass() is not None:
+            return run()
+        self.syncs.wait(self.timeout)  # (past the timeout: the tree as of the last record)
+        self._local.synced = True
+        try:
+            return run()
+        finally:
+            self._local.synced = False
+
+    def _call(self, fn: Callable[[], Any], urgent: bool = False) -> Any:
+        return self._synced(lambda: super(MirrorAdapter, self)._call(fn, urgent))
+
+    def _call_pass(self, make: Callable[[], Any]) -> Any:
+        return self._synced(lambda: super(MirrorAdapter, self)._call_pass(make))
+
+    # ----- what only the scheduler knows -----
+
+    def capabilities(self) -> Capabilities:
+        own = super().capabilities()
+        if self.loop.incomplete is None:
+            return own
+        why = f"radixtop's copy of the tree is incomplete ({self.loop.incomplete}); the whole tree is being sent again"
+        return dataclasses.replace(own, reason=f"{own.reason}; {why}" if own.reason else why)
+
+    def stats(self) -> Stats:
+        remote = wire.stats_from_dict(self.calls.call("stats"))  # (its reply after every record before it)
+        return self._call(lambda: self._with_counts(dataclasses.replace(remote, target=self.name)), urgent=True)
+
+    def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
+        """The plan on the mirror as of a step after the call began, then SGLang's own close;
+        the nodes it freed are the plan's where it freed what the plan says (as in process, where
+        both run in one hold)."""
+        self._need_sessions()
+        refuse_if_read_only(self, f"close of session {session_id!r}")
+        plan = self.plan_close(session_id)
+        freed = int(result_of_call(self.calls, "close", session_id=session_id)["freed_tokens"])
+        ids = plan.freed_node_ids if freed == plan.freed_tokens else ()
+        return plan, CloseResultView(session_id, plan.policy, plan.state == "closed", ids, freed, freed * self.bpt,
+                                     plan.released_holds)
+
+    def evict(self, num_tokens: int) -> EvictResultView:
+        check_tokens(num_tokens)
+        refuse_if_read_only(self, f"evict of {num_tokens} tokens")
+        return wire.evict_result_from_dict(self.calls.call("evict", num_tokens=num_tokens))
+
+    def flush(self) -> FlushResultView:
+        refuse_if_read_only(self, "flush")
+        return wire.flush_result_from_dict(self.calls.call("flush"))
+
+    def diagnose(self, idle_after_s: float = 600.0) -> Diagnosis:
+        state = self.calls.call("state")
+        buckets = state.get("buckets")
+        self._told = {**state, "buckets": None if buckets is None else tuple(wire.from_wire(Bucket, b) for b in buckets)}
+        slots = self.mirror.token_to_kv_pool_allocator
+        slots.size, slots.available = int(state["capacity"]), int(state["available"])
+        return super().diagnose(idle_after_s)
+
+    def _holders(self) -> list[Any] | None:  # (the mirror's thread: its nodes by id)
+        held = self._told.get("holders")
+        if held is None:
+            return None
+        by_id = self.mirror.by_id
+        return [SimpleNamespace(last_node=by_id.get(node_id), session_id=sid) for node_id, sid in held]
+
+    def _waiting(self) -> list[Any] | None:
+        count, head = self._told.get("waiting"), self._told.get("head")
+        if count is None:
+            return None
+        if not count or head is None:
+            return []
+        rid, need = head
+        first = SimpleNamespace(rid=rid, origin_input_ids=range(need), output_ids=(), prefix_indices=None)
+        return [first, *([None] * (count - 1))]
+
+
+def result_of_call(calls: Calls, op: str, **args: Any) -> dict[str, Any]:
+    reply = calls.call(op, **args)
+    if not isinstance(reply, dict):
+        raise wire.WireError(f"the scheduler's answer to {op!r} is not an object")
+    return reply
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixtop.adapters.sglang.beside", description=__doc__.split("\n\n")[0])
     ap.add_argument("--handover-fd", type=int, required=True)
@@ -239,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     end = MirrorEnd(socket.socket(fileno=args.handover_fd))
     listening = socket.socket(fileno=args.socket_fd)
     try:
-        tree = tree_of(hello_of(end))
+        info = hello_of(end)
+        tree = tree_of(info) if info.get("tree") != "radix" else None
     except (TimeoutError, ValueError, ProbeGone) as exc:
         print(f"radixtop beside: {exc}", file=sys.stderr)
         return 1
@@ -251,14 +370,27 @@ def main(argv: list[str] | None = None) -> int:
         calls.gone()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    from radixtop.adapters.sglang.events.core import CoreEventsAdapter
-
-    handover = HandoverEvents(tree, end, on_gone=gone, on_other=calls.replied)
-    sglang = RemoteSGLang(calls, tree.name, os.environ.get("RADIXTOP_READ_ONLY", "").strip().lower()
-                          in ("1", "true", "yes", "on"), timeout)
-
+    read_only = os.environ.get("RADIXTOP_READ_ONLY", "").strip().lower() in ("1", "true", "yes", "on")
     syncs = Syncs(calls)  # (a sync's reply comes after every event recorded before it)
-    adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=syncs.wait)  # type: ignore[arg-type]
+    if tree is None:  # a Python core: its tree copied here from the probe's records
+        from radixtop.adapters.sglang.mirror import MirrorCache, MirrorLoop
+
+        def resync() -> None:  # (on the mirror's thread: the reply is not waited for)
+            try:
+                calls.start("resync")
+            except Exception:  # (the scheduler gone: its end's closing says so)
+                pass
+
+        mirror = MirrorCache(page_size=int(info.get("page_size") or 1), sessions=bool(info.get("sessions")))
+        handover: Any = MirrorLoop(mirror, end, on_other=calls.replied, on_gone=gone, on_diverged=resync)
+        adapter: Any = MirrorAdapter(mirror, handover, calls, syncs, info, read_only, timeout)
+        handover.start()
+    else:
+        from radixtop.adapters.sglang.events.core import CoreEventsAdapter
+
+        handover = HandoverEvents(tree, end, on_gone=gone, on_other=calls.replied)
+        sglang = RemoteSGLang(calls, tree.name, read_only, timeout)
+        adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=syncs.wait)  # type: ignore[arg-type]
     try:
         serve(adapter, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,

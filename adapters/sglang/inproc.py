@@ -16,6 +16,7 @@ it shows.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -55,6 +56,7 @@ from radixtop.adapters.model import (
     Diagnosis,
     EvictResultView,
     FlushResultView,
+    Geometry,
     KeptNodeView,
     MatchView,
     NodeDetail,
@@ -118,6 +120,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         waiting_requests: Callable[[], Sequence[Any] | None] | None = None,
         sizes_max_age: float = 2.0,
         close: Callable[[str], None] | None = None,
+        geometry: Geometry | None = None,
     ):
         """``run``: the scheduler's ``OwnerQueue`` (or its ``call``): with the queue, long reads run
         a slice at a time between the scheduler's steps, never holding it longer than a slice;
@@ -126,12 +129,13 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         ``release_radix_session`` where not given. ``close``: its name before 0.2 (kept for one
         release). ``session_controller``: the scheduler's ``SessionController``, whose open
         sessions are followed as they open and close (``roster``); ``open_sessions``: a function
-        returning open ids, for a caller without one (diffed whenever their count changes)."""
+        returning open ids, for a caller without one (diffed whenever their count changes).
+        ``geometry``: the KV pool's, where the cache has no pool to read it from (a mirror)."""
         self.tree: SGLangTree = tree_for(tree_cache)
         self.cache = tree_cache
         self.allocator = tree_cache.token_to_kv_pool_allocator
         kv_pool = self.allocator.get_kvcache() if hasattr(self.allocator, "get_kvcache") else None
-        self.geometry = kv_geometry(kv_pool, self.tree.page_size, model)
+        self.geometry = geometry or kv_geometry(kv_pool, self.tree.page_size, model)
         self.bpt = self.geometry.bytes_per_token
         self._owner = run if isinstance(run, OwnerQueue) else None
         if self._owner is not None:
@@ -349,39 +353,22 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
 
     def stats(self) -> Stats:
         def read() -> Stats:
-            tree, bpt = self.tree, self.bpt
-            capacity = int(self.allocator.size)
-            free = int(self.allocator.available_size())
-            evictable, protected = tree.evictable_size(), tree.protected_size()
-            running = max(0, capacity - free - evictable - protected)
-            nodes = tree.node_count() if tree.has_nodes else None  # the Rust core cannot tell
-            if nodes is None and tree.has_nodes:
-                nodes = self._sizes().count
-            opened = closed_count = None  # a tree without sessions: unknown, not 0
-            if tree.policy is not None and self._orders is not None:
-                closed_count = len(tree.closed())
-                self._known_now()
-                opened = self._orders.open_count()  # kept as sessions move: no pass over them
-            buckets = self._buckets() if self._buckets is not None else None
-            # What is neither available nor in the tree is held by sessions (0.5.23's streaming
-            # sessions) or by running requests beyond their cached prefix: told apart by SGLang's
-            # leak check where it can be read, unknown otherwise
-            full = next((b for b in buckets or () if b.component == "full"), None)
-            session_held = min(full.session_held, running) if full is not None else None
-            return Stats(
-                target=self.name, capacity_tokens=capacity, available_tokens=free,
-                evictable_tokens=evictable, protected_tokens=protected, session_held_tokens=session_held,
-                uncached_tokens=None if session_held is None else running - session_held,
-                unevictable_tokens=protected + running,
-                total_tokens=evictable + protected, bytes_per_token=bpt,
-                node_count=nodes, open_sessions=opened,
-                closed_sessions=closed_count, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
-                evicted_tokens=self.evicted_tokens, closes=self.closes,
-                freed_by_close_tokens=self.freed_by_close_tokens, version=self.version,
-                geometry=self.geometry, buckets=buckets,
-            )
+            return self._with_counts(totals(self))
 
         return self._call(read, urgent=True)  # cheap, and what health checks read
+
+    def _with_counts(self, stats: Stats) -> Stats:
+        """``stats`` with the tree's nodes and the open and closed sessions counted (owner thread)."""
+        tree = self.tree
+        nodes = tree.node_count() if tree.has_nodes else None  # the Rust core cannot tell
+        if nodes is None and tree.has_nodes:
+            nodes = self._sizes().count
+        opened = closed_count = None  # a tree without sessions: unknown, not 0
+        if tree.policy is not None and self._orders is not None:
+            closed_count = len(tree.closed())
+            self._known_now()
+            opened = self._orders.open_count()  # kept as sessions move: no pass over them
+        return dataclasses.replace(stats, node_count=nodes, open_sessions=opened, closed_sessions=closed_count)
 
     def children(self, node_id: int, offset: int = 0, limit: int = 100, order: str = "bytes") -> ChildrenPage:
         check_page(offset, limit)
@@ -650,6 +637,34 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             return FlushResultView(tokens, nodes, tokens * self.bpt, True, message)
 
         return self._call(act, urgent=True)
+
+
+def totals(of: Any) -> Stats:
+    """SGLang's own totals and radixtop's counters of what it did (no node or session counts),
+    read on the scheduler thread from an ``SGLangInProcessAdapter`` (or the probe's ``CoreOps``)."""
+    tree, bpt = of.tree, of.bpt
+    capacity = int(of.allocator.size)
+    free = int(of.allocator.available_size())
+    evictable, protected = tree.evictable_size(), tree.protected_size()
+    running = max(0, capacity - free - evictable - protected)
+    buckets = of._buckets() if of._buckets is not None else None
+    # What is neither available nor in the tree is held by sessions (0.5.23's streaming
+    # sessions) or by running requests beyond their cached prefix: told apart by SGLang's
+    # leak check where it can be read, unknown otherwise
+    full = next((b for b in buckets or () if b.component == "full"), None)
+    session_held = min(full.session_held, running) if full is not None else None
+    return Stats(
+        target=of.name, capacity_tokens=capacity, available_tokens=free,
+        evictable_tokens=evictable, protected_tokens=protected, session_held_tokens=session_held,
+        uncached_tokens=None if session_held is None else running - session_held,
+        unevictable_tokens=protected + running,
+        total_tokens=evictable + protected, bytes_per_token=bpt,
+        node_count=None, open_sessions=None,
+        closed_sessions=None, prompt_tokens=of.prompt_tokens, cached_tokens=of.cached_tokens,
+        evicted_tokens=of.evicted_tokens, closes=of.closes,
+        freed_by_close_tokens=of.freed_by_close_tokens, version=of.version,
+        geometry=of.geometry, buckets=buckets,
+    )
 
 
 SGLangAdapter = SGLangInProcessAdapter

@@ -25,7 +25,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from radixtop.adapters.sglang.records import ADD, CLOSE, DELETE, EVICT, LOCK, RESET, SPLIT, TAG, TOUCH, UNLOCK
+from radixtop.adapters.sglang.records import ADD, CLOSE, DELETE, EVICT, LOCK, PART, RESET, SPLIT, TAG, TOUCH, UNLOCK
 
 TOMBSTONES = 8192
 """SGLang 0.5.16's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``: closed ids it remembers, oldest dropped first."""
@@ -100,6 +100,11 @@ class MirrorCache:
         self.evictable_size_ = self.protected_size_ = 0
         self.by_id: dict[int, MirrorNode] = {}
         self.applied = 0
+        self.resynced = False
+        """A ``RESET`` came: the whole tree comes after it (set back by ``MirrorLoop`` when it
+        finds the mirror unlike SGLang's tree)."""
+        self._parts: dict[int, list[bytes]] = {}
+        """The first tokens of a node whose ``ADD`` comes next (``PART`` records)."""
         self.reset(-1)
 
     # ----- SGLang's methods, as the records tell them -----
@@ -239,7 +244,8 @@ class MirrorCache:
             elif kind == ADD:
                 _, node_id, parent_id, tokens, extra, last_access, created, hits, lock_ref = record
                 ids = array("q")
-                ids.frombytes(tokens)
+                first = self._parts.pop(node_id, None)
+                ids.frombytes(b"".join([*first, tokens]) if first else tokens)
                 node = MirrorNode(node_id, MirrorKey(ids, extra), last_access, created, hits, 0)
                 self._insert_helper(node_of(parent_id), node)
                 if lock_ref:  # (a snapshot's node, locked now: its own count)
@@ -270,8 +276,12 @@ class MirrorCache:
             elif kind == TAG:
                 _, sid, node_id = record
                 self._tag_session_leaf(_Req(sid), None, node_of(node_id))
+            elif kind == PART:
+                self._parts.setdefault(record[1], []).append(record[2])
             elif kind == RESET:
                 self.evictable_size_ = self.protected_size_ = 0
+                self._parts.clear()
+                self.resynced = True
                 self.reset(record[1])
             else:
                 raise MirrorError(f"a record of unknown kind {kind!r}")
@@ -288,3 +298,113 @@ class _Req:
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
+
+
+# ----- radixtop's process beside the scheduler: the loop that applies the records, the adapter -----
+
+
+class MirrorLoop:
+    """The mirror's owner thread in radixtop's process: it applies each ``RECORDS`` frame as it
+    comes, hands every other frame (a reply) to ``on_other`` in its order among them, and runs the
+    adapter's reads between frames (an ``OwnerQueue``, woken by a pipe when one is queued). A lost
+    frame or a record that does not apply leaves the mirror unlike SGLang's tree: it says so
+    (``incomplete``) and ``on_diverged`` asks the probe for the whole tree again."""
+
+    def __init__(self, mirror: MirrorCache, end: Any, on_other: Any = None, on_gone: Any = None,
+                 on_diverged: Any = None) -> None:
+        import os
+        import threading
+
+        import msgspec
+
+        from radixtop.gpu_backend.owner.queue import OwnerQueue
+
+        self.mirror = mirror
+        self.end = end
+        self.on_other = on_other
+        self.on_gone = on_gone
+        self.on_diverged = on_diverged
+        self.incomplete: str | None = None
+        """Why the mirror is not SGLang's tree now (None: it is, as of the last record)."""
+        self.diverged = 0
+        self.gone = False
+        self._decode = msgspec.msgpack.Decoder().decode
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.queue = OwnerQueue("radixtop's mirror of the scheduler's tree", wake=self._wake)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radixtop-mirror", daemon=True)
+
+    def start(self) -> None:
+        """Apply the frames from now on (once what reads the mirror has installed its hooks on it)."""
+        self._thread.start()
+
+    def _wake(self) -> None:
+        import os
+
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # (full: it is woken already)
+
+    def _run(self) -> None:
+        import os
+        import select
+
+        from radixtop.adapters.sglang.probe import RECORDS
+        from radixtop.gpu_backend.owner.handover import ProbeGone
+
+        poll = select.poll()
+        poll.register(self.end.sock.fileno(), select.POLLIN)
+        poll.register(self._wake_r, select.POLLIN)
+        end, queue = self.end, self.queue
+        while not self._stop.is_set():
+            poll.poll(200)
+            try:
+                os.read(self._wake_r, 4096)
+            except (BlockingIOError, OSError):
+                pass
+            for _ in range(64):  # frames first, then a turn of the reads
+                try:
+                    frame = end.receive(0)
+                except ProbeGone:
+                    self.gone = True
+                    queue.close("the scheduler's end closed (SGLang exited)")
+                    if self.on_gone is not None:
+                        self.on_gone()
+                    return
+                if frame is None:
+                    break
+                if frame.lost:
+                    self._diverge(f"{frame.lost} frames of records lost (radixtop's process fell behind)")
+                if frame.kind == RECORDS:
+                    try:
+                        self.mirror.apply(self._decode(frame.payload))
+                    except Exception as exc:  # (MirrorError, or a frame that is not records)
+                        self._diverge(f"a record did not apply ({type(exc).__name__}: {exc})")
+                    else:
+                        if self.incomplete is not None and self.mirror.resynced:
+                            self.incomplete = None
+                elif self.on_other is not None:
+                    self.on_other(frame)
+            queue.between_steps(idle=True, budget=0.05)
+
+    def _diverge(self, why: str) -> None:
+        if self.incomplete is None:
+            self.diverged += 1
+            self.incomplete = why
+            self.mirror.resynced = False
+            if self.on_diverged is not None:
+                self.on_diverged()
+
+    def close(self) -> None:
+        import os
+
+        self._stop.set()
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self.queue.close("radixtop's process is stopping")
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)

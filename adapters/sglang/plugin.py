@@ -280,17 +280,15 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    adapter = SGLangInProcessAdapter(scheduler.tree_cache, owner, **options)
-    beside = None
     if _env_flag("RADIXTOP_BESIDE"):  # its calls answered on the scheduler's thread: no owner queue there
-        beside = _beside(scheduler, adapter, SGLangInProcessAdapter(scheduler.tree_cache, None, **options),
-                         dp_rank, host, port, token, getattr(sleeper, "poller", None))
-    if beside is not None:
-        attached = Attached(adapter, owner, base_url(host, port), None, None, waker, None, beside)
-        setattr(scheduler, ATTACHED, attached)
-        log.info("radixtop admin API for %s on %s, served by radixtop's process beside the scheduler (pid %d)",
-                 adapter.name, attached.url, beside.child.pid)
-        return attached
+        beside = _beside(scheduler, options, dp_rank, host, port, token, getattr(sleeper, "poller", None))
+        if beside is not None:
+            attached = Attached(beside.sglang, owner, base_url(host, port), None, None, waker, None, beside)
+            setattr(scheduler, ATTACHED, attached)
+            log.info("radixtop admin API for %s on %s, served by radixtop's process beside the scheduler (pid %d)",
+                     options["name"], attached.url, beside.child.pid)
+            return attached
+    adapter = SGLangInProcessAdapter(scheduler.tree_cache, owner, **options)
     served, core = _over_core_events(scheduler, adapter, dp_rank)
     app = create_app(served, check_token_strength(token), AuditLog(os.environ.get("RADIXTOP_AUDIT") or None),
                      host=host, read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None)
@@ -302,21 +300,41 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     return attached
 
 
-def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, direct: SGLangInProcessAdapter, dp_rank: int,
-            host: str, port: int, token: str, poller: Any = None) -> Any:
-    """radixtop's process next to the scheduler, fed by a probe (issue 27), where the tree is the
-    Rust core's (its KV events are all it shows) and SGLang's own publisher does not take them;
-    None elsewhere (a line says why), and radixtop stays in process."""
+def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, port: int, token: str,
+            poller: Any = None) -> Any:
+    """radixtop's process next to the scheduler, fed by a probe (issue 27): on a Python core
+    (SGLang 0.5.15/0.5.16's ``RadixCache``), the tree's change records (``records``), copied
+    there (``mirror``); on the Rust core, its KV events, where SGLang's own publisher does not
+    take them. None elsewhere (a line says why), and radixtop stays in process."""
+    import dataclasses
+
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.events.core import records_events
-    from radixtop.adapters.sglang.probe import BesideProcess
+    from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
+    from radixtop.adapters.sglang.records import ChangeRecorder, can_record
+    from radixtop.adapters.sglang.trees import tree_for
 
-    publisher = getattr(scheduler, "kv_events_publisher", None)
-    if adapter.tree.has_nodes or not records_events(scheduler.tree_cache) \
-            or getattr(publisher, "enable_kv_cache_events", False):
-        log.info("radixtop: RADIXTOP_BESIDE=1 applies to the Rust tree core without SGLang's own KV-event "
-                 "publisher; radixtop stays in the scheduler's process here")
-        return None
+    cache = scheduler.tree_cache
+    tree = tree_for(cache)
+    recorder = None
+    if tree.has_nodes:
+        why = can_record(cache)
+        if why is not None:
+            log.info("radixtop: RADIXTOP_BESIDE=1 does not apply to this cache yet (%s); radixtop stays in the "
+                     "scheduler's process here", why)
+            return None
+        direct: Any = CoreOps(cache, options["name"], options["closer"], options["buckets"],
+                              options["running_requests"], options["waiting_requests"], options["model"])
+        more = {"tree": "radix", "page_size": tree.page_size, "sessions": tree.policy is not None,
+                "geometry": dataclasses.asdict(direct.geometry)}
+    else:
+        publisher = getattr(scheduler, "kv_events_publisher", None)
+        if not records_events(cache) or getattr(publisher, "enable_kv_cache_events", False):
+            log.info("radixtop: RADIXTOP_BESIDE=1 applies to the Rust tree core without SGLang's own KV-event "
+                     "publisher; radixtop stays in the scheduler's process here")
+            return None
+        direct = SGLangInProcessAdapter(cache, None, **options)
+        more = {}
     from radixtop.adapters.http.server import check_token_strength
 
     check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)
@@ -325,12 +343,16 @@ def _beside(scheduler: Any, adapter: SGLangInProcessAdapter, direct: SGLangInPro
         check_token_strength(read_token, "read token")
     listening = bind(host, port)
     listening.listen(2048)
-    info = {"name": adapter.name, "dp_rank": dp_rank, "bytes_per_token": int(adapter.geometry.bytes_per_token),
-            "capacity_tokens": int(adapter.allocator.size)}
+    info = {"name": options["name"], "dp_rank": dp_rank, "bytes_per_token": int(direct.geometry.bytes_per_token),
+            "capacity_tokens": int(direct.allocator.size), **more}
     try:
-        return BesideProcess(scheduler.tree_cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
-                             sglang=direct, poller=poller)
+        if tree.has_nodes:
+            recorder = ChangeRecorder(cache)
+        return BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
+                             sglang=direct, poller=poller, recorder=recorder)
     except BaseException:
+        if recorder is not None:
+            recorder.stop()
         listening.close()
         raise
 

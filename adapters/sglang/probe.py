@@ -32,19 +32,23 @@ CALL = 3
 REPLY = 4
 """To radixtop's side: JSON ``{"id", "result"}`` or ``{"id", "error": {"code", "message"}}``, sent
 after the events the scheduler recorded before it (an action's own events included)."""
-OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush")
+RECORDS = 5
+"""To radixtop's side: msgpack of a list of a Python core's change records (``adapters.sglang.records``)."""
+OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "state", "resync")
 """What radixtop's side may ask of SGLang itself: ``sync`` (nothing: its reply comes after every
-event recorded so far), its own figures, and its own actions."""
-ACTIONS = ("evict", "flush")
+event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
+the doctor reads of the scheduler) and ``resync`` (the whole tree's records again)."""
+ACTIONS = ("evict", "flush", "close", "resync")
 
 
 def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity_tokens: int,
-          missed: int = 0) -> bool:
+          missed: int = 0, **more: Any) -> bool:
     """Send the first frame: the target's name, its DP rank, its KV bytes per token and its pool's
     capacity in tokens (``adapters.sglang.beside`` reads it before anything else), and ``missed``:
-    the batches taken before this process was started (a restart: its tree lacks them)."""
+    the batches taken before this process was started (a restart: its tree lacks them); ``more``:
+    a Python core's (``tree``: "radix", its ``page_size``, whether it has ``sessions``)."""
     info = {"name": name, "dp_rank": dp_rank, "bytes_per_token": bytes_per_token, "capacity_tokens": capacity_tokens,
-            "missed": missed}
+            "missed": missed, **more}
     return end.send(HELLO, json.dumps(info).encode())
 
 
@@ -90,6 +94,141 @@ class EventsProbe:
         self.end.send(EVENTS, payload)
 
 
+class RecordsProbe:
+    """Hands over a Python core's change records (``records.ChangeRecorder``), once a scheduler
+    loop: one msgpack encoding of the list, one non-blocking send (halves where over a frame; a
+    prompt longer than a frame in ``PART`` records). What it could not send is counted lost and
+    radixtop's side asks for the whole tree again (``resync``)."""
+
+    def __init__(self, recorder: Any, end: ProbeEnd) -> None:
+        import msgspec
+
+        self.recorder = recorder
+        self.end = end
+        self._encode = msgspec.msgpack.Encoder().encode
+        self.batches = 0
+
+    def start(self) -> None:
+        """At (re)start: the records of the whole tree first (one walk, on this thread)."""
+        self.recorder.take()
+        self._send(self.recorder.snapshot())
+
+    def step(self) -> None:
+        end = self.end
+        if end.held:
+            end.flush()
+        records = self.recorder.take()
+        if records:
+            if end.down:
+                self.batches += 1
+                end.skip()
+                return
+            self._send(records)
+
+    def _send(self, records: list[tuple]) -> None:
+        from radixtop.adapters.sglang.records import split_long
+
+        most = self.end.frame_max
+        payload = self._encode(records)
+        if len(payload) > most:
+            if len(records) > 1:
+                half = len(records) // 2
+                self._send(records[:half])
+                self._send(records[half:])
+                return
+            parts = split_long(records[0], most // 2)
+            if len(parts) > 1:
+                for part in parts:
+                    self._send([part])
+                return
+        self.batches += 1
+        if len(payload) > most:
+            self.end.skip()
+            return
+        self.end.send(RECORDS, payload)
+
+
+class CoreOps:
+    """What radixtop's process asks of SGLang itself where the tree is a Python core's and lives
+    beside (``adapters.sglang.mirror``): SGLang's own totals and counters, its close, evict and
+    flush, and what the doctor reads of the scheduler; run on the scheduler's thread between its
+    steps (``BesideProcess._answer``). No index, no ledger here: those are kept beside."""
+
+    def __init__(self, cache: Any, name: str, closer: Any, buckets: Any = None, running_requests: Any = None,
+                 waiting_requests: Any = None, model: str = "") -> None:
+        from radixtop.adapters.sglang.counters import kv_geometry, observe
+        from radixtop.adapters.sglang.trees import tree_for
+
+        self.cache = cache
+        self.name = name
+        self.tree = tree_for(cache)
+        self.allocator = cache.token_to_kv_pool_allocator
+        kv_pool = self.allocator.get_kvcache() if hasattr(self.allocator, "get_kvcache") else None
+        self.geometry = kv_geometry(kv_pool, self.tree.page_size, model)
+        self.bpt = self.geometry.bytes_per_token
+        self._close = closer or self.tree.release_session
+        self._buckets = buckets
+        self.running_requests = running_requests
+        self.waiting_requests = waiting_requests
+        self.version = 0
+        self.closes = self.freed_by_close_tokens = self.evicted_tokens = 0
+        self.prompt_tokens = self.cached_tokens = 0
+        observe(cache, self)  # SGLang's own evictions, requests and closes, counted as they happen
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def release(self) -> None:
+        pass
+
+    def stats(self) -> Any:
+        """SGLang's totals (no node or session counts: those are the mirror's)."""
+        from radixtop.adapters.sglang.inproc import totals
+
+        return totals(self)
+
+    def close(self, session_id: str) -> dict[str, int]:
+        """Close as SGLang's /close_session does; the slots it freed."""
+        before = int(self.allocator.available_size())
+        self._close(session_id)
+        return {"freed_tokens": int(self.allocator.available_size()) - before}
+
+    def evict(self, num_tokens: int) -> Any:
+        from radixtop.adapters.model import EvictResultView
+
+        tokens, nodes = self.tree.evict_counted(num_tokens)
+        self._changed()
+        return EvictResultView(num_tokens, tokens, nodes, tokens * self.bpt)
+
+    def flush(self) -> Any:
+        from radixtop.adapters.model import FlushResultView
+
+        tokens, nodes = self.tree.evict_counted(self.tree.evictable_size())
+        self._changed()
+        locked = self.tree.protected_size()
+        message = (f"freed {tokens:,} tokens; {locked:,} stay locked by running requests"
+                   if locked else f"freed {tokens:,} tokens")
+        return FlushResultView(tokens, nodes, tokens * self.bpt, True, message)
+
+    def state(self) -> dict[str, Any]:
+        """What the doctor reads of the scheduler: the pool, the nodes the running requests lock
+        (their ids, and sessions), the waiting queue's length and head."""
+        from radixtop.adapters.sglang.doctor import head_need
+
+        held = self.running_requests() if self.running_requests is not None else None
+        waiting = self.waiting_requests() if self.waiting_requests is not None else None
+        head = waiting[0] if waiting else None
+        return {
+            "capacity": int(self.allocator.size), "available": int(self.allocator.available_size()),
+            "evictable": self.tree.evictable_size(),
+            "holders": None if held is None else [
+                [getattr(getattr(r, "last_node", None), "id", None), getattr(r, "session_id", None)] for r in held],
+            "waiting": None if waiting is None else len(waiting),
+            "head": None if head is None else [str(getattr(head, "rid", "?")), head_need(head)],
+            "buckets": self._buckets() if self._buckets is not None else None,
+        }
+
+
 RESTART_FIRST_S = 0.5
 """The wait before radixtop's process is started again after it went down; doubled each time
 it goes down again within ``RESTART_QUIET_S``, up to ``RESTART_MOST_S``."""
@@ -112,13 +251,16 @@ class BesideProcess:
 
     def __init__(self, cache: Any, listening: Any, host: str, info: dict[str, Any], env: dict[str, str],
                  buffer: int = SOCKET_BUFFER, backlog: int = BACKLOG_BYTES, sglang: Any = None,
-                 poller: Any = None) -> None:
+                 poller: Any = None, recorder: Any = None) -> None:
         """``info``: ``hello``'s; ``env``: radixtop's process's environment (its token in it);
         ``buffer`` and ``backlog``: the hand-over's bounds (``gpu_backend.owner.handover``);
         ``sglang``: what answers radixtop's side's calls on this thread (an
         ``SGLangInProcessAdapter`` with no owner queue: this is the scheduler's thread); ``poller``:
         the ``zmq.Poller`` a scheduler that sleeps on idle waits in (``--sleep-on-idle``): the
-        hand-over's socket joins it, so a call from radixtop's side wakes it."""
+        hand-over's socket joins it, so a call from radixtop's side wakes it; ``recorder``: a
+        Python core's ``records.ChangeRecorder`` (its records are handed over, the whole tree's at
+        each start), where the Rust core's events are not what is handed over."""
+        self.recorder = recorder
         self.cache = cache
         self.sglang = sglang
         self.poller = poller
@@ -129,7 +271,7 @@ class BesideProcess:
         self.info = info
         self.env = env
         self.child: Any = None
-        self.probe: EventsProbe | None = None
+        self.probe: EventsProbe | RecordsProbe | None = None
         self.starts = 0
         self._retry_at = 0.0
         self._wait = RESTART_FIRST_S
@@ -165,15 +307,20 @@ class BesideProcess:
 
             self.poller.register(mine.fileno(), zmq.POLLIN)
             self._polled = mine.fileno()
-        hello(end, missed=missed, **self.info)
+        hello(end, missed=missed if self.recorder is None else 0, **self.info)
         if self.probe is None:
-            self.probe = EventsProbe(self.cache, end)
+            self.probe = EventsProbe(self.cache, end) if self.recorder is None else RecordsProbe(self.recorder, end)
         else:
             self.probe.end.close()
             self.probe.end = end
+        if isinstance(self.probe, RecordsProbe):  # the tree as it is now, then its changes
+            self.probe.start()
         self.starts += 1
         self._sent_seen, self._progress_at, self._dropped_seen = end.sent, time.monotonic(), end.dropped
-        if self.starts > 1:
+        if self.starts > 1 and isinstance(self.probe, RecordsProbe):
+            log.warning("radixtop: its process beside the scheduler started again (pid %d), with the whole tree",
+                        self.child.pid)
+        elif self.starts > 1:
             log.warning("radixtop: its process beside the scheduler started again (pid %d; %d batches of KV events "
                         "before it are not in its tree)", self.child.pid, missed)
 
@@ -217,7 +364,11 @@ class BesideProcess:
             ident, op, args = call["id"], call["op"], call.get("args") or {}
             if op not in OPS or not isinstance(args, dict):
                 raise ValueError(f"no such call: {op!r}")
-            result = None if op == "sync" else getattr(self.sglang, op)(**args)
+            if op == "resync" and isinstance(self.probe, RecordsProbe):
+                self.probe.start()  # (after what was recorded before: the tree as it is now)
+                result = None
+            else:
+                result = None if op == "sync" else getattr(self.sglang, op)(**args)
             body = orjson.dumps({"id": ident, "result": result}, default=json_default, option=orjson.OPT_NON_STR_KEYS)
             if len(body) > end.frame_max:
                 raise ValueError(f"the answer to {op!r} is {len(body):,} bytes, over a frame")
@@ -268,6 +419,8 @@ class BesideProcess:
 
     def close(self) -> None:
         self._unpoll()
+        if self.recorder is not None:
+            self.recorder.stop()
         if self.probe is not None:
             self.probe.end.close()
         if self.child is not None:

@@ -24,7 +24,9 @@ The records (each a tuple, its first item the kind):
 * ``(TOUCH, id, start_id, t, hits, skip_last)``: a match or an insert went from ``start_id``
   down to ``id``: each node on the way stamped ``t``; with ``hits``, each below ``start_id`` hit
   once more (``skip_last``: ``id`` is a node just added, its own stamp and hit in its ``ADD``);
-* ``(RESET, root_id)``: a new, empty tree.
+* ``(RESET, root_id)``: a new, empty tree;
+* ``(PART, id, tokens)``: the first tokens of the next ``ADD`` of ``id``, which comes with the rest
+  (a prompt longer than a frame holds: ``split_long``).
 
 ``snapshot()`` gives the records that build the tree as it is now (at the first start, or a
 restart of radixtop's process after a crash): one walk of the tree on the scheduler thread.
@@ -39,7 +41,7 @@ from typing import Any
 
 log = logging.getLogger("radixtop.sglang")
 
-ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET = range(10)
+ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART = range(11)
 RECORDER = "_radixtop_recorder"
 
 
@@ -85,8 +87,16 @@ class ChangeRecorder:
         self._hook()
         setattr(cache, RECORDER, self)
 
+    def stop(self) -> None:
+        """Record nothing from now on (radixtop's process is gone for good): the hooks stay, each
+        appending to a list that keeps nothing."""
+        self.records = _Nothing()
+
     def take(self) -> list[tuple]:
-        records, self.records = self.records, []
+        records = self.records
+        if isinstance(records, _Nothing):
+            return []
+        self.records = []
         return records
 
     def snapshot(self) -> list[tuple]:
@@ -221,3 +231,25 @@ class ChangeRecorder:
         wrap("inc_lock_ref", lock(LOCK))
         wrap("dec_lock_ref", lock(UNLOCK))
         wrap("_tag_session_leaf", tag)
+
+
+def split_long(record: tuple, most: int) -> list[tuple]:
+    """An ``ADD`` whose tokens are over ``most`` bytes as ``PART`` records and the ``ADD`` with the
+    last part (each under ``most``); any other record as it is."""
+    tokens = record[3] if record[0] == ADD else b""
+    if len(tokens) <= most:
+        return [record]
+    step = max(8, most // 8 * 8)
+    cut = (len(tokens) - 1) // step * step
+    return [(PART, record[1], tokens[i : i + step]) for i in range(0, cut, step)] + \
+        [(*record[:3], tokens[cut:], *record[4:])]
+
+
+class _Nothing(list):
+    """A list that keeps nothing (a stopped recorder's)."""
+
+    def append(self, item: Any) -> None:
+        pass
+
+    def extend(self, items: Any) -> None:
+        pass

@@ -138,3 +138,22 @@ def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(sgl):
         replayer.apply(line_no, op)
         mirror.apply(wire(recorder.take()))
         check_same(cache, mirror)
+
+
+def test_a_prompt_longer_than_a_frame_goes_in_parts_and_comes_out_whole(sgl):
+    from radixtop.adapters.sglang.records import ADD, split_long
+
+    replayer = SGLangReplayer(sgl, 4096, eviction_policy="lru", max_running=8, max_context_len=4096)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    recorder = ChangeRecorder(cache)
+    mirror = MirrorCache(page_size=1)
+    mirror.apply(wire(recorder.snapshot()))
+    replayer.apply(1, {"op": "request", "input": list(range(1, 3000)), "output": [7, 8], "session": "long"})
+    records = recorder.take()
+    parted = [part for record in records for part in split_long(record, 1000)]
+    assert len(parted) > len(records) + 20
+    assert all(len(p[3]) <= 1000 for p in parted if p[0] == ADD)
+    for part in parted:
+        mirror.apply(wire([part]))
+    check_same(cache, mirror)

@@ -28,6 +28,7 @@ from radixtop.adapters.events.handover import HandoverEvents  # noqa: E402
 from radixtop.adapters.model import ROOT_ID  # noqa: E402
 from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair  # noqa: E402
 from tests.on_sglang.ref import drive23  # noqa: E402
+from tests.support.scheduler_loop import SchedulerLoop  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(120)]
 
@@ -158,60 +159,6 @@ def test_radixtops_process_killed_mid_stream_leaves_the_scheduler_serving(sgl):
             child.kill()
         child.wait(timeout=10)
         probe.end.close()
-
-
-class SchedulerLoop:
-    """The scheduler's thread, as SGLang runs it: requests, and the plugin's hook once a loop
-    (``BesideProcess.step``: events out, radixtop's calls answered), on a thread of its own so
-    that the test's thread can read radixtop's admin API meanwhile (a read waits for a step)."""
-
-    def __init__(self, beside, cache, pools) -> None:
-        import queue
-        import threading
-
-        self.beside, self.cache, self.pools = beside, cache, pools
-        self.work: queue.SimpleQueue = queue.SimpleQueue()
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        import queue
-        import time
-
-        try:
-            while not self.stop.is_set():
-                try:
-                    fn = self.work.get(timeout=0.002)
-                except queue.Empty:
-                    fn = None
-                if fn is not None:
-                    fn()
-                self.beside.step()
-        except BaseException as exc:  # seen by the test, not lost in the thread
-            self.error = exc
-            time.sleep(0)
-
-    def run(self, fn, timeout: float = 60) -> None:
-        """``fn`` on the loop's thread, waited for."""
-        import threading
-
-        done = threading.Event()
-
-        def job() -> None:
-            try:
-                fn()
-            finally:
-                done.set()
-
-        self.work.put(job)
-        assert done.wait(timeout) and self.error is None, self.error
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-        assert self.error is None, self.error
 
 
 def started_beside(cache, capacity: int, **kwargs):

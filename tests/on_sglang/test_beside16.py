@@ -1,0 +1,123 @@
+"""radixtop's process beside the scheduler on SGLang 0.5.16's Python ``RadixCache`` (sessions on),
+issue 27's split: the probe in the "scheduler" records the tree's changes and answers SGLang's own
+figures and actions (``probe.CoreOps``); ``python -m radixtop.adapters.sglang.beside``, started as the
+plugin starts it, keeps the copy (``mirror``), its index and its ledger, and serves the admin API.
+Its answers equal those of radixtop in SGLang's process over the same cache; a close through it
+frees what its plan said; killed, it comes back with the whole tree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.ledger.orders import ROW_KEYS
+from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
+from tests.support.scheduler_loop import SchedulerLoop
+from tests.support.trace_gen import capacity_for, generate_trace
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    return import_sglang()
+
+
+def started(cache):
+    from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.adapters.http.server.run import bind
+    from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
+    from radixtop.adapters.sglang.records import ChangeRecorder
+
+    listening = bind("127.0.0.1", 0)
+    listening.listen()
+    port = listening.getsockname()[1]
+    token = "a-test-token-of-enough-characters"
+    ops = CoreOps(cache, "sglang dp0 (test)", None, model="tiny")
+    info = {"name": "sglang dp0 (test)", "dp_rank": 0, "bytes_per_token": ops.bpt,
+            "capacity_tokens": int(ops.allocator.size), "tree": "radix", "page_size": 1, "sessions": True,
+            "geometry": dataclasses.asdict(ops.geometry)}
+    beside = BesideProcess(cache, listening, "127.0.0.1", info, {**os.environ, "RADIXTOP_TOKEN": token},
+                           sglang=ops, recorder=ChangeRecorder(cache))
+    return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=30)
+
+
+def up(client, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.stats()
+        except Exception:
+            assert time.monotonic() < deadline, "radixtop's process beside did not come up"
+            time.sleep(0.2)
+
+
+def rows(page):  # (each read's own age of the last activity aside: read a moment apart)
+    return page.total, [dataclasses.replace(v, last_activity_age_s=None) for v in page.sessions]
+
+
+def same_answers(loop, inproc, client, orders=ROW_KEYS) -> None:
+    """Every sessions order, the root's children and the totals: beside as in process."""
+    here: dict = {}
+    loop.run(lambda: here.update({order: rows(inproc.sessions(order, 0, 100)) for order in orders},
+                                 stats=inproc.stats(), kids=inproc.children(0, 0, 100)))
+    for order in orders:
+        assert rows(client.sessions(order, 0, 100)) == here[order], order
+    st, kids = client.stats(), client.children(0, 0, 100)
+    mine = here["stats"]
+    assert (st.node_count, st.open_sessions, st.closed_sessions, st.evictable_tokens, st.protected_tokens,
+            st.available_tokens, st.capacity_tokens, st.bytes_per_token) == \
+        (mine.node_count, mine.open_sessions, mine.closed_sessions, mine.evictable_tokens, mine.protected_tokens,
+         mine.available_tokens, mine.capacity_tokens, mine.bytes_per_token)
+    strip = lambda page: [(v.id, v.tokens, v.subtree_tokens, v.lock_ref, v.hit_count, v.holders)  # noqa: E731
+                          for v in page.children]
+    assert strip(kids) == strip(here["kids"])
+
+
+def test_radixtop_beside_a_python_core_answers_as_in_process_and_closes_exactly(sgl):
+    lines = [line for line in generate_trace(2, n_ops=240, max_in_flight=4, vocab=400, abort_weight=3)
+             if json.loads(line)["op"] not in ("register", "close")]
+    replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    inproc = SGLangInProcessAdapter(cache, model="tiny")  # (the loop's thread is the scheduler's)
+    beside, client = started(cache)
+    loop = SchedulerLoop(beside, cache, None)
+    ops = _parse(lines)
+    try:
+        up(client)
+        for start in range(0, len(ops), 60):
+            loop.run(lambda chunk=ops[start : start + 60]: [replayer.apply(n, op) for n, op in chunk])
+            same_answers(loop, inproc, client)
+        top = client.sessions("exclusive_bytes", 0, 3).sessions
+        assert top and top[0].exclusive_bytes > 0
+        for view in top:  # each close through radixtop beside: SGLang's own, and what its plan said
+            row = client.session(view.id).session  # (a close before may have left it more of its own)
+            plan = client.plan_close(view.id)
+            assert plan.freed_bytes == row.exclusive_bytes > 0
+            done = client.close_session(view.id)
+            assert done.freed_bytes == plan.freed_bytes and done.freed_node_ids == plan.freed_node_ids
+            same_answers(loop, inproc, client)
+        assert client.evict(10**6).evicted_tokens > 0
+        same_answers(loop, inproc, client)
+
+        first = beside.child.pid  # killed: SGLang goes on, and the new process gets the whole tree
+        os.kill(first, signal.SIGKILL)
+        loop.run(lambda: [replayer.apply(n, op) for n, op in ops[:40]])
+        deadline = time.monotonic() + 30
+        while beside.child.pid == first or beside.child.poll() is not None:
+            assert time.monotonic() < deadline, "radixtop's process was not started again"
+            time.sleep(0.1)
+        up(client)
+        # (what each session last did before the restart is not in the tree: its memory is)
+        same_answers(loop, inproc, client, [order for order in ROW_KEYS if order != "last_activity"])
+    finally:
+        loop.run(beside.close)
+        loop.close()
