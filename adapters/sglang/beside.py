@@ -254,7 +254,7 @@ class MirrorAdapter(SGLangInProcessAdapter):
             mirror, loop.queue, name=str(info.get("name") or "sglang"), read_only=read_only, timeout=timeout,
             geometry=wire.from_wire(Geometry, geometry) if isinstance(geometry, dict) else None,
             buckets=lambda: self._told.get("buckets"), running_requests=self._holders,
-            waiting_requests=self._waiting)
+            waiting_requests=self._waiting, session_controller=mirror.controller)
 
     # ----- every read as of a step after it began -----
 

@@ -25,7 +25,21 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from radixtop.adapters.sglang.records import ADD, CLOSE, DELETE, EVICT, LOCK, PART, RESET, SPLIT, TAG, TOUCH, UNLOCK
+from radixtop.adapters.sglang.records import (
+    ADD,
+    CLOSE,
+    DELETE,
+    ENDED,
+    EVICT,
+    LOCK,
+    OPENED,
+    PART,
+    RESET,
+    SPLIT,
+    TAG,
+    TOUCH,
+    UNLOCK,
+)
 
 TOMBSTONES = 8192
 """SGLang 0.5.16's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``: closed ids it remembers, oldest dropped first."""
@@ -100,6 +114,8 @@ class MirrorCache:
         self.evictable_size_ = self.protected_size_ = 0
         self.by_id: dict[int, MirrorNode] = {}
         self.applied = 0
+        self.controller = MirrorController()
+        """The scheduler's ``SessionController`` as far as radixtop follows it (``OPENED``/``ENDED``)."""
         self.resynced = False
         """A ``RESET`` came: the whole tree comes after it (set back by ``MirrorLoop`` when it
         finds the mirror unlike SGLang's tree)."""
@@ -276,11 +292,18 @@ class MirrorCache:
             elif kind == TAG:
                 _, sid, node_id = record
                 self._tag_session_leaf(_Req(sid), None, node_of(node_id))
+            elif kind == OPENED:
+                self.controller.open(_Req(record[1]))
+            elif kind == ENDED:
+                self.controller._close(record[1])
             elif kind == PART:
                 self._parts.setdefault(record[1], []).append(record[2])
             elif kind == RESET:
                 self.evictable_size_ = self.protected_size_ = 0
                 self._parts.clear()
+                if record[2]:  # a snapshot: the controller's open sessions come in it
+                    for sid in list(self.controller.sessions):
+                        self.controller._close(sid)
                 self.resynced = True
                 self.reset(record[1])
             else:
@@ -291,6 +314,20 @@ class MirrorCache:
             self.protected_size_ -= len(node.key)
         else:
             self.evictable_size_ -= len(node.key)
+
+
+class MirrorController:
+    """SGLang's ``SessionController`` as the roster reads it (``adapters.sglang.roster``): the
+    open sessions, and the methods it hooks (``open``, ``_close``), called as the records say."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, None] = {}
+
+    def open(self, req: Any) -> None:
+        self.sessions[req.session_id] = None
+
+    def _close(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
 
 
 class _Req:

@@ -347,7 +347,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
             "capacity_tokens": int(direct.allocator.size), **more}
     try:
         if tree.has_nodes:
-            recorder = ChangeRecorder(cache)
+            recorder = ChangeRecorder(cache, options["session_controller"])
         return BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
                              sglang=direct, poller=poller, recorder=recorder)
     except BaseException:

@@ -24,7 +24,10 @@ The records (each a tuple, its first item the kind):
 * ``(TOUCH, id, start_id, t, hits, skip_last)``: a match or an insert went from ``start_id``
   down to ``id``: each node on the way stamped ``t``; with ``hits``, each below ``start_id`` hit
   once more (``skip_last``: ``id`` is a node just added, its own stamp and hit in its ``ADD``);
-* ``(RESET, root_id)``: a new, empty tree;
+* ``(RESET, root_id, whole)``: a new, empty tree (``whole``: the start of a snapshot, the
+  controller's sessions in it too);
+* ``(OPENED, sid)``, ``(ENDED, sid)``: the scheduler's ``SessionController`` opened a session
+  (SGLang's /open_session), or ended one (/close_session, its timeout);
 * ``(PART, id, tokens)``: the first tokens of the next ``ADD`` of ``id``, which comes with the rest
   (a prompt longer than a frame holds: ``split_long``).
 
@@ -41,7 +44,7 @@ from typing import Any
 
 log = logging.getLogger("radixtop.sglang")
 
-ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART = range(11)
+ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED, ENDED = range(13)
 RECORDER = "_radixtop_recorder"
 
 
@@ -72,7 +75,9 @@ def can_record(cache: Any) -> str | None:
 class ChangeRecorder:
     """Records every change of one SGLang ``RadixCache`` (scheduler thread only)."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: Any, controller: Any = None) -> None:
+        """``controller``: the scheduler's ``SessionController``, whose sessions' opening and
+        ending are recorded too (a session opened through SGLang holds no node at first)."""
         why = can_record(cache)
         if why is not None:
             raise TypeError(why)
@@ -83,8 +88,10 @@ class ChangeRecorder:
         self._next_id = type(cache.root_node).counter
         """Every node with an id below this one existed when last looked (a node
         ``_insert_helper`` returns with a higher one is the leaf it added)."""
-        self.recorded = 0
+        self.controller = controller
         self._hook()
+        if controller is not None:
+            self._hook_controller(controller)
         setattr(cache, RECORDER, self)
 
     def stop(self) -> None:
@@ -104,7 +111,7 @@ class ChangeRecorder:
         sessions' tags and the closed sessions' tombstones. One walk (scheduler thread)."""
         cache = self.cache
         root = cache.root_node
-        out: list[tuple] = [(RESET, root.id)]
+        out: list[tuple] = [(RESET, root.id, True)]
         tags: list[tuple] = []
         stack = list(root.children.values())
         while stack:
@@ -117,10 +124,37 @@ class ChangeRecorder:
             stack.extend(node.children.values())
         out.extend(tags)
         out.extend((CLOSE, sid, []) for sid in getattr(cache, "_closed_session_ids", None) or ())
+        if self.controller is not None:
+            out.extend((OPENED, sid) for sid in list(getattr(self.controller, "sessions", None) or ()))
         self._next_id = max(self._next_id, type(root).counter)
         return out
 
     # ----- the hooks -----
+
+    def _hook_controller(self, controller: Any) -> None:
+        sessions = lambda: getattr(controller, "sessions", None) or {}  # noqa: E731
+
+        def opened(original):
+            def recorded(req, *a, **k):
+                result = original(req, *a, **k)
+                sid = getattr(req, "session_id", None)
+                if sid is not None and sid in sessions():
+                    self.records.append((OPENED, sid))
+                return result
+            return recorded
+
+        def ended(original):
+            def recorded(sid, *a, **k):
+                result = original(sid, *a, **k)
+                if sid not in sessions():
+                    self.records.append((ENDED, sid))
+                return result
+            return recorded
+
+        for name, make in (("open", opened), ("_close", ended)):
+            original = getattr(controller, name, None)
+            if callable(original):
+                setattr(controller, name, functools.wraps(original)(make(original)))
 
     def _hook(self) -> None:
         cache = self.cache
@@ -192,7 +226,7 @@ class ChangeRecorder:
             def recorded(*a, **k):
                 result = original(*a, **k)
                 self.records.clear()  # what came before the reset no longer matters
-                self.records.append((RESET, self.cache.root_node.id))
+                self.records.append((RESET, self.cache.root_node.id, False))
                 self._next_id = max(self._next_id, type(self.cache.root_node).counter)
                 return result
             return recorded

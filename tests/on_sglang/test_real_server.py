@@ -38,13 +38,19 @@ def kv_port() -> int:
     return free_port()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, kv_port):
+PLACES = ["in the scheduler"] + (["beside the scheduler"] if VERSION == "0.5.16" else [])
+"""Where radixtop runs: in SGLang's scheduler process, and (issue 27, on 0.5.16's RadixCache) in a
+process of its own beside it (``RADIXTOP_BESIDE=1``): every test of this module runs on each."""
+
+
+@pytest.fixture(scope="module", params=PLACES)
+def server(request, tmp_path_factory, kv_port):
     """The server of this venv's sglang, with sessions, metrics, KV events and sleep on idle."""
     # SGLang binds the publisher only for "tcp://*:PORT" (a host name makes it connect out instead)
     events = f'{{"publisher": "zmq", "endpoint": "tcp://*:{kv_port}"}}'
+    env = {"RADIXTOP_BESIDE": "1"} if request.param == "beside the scheduler" else {}
     srv = launch(tmp_path_factory.mktemp("sglang"), sessions=True, sleep_on_idle=True,
-                 max_total_tokens=MAX_TOTAL_TOKENS, extra_args=("--kv-events-config", events))
+                 max_total_tokens=MAX_TOTAL_TOKENS, extra_args=("--kv-events-config", events), env=env)
     yield srv
     srv.stop()
 
