@@ -173,6 +173,8 @@ class Syncs:
         self._in_flight = False
         self._next: Future | None = None
         self.sent = 0
+        self.last: Any = None
+        """What the last sync's reply carried (a Python core's probe: SGLang's totals then)."""
 
     def wait(self, timeout: float) -> bool:
         with self._lock:
@@ -194,7 +196,10 @@ class Syncs:
         reply.add_done_callback(lambda done: self._replied(group, done))  # type: ignore[arg-type]
 
     def _replied(self, group: Future, reply: Future) -> None:
-        group.set_result(reply.result())
+        answer = reply.result()
+        if isinstance(answer, dict) and answer.get("result") is not None:
+            self.last = answer["result"]
+        group.set_result(answer)
         with self._lock:
             self._in_flight = False
             if self._next is not None:
@@ -259,7 +264,8 @@ class MirrorAdapter(SGLangInProcessAdapter):
     # ----- every read as of a step after it began -----
 
     def _synced(self, run: Callable[[], Any]) -> Any:
-        if getattr(self._local, "synced", False) or self._in_pass() is not None:
+        if getattr(self._local, "synced", False) or self._in_pass() is not None \
+                or threading.current_thread() is self.loop.thread:  # (the mirror's own thread: it applies the reply)
             return run()
         self.syncs.wait(self.timeout)  # (past the timeout: the tree as of the last record)
         self._local.synced = True
@@ -284,8 +290,17 @@ class MirrorAdapter(SGLangInProcessAdapter):
         return dataclasses.replace(own, reason=f"{own.reason}; {why}" if own.reason else why)
 
     def stats(self) -> Stats:
-        remote = wire.stats_from_dict(self.calls.call("stats"))  # (its reply after every record before it)
-        return self._call(lambda: self._with_counts(dataclasses.replace(remote, target=self.name)), urgent=True)
+        """SGLang's totals as the sync before this read carried them (no call of its own: a stats
+        read in a batch runs on the mirror's thread, which must not wait for the probe), with the
+        mirror's node and session counts."""
+        def read() -> Stats:
+            if self.syncs.last is None:
+                from radixtop.adapters.errors import TargetUnreachable
+
+                raise TargetUnreachable("SGLang's scheduler has not answered radixtop's process yet")
+            return self._with_counts(dataclasses.replace(wire.stats_from_dict(self.syncs.last), target=self.name))
+
+        return self._call(read, urgent=True)
 
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
         """The plan on the mirror as of a step after the call began, then SGLang's own close;

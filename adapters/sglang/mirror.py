@@ -372,6 +372,8 @@ class MirrorLoop:
         self.queue = OwnerQueue("radixtop's mirror of the scheduler's tree", wake=self._wake)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="radixtop-mirror", daemon=True)
+        self.thread = self._thread
+        """The mirror's owner thread (a read from it must not wait for a sync: it applies the reply)."""
 
     def start(self) -> None:
         """Apply the frames from now on (once what reads the mirror has installed its hooks on it)."""

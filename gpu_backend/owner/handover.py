@@ -74,6 +74,8 @@ class ProbeEnd:
         sock.setblocking(False)
         self.sock = sock
         self.frame_max = frame_max(sock)
+        self._readable = select.poll()
+        self._readable.register(sock.fileno(), select.POLLIN)
         """The most payload bytes one frame may have on this socket (the layer above splits)."""
         self.backlog_bytes = backlog_bytes
         self._backlog: deque[tuple[bytes, bytes]] = deque()
@@ -135,6 +137,8 @@ class ProbeEnd:
     def commands(self, most: int = 64) -> list[Frame]:
         """What the mirror sent, at most ``most`` frames, without waiting (none: an empty list)."""
         frames: list[Frame] = []
+        if self.down or not self._readable.poll(0):  # (one poll: most steps have no command)
+            return frames
         view = memoryview(self._buffer)
         while len(frames) < most and not self.down:
             try:
