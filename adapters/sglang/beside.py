@@ -284,9 +284,12 @@ class MirrorAdapter(SGLangInProcessAdapter):
 
     def capabilities(self) -> Capabilities:
         own = super().capabilities()
-        if self.loop.incomplete is None:
+        if self.loop.incomplete is not None:
+            why = f"radixtop's copy of the tree is incomplete ({self.loop.incomplete}); the whole tree is being sent again"
+        elif self.mirror.receiving:
+            why = "radixtop's process is receiving the tree from the scheduler: what it shows is part of it"
+        else:
             return own
-        why = f"radixtop's copy of the tree is incomplete ({self.loop.incomplete}); the whole tree is being sent again"
         return dataclasses.replace(own, reason=f"{own.reason}; {why}" if own.reason else why)
 
     def stats(self) -> Stats:

@@ -39,6 +39,7 @@ from radixtop.adapters.sglang.records import (
     TAG,
     TOUCH,
     UNLOCK,
+    WHOLE,
 )
 
 TOMBSTONES = 8192
@@ -116,6 +117,8 @@ class MirrorCache:
         self.applied = 0
         self.controller = MirrorController()
         """The scheduler's ``SessionController`` as far as radixtop follows it (``OPENED``/``ENDED``)."""
+        self.receiving = False
+        """The whole tree is on its way (a snapshot's ``RESET`` came, its ``WHOLE`` not yet)."""
         self.resynced = False
         """A ``RESET`` came: the whole tree comes after it (set back by ``MirrorLoop`` when it
         finds the mirror unlike SGLang's tree)."""
@@ -296,11 +299,14 @@ class MirrorCache:
                 self.controller.open(_Req(record[1]))
             elif kind == ENDED:
                 self.controller._close(record[1])
+            elif kind == WHOLE:
+                self.receiving = False
             elif kind == PART:
                 self._parts.setdefault(record[1], []).append(record[2])
             elif kind == RESET:
                 self.evictable_size_ = self.protected_size_ = 0
                 self._parts.clear()
+                self.receiving = bool(record[2])
                 if record[2]:  # a snapshot: the controller's open sessions come in it
                     for sid in list(self.controller.sessions):
                         self.controller._close(sid)

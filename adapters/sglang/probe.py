@@ -14,6 +14,7 @@ Frames from the probe: ``HELLO`` first, then ``EVENTS`` (one encoded batch each)
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import time
@@ -99,6 +100,10 @@ SEND_EVERY_S = 0.05
 sends them at once: its reply comes after them)."""
 SEND_RECORDS = 2048
 """... or until this many wait."""
+SNAPSHOT_CHUNK = 512
+"""Records of the whole tree a frame (halved where over a frame)."""
+SNAPSHOT_FRAMES = 32
+"""Frames of the whole tree a step at most (each only where the socket took the one before)."""
 
 
 class RecordsProbe:
@@ -115,19 +120,67 @@ class RecordsProbe:
         self._encode = msgspec.msgpack.Encoder().encode
         self.batches = 0
         self._sent_at = 0.0
+        self._snapshot: list[tuple] | None = None
+        self._at = 0
+        self._chunk = SNAPSHOT_CHUNK
+        self._out: collections.deque[bytes] = collections.deque()
+        """The whole tree's next frames, encoded (one chunk's: at most a long prompt's parts)."""
 
     def start(self) -> None:
-        """At (re)start: the records of the whole tree first (one walk, on this thread)."""
-        self.recorder.take()
-        self._send(self.recorder.snapshot())
+        """At (re)start, and for a resync: the whole tree's records, taken now in one walk
+        (``snapshot``), then sent as the socket takes them, a few frames a step (``stream``):
+        never more than one frame waits in the backlog, so none is dropped; the records SGLang
+        makes meanwhile wait in the recorder and go after it."""
+        self.recorder.take()  # (older than the walk: in it)
+        self._snapshot = self.recorder.snapshot()
+        self._at = 0
+        self._out.clear()
+        self.stream()
+
+    @property
+    def busy(self) -> bool:
+        """The whole tree is on its way: radixtop's calls wait (a reply would overtake it)."""
+        return self._snapshot is not None
+
+    def stream(self, frames: int = SNAPSHOT_FRAMES) -> None:
+        from radixtop.adapters.sglang.records import split_long, wire_record
+
+        end, out = self.end, self._out
+        while frames > 0 and not end.held and not end.down:
+            if not out:
+                snapshot = self._snapshot
+                if snapshot is None or self._at >= len(snapshot):
+                    break
+                size, most = self._chunk, end.frame_max
+                chunk = [wire_record(record) for record in snapshot[self._at : self._at + size]]
+                payload = self._encode(chunk)
+                if len(payload) > most and len(chunk) > 1:  # fewer records a frame from now on
+                    self._chunk = max(1, size // 2)
+                    continue
+                self._at += len(chunk)
+                if len(payload) > most:  # one node's tokens over a frame: in parts
+                    out.extend(self._encode([part]) for part in split_long(chunk[0], most // 2))
+                else:
+                    out.append(payload)
+            self.batches += 1
+            self.end.send(RECORDS, out.popleft())
+            frames -= 1
+        if self._snapshot is not None and ((self._at >= len(self._snapshot) and not out) or end.down):
+            self._snapshot = None
+            out.clear()
 
     def step(self, now: bool = False) -> None:
-        """Once a scheduler loop: the records sent where ``SEND_EVERY_S`` passed since the last
-        send, or ``SEND_RECORDS`` of them wait, or ``now`` (a reply goes next: after them);
-        otherwise they wait in the recorder (a send costs the scheduler ~20-30 us: one a step was ~0.8% of it, 5 ms steps)."""
+        """Once a scheduler loop: the whole tree's next frames while it is on its way; then the
+        records sent where ``SEND_EVERY_S`` passed since the last send, or ``SEND_RECORDS`` of
+        them wait, or ``now`` (a reply goes next: after them); otherwise they wait in the
+        recorder (a send costs the scheduler ~20-30 us: one a step was ~0.8% of it, 5 ms steps)."""
         end = self.end
         if end.held:
             end.flush()
+        if self._snapshot is not None:
+            self.stream()
+            if self._snapshot is not None:
+                return
         records = self.recorder.records
         if not records:
             return
@@ -300,6 +353,8 @@ class BesideProcess:
         self._sent_seen = self._dropped_seen = 0
         self._progress_at = 0.0
         self._look_at = 0.0
+        self._calls: collections.deque[bytes] = collections.deque()
+        """radixtop's calls taken and not yet answered (they wait while the whole tree is sent)."""
         self._start()
 
     def _start(self) -> None:
@@ -309,6 +364,7 @@ class BesideProcess:
         from radixtop.gpu_backend.owner.handover import pair
 
         missed = self.probe.batches if self.probe is not None else 0
+        self._calls.clear()  # (the last process's: nobody waits for their replies)
         mine, theirs = pair(self.buffer)
         fds = (theirs.fileno(), self.listening.fileno())
         try:
@@ -350,9 +406,11 @@ class BesideProcess:
         assert probe is not None
         probe.step()
         if self.sglang is not None and not probe.end.down:
-            for frame in probe.end.commands(8):
-                if frame.kind == CALL:
-                    self._answer(frame.payload)
+            calls = self._calls
+            if not calls:
+                calls.extend(f.payload for f in probe.end.commands(8) if f.kind == CALL)
+            while calls and not getattr(probe, "busy", False):  # (no reply overtakes the whole tree)
+                self._answer(calls.popleft())
         now = time.monotonic()
         end = probe.end
         if not end.down and now >= self._look_at:  # gone while nothing was sent (an idle server)?

@@ -28,6 +28,7 @@ The records (each a tuple, its first item the kind):
   controller's sessions in it too);
 * ``(OPENED, sid)``, ``(ENDED, sid)``: the scheduler's ``SessionController`` opened a session
   (SGLang's /open_session), or ended one (/close_session, its timeout);
+* ``(WHOLE, nodes)``: the end of a snapshot (its ``nodes``: the tree is whole again);
 * ``(PART, id, tokens)``: the first tokens of the next ``ADD`` of ``id``, which comes with the rest
   (a prompt longer than a frame holds: ``split_long``).
 
@@ -44,7 +45,7 @@ from typing import Any
 
 log = logging.getLogger("radixtop.sglang")
 
-ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED, ENDED = range(13)
+ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED, ENDED, WHOLE = range(14)
 RECORDER = "_radixtop_recorder"
 
 
@@ -108,24 +109,32 @@ class ChangeRecorder:
 
     def snapshot(self) -> list[tuple]:
         """Records that build the tree as it is now: a reset, each node parents first, the
-        sessions' tags and the closed sessions' tombstones. One walk (scheduler thread)."""
+        sessions' tags, the closed sessions' tombstones, the controller's open sessions. One walk
+        (scheduler thread); a node's tokens are SGLang's own array, not copied (SGLang replaces a
+        key's array when it splits a node, never changes one): ``wire_record`` makes the bytes
+        when the record is sent."""
         cache = self.cache
         root = cache.root_node
         out: list[tuple] = [(RESET, root.id, True)]
         tags: list[tuple] = []
         stack = list(root.children.values())
+        append, extend, pop = out.append, stack.extend, stack.pop
         while stack:
-            node = stack.pop()
-            out.append((ADD, node.id, node.parent.id, tokens_of(node.key), node.key.extra_key,
-                        node.last_access_time, getattr(node, "creation_time", node.last_access_time),
-                        int(node.hit_count), int(node.lock_ref)))
-            for sid in getattr(node, "session_ids", None) or ():
-                tags.append((TAG, sid, node.id))
-            stack.extend(node.children.values())
+            node = pop()
+            key = node.key
+            append((ADD, node.id, node.parent.id,
+                    key.token_ids if getattr(key, "limit", None) is None else key.raw_token_ids(),
+                    key.extra_key, node.last_access_time, getattr(node, "creation_time", node.last_access_time),
+                    node.hit_count, node.lock_ref))
+            held = getattr(node, "session_ids", None)
+            if held:
+                tags.extend((TAG, sid, node.id) for sid in held)
+            extend(node.children.values())
         out.extend(tags)
         out.extend((CLOSE, sid, []) for sid in getattr(cache, "_closed_session_ids", None) or ())
         if self.controller is not None:
             out.extend((OPENED, sid) for sid in list(getattr(self.controller, "sessions", None) or ()))
+        out.append((WHOLE, len(out)))
         self._next_id = max(self._next_id, type(root).counter)
         return out
 
@@ -265,6 +274,20 @@ class ChangeRecorder:
         wrap("inc_lock_ref", lock(LOCK))
         wrap("dec_lock_ref", lock(UNLOCK))
         wrap("_tag_session_leaf", tag)
+
+
+def wire_record(record: tuple) -> tuple:
+    """A snapshot's record as it is sent (an ``ADD``'s tokens as bytes)."""
+    if record[0] == ADD and not isinstance(record[3], bytes):
+        return (*record[:3], tokens_of(SimpleKey(record[3])), *record[4:])
+    return record
+
+
+class SimpleKey:
+    __slots__ = ("token_ids",)
+
+    def __init__(self, token_ids: Any) -> None:
+        self.token_ids = token_ids
 
 
 def split_long(record: tuple, most: int) -> list[tuple]:

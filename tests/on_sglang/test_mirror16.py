@@ -15,7 +15,7 @@ import pytest
 
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.mirror import MirrorCache
-from radixtop.adapters.sglang.records import ChangeRecorder
+from radixtop.adapters.sglang.records import ChangeRecorder, wire_record
 from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
 from tests.on_sglang.test_ledger16 import check_kept
@@ -65,7 +65,7 @@ def check_same(cache, mirror: MirrorCache) -> None:
 
 def wire(records: list) -> list:
     """Through the hand-over's encoding (the probe's encoder, the mirror's decoder)."""
-    return msgspec.msgpack.decode(msgspec.msgpack.encode(records))
+    return msgspec.msgpack.decode(msgspec.msgpack.encode([wire_record(r) for r in records]))
 
 
 def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter) -> None:
@@ -132,7 +132,11 @@ def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(sgl):
         replayer.apply(line_no, op)
     recorder = ChangeRecorder(cache)
     mirror = MirrorCache(page_size=1)
-    mirror.apply(wire(recorder.snapshot()))
+    snapshot = wire(recorder.snapshot())
+    mirror.apply(snapshot[:-1])
+    assert mirror.receiving  # (until the snapshot's last record: part of the tree)
+    mirror.apply(snapshot[-1:])
+    assert not mirror.receiving
     check_same(cache, mirror)
     for line_no, op in ops[100:]:
         replayer.apply(line_no, op)
@@ -156,4 +160,56 @@ def test_a_prompt_longer_than_a_frame_goes_in_parts_and_comes_out_whole(sgl):
     assert all(len(p[3]) <= 1000 for p in parted if p[0] == ADD)
     for part in parted:
         mirror.apply(wire([part]))
+    check_same(cache, mirror)
+
+
+def test_the_whole_tree_goes_as_the_socket_takes_it_and_nothing_is_dropped(sgl):
+    """radixtop's process (re)started on a grown tree: the whole tree's records, taken in one walk,
+    go a few frames a step as the socket takes them, never more than one into the backlog, the
+    requests meanwhile after them; over a 4 KiB socket, with radixtop's side reading only now and
+    then, no frame is dropped and the mirror ends equal to SGLang's tree."""
+    import random
+
+    from radixtop.adapters.sglang.probe import RECORDS, RecordsProbe
+    from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair
+
+    replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=4096)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    rng = random.Random(9)
+    base = [rng.randrange(2, 30_000) for _ in range(60)]
+
+    def request(n: int) -> None:
+        prompt = base[: rng.randrange(1, 60)] + [rng.randrange(2, 30_000) for _ in range(rng.randrange(2, 40))]
+        replayer.apply(n, {"op": "request", "input": prompt, "output": [7], "session": f"s{n % 40}"})
+
+    for n in range(1500):
+        request(n)
+    probe_sock, mirror_sock = pair(4 << 10)
+    probe = RecordsProbe(ChangeRecorder(cache), ProbeEnd(probe_sock, backlog_bytes=1 << 20))
+    end = MirrorEnd(mirror_sock)
+    mirror = MirrorCache(page_size=1)
+    probe.start()
+    assert probe.busy
+    most_held = 0
+    frames = 0
+    for k in range(300):
+        request(2000 + k)
+        probe.step()
+        if probe.busy:
+            most_held = max(most_held, probe.end.held)
+        if k % 3 == 0:  # radixtop's side reads now and then
+            while (frame := end.receive(0)) is not None:
+                assert frame.kind == RECORDS and not frame.lost
+                mirror.apply(msgspec.msgpack.decode(frame.payload))
+                frames += 1
+    while probe.busy or probe.recorder.records or probe.end.held:
+        probe.step(now=True)
+        while (frame := end.receive(0)) is not None:
+            assert not frame.lost
+            mirror.apply(msgspec.msgpack.decode(frame.payload))
+            frames += 1
+    assert probe.end.dropped == 0 and frames > 10
+    assert most_held <= probe.end.frame_max + 64  # (one frame and its header at most)
+    assert not mirror.receiving
     check_same(cache, mirror)
