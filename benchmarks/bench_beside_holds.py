@@ -78,7 +78,7 @@ def start_beside(cache, controller):
             "tree": "radix", "page_size": 1, "sessions": True, "geometry": dataclasses.asdict(ops.geometry)}
     recorder = ChangeRecorder(cache, controller)
     started = pc()
-    beside = BesideProcess(cache, listening, "127.0.0.1", info, {**os.environ, "RADIXTOP_TOKEN": token},
+    beside = BesideProcess(cache, listening, "127.0.0.1", info, {**os.environ, "RADIXTOP_TOKEN": token, "RADIXTOP_TIMEOUT": "120"},
                            sglang=ops, recorder=recorder)
     snapshot_s = pc() - started
     return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=120), token, snapshot_s

@@ -404,6 +404,8 @@ class BesideProcess:
     def step(self) -> None:
         probe = self.probe
         assert probe is not None
+        if self.recorder is not None and self.recorder.failed is not None:
+            raise RuntimeError(self.recorder.failed)  # (the plugin stops radixtop's process: SGLang goes on)
         probe.step()
         if self.sglang is not None and not probe.end.down:
             calls = self._calls

@@ -90,6 +90,8 @@ class ChangeRecorder:
         """Every node with an id below this one existed when last looked (a node
         ``_insert_helper`` returns with a higher one is the leaf it added)."""
         self.controller = controller
+        self.failed: str | None = None
+        """Why a hook could not record (None: every change so far is recorded)."""
         self._hook()
         if controller is not None:
             self._hook_controller(controller)
@@ -140,141 +142,131 @@ class ChangeRecorder:
 
     # ----- the hooks -----
 
+    def _failed(self, where: str, exc: Exception) -> None:
+        """A hook that could not record: SGLang's own call goes on (its result returned as it
+        was); from now on nothing is recorded, and the probe reports radixtop's process down
+        (``failed``): a copy that missed a change would be wrong, silently."""
+        if self.failed is None:
+            self.failed = f"recording {where} failed: {type(exc).__name__}: {exc}"
+            log.error("radixtop: %s; radixtop's copy of the tree stops here, SGLang goes on", self.failed)
+        self.stop()
+
+    def _wrap(self, owner: Any, name: str, after: Callable[..., None]) -> None:
+        """``owner.name`` wrapped on the instance: ``after(result, *args)`` once it returned,
+        whatever ``after`` raises kept out of SGLang's call (``_failed``)."""
+        original = getattr(owner, name, None)
+        if not callable(original):
+            return
+
+        @functools.wraps(original)
+        def recorded(*a: Any, **k: Any) -> Any:
+            result = original(*a, **k)
+            try:
+                after(result, *a, **k)
+            except Exception as exc:
+                self._failed(name, exc)
+            return result
+
+        setattr(owner, name, recorded)
+
     def _hook_controller(self, controller: Any) -> None:
         sessions = lambda: getattr(controller, "sessions", None) or {}  # noqa: E731
 
-        def opened(original):
-            def recorded(req, *a, **k):
-                result = original(req, *a, **k)
-                sid = getattr(req, "session_id", None)
-                if sid is not None and sid in sessions():
-                    self.records.append((OPENED, sid))
-                return result
-            return recorded
+        def opened(result: Any, req: Any, *a: Any, **k: Any) -> None:
+            sid = getattr(req, "session_id", None)
+            if sid is not None and sid in sessions():
+                self.records.append((OPENED, sid))
 
-        def ended(original):
-            def recorded(sid, *a, **k):
-                result = original(sid, *a, **k)
-                if sid not in sessions():
-                    self.records.append((ENDED, sid))
-                return result
-            return recorded
+        def ended(result: Any, sid: Any, *a: Any, **k: Any) -> None:
+            if sid not in sessions():
+                self.records.append((ENDED, sid))
 
-        for name, make in (("open", opened), ("_close", ended)):
-            original = getattr(controller, name, None)
-            if callable(original):
-                setattr(controller, name, functools.wraps(original)(make(original)))
+        self._wrap(controller, "open", opened)
+        self._wrap(controller, "_close", ended)
 
     def _hook(self) -> None:
+        cache, wrap = self.cache, self._wrap
+
+        def split(new: Any, key: Any, child: Any, split_len: int, *a: Any, **k: Any) -> None:
+            self.records.append((SPLIT, new.id, child.id, int(split_len), new.last_access_time,
+                                 child.last_access_time))
+            self._next_id = max(self._next_id, new.id + 1)
+
+        def insert(result: Any, node: Any, *a: Any, **k: Any) -> None:
+            last = result[1]
+            added = last is not node and last.id >= self._next_id
+            if added:
+                self._next_id = last.id + 1
+                self.records.append((ADD, last.id, last.parent.id, tokens_of(last.key), last.key.extra_key,
+                                     last.last_access_time, getattr(last, "creation_time", last.last_access_time),
+                                     int(last.hit_count), 0))
+            chunked = k.get("chunked", a[3] if len(a) > 3 else False)
+            self.records.append((TOUCH, last.id, node.id, node.last_access_time, not chunked, added))
+
+        def match(result: Any, node: Any, *a: Any, **k: Any) -> None:
+            self.records.append((TOUCH, result[1].id, node.id, node.last_access_time, False, False))
+
+        def delete(result: Any, node: Any, *a: Any, **k: Any) -> None:
+            if self._diverted is not None:
+                self._diverted.append(node.id)
+            else:
+                self.records.append((DELETE, node.id))
+
+        def reset(result: Any, *a: Any, **k: Any) -> None:
+            self.records.append((RESET, cache.root_node.id, False))
+            self._next_id = max(self._next_id, type(cache.root_node).counter)
+
+        def lock(kind: int) -> Callable[..., None]:
+            return lambda result, node, *a, **k: self.records.append((kind, node.id))
+
+        def tag(result: Any, req: Any, *a: Any, **k: Any) -> None:
+            sid = getattr(req, "session_id", None)
+            if sid is None:
+                return
+            node = k.get("node", a[1] if len(a) > 1 else None)
+            if node is not None:  # (tagged or not: a closed session's request is its activity too)
+                self.records.append((TAG, sid, node.id))
+            else:  # SGLang matched the node itself (it warns): each node the session holds, again
+                leaves = (getattr(cache, "_session_leaves", None) or {}).get(sid) or (cache.root_node,)
+                self.records.extend((TAG, sid, leaf.id) for leaf in leaves)
+
+        wrap(cache, "_split_node", split)
+        wrap(cache, "_insert_helper", insert)
+        wrap(cache, "_match_prefix_helper", match)
+        wrap(cache, "_delete_leaf", delete)
+        for name, kind in (("evict", EVICT), ("release_radix_session", CLOSE)):
+            self._divert(name, kind)
+        wrap(cache, "reset", reset)
+        wrap(cache, "inc_lock_ref", lock(LOCK))
+        wrap(cache, "dec_lock_ref", lock(UNLOCK))
+        wrap(cache, "_tag_session_leaf", tag)
+
+    def _divert(self, name: str, kind: int) -> None:
+        """An eviction's or a close's deletions recorded as one record after it (``EVICT``,
+        ``CLOSE``), in their order."""
         cache = self.cache
+        original = getattr(cache, name, None)
+        if not callable(original):
+            return
 
-        def wrap(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-            original = getattr(cache, name, None)
-            if callable(original):
-                setattr(cache, name, functools.wraps(original)(make(original)))
+        @functools.wraps(original)
+        def recorded(*a: Any, **k: Any) -> Any:
+            outer, self._diverted = self._diverted, []
+            try:
+                return original(*a, **k)
+            finally:
+                ids, self._diverted = self._diverted, outer
+                try:
+                    if outer is not None:  # (nested: the outer one records them)
+                        outer.extend(ids)
+                    elif kind == CLOSE:
+                        self.records.append((CLOSE, a[0] if a else k.get("session_id"), ids))
+                    else:
+                        self.records.append((EVICT, ids))
+                except Exception as exc:
+                    self._failed(name, exc)
 
-        def split(original):
-            def recorded(key, child, split_len, *a, **k):
-                new = original(key, child, split_len, *a, **k)
-                self.records.append((SPLIT, new.id, child.id, int(split_len), new.last_access_time,
-                                     child.last_access_time))
-                self._next_id = max(self._next_id, new.id + 1)
-                return new
-            return recorded
-
-        def insert(original):
-            def recorded(node, *a, **k):
-                result = original(node, *a, **k)
-                last = result[1]
-                added = last is not node and last.id >= self._next_id
-                if added:
-                    self._next_id = last.id + 1
-                    self.records.append((ADD, last.id, last.parent.id, tokens_of(last.key), last.key.extra_key,
-                                         last.last_access_time, getattr(last, "creation_time", last.last_access_time),
-                                         int(last.hit_count), 0))
-                chunked = k.get("chunked", a[3] if len(a) > 3 else False)
-                self.records.append((TOUCH, last.id, node.id, node.last_access_time, not chunked, added))
-                return result
-            return recorded
-
-        def match(original):
-            def recorded(node, *a, **k):
-                result = original(node, *a, **k)
-                self.records.append((TOUCH, result[1].id, node.id, node.last_access_time, False, False))
-                return result
-            return recorded
-
-        def delete(original):
-            def recorded(node, *a, **k):
-                result = original(node, *a, **k)
-                if self._diverted is not None:
-                    self._diverted.append(node.id)
-                else:
-                    self.records.append((DELETE, node.id))
-                return result
-            return recorded
-
-        def diverting(kind: int):
-            def make(original):
-                def recorded(*a, **k):
-                    outer, self._diverted = self._diverted, []
-                    try:
-                        return original(*a, **k)
-                    finally:
-                        ids, self._diverted = self._diverted, outer
-                        if outer is not None:  # (nested: the outer one records them)
-                            outer.extend(ids)
-                        elif kind == CLOSE:
-                            self.records.append((CLOSE, a[0] if a else k.get("session_id"), ids))
-                        else:
-                            self.records.append((EVICT, ids))
-                return recorded
-            return make
-
-        def reset(original):
-            def recorded(*a, **k):
-                result = original(*a, **k)
-                self.records.clear()  # what came before the reset no longer matters
-                self.records.append((RESET, self.cache.root_node.id, False))
-                self._next_id = max(self._next_id, type(self.cache.root_node).counter)
-                return result
-            return recorded
-
-        def lock(kind: int):
-            def make(original):
-                def recorded(node, *a, **k):
-                    result = original(node, *a, **k)
-                    self.records.append((kind, node.id))
-                    return result
-                return recorded
-            return make
-
-        def tag(original):
-            def recorded(req, *a, **k):
-                node = k.get("node", a[1] if len(a) > 1 else None)
-                result = original(req, *a, **k)
-                sid = getattr(req, "session_id", None)
-                if sid is None:
-                    return result
-                if node is not None:  # (tagged or not: a closed session's request is its activity too)
-                    self.records.append((TAG, sid, node.id))
-                else:  # SGLang matched the node itself (it warns): each node the session holds, again
-                    leaves = (getattr(self.cache, "_session_leaves", None) or {}).get(sid) or (self.cache.root_node,)
-                    self.records.extend((TAG, sid, leaf.id) for leaf in leaves)
-                return result
-            return recorded
-
-        wrap("_split_node", split)
-        wrap("_insert_helper", insert)
-        wrap("_match_prefix_helper", match)
-        wrap("_delete_leaf", delete)
-        wrap("evict", diverting(EVICT))
-        wrap("release_radix_session", diverting(CLOSE))
-        wrap("reset", reset)
-        wrap("inc_lock_ref", lock(LOCK))
-        wrap("dec_lock_ref", lock(UNLOCK))
-        wrap("_tag_session_leaf", tag)
-
+        setattr(cache, name, recorded)
 
 def wire_record(record: tuple) -> tuple:
     """A snapshot's record as it is sent (an ``ADD``'s tokens as bytes)."""

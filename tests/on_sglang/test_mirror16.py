@@ -213,3 +213,29 @@ def test_the_whole_tree_goes_as_the_socket_takes_it_and_nothing_is_dropped(sgl):
     assert most_held <= probe.end.frame_max + 64  # (one frame and its header at most)
     assert not mirror.receiving
     check_same(cache, mirror)
+
+
+def test_a_hook_that_cannot_record_never_fails_sglangs_own_call(sgl, monkeypatch):
+    """A recorder's hook that raises (a key it cannot read): SGLang's request goes through as if
+    radixtop were not there, the recorder records nothing from then on and says why, and the
+    probe's next step raises it (the plugin then stops radixtop's process; SGLang goes on)."""
+    from radixtop.adapters.sglang import records
+
+    replayer = SGLangReplayer(sgl, 4096, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    recorder = ChangeRecorder(cache)
+    replayer.apply(1, {"op": "request", "input": [5, 6, 7, 8], "output": [9], "session": "a"})
+
+    def unreadable(key):
+        raise TypeError("a key radixtop cannot read")
+
+    monkeypatch.setattr(records, "tokens_of", unreadable)
+    result = replayer.apply(2, {"op": "request", "input": [1, 2, 3, 4, 5], "output": [9], "session": "b"})
+    assert result["op"] == "request"
+    assert cache.match_prefix(sgl.MatchPrefixParams(key=sgl.RadixKey(__import__("array").array("q", [1, 2, 3, 4, 5])))
+                              ).device_indices.numel() == 5  # SGLang cached it
+    assert recorder.failed is not None and "TypeError" in recorder.failed
+    recorder.take()
+    replayer.apply(3, {"op": "request", "input": [7, 7, 7], "output": [9], "session": "c"})
+    assert recorder.take() == []
