@@ -315,6 +315,45 @@ STALLED_S = 10.0
 (alive but not reading: hung) is killed, and started again."""
 
 
+class CallBell:
+    """Rings when radixtop's process sent a call: a thread of the scheduler's process that waits
+    in ``poll`` on the hand-over's socket (the GIL released), sets ``rung`` and waits until the
+    scheduler's step took the calls (``heard``). So the step looks at one attribute, not the
+    socket, and a call costs a wake of this thread (the dashboard: about one a second)."""
+
+    def __init__(self, sock: Any) -> None:
+        import select
+        import threading
+
+        self.rung = False
+        self._sock = sock
+        self._heard = threading.Event()
+        self._stop = threading.Event()
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+        self._thread = threading.Thread(target=self._run, name="radixtop-probe-bell", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ready = self._poll.poll(1000)
+            except (OSError, ValueError):
+                return
+            if not ready or self._stop.is_set():
+                continue
+            self._heard.clear()
+            self.rung = True
+            self._heard.wait(1.0)  # (the step takes them; a closed end rings once a second at most)
+
+    def heard(self) -> None:
+        self._heard.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._heard.set()
+
+
 class BesideProcess:
     """radixtop's process next to this scheduler (``adapters.sglang.beside``) and the probe that
     feeds it, on the scheduler thread: ``step`` once a loop. Where that process dies, closes its
@@ -353,6 +392,7 @@ class BesideProcess:
         self._sent_seen = self._dropped_seen = 0
         self._progress_at = 0.0
         self._look_at = 0.0
+        self._bell: CallBell | None = None
         self._calls: collections.deque[bytes] = collections.deque()
         """radixtop's calls taken and not yet answered (they wait while the whole tree is sent)."""
         self._start()
@@ -378,6 +418,10 @@ class BesideProcess:
         finally:
             theirs.close()
         end = ProbeEnd(mine, backlog_bytes=self.backlog)
+        if self.sglang is not None:
+            if self._bell is not None:
+                self._bell.stop()
+            self._bell = CallBell(mine)
         self._unpoll()
         if self.poller is not None:
             import zmq
@@ -402,24 +446,43 @@ class BesideProcess:
                         "before it are not in its tree)", self.child.pid, missed)
 
     def step(self) -> None:
+        """Once a scheduler loop, kept short (it runs cold, after the scheduler's own work: each
+        thing it looks at costs microseconds): the probe's step; radixtop's calls, where the bell
+        rang; every ``LOOK_S``, whether radixtop's process is there and reading."""
         probe = self.probe
-        assert probe is not None
-        if self.recorder is not None and self.recorder.failed is not None:
-            raise RuntimeError(self.recorder.failed)  # (the plugin stops radixtop's process: SGLang goes on)
-        probe.step()
-        if self.sglang is not None and not probe.end.down:
-            calls = self._calls
-            if not calls:
-                calls.extend(f.payload for f in probe.end.commands(8) if f.kind == CALL)
-            while calls and not getattr(probe, "busy", False):  # (no reply overtakes the whole tree)
-                self._answer(calls.popleft())
+        recorder = self.recorder
+        if recorder is not None and recorder.failed is not None:
+            raise RuntimeError(recorder.failed)  # (the plugin stops radixtop's process: SGLang goes on)
+        probe.step()  # type: ignore[union-attr]
+        bell = self._bell
+        if bell is not None and (bell.rung or self._calls):
+            self._take_calls(bell)
         now = time.monotonic()
-        end = probe.end
-        if not end.down and now >= self._look_at:  # gone while nothing was sent (an idle server)?
+        if now >= self._look_at:
+            self._look(now)
+
+    def _take_calls(self, bell: CallBell) -> None:
+        probe = self.probe
+        end = probe.end  # type: ignore[union-attr]
+        calls = self._calls
+        if bell.rung:
+            bell.rung = False
+            if not end.down:
+                calls.extend(f.payload for f in end.commands(64) if f.kind == CALL)
+            bell.heard()
+        while calls and not getattr(probe, "busy", False) and not end.down:  # (no reply overtakes the whole tree)
+            self._answer(calls.popleft())
+
+    def _look(self, now: float) -> None:
+        """Whether radixtop's process is gone (also while nothing was sent: an idle server),
+        down (started again when due), or alive but not reading (hung: killed)."""
+        end = self.probe.end  # type: ignore[union-attr]
+        if not end.down:
             self._look_at = now + LOOK_S
             if self.child.poll() is not None:
                 end.close()
         if end.down:
+            self._look_at = now  # (looked at each step until it is started again)
             self._restart_when_due(now)
         elif end.sent != self._sent_seen:  # it took frames since the last look: going
             self._sent_seen, self._progress_at, self._dropped_seen = end.sent, now, end.dropped
@@ -503,6 +566,8 @@ class BesideProcess:
 
     def close(self) -> None:
         self._unpoll()
+        if self._bell is not None:
+            self._bell.stop()
         if self.recorder is not None:
             self.recorder.stop()
         if self.probe is not None:
