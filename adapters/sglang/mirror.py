@@ -13,13 +13,12 @@ says SGLang did. So the index and the ledger install on it exactly as they do on
 it reads SGLang's: one code for both places, checked against each other by the tests.
 
 What the records cannot carry is not guessed: a node's KV slots (no read needs them), HiCache's
-host copies (the recorder refuses such a cache). Access stamps: a node SGLang split or added during
-a match or an insert has its own construction time there and the walk's time here (microseconds
-apart).
+host copies (the recorder refuses such a cache).
 """
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
@@ -117,12 +116,14 @@ class MirrorCache:
         self.applied = 0
         self.controller = MirrorController()
         """The scheduler's ``SessionController`` as far as radixtop follows it (``OPENED``/``ENDED``)."""
+        self.wholes = 0
+        """Snapshots received whole (``WHOLE``)."""
         self.receiving = False
         """The whole tree is on its way (a snapshot's ``RESET`` came, its ``WHOLE`` not yet)."""
-        self.resynced = False
-        """A ``RESET`` came: the whole tree comes after it (set back by ``MirrorLoop`` when it
-        finds the mirror unlike SGLang's tree)."""
         self._parts: dict[int, list[bytes]] = {}
+        self._fresh: set[MirrorNode] = set()
+        """Nodes made since the last ``TOUCH`` (a match's or an insert's walk made them: they keep
+        their own stamps, as SGLang's keep their construction time)."""
         """The first tokens of a node whose ``ADD`` comes next (``PART`` records)."""
         self.reset(-1)
 
@@ -199,8 +200,9 @@ class MirrorCache:
 
     def _tag_session_leaf(self, req: Any, radix_key: Any = None, node: MirrorNode | None = None) -> None:
         sid = req.session_id
-        if node is None or node is self.root_node or sid in self._closed_session_ids:
-            return
+        if not self.enable_session_radix_cache or node is None or node is self.root_node \
+                or sid in self._closed_session_ids:
+            return  # (as SGLang's: no sessions, nothing tagged)
         if node.session_ids is None:
             node.session_ids = set()
         node.session_ids.add(sid)
@@ -250,12 +252,15 @@ class MirrorCache:
                 node, start = node_of(node_id), node_of(start_id)
                 if skip_last and node is not start:
                     node = node.parent
+                fresh = self._fresh
                 while node is not start and node is not None:
-                    node.last_access_time = t
+                    if node not in fresh:  # (a node this walk made keeps its own stamp, as SGLang's)
+                        node.last_access_time = t
                     if hits:
                         node.hit_count += 1
                     node = node.parent
                 start.last_access_time = t
+                fresh.clear()
             elif kind == LOCK:
                 self.inc_lock_ref(node_of(record[1]))
             elif kind == UNLOCK:
@@ -267,6 +272,7 @@ class MirrorCache:
                 ids.frombytes(b"".join([*first, tokens]) if first else tokens)
                 node = MirrorNode(node_id, MirrorKey(ids, extra), last_access, created, hits, 0)
                 self._insert_helper(node_of(parent_id), node)
+                self._fresh.add(node)
                 if lock_ref:  # (a snapshot's node, locked now: its own count)
                     node.lock_ref = lock_ref
                     self.protected_size_ += len(node.key)
@@ -275,7 +281,7 @@ class MirrorCache:
             elif kind == SPLIT:
                 _, new_id, child_id, split_len, last_access, child_access = record
                 child = node_of(child_id)
-                self._split_node(child.key, child, split_len, new_id=new_id, last_access=last_access)
+                self._fresh.add(self._split_node(child.key, child, split_len, new_id=new_id, last_access=last_access))
                 child.last_access_time = child_access
             elif kind == DELETE:
                 node = node_of(record[1])
@@ -300,17 +306,19 @@ class MirrorCache:
             elif kind == ENDED:
                 self.controller._close(record[1])
             elif kind == WHOLE:
+                self._fresh.clear()
                 self.receiving = False
+                self.wholes += 1
             elif kind == PART:
                 self._parts.setdefault(record[1], []).append(record[2])
             elif kind == RESET:
                 self.evictable_size_ = self.protected_size_ = 0
                 self._parts.clear()
+                self._fresh.clear()
                 self.receiving = bool(record[2])
                 if record[2]:  # a snapshot: the controller's open sessions come in it
                     for sid in list(self.controller.sessions):
                         self.controller._close(sid)
-                self.resynced = True
                 self.reset(record[1])
             else:
                 raise MirrorError(f"a record of unknown kind {kind!r}")
@@ -346,6 +354,10 @@ class _Req:
 # ----- radixtop's process beside the scheduler: the loop that applies the records, the adapter -----
 
 
+RESYNC_AGAIN_S = 60.0
+"""A copy still incomplete this long after it asked for the whole tree asks again."""
+
+
 class MirrorLoop:
     """The mirror's owner thread in radixtop's process: it applies each ``RECORDS`` frame as it
     comes, hands every other frame (a reply) to ``on_other`` in its order among them, and runs the
@@ -371,6 +383,8 @@ class MirrorLoop:
         """Why the mirror is not SGLang's tree now (None: it is, as of the last record)."""
         self.diverged = 0
         self.gone = False
+        self._asked_at = 0.0
+        self._wholes_asked = 0
         self._decode = msgspec.msgpack.Decoder().decode
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -429,19 +443,27 @@ class MirrorLoop:
                     except Exception as exc:  # (MirrorError, or a frame that is not records)
                         self._diverge(f"a record did not apply ({type(exc).__name__}: {exc})")
                     else:
-                        if self.incomplete is not None and self.mirror.resynced:
-                            self.incomplete = None
+                        if self.incomplete is not None and self.mirror.wholes > self._wholes_asked:
+                            self.incomplete = None  # (the whole tree sent after the ask came)
                 elif self.on_other is not None:
                     self.on_other(frame)
+            if self.incomplete is not None and time.monotonic() - self._asked_at > RESYNC_AGAIN_S:
+                self._ask()  # (the ask, or its answer, was lost: again)
             queue.between_steps(idle=True, budget=0.05)
 
     def _diverge(self, why: str) -> None:
         if self.incomplete is None:
             self.diverged += 1
             self.incomplete = why
-            self.mirror.resynced = False
-            if self.on_diverged is not None:
-                self.on_diverged()
+            self._ask()
+
+    def _ask(self) -> None:
+        """Ask the probe for the whole tree; ``incomplete`` stays until a snapshot sent after
+        this ask came whole."""
+        self._asked_at = time.monotonic()
+        self._wholes_asked = self.mirror.wholes + (1 if self.mirror.receiving else 0)
+        if self.on_diverged is not None:
+            self.on_diverged()
 
     def close(self) -> None:
         import os

@@ -100,6 +100,9 @@ SEND_EVERY_S = 0.05
 sends them at once: its reply comes after them)."""
 SEND_RECORDS = 2048
 """... or until this many wait."""
+PENDING_MOST = 200_000
+"""The changes that may wait behind the whole tree on its way (the scheduler process's memory:
+~100-200 bytes each); past them radixtop's process is stopped and started again later."""
 SNAPSHOT_CHUNK = 512
 """Records of the whole tree a frame (halved where over a frame)."""
 SNAPSHOT_FRAMES = 32
@@ -134,6 +137,7 @@ class RecordsProbe:
         self.recorder.take()  # (older than the walk: in it)
         self._snapshot = self.recorder.snapshot()
         self._at = 0
+        self._chunk = SNAPSHOT_CHUNK
         self._out.clear()
         self.stream()
 
@@ -162,6 +166,7 @@ class RecordsProbe:
                     out.extend(self._encode([part]) for part in split_long(chunk[0], most // 2))
                 else:
                     out.append(payload)
+                self._chunk = min(SNAPSHOT_CHUNK, size * 2)  # (back up: one long prompt shrinks one chunk)
             self.batches += 1
             self.end.send(RECORDS, out.popleft())
             frames -= 1
@@ -180,12 +185,19 @@ class RecordsProbe:
         if self._snapshot is not None:
             self.stream()
             if self._snapshot is not None:
+                if len(self.recorder.records) > PENDING_MOST:  # radixtop's side too slow for this server
+                    log.warning("radixtop: its process beside the scheduler took the tree too slowly (%d changes "
+                                "waiting behind it): stopped, and started again later", len(self.recorder.records))
+                    self._snapshot = None
+                    self._out.clear()
+                    self.recorder.take()
+                    end.close()
                 return
         records = self.recorder.records
         if not records:
             return
         started = time.monotonic()
-        if not now and len(records) < SEND_RECORDS and started - self._sent_at < SEND_EVERY_S:
+        if not now and len(records) < SEND_RECORDS and started - self._sent_at < SEND_EVERY_S and not end.down:
             return
         self._sent_at = started
         records = self.recorder.take()

@@ -60,12 +60,19 @@ def tokens_of(key: Any) -> bytes:
 
 
 def can_record(cache: Any) -> str | None:
-    """Why the recorder cannot follow ``cache`` (None: it can): a 0.5.15/0.5.16-shaped
-    ``RadixCache`` only (HiCache's host tier, the unified tree, bigram keys: not yet)."""
+    """Why the recorder cannot follow ``cache`` (None: it can): SGLang's own ``RadixCache`` (or a
+    subclass that keeps its tree) with SGLang's ``TreeNode``s only. Not a cache SGLang wraps
+    (0.5.16's ``StreamingSession`` forwards to an inner cache whose own calls would go
+    unrecorded), not another tree (SWA, Mamba: other fields), not HiCache's host tier, not bigram
+    keys, not the unified tree (not yet)."""
     if hasattr(cache, "tree_core"):
         return "a UnifiedRadixCache (its Python core's records are not built yet)"
-    if not hasattr(cache, "root_node") or not callable(getattr(cache, "_insert_helper", None)):
-        return f"{type(cache).__name__} is not a RadixCache"
+    try:
+        from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
+    except ImportError as exc:  # (an SGLang without that module: nothing here to follow)
+        return f"SGLang's RadixCache cannot be imported ({exc})"
+    if not isinstance(cache, RadixCache) or not isinstance(getattr(cache, "root_node", None), TreeNode):
+        return f"{type(cache).__name__} is not SGLang's RadixCache"
     if hasattr(cache, "cache_controller") or "HiRadix" in type(cache).__name__:
         return "HiCache's host tier is not recorded yet"
     if getattr(cache, "is_eagle", False):
@@ -283,9 +290,18 @@ class SimpleKey:
 
 
 def split_long(record: tuple, most: int) -> list[tuple]:
-    """An ``ADD`` whose tokens are over ``most`` bytes as ``PART`` records and the ``ADD`` with the
-    last part (each under ``most``); any other record as it is."""
-    tokens = record[3] if record[0] == ADD else b""
+    """A record over ``most`` bytes as several, each under it, applied in order to the same end:
+    an ``ADD``'s tokens as ``PART`` records and the ``ADD`` with the last part; an eviction's or a
+    close's deleted ids over several ``EVICT`` or ``CLOSE`` records (a close's first drops the
+    session from every node it held, the rest delete); any other record as it is."""
+    kind = record[0]
+    if kind in (EVICT, CLOSE):
+        ids = record[-1]
+        step = max(1, most // 10)  # (msgpack: at most 9 bytes an id)
+        if len(ids) <= step:
+            return [record]
+        return [(*record[:-1], ids[i : i + step]) for i in range(0, len(ids), step)]
+    tokens = record[3] if kind == ADD else b""
     if len(tokens) <= most:
         return [record]
     step = max(8, most // 8 * 8)

@@ -21,10 +21,6 @@ from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sgl
 from tests.on_sglang.test_ledger16 import check_kept
 from tests.support.trace_gen import capacity_for, generate_trace
 
-STAMP_S = 1e-3
-"""A node SGLang made during a match or an insert has its own construction time; the mirror has
-the walk's (``adapters.sglang.mirror``): microseconds apart."""
-
 
 @pytest.fixture(scope="module")
 def sgl():
@@ -56,7 +52,7 @@ def check_same(cache, mirror: MirrorCache) -> None:
         assert copy.lock_ref == node.lock_ref, node_id
         assert copy.hit_count == node.hit_count, node_id
         assert (copy.session_ids or set()) == (getattr(node, "session_ids", None) or set()), node_id
-        assert abs(copy.last_access_time - node.last_access_time) < STAMP_S, node_id
+        assert copy.last_access_time == node.last_access_time, node_id
     assert {sid: {n.id for n in nodes} for sid, nodes in mirror._session_leaves.items()} == \
         {sid: {n.id for n in nodes} for sid, nodes in cache._session_leaves.items()}
     assert list(mirror._closed_session_ids) == list(cache._closed_session_ids)
@@ -239,3 +235,136 @@ def test_a_hook_that_cannot_record_never_fails_sglangs_own_call(sgl, monkeypatch
     recorder.take()
     replayer.apply(3, {"op": "request", "input": [7, 7, 7], "output": [9], "session": "c"})
     assert recorder.take() == []
+
+
+def test_the_recorder_takes_only_sglangs_own_radix_cache(sgl):
+    """Found by review: a cache SGLang wraps (0.5.16's ``StreamingSession`` forwards to its inner
+    ``RadixCache``, whose own calls then go unrecorded) or another tree (SWA, Mamba: other fields,
+    other returns) is refused, and radixtop stays in process there, rather than a copy that
+    diverges at each request."""
+    from radixtop.adapters.sglang.records import can_record
+
+    replayer = SGLangReplayer(sgl, 4096, eviction_policy="lru", max_running=8, max_context_len=512)
+
+    class Wrapper:  # as StreamingSession: its own class, the rest forwarded to the inner cache
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    assert can_record(replayer.cache) is None
+    assert can_record(Wrapper(replayer.cache)) is not None
+
+
+def test_with_sessions_off_the_mirror_tags_nothing_sglang_does_not(sgl):
+    """Found by review: with ``--enable-session-radix-cache`` off SGLang's tag is a no-op; the
+    mirror's too (a session's request still records where it ended)."""
+    lines = [line for line in generate_trace(4, n_ops=120, max_in_flight=4, vocab=400, abort_weight=3)
+             if json.loads(line)["op"] not in ("register", "close")]
+    replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = False
+    recorder = ChangeRecorder(cache)
+    mirror = MirrorCache(page_size=1, sessions=False)
+    mirror.apply(wire(recorder.snapshot()))
+    for line_no, op in _parse(lines):
+        replayer.apply(line_no, op)
+        mirror.apply(wire(recorder.take()))
+    check_same(cache, mirror)
+    assert not mirror._session_leaves
+
+
+def test_one_long_prompt_does_not_shrink_every_later_frame_of_the_whole_tree(sgl):
+    """Found by review: the records a frame of the whole tree only ever halved, so one long prompt
+    left every later frame (and every later snapshot) at one record: a 1M-node tree in a million
+    frames, a scheduler loop per 32 of them."""
+    import random
+
+    from radixtop.adapters.sglang.probe import RecordsProbe
+    from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair
+
+    replayer = SGLangReplayer(sgl, 400_000, eviction_policy="lru", max_running=8, max_context_len=200_000)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    rng = random.Random(4)
+    replayer.apply(0, {"op": "request", "input": [rng.randrange(2, 30_000) for _ in range(150_000)], "output": [7],
+                       "session": "long"})
+    for n in range(1, 3000):
+        replayer.apply(n, {"op": "request", "input": [rng.randrange(2, 30_000) for _ in range(20)], "output": [7],
+                           "session": f"s{n % 50}"})
+    probe_sock, mirror_sock = pair()
+    probe = RecordsProbe(ChangeRecorder(cache), ProbeEnd(probe_sock))
+    end = MirrorEnd(mirror_sock)
+    mirror = MirrorCache(page_size=1)
+    for _ in range(2):  # a start, then a resync: each as few frames as the records allow
+        probe.start()
+        frames = 0
+        while probe.busy:
+            probe.step()
+            while (frame := end.receive(0)) is not None:
+                mirror.apply(msgspec.msgpack.decode(frame.payload))
+                frames += 1
+        while (frame := end.receive(0)) is not None:
+            mirror.apply(msgspec.msgpack.decode(frame.payload))
+            frames += 1
+        records = len(probe.recorder.snapshot())
+        assert frames < records / 20, (frames, records)
+        check_same(cache, mirror)
+
+
+def test_an_eviction_or_close_over_a_frame_goes_in_parts_to_the_same_tree(sgl):
+    """Found by review: only an ``ADD`` was split; an eviction of thousands of leaves (a flush of
+    a big tree) or a close of a session holding many was one record over a frame, dropped, and
+    the copy resynced. Now in parts, applied in order to the same tree."""
+    import random
+
+    from radixtop.adapters.sglang.records import CLOSE, EVICT, split_long
+
+    replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    recorder = ChangeRecorder(cache)
+    mirror = MirrorCache(page_size=1)
+    mirror.apply(wire(recorder.snapshot()))
+    rng = random.Random(2)
+    for n in range(3000):
+        replayer.apply(n, {"op": "request", "input": [rng.randrange(2, 30_000) for _ in range(12)], "output": [7],
+                           "session": "many" if n % 2 else f"s{n}"})
+    mirror.apply(wire(recorder.take()))
+    replayer.apply(9000, {"op": "close", "session": "many"})
+    replayer.apply(9001, {"op": "evict", "tokens": 10_000})
+    records = recorder.take()
+    assert {r[0] for r in records} >= {CLOSE, EVICT}
+    parted = [part for record in records for part in split_long(record, 400)]
+    assert len(parted) > len(records) + 10
+    for part in parted:
+        assert len(msgspec.msgpack.encode(part)) <= 400 + 64
+        mirror.apply(wire([part]))
+    check_same(cache, mirror)
+
+
+def test_changes_piling_up_behind_a_slow_whole_tree_stop_radixtops_process(sgl, monkeypatch):
+    """Found by review: while the whole tree is on its way the changes SGLang makes wait behind
+    it in the scheduler's process, without a bound. Past ``PENDING_MOST`` the probe gives the
+    process up (it is started again later): the scheduler's memory stays bounded."""
+    from radixtop.adapters.sglang import probe as probe_module
+    from radixtop.adapters.sglang.probe import RecordsProbe
+    from radixtop.gpu_backend.owner.handover import ProbeEnd, pair
+
+    monkeypatch.setattr(probe_module, "PENDING_MOST", 50)
+    replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    for n in range(2000):
+        replayer.apply(n, {"op": "request", "input": [n % 97 + 2, n % 89 + 2, n, n + 1], "output": [7], "session": "a"})
+    probe_sock, mirror_sock = pair(4 << 10)
+    probe = RecordsProbe(ChangeRecorder(cache), ProbeEnd(probe_sock, backlog_bytes=4 << 10))
+    probe.start()  # nobody reads the other end: the tree stays on its way
+    for n in range(2000, 2100):
+        replayer.apply(n, {"op": "request", "input": [5, n, n + 1], "output": [7], "session": "b"})
+        probe.step()
+        assert len(probe.recorder.records) <= 50 + 20
+    assert probe.end.down and not probe.busy
+    mirror_sock.close()
