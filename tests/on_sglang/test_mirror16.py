@@ -368,3 +368,53 @@ def test_changes_piling_up_behind_a_slow_whole_tree_stop_radixtops_process(sgl, 
         assert len(probe.recorder.records) <= 50 + 20
     assert probe.end.down and not probe.busy
     mirror_sock.close()
+
+
+def test_a_copy_stays_incomplete_until_a_whole_tree_sent_after_its_ask_comes(sgl):
+    """Found by review: a copy that found itself unlike SGLang's tree took any later reset (a
+    flush's, or the end of a snapshot already on its way) for the whole tree it asked for."""
+    from radixtop.adapters.sglang.probe import RECORDS
+    from radixtop.adapters.sglang.records import ADD, RESET, WHOLE
+    from radixtop.gpu_backend.owner.handover import ProbeEnd, pair
+
+    probe_sock, mirror_sock = pair()
+    probe_end = ProbeEnd(probe_sock)
+    asks: list[int] = []
+    mirror = MirrorCache(page_size=1)
+    from radixtop.adapters.sglang.mirror import MirrorLoop
+    from radixtop.gpu_backend.owner.handover import MirrorEnd
+
+    loop = MirrorLoop(mirror, MirrorEnd(mirror_sock), on_diverged=lambda: asks.append(1))
+    loop.start()
+
+    def send(records) -> None:
+        probe_end.send(RECORDS, msgspec.msgpack.encode(records))
+
+    def settled() -> None:
+        import time
+
+        deadline = time.monotonic() + 5
+        while mirror.applied < sent[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    sent = [0]
+    try:
+        first = [(RESET, 1, True), (ADD, 2, 1, b"\x05" + b"\x00" * 7, None, 1.0, 1.0, 0, 0)]
+        send(first)  # a snapshot on its way (its WHOLE not yet)
+        send([(ADD, 3, 99, b"\x06" + b"\x00" * 7, None, 1.0, 1.0, 0, 0)])  # a node it lacks: unlike SGLang's
+        sent[0] = 3
+        settled()
+        assert loop.incomplete is not None and asks == [1]
+        send([(WHOLE, 2)])  # the snapshot begun before the ask ends: not the one asked for
+        send([(RESET, 1, False)])  # a flush's reset: not it either
+        sent[0] = 5
+        settled()
+        assert loop.incomplete is not None
+        send([(RESET, 1, True), (ADD, 2, 1, b"\x05" + b"\x00" * 7, None, 1.0, 1.0, 0, 0), (WHOLE, 2)])
+        sent[0] = 8
+        settled()
+        assert loop.incomplete is None and asks == [1]
+    finally:
+        loop.close()
+        probe_end.close()
