@@ -327,12 +327,35 @@ class MirrorAdapter(SGLangInProcessAdapter):
         return wire.flush_result_from_dict(self.calls.call("flush"))
 
     def diagnose(self, idle_after_s: float = 600.0) -> Diagnosis:
-        state = self.calls.call("state")
-        buckets = state.get("buckets")
-        self._told = {**state, "buckets": None if buckets is None else tuple(wire.from_wire(Bucket, b) for b in buckets)}
-        slots = self.mirror.token_to_kv_pool_allocator
-        slots.size, slots.available = int(state["capacity"]), int(state["available"])
-        return super().diagnose(idle_after_s)
+        """The doctor on the copy as of the scheduler's step that answered ``state`` (its locks
+        against the requests running then): run on the mirror's thread when that reply is
+        handled, before any record after it is applied (a later record's lock, checked against
+        the earlier requests, would read as leaked)."""
+        from radixtop.adapters.doctor import check_idle_after, diagnose_pass
+        from radixtop.adapters.owned.reads import finished
+        from radixtop.adapters.sglang.doctor import doctor_inputs
+        from radixtop.gpu_backend.owner.slices import run_to_end
+
+        check_idle_after(idle_after_s)
+        done: Future = Future()
+
+        def at_the_reply(reply: Future) -> None:  # (the mirror's thread, in the reply's place among the records)
+            try:
+                state = result_of(reply.result())
+                buckets = state.get("buckets")
+                self._told = {**state, "buckets": None if buckets is None
+                              else tuple(wire.from_wire(Bucket, b) for b in buckets)}
+                slots = self.mirror.token_to_kv_pool_allocator
+                slots.size, slots.available = int(state["capacity"]), int(state["available"])
+                done.set_result(finished(run_to_end(diagnose_pass(doctor_inputs(self), idle_after_s))))
+            except Exception as exc:
+                done.set_exception(exc)
+
+        self.calls.start("state").add_done_callback(at_the_reply)
+        try:
+            return done.result(self.timeout)
+        except FutureTimeout:
+            raise TargetTimeout(f"SGLang's scheduler did not answer 'state' within {self.timeout:g}s") from None
 
     def _holders(self) -> list[Any] | None:  # (the mirror's thread: its nodes by id)
         held = self._told.get("holders")

@@ -29,7 +29,7 @@ def sgl():
     return import_sglang()
 
 
-def started(cache):
+def started(cache, running=None):
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
@@ -39,7 +39,8 @@ def started(cache):
     listening.listen()
     port = listening.getsockname()[1]
     token = "a-test-token-of-enough-characters"
-    ops = CoreOps(cache, "sglang dp0 (test)", None, model="tiny")
+    ops = CoreOps(cache, "sglang dp0 (test)", None, model="tiny", running_requests=running,
+                  waiting_requests=(lambda: []) if running is not None else None)
     info = {"name": "sglang dp0 (test)", "dp_rank": 0, "bytes_per_token": ops.bpt,
             "capacity_tokens": int(ops.allocator.size), "tree": "radix", "page_size": 1, "sessions": True,
             "geometry": dataclasses.asdict(ops.geometry)}
@@ -118,6 +119,34 @@ def test_radixtop_beside_a_python_core_answers_as_in_process_and_closes_exactly(
         up(client)
         # (what each session last did before the restart is not in the tree: its memory is)
         same_answers(loop, inproc, client, [order for order in ROW_KEYS if order != "last_activity"])
+    finally:
+        loop.run(beside.close)
+        loop.close()
+
+
+def test_the_doctor_beside_checks_the_locks_against_the_requests_of_the_same_step(sgl):
+    """The doctor in radixtop's process: SGLang's running requests (their locked nodes) as of one
+    scheduler step, checked against the copy's locks as of that same step: requests that hold
+    locks are no leak; a lock nobody holds is one."""
+    replayer = SGLangReplayer(sgl, 4096, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    beside, client = started(cache, running=lambda: list(replayer.running.values()))
+    loop = SchedulerLoop(beside, cache, None)
+    try:
+        up(client)
+        for n in range(6):  # served, then three running (their prefixes locked)
+            loop.run(lambda n=n: replayer.apply(n, {"op": "request", "input": [3, 4, 5, n + 10, n + 11],
+                                                    "output": [7], "session": f"s{n}"}))
+        for n in range(3):
+            loop.run(lambda n=n: replayer.apply(10 + n, {"op": "begin", "id": f"r{n}", "input": [3, 4, 5, n + 10, 99],
+                                                         "session": f"s{n}"}))
+        found = client.diagnose()
+        assert found.healthy, [f.summary for f in found.findings]
+        assert "leaked_lock" in found.checked
+        loop.run(lambda: cache.inc_lock_ref(next(iter(cache.root_node.children.values()))))  # nobody's lock
+        found = client.diagnose()
+        assert [f.kind for f in found.findings] == ["leaked_lock"]
     finally:
         loop.run(beside.close)
         loop.close()
