@@ -94,7 +94,7 @@ def measure(tree, grown, window_s: float) -> dict:
         controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
     beside, client, token, snapshot_s = start_beside(tree.cache, controller)
     log(f"  radixtop's process started: the whole tree sent in one hold of {snapshot_s:.2f} s")
-    rng, vocab, systems, sids = random.Random(3), 30_000, grown["systems"], list(history)
+    rng = random.Random(3)
     stop = threading.Event()
     rows: list[tuple[float, float, float]] = []  # (hold, hold CPU, the step's whole time)
     phase = {"name": "catch-up"}
@@ -103,13 +103,7 @@ def measure(tree, grown, window_s: float) -> dict:
         while not stop.is_set():
             started = pc()
             time.sleep(holds_bench.STEP_DEVICE_S)
-            if rng.random() < 0.5:
-                sid = rng.choice(sids)
-                tree.request(history[sid] + [rng.randrange(2, vocab) for _ in range(8)],
-                             [rng.randrange(2, vocab) for _ in range(4)], sid)
-            else:
-                tree.request(rng.choice(systems) + [rng.randrange(2, vocab) for _ in range(rng.randint(4, 16))],
-                             [7], None)
+            holds_bench.serve_one(tree, rng, grown)
             c0, t0 = thread_time(), pc()
             beside.step()
             t1 = pc()
@@ -189,21 +183,14 @@ def hooks_cost(tree, grown, requests: int, rounds: int) -> dict:
     names = ("_split_node", "_insert_helper", "_match_prefix_helper", "_delete_leaf", "evict",
              "release_radix_session", "reset", "inc_lock_ref", "dec_lock_ref", "_tag_session_leaf")
     own = {name: vars(cache).get(name) for name in names}  # (the replayer's own wrappers)
-    rng, vocab, systems, history = random.Random(5), 30_000, grown["systems"], grown["history"]
-    sids = list(history)
+    rng = random.Random(5)
     times: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(rounds):
         for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
             recorder = ChangeRecorder(cache) if name == "on" else None
             c0 = thread_time()
             for _ in range(requests):
-                if rng.random() < 0.5:
-                    sid = rng.choice(sids)
-                    tree.request(history[sid] + [rng.randrange(2, vocab) for _ in range(8)],
-                                 [rng.randrange(2, vocab) for _ in range(4)], sid)
-                else:
-                    tree.request(rng.choice(systems) + [rng.randrange(2, vocab) for _ in range(rng.randint(4, 16))],
-                                 [7], None)
+                holds_bench.serve_one(tree, rng, grown)
                 if recorder is not None:
                     recorder.take()  # (once a request, as the probe does once a loop)
             times[name].append((thread_time() - c0) / requests)

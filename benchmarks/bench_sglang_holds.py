@@ -129,6 +129,18 @@ def grow(tree: Tree, nodes: int, session_share: float = 0.05, vocab: int = 30_00
             "sessions": sessions}
 
 
+def serve_one(tree: Tree, rng: random.Random, grown: dict[str, Any], vocab: int = 30_000) -> None:
+    """One request of the steady mix: a session's next turn, or a prompt on a system prompt."""
+    history = grown["history"]
+    if rng.random() < 0.5:
+        sid = rng.choice(grown.setdefault("sids", list(history)))
+        tree.request(history[sid] + [rng.randrange(2, vocab) for _ in range(8)],
+                     [rng.randrange(2, vocab) for _ in range(4)], sid)
+    else:
+        tree.request(rng.choice(grown["systems"]) + [rng.randrange(2, vocab) for _ in range(rng.randint(4, 16))],
+                     [7], None)
+
+
 def _counter(tree: Tree):
     from radixtop.adapters.sglang.index import INDEX, install
 
@@ -229,14 +241,11 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             yield
 
     owner.slices.add = lambda steps: slice_add(timed_pass(steps))
-    rng, vocab = random.Random(3), 30_000
-    sids = list(history)
+    rng = random.Random(3)
     stop = threading.Event()
     mode = {"name": "attach"}  # the first poll's reads and holds apart from the windows'
     holds: list[tuple[str, float, float, float]] = []  # (mode, hold, GC seconds during it, thread CPU)
     steps: list[tuple[str, float]] = []
-
-    systems = grown["systems"]
 
     def scheduler() -> None:
         while not stop.is_set():
@@ -248,13 +257,7 @@ def measure(tree: Tree, grown: dict[str, Any], window_s: float, windows: int,
             # turn thus follows the scheduler's own Python work, as it does in SGLang, not a sleep
             # (after which any code runs cold: an empty step then measured ~30 us, not ~3 us).
             time.sleep(STEP_DEVICE_S)
-            if rng.random() < 0.5:
-                sid = rng.choice(sids)
-                tree.request(history[sid] + [rng.randrange(2, vocab) for _ in range(8)],
-                             [rng.randrange(2, vocab) for _ in range(4)], sid)
-            else:
-                tree.request(rng.choice(systems) + [rng.randrange(2, vocab) for _ in range(rng.randint(4, 16))],
-                             [7], None)
+            serve_one(tree, rng, grown)
             gc0, c0, t0 = GC_S[0], thread_time(), pc()
             owner.between_steps(max_items=64)
             t1 = pc()

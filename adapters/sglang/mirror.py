@@ -391,13 +391,12 @@ class MirrorLoop:
         os.set_blocking(self._wake_w, False)
         self.queue = OwnerQueue("radixtop's mirror of the scheduler's tree", wake=self._wake)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radixtop-mirror", daemon=True)
-        self.thread = self._thread
+        self.thread = threading.Thread(target=self._run, name="radixtop-mirror", daemon=True)
         """The mirror's owner thread (a read from it must not wait for a sync: it applies the reply)."""
 
     def start(self) -> None:
         """Apply the frames from now on (once what reads the mirror has installed its hooks on it)."""
-        self._thread.start()
+        self.thread.start()
 
     def _wake(self) -> None:
         import os
@@ -470,8 +469,8 @@ class MirrorLoop:
 
         self._stop.set()
         self._wake()
-        if self._thread.is_alive():
-            self._thread.join(5)
+        if self.thread.is_alive():
+            self.thread.join(5)
         self.queue.close("radixtop's process is stopping")
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)

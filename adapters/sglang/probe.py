@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
+from radixtop.adapters.sglang.records import split_long, wire_record
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
@@ -147,8 +148,6 @@ class RecordsProbe:
         return self._snapshot is not None
 
     def stream(self, frames: int = SNAPSHOT_FRAMES) -> None:
-        from radixtop.adapters.sglang.records import split_long, wire_record
-
         end, out = self.end, self._out
         while frames > 0 and not end.held and not end.down:
             if not out:
@@ -208,8 +207,6 @@ class RecordsProbe:
         self._send(records)
 
     def _send(self, records: list[tuple]) -> None:
-        from radixtop.adapters.sglang.records import split_long
-
         most = self.end.frame_max
         payload = self._encode(records)
         if len(payload) > most:

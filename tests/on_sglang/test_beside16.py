@@ -18,6 +18,7 @@ import pytest
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
+from tests.on_sglang.test_mirror16 import node_rows, session_rows
 from tests.support.scheduler_loop import SchedulerLoop
 from tests.support.trace_gen import capacity_for, generate_trace
 
@@ -59,26 +60,20 @@ def up(client, timeout: float = 30):
             time.sleep(0.2)
 
 
-def rows(page):  # (each read's own age of the last activity aside: read a moment apart)
-    return page.total, [dataclasses.replace(v, last_activity_age_s=None) for v in page.sessions]
-
-
 def same_answers(loop, inproc, client, orders=ROW_KEYS) -> None:
     """Every sessions order, the root's children and the totals: beside as in process."""
     here: dict = {}
-    loop.run(lambda: here.update({order: rows(inproc.sessions(order, 0, 100)) for order in orders},
+    loop.run(lambda: here.update({order: session_rows(inproc.sessions(order, 0, 100)) for order in orders},
                                  stats=inproc.stats(), kids=inproc.children(0, 0, 100)))
     for order in orders:
-        assert rows(client.sessions(order, 0, 100)) == here[order], order
+        assert session_rows(client.sessions(order, 0, 100)) == here[order], order
     st, kids = client.stats(), client.children(0, 0, 100)
     mine = here["stats"]
     assert (st.node_count, st.open_sessions, st.closed_sessions, st.evictable_tokens, st.protected_tokens,
             st.available_tokens, st.capacity_tokens, st.bytes_per_token) == \
         (mine.node_count, mine.open_sessions, mine.closed_sessions, mine.evictable_tokens, mine.protected_tokens,
          mine.available_tokens, mine.capacity_tokens, mine.bytes_per_token)
-    strip = lambda page: [(v.id, v.tokens, v.subtree_tokens, v.lock_ref, v.hit_count, v.holders)  # noqa: E731
-                          for v in page.children]
-    assert strip(kids) == strip(here["kids"])
+    assert node_rows(kids) == node_rows(here["kids"])
 
 
 def test_radixtop_beside_a_python_core_answers_as_in_process_and_closes_exactly(sgl):

@@ -64,13 +64,21 @@ def wire(records: list) -> list:
     return msgspec.msgpack.decode(msgspec.msgpack.encode([wire_record(r) for r in records]))
 
 
-def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter) -> None:
-    def rows(page):  # (each read's own age of the last activity aside: read a moment apart)
-        return [dataclasses.replace(v, last_activity_age_s=None) for v in page.sessions]
+def session_rows(page):
+    """A sessions page's total and rows, each read's own age of the last activity aside (two reads
+    are a moment apart)."""
+    return page.total, [dataclasses.replace(v, last_activity_age_s=None) for v in page.sessions]
 
+
+def node_rows(page):
+    """A children page's nodes as the figures both places must agree on."""
+    return [(v.id, v.tokens, v.subtree_tokens, v.lock_ref, v.hit_count, v.holders) for v in page.children]
+
+
+def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter) -> None:
     for order in ROW_KEYS:
         a, b = inproc.sessions(order, 0, 50), beside.sessions(order, 0, 50)
-        assert (a.total, rows(a)) == (b.total, rows(b)), order
+        assert session_rows(a) == session_rows(b), order
     for sid in [row.id for row in inproc.sessions("exclusive_bytes", 0, 20).sessions]:
         a, b = inproc.plan_close(sid), beside.plan_close(sid)
         # (the order SGLang's close visits a session's leaves is its set's, of its own nodes)
@@ -78,9 +86,7 @@ def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter) 
             p, freed_node_ids=sorted(p.freed_node_ids), kept=sorted(p.kept, key=lambda k: k.node_id))
         assert same(a) == same(b)
     a, b = inproc.children(0, 0, 50), beside.children(0, 0, 50)
-    strip = lambda page: [(v.id, v.tokens, v.subtree_tokens, v.lock_ref, v.hit_count, v.holders)  # noqa: E731
-                          for v in page.children]
-    assert (a.total, strip(a)) == (b.total, strip(b))
+    assert (a.total, node_rows(a)) == (b.total, node_rows(b))
 
 
 @pytest.mark.parametrize("size", ["small", "large"])
