@@ -46,23 +46,27 @@ TOMBSTONES = 8192
 
 
 class MirrorKey:
-    """A node's key: its token ids and SGLang's ``extra_key`` namespace (``RadixKey``'s reads)."""
+    """A node's key: its token ids, SGLang's ``extra_key`` namespace and (0.5.23) its
+    ``cache_salt`` (``RadixKey``'s reads)."""
 
-    __slots__ = ("token_ids", "extra_key")
+    __slots__ = ("token_ids", "extra_key", "cache_salt")
 
-    def __init__(self, token_ids: array, extra_key: str | None = None) -> None:
+    def __init__(self, token_ids: array, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         self.token_ids = token_ids
         self.extra_key = extra_key
+        self.cache_salt = cache_salt
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def __getitem__(self, part: slice) -> MirrorKey:
-        return MirrorKey(self.token_ids[part], self.extra_key)
+        return MirrorKey(self.token_ids[part], self.extra_key, self.cache_salt)
 
     def child_key(self, page_size: int = 1) -> Any:
         t = self.token_ids
         plain = t[0] if page_size == 1 else tuple(t[:page_size])
+        if self.cache_salt is not None:
+            return ((self.extra_key, self.cache_salt), plain)
         return plain if self.extra_key is None else (self.extra_key, plain)
 
 

@@ -2,7 +2,7 @@
 changes (issue 27's split, the Python cores), for the mirror in radixtop's process beside it
 (``adapters.sglang.mirror``) to make the same changes to a tree of its own.
 
-On SGLang 0.5.15/0.5.16's ``RadixCache`` (sessions on or off) the recorder wraps, on the cache
+On SGLang 0.5.15/0.5.16's ``RadixCache`` (sessions on or off) the ``ChangeRecorder`` wraps, on the cache
 instance, the methods that change the tree, as the index does in process (``adapters.sglang.index``):
 each wrapper appends one small tuple (a node's id and a few numbers; a new node's tokens as the
 bytes of SGLang's own ``array('q')``, one copy) to a list, and nothing else. No node registry, no
@@ -32,6 +32,10 @@ The records (each a tuple, its first item the kind):
 * ``(PART, id, tokens)``: the first tokens of the next ``ADD`` of ``id``, which comes with the rest
   (a prompt longer than a frame holds: ``split_long``).
 
+On 0.5.17+'s ``UnifiedRadixCache`` on its Python tree core (0.5.23 with sessions) the
+``UnifiedRecorder`` follows the tree core, its full component and its session tracker instead,
+with records of its own (its docstring); ``recorder_for`` picks the one a cache needs.
+
 ``snapshot()`` gives the records that build the tree as it is now (at the first start, or a
 restart of radixtop's process after a crash): one walk of the tree on the scheduler thread.
 """
@@ -46,6 +50,8 @@ from typing import Any
 log = logging.getLogger("radixtop.sglang")
 
 ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED, ENDED, WHOLE = range(14)
+STAMP, MATCHED, MARK, UNMARK, GEN, FORGET, RELEASED = range(14, 21)
+"""The unified tree's own records (``UnifiedRecorder``)."""
 RECORDER = "_radixtop_recorder"
 
 
@@ -60,13 +66,14 @@ def tokens_of(key: Any) -> bytes:
 
 
 def can_record(cache: Any) -> str | None:
-    """Why the recorder cannot follow ``cache`` (None: it can): SGLang's own ``RadixCache`` (or a
-    subclass that keeps its tree) with SGLang's ``TreeNode``s only. Not a cache SGLang wraps
-    (0.5.16's ``StreamingSession`` forwards to an inner cache whose own calls would go
-    unrecorded), not another tree (SWA, Mamba: other fields), not HiCache's host tier, not bigram
-    keys, not the unified tree (not yet)."""
+    """Why no recorder can follow ``cache`` (None: one can, ``recorder_for``): SGLang's own
+    ``RadixCache`` (or a subclass that keeps its tree) with SGLang's ``TreeNode``s, or a 0.5.17+
+    ``UnifiedRadixCache`` on its Python tree core with the full component alone. Not a cache
+    SGLang wraps (0.5.16's ``StreamingSession`` forwards to an inner cache whose own calls would
+    go unrecorded), not another tree (SWA, Mamba: other fields), not HiCache's host tier, not
+    bigram keys, not an external cache linker."""
     if hasattr(cache, "tree_core"):
-        return "a UnifiedRadixCache (its Python core's records are not built yet)"
+        return _cannot_record_unified(cache)
     try:
         from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
     except ImportError as exc:  # (an SGLang without that module: nothing here to follow)
@@ -80,29 +87,47 @@ def can_record(cache: Any) -> str | None:
     return None
 
 
-class ChangeRecorder:
-    """Records every change of one SGLang ``RadixCache`` (scheduler thread only)."""
+def _cannot_record_unified(cache: Any) -> str | None:
+    core = cache.tree_core
+    try:
+        from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore, UnifiedTreeNode
+    except ImportError as exc:
+        return f"SGLang's unified tree core cannot be imported ({exc})"
+    if not isinstance(core, UnifiedTreeCore) or not isinstance(getattr(core, "root_node", None), UnifiedTreeNode):
+        return "the tree core is not SGLang's Python one (the Rust core's events are taken instead)"
+    components = getattr(cache, "components", None)
+    kinds = [int(k) for k in (components or {})]
+    if kinds != [FULL]:
+        return "a tree with components beside the full KV (SWA, Mamba) is not recorded yet"
+    if getattr(core, "enable_hicache", False) or getattr(cache, "cache_controller", None) is not None:
+        return "HiCache's host tier is not recorded yet"
+    if getattr(core, "enable_external_cache_linker", False) or getattr(cache, "linker", None) is not None:
+        return "an external cache linker is not recorded yet"
+    if getattr(core, "is_eagle", False):
+        return "bigram keys (EAGLE) are not recorded yet"
+    return None
 
-    def __init__(self, cache: Any, controller: Any = None) -> None:
-        """``controller``: the scheduler's ``SessionController``, whose sessions' opening and
-        ending are recorded too (a session opened through SGLang holds no node at first)."""
-        why = can_record(cache)
-        if why is not None:
-            raise TypeError(why)
-        self.cache = cache
+
+def recorder_for(cache: Any, controller: Any = None) -> _Recorder:
+    """The recorder of ``cache`` (``can_record`` said it can follow it)."""
+    return UnifiedRecorder(cache, controller) if hasattr(cache, "tree_core") else ChangeRecorder(cache, controller)
+
+
+FULL = 0
+"""``ComponentType.FULL``: a unified node's ``component_data`` is a list indexed by it."""
+
+
+class _Recorder:
+    """What both recorders share: the list of records, its hand-over, a hook's wrapping, the
+    session controller's hooks."""
+
+    cache: Any
+    controller: Any
+
+    def __init__(self) -> None:
         self.records: list[tuple] = []
-        self._diverted: list[int] | None = None
-        """Inside an eviction or a close: the ids its ``_delete_leaf`` calls deleted."""
-        self._next_id = type(cache.root_node).counter
-        """Every node with an id below this one existed when last looked (a node
-        ``_insert_helper`` returns with a higher one is the leaf it added)."""
-        self.controller = controller
         self.failed: str | None = None
         """Why a hook could not record (None: every change so far is recorded)."""
-        self._hook()
-        if controller is not None:
-            self._hook_controller(controller)
-        setattr(cache, RECORDER, self)
 
     def stop(self) -> None:
         """Record nothing from now on (radixtop's process is gone for good): the hooks stay, each
@@ -115,39 +140,6 @@ class ChangeRecorder:
             return []
         self.records = []
         return records
-
-    def snapshot(self) -> list[tuple]:
-        """Records that build the tree as it is now: a reset, each node parents first, the
-        sessions' tags, the closed sessions' tombstones, the controller's open sessions. One walk
-        (scheduler thread); a node's tokens are SGLang's own array, not copied (SGLang replaces a
-        key's array when it splits a node, never changes one): ``wire_record`` makes the bytes
-        when the record is sent."""
-        cache = self.cache
-        root = cache.root_node
-        out: list[tuple] = [(RESET, root.id, True)]
-        tags: list[tuple] = []
-        stack = list(root.children.values())
-        append, extend, pop = out.append, stack.extend, stack.pop
-        while stack:
-            node = pop()
-            key = node.key
-            append((ADD, node.id, node.parent.id,
-                    key.token_ids if getattr(key, "limit", None) is None else key.raw_token_ids(),
-                    key.extra_key, node.last_access_time, getattr(node, "creation_time", node.last_access_time),
-                    node.hit_count, node.lock_ref))
-            held = getattr(node, "session_ids", None)
-            if held:
-                tags.extend((TAG, sid, node.id) for sid in held)
-            extend(node.children.values())
-        out.extend(tags)
-        out.extend((CLOSE, sid, []) for sid in getattr(cache, "_closed_session_ids", None) or ())
-        if self.controller is not None:
-            out.extend((OPENED, sid) for sid in list(getattr(self.controller, "sessions", None) or ()))
-        out.append((WHOLE, len(out)))
-        self._next_id = max(self._next_id, type(root).counter)
-        return out
-
-    # ----- the hooks -----
 
     def _failed(self, where: str, exc: Exception) -> None:
         """A hook that could not record: SGLang's own call goes on (its result returned as it
@@ -190,6 +182,66 @@ class ChangeRecorder:
 
         self._wrap(controller, "open", opened)
         self._wrap(controller, "_close", ended)
+
+    def _controller_sessions(self) -> list[tuple]:
+        if self.controller is None:
+            return []
+        return [(OPENED, sid) for sid in list(getattr(self.controller, "sessions", None) or ())]
+
+
+class ChangeRecorder(_Recorder):
+    """Records every change of one SGLang ``RadixCache`` (scheduler thread only)."""
+
+    def __init__(self, cache: Any, controller: Any = None) -> None:
+        """``controller``: the scheduler's ``SessionController``, whose sessions' opening and
+        ending are recorded too (a session opened through SGLang holds no node at first)."""
+        why = can_record(cache)
+        if why is not None or hasattr(cache, "tree_core"):
+            raise TypeError(why or "a UnifiedRadixCache: its recorder is UnifiedRecorder")
+        super().__init__()
+        self.cache = cache
+        self._diverted: list[int] | None = None
+        """Inside an eviction or a close: the ids its ``_delete_leaf`` calls deleted."""
+        self._next_id = type(cache.root_node).counter
+        """Every node with an id below this one existed when last looked (a node
+        ``_insert_helper`` returns with a higher one is the leaf it added)."""
+        self.controller = controller
+        self._hook()
+        if controller is not None:
+            self._hook_controller(controller)
+        setattr(cache, RECORDER, self)
+
+    def snapshot(self) -> list[tuple]:
+        """Records that build the tree as it is now: a reset, each node parents first, the
+        sessions' tags, the closed sessions' tombstones, the controller's open sessions. One walk
+        (scheduler thread); a node's tokens are SGLang's own array, not copied (SGLang replaces a
+        key's array when it splits a node, never changes one): ``wire_record`` makes the bytes
+        when the record is sent."""
+        cache = self.cache
+        root = cache.root_node
+        out: list[tuple] = [(RESET, root.id, True)]
+        tags: list[tuple] = []
+        stack = list(root.children.values())
+        append, extend, pop = out.append, stack.extend, stack.pop
+        while stack:
+            node = pop()
+            key = node.key
+            append((ADD, node.id, node.parent.id,
+                    key.token_ids if getattr(key, "limit", None) is None else key.raw_token_ids(),
+                    key.extra_key, node.last_access_time, getattr(node, "creation_time", node.last_access_time),
+                    node.hit_count, node.lock_ref))
+            held = getattr(node, "session_ids", None)
+            if held:
+                tags.extend((TAG, sid, node.id) for sid in held)
+            extend(node.children.values())
+        out.extend(tags)
+        out.extend((CLOSE, sid, []) for sid in getattr(cache, "_closed_session_ids", None) or ())
+        out.extend(self._controller_sessions())
+        out.append((WHOLE, len(out)))
+        self._next_id = max(self._next_id, type(root).counter)
+        return out
+
+    # ----- the hooks -----
 
     def _hook(self) -> None:
         cache, wrap = self.cache, self._wrap
@@ -274,6 +326,164 @@ class ChangeRecorder:
                     self._failed(name, exc)
 
         setattr(cache, name, recorded)
+
+class UnifiedRecorder(_Recorder):
+    """Records every change of one SGLang 0.5.17+ ``UnifiedRadixCache`` on its Python tree core,
+    the full component alone (scheduler thread only).
+
+    The tree core's ``_add_new_node`` (``ADD``, with the node's ``session_ref`` and the key's
+    ``cache_salt`` last), ``_split_node`` (``SPLIT``), ``_remove_leaf_from_parent`` (``DELETE``:
+    the mirror moves the session marks off the deleted leaf as SGLang's component does),
+    ``_touch_node`` and ``_inc_hit_count_and_check`` (``STAMP``: the node's access stamp and hits,
+    as they are after), ``_match_post_processor`` (``MATCHED``: the best node and its stamp;
+    each ancestor up to the root 1e-5 older, as SGLang stamps them), ``reset`` (``RESET``); the
+    full component's locks (``LOCK``, ``UNLOCK``; not the host tier's), its ``register_session_leaf``
+    (``TAG``), ``release_session`` (``RELEASED``) and marks (``MARK``, ``UNMARK``) where SGLang calls them
+    other than through those; the session tracker's ``open_radix_session`` (``GEN``: the id
+    and its generation), ``release_radix_session`` (``CLOSE``) and ``reset`` (``FORGET``).
+
+    SGLang's stamps are a global counter (a numpy float): sent as Python floats, the same values.
+
+    A call that makes other recorded calls (a leaf's removal moves session marks, a close
+    releases its leaves) is one record: the mirror makes the same calls from it, as SGLang's
+    code does, so what each changes is recorded once."""
+
+    def __init__(self, cache: Any, controller: Any = None) -> None:
+        why = can_record(cache)
+        if why is not None or not hasattr(cache, "tree_core"):
+            raise TypeError(why or "not a UnifiedRadixCache: its recorder is ChangeRecorder")
+        super().__init__()
+        self.cache = cache
+        self.core = cache.tree_core
+        self.full = cache.components[FULL]
+        self.refs = getattr(cache, "session_refs", None)
+        self.controller = controller
+        self._inside = 0
+        """Calls of composite methods under way: what they call is theirs, not recorded."""
+        self._hook()
+        if controller is not None:
+            self._hook_controller(controller)
+        setattr(cache, RECORDER, self)
+
+    def snapshot(self) -> list[tuple]:
+        """Records that build the tree as it is now: a reset, each node parents first (its lock and
+        session counts as they are), each session's marks, the tracker's tombstones in their order
+        and its open generations, the controller's open sessions. One walk (scheduler thread)."""
+        core = self.core
+        root = core.root_node
+        out: list[tuple] = [(RESET, root.id, True, float(root.last_access_time))]
+        marks: list[tuple] = []
+        stack = list(root.children.values())
+        append, extend, pop = out.append, stack.extend, stack.pop
+        while stack:
+            node = pop()
+            key, data = node.key, node.component_data[FULL]
+            append((ADD, node.id, node.parent.id,
+                    key.token_ids if getattr(key, "limit", None) is None else key.raw_token_ids(),
+                    key.extra_key, float(node.last_access_time), float(node.creation_time), node.hit_count, data.lock_ref,
+                    data.session_ref, getattr(key, "cache_salt", None)))
+            if data.session_ids:
+                marks.extend((MARK, sid, node.id) for sid in data.session_ids)
+            extend(node.children.values())
+        out.extend(marks)
+        refs = self.refs
+        if refs is not None:
+            out.extend((CLOSE, sid, []) for sid in list(getattr(refs, "_closed_session_ids", None) or ()))
+            out.extend((GEN, sid, gen) for sid, gen in list((getattr(refs, "_session_generations", None) or {}).items()))
+        out.extend(self._controller_sessions())
+        out.append((WHOLE, len(out)))
+        return out
+
+    # ----- the hooks -----
+
+    def _hook(self) -> None:
+        core, full, wrap = self.core, self.full, self._wrap
+        records = lambda: self.records  # noqa: E731  (stop() replaces the list)
+
+        def added(node: Any, *a: Any, **k: Any) -> None:
+            if self._inside:
+                return
+            key, data = node.key, node.component_data[FULL]
+            records().append((ADD, node.id, node.parent.id, tokens_of(key), key.extra_key, float(node.last_access_time),
+                              float(node.creation_time), int(node.hit_count), data.lock_ref, data.session_ref,
+                              getattr(key, "cache_salt", None)))
+
+        def split(result: Any, key: Any, child: Any, split_len: int, *a: Any, **k: Any) -> None:
+            if not self._inside:
+                records().append((SPLIT, result[0].id, child.id, int(split_len), float(result[0].last_access_time),
+                                  float(child.last_access_time)))
+
+        def stamp(result: Any, node: Any, *a: Any, **k: Any) -> None:
+            if not self._inside:
+                records().append((STAMP, node.id, float(node.last_access_time), int(node.hit_count)))
+
+        def matched(result: Any, *a: Any, **k: Any) -> None:
+            best = result.best_match_node
+            node = core._node_arena.get(best)
+            if node is not None and not self._inside:
+                records().append((MATCHED, best, float(node.last_access_time)))
+
+        def reset(result: Any, *a: Any, **k: Any) -> None:
+            root = core.root_node
+            records().append((RESET, root.id, False, float(root.last_access_time)))
+
+        def lock(kind: int) -> Callable[..., None]:
+            def told(_returned: Any, *a: Any, **k: Any) -> None:  # (SGLang passes result=, params=)
+                node = k["node"] if "node" in k else a[0]
+                if not k.get("lock_host", a[2] if len(a) > 2 else False) and not self._inside:
+                    records().append((kind, node.id))
+            return told
+
+        def mark(kind: int) -> Callable[..., None]:
+            def told(result: Any, sid: str, leaf: Any, *a: Any, **k: Any) -> None:
+                if not self._inside:
+                    records().append((kind, sid, leaf.id))
+            return told
+
+        wrap(core, "_add_new_node", lambda result, *a, **k: added(result))
+        wrap(core, "_split_node", split)
+        wrap(core, "_touch_node", stamp)
+        wrap(core, "_inc_hit_count_and_check", stamp)
+        wrap(core, "_match_post_processor", matched)
+        wrap(core, "reset", reset)
+        wrap(full, "acquire_component_lock", lock(LOCK))
+        wrap(full, "release_component_lock", lock(UNLOCK))
+        wrap(full, "_mark_session_leaf", mark(MARK))
+        wrap(full, "_unmark_session_leaf", mark(UNMARK))
+        self._composite(core, "_remove_leaf_from_parent", lambda node, *a, **k: (DELETE, node.id))
+        self._composite(full, "register_session_leaf",
+                        lambda sid, leaf=None, *a, **k: (TAG, sid, None if leaf is None else leaf.id))
+        self._composite(full, "release_session", lambda sid, *a, **k: (RELEASED, sid))
+        refs = self.refs
+        if refs is not None:
+            self._composite(refs, "release_radix_session", lambda sid, *a, **k: (CLOSE, sid, []))
+            wrap(refs, "open_radix_session",
+                 lambda result, sid, *a, **k: records().append((GEN, sid, result)) if not self._inside else None)
+            self._composite(refs, "reset", lambda *a, **k: (FORGET,))
+
+    def _composite(self, owner: Any, name: str, record: Callable[..., tuple]) -> None:
+        """``owner.name`` as one record (made after SGLang's call returned; nothing it calls is
+        recorded: the mirror makes those calls itself)."""
+        original = getattr(owner, name, None)
+        if not callable(original):
+            return
+
+        @functools.wraps(original)
+        def recorded(*a: Any, **k: Any) -> Any:
+            self._inside += 1
+            try:
+                result = original(*a, **k)
+            finally:
+                self._inside -= 1
+            if not self._inside:
+                try:
+                    self.records.append(record(*a, **k))
+                except Exception as exc:
+                    self._failed(name, exc)
+            return result
+
+        setattr(owner, name, recorded)
+
 
 def wire_record(record: tuple) -> tuple:
     """A snapshot's record as it is sent (an ``ADD``'s tokens as bytes)."""
