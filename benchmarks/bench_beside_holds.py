@@ -65,7 +65,7 @@ def start_beside(cache, controller):
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
-    from radixtop.adapters.sglang.records import ChangeRecorder
+    from radixtop.adapters.sglang.records import recorder_for
 
     listening = bind("127.0.0.1", 0)
     listening.listen(128)
@@ -75,8 +75,8 @@ def start_beside(cache, controller):
     import dataclasses
 
     info = {"name": "sglang (bench)", "dp_rank": 0, "bytes_per_token": ops.bpt, "capacity_tokens": int(ops.allocator.size),
-            "tree": "radix", "page_size": 1, "sessions": True, "geometry": dataclasses.asdict(ops.geometry)}
-    recorder = ChangeRecorder(cache, controller)
+            "tree": "unified" if hasattr(cache, "tree_core") else "radix", "page_size": 1, "sessions": True, "geometry": dataclasses.asdict(ops.geometry)}
+    recorder = recorder_for(cache, controller)
     started = pc()
     beside = BesideProcess(cache, listening, "127.0.0.1", info, {**os.environ, "RADIXTOP_TOKEN": token, "RADIXTOP_TIMEOUT": "120"},
                            sglang=ops, recorder=recorder)
@@ -85,13 +85,15 @@ def start_beside(cache, controller):
 
 
 def measure(tree, grown, window_s: float) -> dict:
-    from sglang.srt.managers.io_struct import OpenSessionReqInput
-    from sglang.srt.session.session_controller import SessionController
-
     history = grown["history"]
-    controller = SessionController(tree.cache)
-    for sid in history:
-        controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
+    controller = None
+    if not tree.unified:
+        from sglang.srt.managers.io_struct import OpenSessionReqInput
+        from sglang.srt.session.session_controller import SessionController
+  # (0.5.23's sessions open through the cache's tracker, as each request comes)
+        controller = SessionController(tree.cache)
+        for sid in history:
+            controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
     beside, client, token, snapshot_s = start_beside(tree.cache, controller)
     log(f"  radixtop's process started: the whole tree sent in one hold of {snapshot_s:.2f} s")
     rng = random.Random(3)
@@ -177,30 +179,32 @@ def hooks_cost(tree, grown, requests: int, rounds: int) -> dict:
     """The recorder's hooks inside SGLang's own calls: the same kind of requests on the same tree,
     in rounds alternating with the hooks on (a fresh recorder) and off (SGLang's methods back), on
     the thread's CPU clock."""
-    from radixtop.adapters.sglang.records import ChangeRecorder
+    from radixtop.adapters.sglang.records import RECORDER, recorder_for
 
     cache = tree.cache
-    names = ("_split_node", "_insert_helper", "_match_prefix_helper", "_delete_leaf", "evict",
-             "release_radix_session", "reset", "inc_lock_ref", "dec_lock_ref", "_tag_session_leaf")
-    own = {name: vars(cache).get(name) for name in names}  # (the replayer's own wrappers)
+    hooked = [o for o in (cache, getattr(cache, "tree_core", None), (getattr(cache, "components", None) or {}).get(0),
+                          getattr(cache, "session_refs", None)) if o is not None]
+    own = [(o, dict(vars(o))) for o in hooked]  # (the replayer's own wrappers among them)
     rng = random.Random(5)
     times: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(rounds):
         for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
-            recorder = ChangeRecorder(cache) if name == "on" else None
+            recorder = recorder_for(cache) if name == "on" else None
             c0 = thread_time()
             for _ in range(requests):
                 holds_bench.serve_one(tree, rng, grown)
                 if recorder is not None:
                     recorder.take()  # (once a request, as the probe does once a loop)
             times[name].append((thread_time() - c0) / requests)
-            if recorder is not None:
-                for key, fn in own.items():
-                    if fn is None:
-                        vars(cache).pop(key, None)
-                    else:
-                        setattr(cache, key, fn)
-                delattr(cache, "_radixtop_recorder")
+            if recorder is not None:  # (the recorder's wrappers off again, nothing else touched)
+                for obj, before in own:
+                    for key, value in list(vars(obj).items()):
+                        if callable(value) and hasattr(value, "__wrapped__") and before.get(key) is not value:
+                            if key in before:
+                                setattr(obj, key, before[key])
+                            else:
+                                delattr(obj, key)
+                delattr(cache, RECORDER)
     off, on = statistics.median(times["off"]) * 1e6, statistics.median(times["on"]) * 1e6
     return {"off_us": off, "on_us": on, "ratio": on / off}
 
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*", default=[1_000_000])
     parser.add_argument("--window-s", type=float, default=40.0)
     parser.add_argument("--hooks", action="store_true", help="also the recorder's hooks' cost per request")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "beside_holds.json")
+    parser.add_argument("--unified", action="store_true", help="0.5.23's UnifiedRadixCache (Python core; .venv-sglang23)")
+    parser.add_argument("--out", type=Path, help="(default: benchmarks/results/beside_holds[_unified].json)")
     parser.add_argument("--reader", help=argparse.SUPPRESS)  # (the dashboard's process: its URL)
     args = parser.parse_args(argv)
     if args.reader:
@@ -219,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     holds_bench._counter = node_counter  # (grow without radixtop's in-process index on the tree)
     rows = []
     for size in args.sizes:
-        log(f"{fmt_nodes(size)} nodes: growing a real SGLang RadixCache (sessions on)")
-        tree = holds_bench.Tree(False, size * 40 + 100_000)
+        log(f"{fmt_nodes(size)} nodes: growing a real SGLang {'UnifiedRadixCache' if args.unified else 'RadixCache'} "
+            "(sessions on)")
+        tree = holds_bench.Tree(args.unified, size * 40 + 100_000)
         grown = holds_bench.grow(tree, size)
         nodes = walk_count(tree.cache.root_node)
         log(f"  {nodes:,} nodes, {grown['sessions']:,} sessions in {grown['build_s']:.0f} s")
@@ -244,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {fmt_nodes(r['nodes'])} nodes, {r['sessions']:,} sessions | {r['seconds']:.0f} | {r['steps']:,} | "
               f"{r['longest_ms']:.2f} | {r['p99_ms']:.2f} | {r['share']:.2%} | <= {GOAL_LONGEST_MS:g} ms, "
               f"<= {GOAL_SHARE:.1%} | {'yes' if met else 'NO'} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
+    out = args.out or REPO / "benchmarks" / "results" / f"beside_holds{'_unified' if args.unified else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
     return 0
 
 

@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     listening = socket.socket(fileno=args.socket_fd)
     try:
         info = hello_of(end)
-        tree = tree_of(info) if info.get("tree") != "radix" else None
+        tree = tree_of(info) if info.get("tree") not in ("radix", "unified") else None
     except (TimeoutError, ValueError, ProbeGone) as exc:
         print(f"radixtop beside: {exc}", file=sys.stderr)
         return 1
@@ -415,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     syncs = Syncs(calls)  # (a sync's reply comes after every event recorded before it)
     if tree is None:  # a Python core: its tree copied here from the probe's records
         from radixtop.adapters.sglang.mirror import MirrorCache, MirrorLoop
+        from radixtop.adapters.sglang.mirror_unified import MirrorUnifiedCache
 
         def resync() -> None:  # (on the mirror's thread: the reply is not waited for)
             try:
@@ -422,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:  # (the scheduler gone: its end's closing says so)
                 pass
 
-        mirror = MirrorCache(page_size=int(info.get("page_size") or 1), sessions=bool(info.get("sessions")))
+        shape = MirrorUnifiedCache if info.get("tree") == "unified" else MirrorCache
+        mirror = shape(page_size=int(info.get("page_size") or 1), sessions=bool(info.get("sessions")))
         handover: Any = MirrorLoop(mirror, end, on_other=calls.replied, on_gone=gone, on_diverged=resync)
         adapter: Any = MirrorAdapter(mirror, handover, calls, syncs, info, read_only, timeout)
         handover.start()

@@ -326,6 +326,11 @@ class MirrorUnifiedCache:
     def root_node(self) -> UnifiedMirrorNode:
         return self.tree_core.root_node
 
+    @property
+    def by_id(self) -> dict[int, UnifiedMirrorNode]:
+        """Every node by its id (the tree core's arena; ``MirrorCache``'s name for it)."""
+        return self.tree_core._node_arena
+
     def evictable_size(self) -> int:
         return self.tree_core.evictable_size()
 

@@ -303,7 +303,8 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
 def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, port: int, token: str,
             poller: Any = None) -> Any:
     """radixtop's process next to the scheduler, fed by a probe (issue 27): on a Python core
-    (SGLang 0.5.15/0.5.16's ``RadixCache``), the tree's change records (``records``), copied
+    (SGLang 0.5.15/0.5.16's ``RadixCache``, 0.5.17+'s ``UnifiedRadixCache`` on its Python tree
+    core), the tree's change records (``records``), copied
     there (``mirror``); on the Rust core, its KV events, where SGLang's own publisher does not
     take them. None elsewhere (a line says why), and radixtop stays in process."""
     import dataclasses
@@ -311,7 +312,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.events.core import records_events
     from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
-    from radixtop.adapters.sglang.records import ChangeRecorder, can_record
+    from radixtop.adapters.sglang.records import can_record, recorder_for
     from radixtop.adapters.sglang.trees import tree_for
 
     cache = scheduler.tree_cache
@@ -325,7 +326,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
             return None
         direct: Any = CoreOps(cache, options["name"], options["closer"], options["buckets"],
                               options["running_requests"], options["waiting_requests"], options["model"])
-        more = {"tree": "radix", "page_size": tree.page_size, "sessions": tree.policy is not None,
+        more = {"tree": "unified" if hasattr(cache, "tree_core") else "radix", "page_size": tree.page_size, "sessions": tree.policy is not None,
                 "geometry": dataclasses.asdict(direct.geometry)}
     else:
         publisher = getattr(scheduler, "kv_events_publisher", None)
@@ -347,7 +348,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
             "capacity_tokens": int(direct.allocator.size), **more}
     try:
         if tree.has_nodes:
-            recorder = ChangeRecorder(cache, options["session_controller"])
+            recorder = recorder_for(cache, options["session_controller"])
         return BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
                              sglang=direct, poller=poller, recorder=recorder)
     except BaseException:

@@ -305,11 +305,16 @@ class CoreOps:
             "capacity": int(self.allocator.size), "available": int(self.allocator.available_size()),
             "evictable": self.tree.evictable_size(),
             "holders": None if held is None else [
-                [getattr(getattr(r, "last_node", None), "id", None), getattr(r, "session_id", None)] for r in held],
+                [_node_id(getattr(r, "last_node", None)), getattr(r, "session_id", None)] for r in held],
             "waiting": None if waiting is None else len(waiting),
             "head": None if head is None else [str(getattr(head, "rid", "?")), head_need(head)],
             "buckets": self._buckets() if self._buckets is not None else None,
         }
+
+
+def _node_id(node: Any) -> int | None:
+    """A request's last node's id (0.5.17+'s unified cache keeps the id itself)."""
+    return node if isinstance(node, int) else getattr(node, "id", None)
 
 
 RESTART_FIRST_S = 0.5

@@ -10,12 +10,14 @@ radixtop wakes the scheduler for its requests.
 
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import count
+from pathlib import Path
 
 import pytest
 
@@ -38,9 +40,10 @@ def kv_port() -> int:
     return free_port()
 
 
-PLACES = ["in the scheduler"] + (["beside the scheduler"] if VERSION == "0.5.16" else [])
-"""Where radixtop runs: in SGLang's scheduler process, and (issue 27, on 0.5.16's RadixCache) in a
-process of its own beside it (``RADIXTOP_BESIDE=1``): every test of this module runs on each."""
+PLACES = ["in the scheduler", "beside the scheduler"]
+"""Where radixtop runs: in SGLang's scheduler process, and (issue 27) in a process of its own beside
+it (``RADIXTOP_BESIDE=1``; 0.5.16's RadixCache, 0.5.23's UnifiedRadixCache on the Python tree
+core that sessions take): every test of this module runs on each."""
 
 
 @pytest.fixture(scope="module", params=PLACES)
@@ -51,6 +54,7 @@ def server(request, tmp_path_factory, kv_port):
     env = {"RADIXTOP_BESIDE": "1"} if request.param == "beside the scheduler" else {}
     srv = launch(tmp_path_factory.mktemp("sglang"), sessions=True, sleep_on_idle=True,
                  max_total_tokens=MAX_TOTAL_TOKENS, extra_args=("--kv-events-config", events), env=env)
+    srv.options["place"] = request.param
     yield srv
     srv.stop()
 
@@ -105,6 +109,13 @@ def driven(server, client):
 
 
 def test_the_plugin_serves_the_admin_api_inside_the_server(server, client):
+    served = re.findall(r"served by radixtop's process beside the scheduler \(pid (\d+)\)", server.log())
+    if server.options.get("place") == "beside the scheduler":  # (not fallen back into the scheduler's process)
+        assert served, server.log()[-3000:]
+        cmdline = Path(f"/proc/{served[-1]}/cmdline").read_bytes().split(b"\0")
+        assert b"radixtop.adapters.sglang.beside" in cmdline
+    else:
+        assert not served
     caps = client.capabilities()
     assert caps.tree and caps.sessions and caps.close and caps.evict
     st = client.stats()
