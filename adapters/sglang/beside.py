@@ -36,6 +36,7 @@ from radixtop.adapters.errors import TargetTimeout
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.adapters.events.handover import HandoverEvents
 from radixtop.adapters.http import wire
+from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
 from radixtop.adapters.model import (
     Bucket,
     Capabilities,
@@ -395,6 +396,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"radixtop beside: RADIXTOP_BESIDE_NICE not applied ({exc})", file=sys.stderr)
     from radixtop.adapters.http.server import serve
 
+    try:  # the CPU it takes for reads, on average (a flood of them waits, then is answered 429)
+        cpu_share = parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
+    except ValueError as exc:
+        print(f"radixtop beside: {exc}", file=sys.stderr)
+        return 1
     end = MirrorEnd(socket.socket(fileno=args.handover_fd))
     listening = socket.socket(fileno=args.socket_fd)
     try:
@@ -438,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(adapter, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,
               read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None, sock=listening,
-              log=lambda line: print(line, file=sys.stderr, flush=True))
+              log=lambda line: print(line, file=sys.stderr, flush=True), cpu_share=cpu_share)
     finally:
         handover.close()
     return 0

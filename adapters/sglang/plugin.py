@@ -337,8 +337,10 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
         direct = SGLangInProcessAdapter(cache, None, **options)
         more = {}
     from radixtop.adapters.http.server import check_token_strength
+    from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
 
     check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)
+    parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)  # (and so would a bad CPU share)
     read_token = os.environ.get("RADIXTOP_READ_TOKEN") or None
     if read_token is not None:
         check_token_strength(read_token, "read token")

@@ -272,3 +272,67 @@ def test_a_short_read_token_is_refused_wherever_the_app_is_made(engine):
         create_app(BundledAdapter(engine), TOKEN, AuditLog(None), host="0.0.0.0", read_token="short")
     with pytest.raises(ValueError, match="must differ"):
         create_app(BundledAdapter(engine), TOKEN, AuditLog(None), host="0.0.0.0", read_token=TOKEN)
+
+
+# ----- a bound on the CPU reads take (issue 27: radixtop beside a scheduler) -----
+
+
+class Clocks:
+    """A wall clock and a CPU clock the test moves."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 100.0
+
+
+def test_a_cpu_budget_fills_at_its_share_and_the_process_cpu_drains_it():
+    from radixtop.adapters.http.server.budget import CpuBudget
+
+    c = Clocks()
+    budget = CpuBudget(0.25, burst_s=1.0, most_wait_s=2.0, clock=lambda: c.wall, cpu=lambda: c.cpu)
+    assert budget.wait() == 0.0
+    c.cpu += 0.25  # the burst spent at once
+    assert budget.wait() == 0.0
+    c.cpu += 0.1
+    assert budget.wait() == pytest.approx(0.4)  # 0.1 s of CPU over: 0.4 s at a quarter of a core
+    c.wall += 0.4
+    assert budget.wait() == pytest.approx(0.0)
+    c.wall += 100.0  # idle: the bucket fills to its burst, no further
+    c.cpu += 0.3
+    assert budget.wait() == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("text, share", [(None, 0.25), ("", 0.25), ("0.5", 0.5), ("off", None), ("0", None)])
+def test_the_beside_cpu_share_parses(text, share):
+    from radixtop.adapters.http.server.budget import parse_share
+
+    assert parse_share(text, 0.25) == share
+
+
+@pytest.mark.parametrize("text", ["-1", "abc", "nan", "1e9"])
+def test_a_bad_beside_cpu_share_is_one_line(text):
+    from radixtop.adapters.http.server.budget import parse_share
+
+    with pytest.raises(ValueError, match="RADIXTOP_BESIDE_CPU"):
+        parse_share(text, 0.25)
+
+
+def test_reads_wait_for_the_cpu_budget_or_are_429_and_health_and_actions_go_ahead(engine):
+    from radixtop.adapters.http.server.budget import CpuBudget
+
+    c = Clocks()
+    budget = CpuBudget(0.5, burst_s=0.1, most_wait_s=1.0, clock=lambda: c.wall, cpu=lambda: c.cpu)
+    client = TestClient(create_app(BundledAdapter(engine), TOKEN, AuditLog(None), budget=budget),
+                        base_url=f"http://127.0.0.1:{PORT}", raise_server_exceptions=False)
+    assert client.get("/v1/stats").status_code == 200
+    c.cpu += 10.0  # a flood spent it: 20 s to earn back
+    for path in ("/v1/stats", "/v1/sessions", "/v1/nodes/root/children"):
+        busy = client.get(path)
+        assert busy.status_code == 429 and error_code(busy) == "busy", path
+        assert "CPU" in busy.json()["error"]["message"] and busy.headers["retry-after"] == "1"
+    assert budget.refused == 3
+    assert client.get("/healthz").status_code == 200
+    assert client.post("/v1/evict", headers=AUTH, json={"tokens": 1}).status_code == 200
+    c.wall += 19.7  # (10 s of CPU less its 0.05 s burst, at half a core: 19.9 s) 0.2 s short of it
+    started = time.monotonic()
+    assert client.get("/v1/stats").status_code == 200  # the read waits 0.2 s, then is answered
+    assert time.monotonic() - started >= 0.15 and budget.waited == 1

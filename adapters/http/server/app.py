@@ -11,6 +11,7 @@ from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.http.params import MAX_ID
 from radixtop.adapters.http.server import actions, reads
 from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.adapters.http.server.budget import CpuBudget
 from radixtop.adapters.http.server.deps import Served
 from radixtop.adapters.http.server.edge import (
     MAX_HEAVY_READS,
@@ -29,7 +30,8 @@ from radixtop.adapters.http.wire import WIRE_VERSION
 
 def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str = "127.0.0.1",
                read_token: str | None = None, max_heavy_reads: int = MAX_HEAVY_READS,
-               fleet: Callable[[], Any] | None = None, proof_key: bytes | None = None) -> FastAPI:
+               fleet: Callable[[], Any] | None = None, proof_key: bytes | None = None,
+               budget: CpuBudget | None = None) -> FastAPI:
     """The admin API over ``adapter``, for a server bound to ``host``.
     Every POST needs ``Authorization: Bearer <token>`` and is audited, allowed or refused; on a
     bind that is not loopback every request but /healthz needs ``token`` or ``read_token`` (which
@@ -37,7 +39,8 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
     enforce, not the server's. (``serve`` also refuses a short action token; this factory, used
     by tests, does not.) ``fleet``: where ``GET /v1/fleet`` gets the fleet view it answers (a
     ``FleetPoller.poll``); None: there is no such route. ``proof_key``: what ``/healthz`` proves it
-    holds to a ``Radixtop-Challenge`` (the demo's parent checks who answers before it sends a token)."""
+    holds to a ``Radixtop-Challenge`` (the demo's parent checks who answers before it sends a token).
+    ``budget``: the CPU this process may take for reads (``budget.CpuBudget``; None: no bound)."""
     check_token_text(token)
     if read_token is not None:  # (new, so no test relies on a short one: held to serve's rule here)
         check_token_text(read_token, "read token")
@@ -52,7 +55,7 @@ def create_app(adapter: CacheAdapter, token: str, audit: AuditLog, *, host: str 
         docs_url=None, redoc_url=None,  # their pages load scripts from a public CDN
     )
     app.state.served = Served(adapter, audit, bind, tokens, metrics_registry(adapter), fleet)
-    app.add_middleware(Admission, bind=bind, tokens=tokens, max_heavy_reads=max_heavy_reads)
+    app.add_middleware(Admission, bind=bind, tokens=tokens, max_heavy_reads=max_heavy_reads, budget=budget)
     app.add_middleware(Outermost)
     add_exception_handlers(app)
     # The routers' routes join the app's own table, as include_router would not: FastAPI keeps an

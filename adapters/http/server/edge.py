@@ -5,6 +5,7 @@ the answer to an error no handler took."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import re
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixtop.adapters.errors import AdapterError, ReadOnly, Unauthorized
 from radixtop.adapters.http.server.answers import error_response, internal
+from radixtop.adapters.http.server.budget import CpuBudget
 from radixtop.adapters.http.server.protocol import MAX_URL, url_too_long
 from radixtop.adapters.http.wire import BAD_HOST, BUSY, CROSS_ORIGIN, error_body
 
@@ -199,9 +201,11 @@ class Admission:
     Health and actions are never counted (their threads are their own: see ``answers.ahead_of_reads``)."""
 
     def __init__(self, app: ASGIApp, bind: Bind, tokens: Tokens, max_heavy_reads: int = MAX_HEAVY_READS,
-                 max_exports: int = MAX_EXPORTS) -> None:
+                 max_exports: int = MAX_EXPORTS, budget: CpuBudget | None = None) -> None:
         self.app, self.bind, self.tokens = app, bind, tokens
         self.max_heavy_reads, self.max_exports = max_heavy_reads, max_exports
+        self.budget = budget
+        """The CPU this process may take for reads (None: no bound): a read waits for it."""
         self.heavy_reads = self.exports = 0  # only touched on the event loop: no lock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -212,6 +216,17 @@ class Admission:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        if self.budget is not None and scope["method"] == "GET" and scope["path"] not in UNGUARDED:
+            wait = self.budget.wait()
+            if wait > self.budget.most_wait_s:
+                self.budget.refused += 1
+                busy = _refuse(429, BUSY, f"this server's CPU for reads ({self.budget.share:g} of a core) is spent: "
+                               f"retry after {RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
+                await busy(scope, receive, send)
+                return
+            if wait > 0:
+                self.budget.waited += 1
+                await asyncio.sleep(wait)
         if scope["method"] != "GET" or not HEAVY_READS.fullmatch(scope["path"]):
             await self.app(scope, receive, send)
             return

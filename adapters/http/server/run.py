@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.http.server.app import create_app
 from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.adapters.http.server.budget import CpuBudget
 from radixtop.adapters.http.server.edge import check_token_strength, check_token_text, host_in_url, is_loopback
 from radixtop.adapters.http.server.protocol import http_protocol
 
@@ -73,7 +74,7 @@ def serve_in_thread(app: FastAPI, host: str, port: int, name: str) -> ServerThre
 def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
           audit_path: Path | str | None = None, log: Callable[[str], Any] = print,
           read_token: str | None = None, fleet: Callable[[], Any] | None = None,
-          sock: socket.socket | None = None, proof_key: bytes | None = None) -> None:
+          sock: socket.socket | None = None, proof_key: bytes | None = None, cpu_share: float | None = None) -> None:
     """Run the admin API until interrupted (Ctrl-C returns normally). Without a token it listens
     on loopback only and makes one up, printed once here (nowhere else); a token given must be
     at least MIN_TOKEN_LENGTH characters, and so must ``read_token`` (reads on a bind that is not
@@ -81,7 +82,8 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
     be bound OSError, before anything is printed. ``sock``: a socket bound (and listening) on
     ``host`` already, handed over by the process that started this one, served instead of
     binding ``port`` (so no other process can take the port in between); ``proof_key``: see
-    ``create_app``."""
+    ``create_app``; ``cpu_share``: at most that share of one core taken for reads, on average
+    (``budget.CpuBudget``; None: no bound)."""
     if token is None and not is_loopback(host):
         raise ValueError(f"refusing to serve the admin API on {host!r} without an explicit token: "
                          "it can close sessions and evict; pass a token, or use 127.0.0.1")
@@ -94,7 +96,8 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
             check_token_strength(value, what)
     audit = AuditLog(audit_path)
     try:
-        app = create_app(adapter, token, audit, host=host, read_token=read_token, fleet=fleet, proof_key=proof_key)
+        app = create_app(adapter, token, audit, host=host, read_token=read_token, fleet=fleet, proof_key=proof_key,
+                         budget=None if cpu_share is None else CpuBudget(cpu_share))
         if sock is None:
             sock = bind(host, port)
         else:
