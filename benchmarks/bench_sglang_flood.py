@@ -4,7 +4,8 @@ A real SGLang 0.5.23 server on its default tree core (Rust) with the plugin, sta
 in the scheduler's process (``RADIXTOP_BESIDE=0``, the default) and in its own process beside it
 (``RADIXTOP_BESIDE=1``). In each, ``--clients`` threads send ``/generate`` back to back while
 ``--readers`` threads loop on a heavy ``/v1/read`` (32 reads each, no token: loopback), in windows
-alternating with windows of no readers; it reports SGLang's completed requests per second with the
+alternating with windows of no readers (the readers in a process of their own, so that their
+Python never takes the GIL of the threads that count SGLang's requests); it reports SGLang's completed requests per second with the
 flood as a ratio to without it (median of the windows), and what the readers got.
 
     .venv-sglang23/bin/python benchmarks/bench_sglang_flood.py            # about 5 minutes
@@ -17,6 +18,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +33,14 @@ from bench_read_flood import reader  # noqa: E402
 
 from tests.on_sglang.server import launch  # noqa: E402
 
+MODES = {
+    "inproc": {"RADIXTOP_BESIDE": "0"},
+    "beside": {"RADIXTOP_BESIDE": "1"},  # (its reads' CPU bounded: RADIXTOP_BESIDE_CPU's default)
+    "beside-unbounded": {"RADIXTOP_BESIDE": "1", "RADIXTOP_BESIDE_CPU": "off"},
+}
+NAMES = {"inproc": "in the scheduler", "beside": "beside the scheduler",
+         "beside-unbounded": "beside the scheduler, its reads' CPU unbounded"}
+
 
 def client(server, stop: threading.Event, done: list, seed: int) -> None:
     rng = random.Random(seed)
@@ -43,11 +53,16 @@ def client(server, stop: threading.Event, done: list, seed: int) -> None:
 
 
 def window(server, admin_port: int, readers: int, clients: int, seconds: float) -> dict:
+    """One window: ``clients`` threads of this process send /generate; ``readers`` threads in a
+    process of their own flood the admin API (their work never takes this process's GIL, so the
+    requests counted here are SGLang's, not slowed by the readers' own Python)."""
     stop = threading.Event()
-    tallies: list[dict] = [{} for _ in range(readers)]
     done: list[float] = []
-    threads = [threading.Thread(target=reader, args=(admin_port, stop, t), daemon=True) for t in tallies]
-    threads += [threading.Thread(target=client, args=(server, stop, done, k), daemon=True) for k in range(clients)]
+    flood = None
+    if readers:
+        flood = subprocess.Popen([sys.executable, __file__, "--flood", str(admin_port), "--readers", str(readers)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    threads = [threading.Thread(target=client, args=(server, stop, done, k), daemon=True) for k in range(clients)]
     for t in threads:
         t.start()
     time.sleep(2.0)  # under way
@@ -55,13 +70,32 @@ def window(server, admin_port: int, readers: int, clients: int, seconds: float) 
     time.sleep(seconds)
     t1 = time.monotonic()
     stop.set()
+    tally: dict = {}
+    if flood is not None:
+        out, _ = flood.communicate("", timeout=120)  # (its stdin closed: it stops, then says what it got)
+        tally = json.loads(out.strip().splitlines()[-1])
+    for t in threads:
+        t.join(60)
+    return {"readers": readers, "req_s": sum(t0 <= d < t1 for d in done) / (t1 - t0), "reads": tally}
+
+
+def flood_until_stdin_closes(admin_port: int, readers: int) -> None:
+    """The readers' process: ``readers`` threads on a heavy tokenless /v1/read until stdin closes;
+    prints what they got (a JSON object of counts)."""
+    stop = threading.Event()
+    tallies: list[dict] = [{} for _ in range(readers)]
+    threads = [threading.Thread(target=reader, args=(admin_port, stop, t), daemon=True) for t in tallies]
+    for t in threads:
+        t.start()
+    sys.stdin.read()
+    stop.set()
     for t in threads:
         t.join(60)
     tally: dict = {}
     for t in tallies:
         for k, v in t.items():
             tally[k] = tally.get(k, 0) + v
-    return {"readers": readers, "req_s": sum(t0 <= d < t1 for d in done) / (t1 - t0), "reads": tally}
+    print(json.dumps(tally), flush=True)
 
 
 def main() -> None:
@@ -70,13 +104,17 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--window", type=float, default=12.0, help="seconds measured per window")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="inproc,beside")
+    ap.add_argument("--modes", default="inproc,beside", help=f"of {', '.join(MODES)}")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--flood", type=int, help=argparse.SUPPRESS)  # (the readers' process: the admin port)
     args = ap.parse_args()
+    if args.flood:
+        flood_until_stdin_closes(args.flood, args.readers)
+        return
     results: dict[str, list[dict]] = {}
     for mode in args.modes.split(","):
         srv = launch(Path(tempfile.mkdtemp(prefix=f"flood-{mode}-")), sessions=False, sleep_on_idle=True,
-                     max_total_tokens=16384, env={"RADIXTOP_BESIDE": "1" if mode == "beside" else "0"})
+                     max_total_tokens=16384, env=MODES[mode])
         try:
             admin_port = urlparse(srv.admin_url).port
             runs = results[mode] = []
@@ -95,7 +133,7 @@ def main() -> None:
         for w in runs:
             for k, v in w["reads"].items():
                 reads[k] = reads.get(k, 0) + v
-        print(f"  radixtop {'beside the scheduler' if mode == 'beside' else 'in the scheduler'}: "
+        print(f"  radixtop {NAMES[mode]}: "
               f"{base:.1f} req/s without readers, {flood:.1f} with: {flood / base:.1%} kept; reads {reads}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

@@ -383,6 +383,32 @@ def result_of_call(calls: Calls, op: str, **args: Any) -> dict[str, Any]:
     return reply
 
 
+def load_tokenizer_later(source: dict[str, Any], loaded: Callable[[Any], None]) -> threading.Thread:
+    """Load the server's tokenizer (``source``: where the scheduler's came from, as the hello says)
+    on a thread of its own, from local files only, and hand it to ``loaded``; until then, and where
+    it cannot load (one line says why), previews carry token ids and no text."""
+    path = source["path"]
+
+    def run() -> None:
+        try:
+            from transformers import AutoTokenizer
+
+            revision = source.get("revision")
+            tokenizer = AutoTokenizer.from_pretrained(
+                path, local_files_only=True, trust_remote_code=bool(source.get("trust_remote_code")),
+                **({"revision": revision} if isinstance(revision, str) else {}))
+        except Exception as exc:  # (ImportError, OSError, ValueError: transformers raises many kinds)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"radixtop beside: previews carry token ids, no text: the server's tokenizer {path!r} does not "
+                  f"load here ({type(exc).__name__}: {first[:200]})", file=sys.stderr, flush=True)
+            return
+        loaded(tokenizer)
+
+    thread = threading.Thread(target=run, name="radixtop-tokenizer", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixtop.adapters.sglang.beside", description=__doc__.split("\n\n")[0])
     ap.add_argument("--handover-fd", type=int, required=True)
@@ -440,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         handover = HandoverEvents(tree, end, on_gone=gone, on_other=calls.replied)
         sglang = RemoteSGLang(calls, tree.name, read_only, timeout)
         adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=syncs.wait)  # type: ignore[arg-type]
+    source = info.get("tokenizer")
+    if isinstance(source, dict) and isinstance(source.get("path"), str):  # the server's, for text previews
+        readers = adapter if tree is None else tree
+        load_tokenizer_later(source, lambda loaded: setattr(readers, "tokenizer", loaded))
     try:
         serve(adapter, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,

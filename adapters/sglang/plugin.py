@@ -347,7 +347,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
     listening = bind(host, port)
     listening.listen(2048)
     info = {"name": options["name"], "dp_rank": dp_rank, "bytes_per_token": int(direct.geometry.bytes_per_token),
-            "capacity_tokens": int(direct.allocator.size), **more}
+            "capacity_tokens": int(direct.allocator.size), "tokenizer": tokenizer_source(scheduler), **more}
     try:
         if tree.has_nodes:
             recorder = recorder_for(cache, options["session_controller"])
@@ -358,6 +358,19 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
             recorder.stop()
         listening.close()
         raise
+
+
+def tokenizer_source(scheduler: Any) -> dict[str, Any] | None:
+    """Where the scheduler's tokenizer came from (radixtop's process beside loads the same one for
+    its text previews), or None: no tokenizer (``--skip-tokenizer-init``), or none loaded from a path."""
+    tokenizer = getattr(scheduler, "tokenizer", None)
+    path = getattr(tokenizer, "name_or_path", None)
+    if tokenizer is None or not isinstance(path, str) or not path:
+        return None
+    args = getattr(scheduler, "server_args", None)
+    revision = getattr(args, "tokenizer_revision", None) or getattr(args, "revision", None)
+    return {"path": path, "trust_remote_code": bool(getattr(args, "trust_remote_code", False)),
+            "revision": revision if isinstance(revision, str) else None}
 
 
 def _over_core_events(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: int) -> tuple[CacheAdapter, Any]:

@@ -30,7 +30,7 @@ def sgl():
     return import_sglang()
 
 
-def started(cache, running=None):
+def started(cache, running=None, tokenizer=None):
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
@@ -44,7 +44,7 @@ def started(cache, running=None):
                   waiting_requests=(lambda: []) if running is not None else None)
     info = {"name": "sglang dp0 (test)", "dp_rank": 0, "bytes_per_token": ops.bpt,
             "capacity_tokens": int(ops.allocator.size), "tree": "radix", "page_size": 1, "sessions": True,
-            "geometry": dataclasses.asdict(ops.geometry)}
+            "geometry": dataclasses.asdict(ops.geometry), "tokenizer": tokenizer}
     beside = BesideProcess(cache, listening, "127.0.0.1", info, {**os.environ, "RADIXTOP_TOKEN": token},
                            sglang=ops, recorder=ChangeRecorder(cache))
     return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=30)
@@ -142,6 +142,55 @@ def test_the_doctor_beside_checks_the_locks_against_the_requests_of_the_same_ste
         loop.run(lambda: cache.inc_lock_ref(next(iter(cache.root_node.children.values()))))  # nobody's lock
         found = client.diagnose()
         assert [f.kind for f in found.findings] == ["leaked_lock"]
+    finally:
+        loop.run(beside.close)
+        loop.close()
+
+
+def words_tokenizer(folder):
+    """A word-level tokenizer of 1,000 ids saved as a model's (``w5`` is id 5)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, 1000)}}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(str(folder))
+    return str(folder)
+
+
+@pytest.mark.parametrize("loads", [True, False])
+def test_the_process_beside_loads_the_servers_tokenizer_for_its_previews(sgl, tmp_path, loads):
+    """The hello says where the scheduler's tokenizer came from; radixtop's process loads it (from
+    local files) and its previews carry the same text as radixtop's in SGLang's process. One that
+    does not load there leaves token ids, no text, and the process serves on."""
+    from transformers import AutoTokenizer
+
+    path = words_tokenizer(tmp_path / "words")
+    replayer = SGLangReplayer(sgl, 4096, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    inproc = SGLangInProcessAdapter(cache, model="tiny", tokenizer=AutoTokenizer.from_pretrained(path))
+    beside, client = started(cache, tokenizer={"path": path if loads else str(tmp_path / "nothing here")})
+    loop = SchedulerLoop(beside, cache, None)
+    try:
+        up(client)
+        for n in range(4):
+            loop.run(lambda n=n: replayer.apply(n, {"op": "request", "input": [3, 4, 5, n + 10, n + 11],
+                                                    "output": [7], "session": f"s{n}"}))
+        here: dict = {}
+        loop.run(lambda: here.update(kids=inproc.children(0, 0, 100)))
+        want = [(v.id, v.text) for v in here["kids"].children]
+        assert want and all(text for _, text in want)
+        deadline = time.monotonic() + 60
+        while True:
+            got = [(v.id, v.text) for v in client.children(0, 0, 100).children]
+            if got == want or not loads and time.monotonic() > deadline - 50:
+                break
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        if not loads:
+            assert [text for _, text in got] == [None] * len(want)
+            assert [v.id for v in client.children(0, 0, 100).children] == [i for i, _ in want]
     finally:
         loop.run(beside.close)
         loop.close()

@@ -10,7 +10,9 @@ radixtop wakes the scheduler for its requests.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -324,3 +326,54 @@ def test_the_doctor_finds_nothing_on_a_healthy_server_idle_or_busy(server, clien
     done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "doctor"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "healthy: nothing found" in done.stdout, (done.stdout, done.stderr)
+
+
+# ----- (last: it kills radixtop's process) -----
+
+
+def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request_and_it_comes_back_whole(server, client):
+    """Issue 27 on the Python cores: radixtop's process beside the scheduler killed while SGLang
+    serves; SGLang answers every request, and radixtop is back in seconds with the whole tree sent
+    again: its figures equal SGLang's own, and the sessions' memory is known again."""
+    if server.options.get("place") != "beside the scheduler":
+        pytest.skip("radixtop runs in the scheduler's process here: there is no process of its own to kill")
+    served_re = r"served by radixtop's process beside the scheduler \(pid (\d+)\)"
+    pid = int(re.findall(served_re, server.log())[-1])
+    history = chat(server, sessions=3, turns=2)
+    settle(server, client)
+    held = {row.id: row.shared_bytes + row.exclusive_bytes for row in client.sessions("id", 0, 100).sessions
+            if row.id in history}
+    assert len(held) == 3 and all(held.values())
+
+    def one(_: int) -> bool:
+        return server.generate(fresh(40), max_new_tokens=4) is not None
+
+    with ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(one, i) for i in range(24)]  # (~1,000 tokens: no eviction of the chats)
+        while sum(f.done() for f in running) < 3:  # under load: some served, the rest to come
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        pending = sum(not f.done() for f in running)
+        served = [f.result(timeout=120) for f in running]
+    assert pending > 0, "every request was served before the kill: not under load"
+    assert len(served) == 24 and all(served)  # SGLang answered every request
+    deadline = time.monotonic() + 30
+    while True:  # back within seconds: a new process, the same port and token, the tree whole
+        again = re.findall(r"started again \(pid (\d+);", server.log())
+        if again:
+            try:
+                caps = client.capabilities()
+                if "incomplete" not in caps.reason and "receiving" not in caps.reason:
+                    break
+            except Exception:
+                pass
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        time.sleep(0.2)
+    assert int(again[-1]) != pid and "went down" in server.log()
+    settle(server, client)
+    st, m = client.stats(), server.metrics()
+    assert client.node(0, 0, 1).node.subtree_tokens == m["sglang:kv_evictable_tokens"] + st.protected_tokens > 0
+    assert st.evictable_tokens == m["sglang:kv_evictable_tokens"]
+    after = {row.id: row.shared_bytes + row.exclusive_bytes for row in client.sessions("id", 0, 100).sessions
+             if row.id in history}
+    assert after == held  # (nothing of theirs evicted meanwhile: the pool holds them and the load)
