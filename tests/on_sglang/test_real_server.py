@@ -359,7 +359,7 @@ def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request_and_it_c
     assert len(served) == 24 and all(served)  # SGLang answered every request
     deadline = time.monotonic() + 30
     while True:  # back within seconds: a new process, the same port and token, the tree whole
-        again = re.findall(r"started again \(pid (\d+);", server.log())
+        again = re.findall(r"started again \(pid (\d+)[;)]", server.log())
         if again:
             try:
                 caps = client.capabilities()
