@@ -16,9 +16,12 @@ Enable it with ``SGLANG_PLUGINS=radixtop`` (the entry point ``radixtop`` in the
   ``RADIXTOP_TIMEOUT`` seconds (10) fails with a clear timeout and never runs late. With
   ``--sleep-on-idle`` a queued request wakes the scheduler (``IdleWaker``).
 
-With ``RADIXTOP_BESIDE=1`` on the Rust core (SGLang's own publisher off), the admin API and the
-tree run in radixtop's own process beside the scheduler instead (``probe.BesideProcess``,
-``beside``; issue 27, under way), fed by a probe that never makes the scheduler wait.
+By default (``RADIXTOP_BESIDE``, 1) the admin API and the tree run in radixtop's own process beside
+the scheduler instead (``probe.BesideProcess``, ``beside``; issue 27), fed by a probe that never
+makes the scheduler wait: on the Python cores SGLang's own ``RadixCache`` (0.5.15/0.5.16) and
+``UnifiedRadixCache`` (0.5.17+, Python tree core), from the tree's change records; on the Rust core
+(SGLang's own KV-event publisher off), from its events. Elsewhere, and with ``RADIXTOP_BESIDE=0``,
+everything above runs in the scheduler's process.
 
 Environment: ``RADIXTOP_TOKEN`` (the bearer token for actions; without it one is made up and
 written, mode 0600, to ``RADIXTOP_TOKEN_FILE`` or ``sglang-<port>.token`` in a private directory,
@@ -196,6 +199,19 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def beside_wanted() -> bool:
+    """``RADIXTOP_BESIDE``: 1 (unset: the default) radixtop's process beside the scheduler where the
+    cache allows it; 0 in the scheduler's process; anything else a ValueError (the plugin says so
+    and SGLang goes on without it)."""
+    value = os.environ.get("RADIXTOP_BESIDE", "").strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"RADIXTOP_BESIDE must be 1 (radixtop beside the scheduler, the default) or 0 (in the "
+                     f"scheduler's process), not {value[:40]!r}")
+
+
 class TokenFileError(ValueError):
     """The made-up token has nowhere safe to go: the plugin does not serve (say RADIXTOP_TOKEN)."""
 
@@ -280,7 +296,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    if _env_flag("RADIXTOP_BESIDE"):  # its calls answered on the scheduler's thread: no owner queue there
+    if beside_wanted():  # its calls answered on the scheduler's thread: no owner queue there
         beside = _beside(scheduler, options, dp_rank, host, port, token, getattr(sleeper, "poller", None))
         if beside is not None:
             attached = Attached(beside.sglang, owner, base_url(host, port), None, None, waker, None, beside)
@@ -321,18 +337,18 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
     if tree.has_nodes:
         why = can_record(cache)
         if why is not None:
-            log.info("radixtop: RADIXTOP_BESIDE=1 does not apply to this cache yet (%s); radixtop stays in the "
-                     "scheduler's process here", why)
+            log.info("radixtop: its process beside the scheduler does not apply to this cache yet (%s); radixtop "
+                     "stays in the scheduler's process here", why)
             return None
         direct: Any = CoreOps(cache, options["name"], options["closer"], options["buckets"],
                               options["running_requests"], options["waiting_requests"], options["model"])
-        more = {"tree": "unified" if hasattr(cache, "tree_core") else "radix", "page_size": tree.page_size, "sessions": tree.policy is not None,
-                "geometry": dataclasses.asdict(direct.geometry)}
+        more = {"tree": "unified" if hasattr(cache, "tree_core") else "radix", "page_size": tree.page_size,
+                "sessions": tree.policy is not None, "geometry": dataclasses.asdict(direct.geometry)}
     else:
         publisher = getattr(scheduler, "kv_events_publisher", None)
         if not records_events(cache) or getattr(publisher, "enable_kv_cache_events", False):
-            log.info("radixtop: RADIXTOP_BESIDE=1 applies to the Rust tree core without SGLang's own KV-event "
-                     "publisher; radixtop stays in the scheduler's process here")
+            log.info("radixtop: its process beside the scheduler applies to the Rust tree core without SGLang's own "
+                     "KV-event publisher; radixtop stays in the scheduler's process here")
             return None
         direct = SGLangInProcessAdapter(cache, None, **options)
         more = {}

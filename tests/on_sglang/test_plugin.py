@@ -133,3 +133,23 @@ def test_the_plugin_shows_text_with_the_servers_tokenizer():
     with plugin_target() as (remote, _, _):
         child = remote.children(0).children[0]
         assert child.text is None and remote.node(child.id).text is None
+
+
+@pytest.mark.parametrize("value, beside", [(None, True), ("", True), ("1", True), ("on", True), ("0", False),
+                                           ("off", False), ("false", False)])
+def test_radixtop_runs_beside_the_scheduler_unless_told_otherwise(monkeypatch, value, beside):
+    from radixtop.adapters.sglang.plugin import beside_wanted
+
+    if value is None:
+        monkeypatch.delenv("RADIXTOP_BESIDE", raising=False)
+    else:
+        monkeypatch.setenv("RADIXTOP_BESIDE", value)
+    assert beside_wanted() is beside
+
+
+def test_a_place_radixtop_does_not_know_is_one_line(monkeypatch):
+    from radixtop.adapters.sglang.plugin import beside_wanted
+
+    monkeypatch.setenv("RADIXTOP_BESIDE", "maybe")
+    with pytest.raises(ValueError, match="RADIXTOP_BESIDE must be 1 .* or 0"):
+        beside_wanted()

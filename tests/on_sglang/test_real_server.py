@@ -43,9 +43,10 @@ def kv_port() -> int:
 
 
 PLACES = ["in the scheduler", "beside the scheduler"]
-"""Where radixtop runs: in SGLang's scheduler process, and (issue 27) in a process of its own beside
-it (``RADIXTOP_BESIDE=1``; 0.5.16's RadixCache, 0.5.23's UnifiedRadixCache on the Python tree
-core that sessions take): every test of this module runs on each."""
+"""Where radixtop runs: in SGLang's scheduler process (``RADIXTOP_BESIDE=0``), and (issue 27) in a
+process of its own beside it (the plugin's default; 0.5.16's RadixCache, 0.5.23's
+UnifiedRadixCache on the Python tree core that sessions take): every test of this module runs on
+each."""
 
 
 @pytest.fixture(scope="module", params=PLACES)
@@ -53,7 +54,8 @@ def server(request, tmp_path_factory, kv_port):
     """The server of this venv's sglang, with sessions, metrics, KV events and sleep on idle."""
     # SGLang binds the publisher only for "tcp://*:PORT" (a host name makes it connect out instead)
     events = f'{{"publisher": "zmq", "endpoint": "tcp://*:{kv_port}"}}'
-    env = {"RADIXTOP_BESIDE": "1"} if request.param == "beside the scheduler" else {}
+    # (beside: the plugin's default, RADIXTOP_BESIDE unset; the tests' own default is in process)
+    env = {"RADIXTOP_BESIDE": ""} if request.param == "beside the scheduler" else {"RADIXTOP_BESIDE": "0"}
     srv = launch(tmp_path_factory.mktemp("sglang"), sessions=True, sleep_on_idle=True,
                  max_total_tokens=MAX_TOTAL_TOKENS, extra_args=("--kv-events-config", events), env=env)
     srv.options["place"] = request.param
