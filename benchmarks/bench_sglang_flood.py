@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -52,7 +53,7 @@ def client(server, stop: threading.Event, done: list, seed: int) -> None:
             time.sleep(0.05)
 
 
-def window(server, admin_port: int, readers: int, clients: int, seconds: float) -> dict:
+def window(server, admin_port: int, readers: int, clients: int, seconds: float, readers_nice: int = 0) -> dict:
     """One window: ``clients`` threads of this process send /generate; ``readers`` threads in a
     process of their own flood the admin API (their work never takes this process's GIL, so the
     requests counted here are SGLang's, not slowed by the readers' own Python)."""
@@ -61,7 +62,8 @@ def window(server, admin_port: int, readers: int, clients: int, seconds: float) 
     flood = None
     if readers:
         flood = subprocess.Popen([sys.executable, __file__, "--flood", str(admin_port), "--readers", str(readers)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 preexec_fn=(lambda: os.nice(readers_nice)) if readers_nice else None)
     threads = [threading.Thread(target=client, args=(server, stop, done, k), daemon=True) for k in range(clients)]
     for t in threads:
         t.start()
@@ -105,6 +107,10 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=12.0, help="seconds measured per window")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="inproc,beside", help=f"of {', '.join(MODES)}")
+    ap.add_argument("--readers-nice", type=int, default=0,
+                    help="the readers' process's niceness (19: the flood's own CPU yields to SGLang, as a flood "
+                         "from another machine would; what is left is radixtop's)")
+    ap.add_argument("--cpu", help="RADIXTOP_BESIDE_CPU for the beside mode (its default: the plugin's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--flood", type=int, help=argparse.SUPPRESS)  # (the readers' process: the admin port)
     args = ap.parse_args()
@@ -114,17 +120,19 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     for mode in args.modes.split(","):
         srv = launch(Path(tempfile.mkdtemp(prefix=f"flood-{mode}-")), sessions=False, sleep_on_idle=True,
-                     max_total_tokens=16384, env=MODES[mode])
+                     max_total_tokens=16384,
+                     env={**MODES[mode], **({"RADIXTOP_BESIDE_CPU": args.cpu} if args.cpu and mode == "beside" else {})})
         try:
             admin_port = urlparse(srv.admin_url).port
             runs = results[mode] = []
             for r in range(args.rounds):
                 for readers in ((0, args.readers) if r % 2 == 0 else (args.readers, 0)):
-                    runs.append(window(srv, admin_port, readers, args.clients, args.window))
+                    runs.append(window(srv, admin_port, readers, args.clients, args.window, args.readers_nice))
                     log(f"{mode} round {r} readers {readers}: {runs[-1]}")
         finally:
             srv.stop()
-    print(f"SGLang 0.5.23 (Rust core), {args.clients} clients sending /generate, {args.readers} readers flooding "
+    print(f"SGLang 0.5.23 (Rust core), {args.clients} clients sending /generate, {args.readers} readers "
+          f"(nice {args.readers_nice}) flooding "
           f"/v1/read (32 reads each), {args.rounds} x {args.window:g} s windows a side:")
     for mode, runs in results.items():
         base = statistics.median(w["req_s"] for w in runs if w["readers"] == 0)
