@@ -111,6 +111,8 @@ class MirrorTreeCore:
 
     def _split_node(self, key: MirrorKey, child: UnifiedMirrorNode, split_len: int, new_id: int = -1,
                     last_access: float = 0.0, child_access: float = 0.0) -> tuple[UnifiedMirrorNode, None]:
+        if new_id in self._node_arena or not 0 < split_len < len(child.key) or child.parent is None:
+            raise MirrorError(f"node {child.id} cannot be split at {split_len} into a node {new_id} here")
         data = child.component_data[FULL]
         new = UnifiedMirrorNode(new_id, child.key[:split_len], last_access, child.creation_time, child.hit_count,
                                 data.lock_ref, data.session_ref)
@@ -124,6 +126,8 @@ class MirrorTreeCore:
         return new, None
 
     def _add_new_node(self, parent: UnifiedMirrorNode, node: UnifiedMirrorNode) -> UnifiedMirrorNode:
+        if node.id in self._node_arena or node.key.child_key(self.page_size) in parent.children:
+            raise MirrorError(f"node {node.id}, or its place under node {parent.id}, is taken here")
         node.parent = parent
         parent.children[node.key.child_key(self.page_size)] = node
         self._node_arena[node.id] = node

@@ -142,6 +142,8 @@ def _after_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     except TokenFileError as exc:
         log.error("radixtop: %s; set RADIXTOP_TOKEN (or RADIXTOP_TOKEN_FILE to a path of your own). "
                   "SGLang goes on without radixtop", exc)
+    except ValueError as exc:  # a setting radixtop cannot use: one line, what to change
+        log.error("radixtop: %s; SGLang goes on without radixtop", exc)
     except Exception:  # radixtop must never take a scheduler down
         log.exception("radixtop: could not attach to this scheduler; SGLang goes on without it")
 
@@ -279,6 +281,11 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     port = (port if port is not None else int(os.environ.get("RADIXTOP_PORT", DEFAULT_PORT))) + dp_rank
     if not os.environ.get("RADIXTOP_TOKEN") and not is_loopback(host):
         raise ValueError(f"refusing to serve radixtop on {host!r} without RADIXTOP_TOKEN")
+    besides = beside_wanted()  # (its settings checked before a token is made up and written)
+    if besides:
+        from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
+
+        parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
     token = _token(port)
     server_args = getattr(scheduler, "server_args", None)
     model = os.path.basename(str(getattr(server_args, "model_path", "") or "").rstrip("/"))
@@ -296,8 +303,13 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         # previews and details show text, the ids beside them
         tokenizer=getattr(scheduler, "tokenizer", None),
     )
-    if beside_wanted():  # its calls answered on the scheduler's thread: no owner queue there
-        beside = _beside(scheduler, options, dp_rank, host, port, token, getattr(sleeper, "poller", None))
+    if besides:  # its calls answered on the scheduler's thread: no owner queue there
+        try:
+            beside = _beside(scheduler, options, dp_rank, host, port, token, getattr(sleeper, "poller", None))
+        except Exception as exc:  # (radixtop in the scheduler's process rather than none)
+            log.error("radixtop: its process beside the scheduler did not start (%s: %s); radixtop runs in the "
+                      "scheduler's process instead", type(exc).__name__, str(exc)[:300])
+            beside = None
         if beside is not None:
             attached = Attached(beside.sglang, owner, base_url(host, port), None, None, waker, None, beside)
             setattr(scheduler, ATTACHED, attached)
@@ -353,10 +365,8 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
         direct = SGLangInProcessAdapter(cache, None, **options)
         more = {}
     from radixtop.adapters.http.server import check_token_strength
-    from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
 
     check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)
-    parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)  # (and so would a bad CPU share)
     read_token = os.environ.get("RADIXTOP_READ_TOKEN") or None
     if read_token is not None:
         check_token_strength(read_token, "read token")

@@ -288,7 +288,7 @@ def test_a_cpu_budget_fills_at_its_share_and_the_process_cpu_drains_it():
     from radixtop.adapters.http.server.budget import CpuBudget
 
     c = Clocks()
-    budget = CpuBudget(0.25, burst_s=1.0, most_wait_s=2.0, clock=lambda: c.wall, cpu=lambda: c.cpu)
+    budget = CpuBudget(0.25, burst_s=1.0, most_wait_s=2.0, debt_s=2.0, clock=lambda: c.wall, cpu=lambda: c.cpu)
     assert budget.wait() == 0.0
     c.cpu += 0.25  # the burst spent at once
     assert budget.wait() == 0.0
@@ -296,9 +296,20 @@ def test_a_cpu_budget_fills_at_its_share_and_the_process_cpu_drains_it():
     assert budget.wait() == pytest.approx(0.4)  # 0.1 s of CPU over: 0.4 s at a quarter of a core
     c.wall += 0.4
     assert budget.wait() == pytest.approx(0.0)
+    c.wall += 15.0  # a scrape every 15 s while the process takes 5% of a core: under its share, owes nothing
+    c.cpu += 0.75
+    assert budget.wait() == 0.0
     c.wall += 100.0  # idle: the bucket fills to its burst, no further
-    c.cpu += 0.3
-    assert budget.wait() == pytest.approx(0.2)
+    assert budget.wait() == 0.0
+    c.cpu += 0.45
+    assert budget.wait() == pytest.approx(0.8)
+    c.cpu += 100.0  # a long burst: the debt stops at most_wait_s + debt_s of earnings
+    assert budget.wait() == pytest.approx(4.0)
+    assert budget.retry_after(4.0) == 2  # (when the wait is within most_wait_s again)
+    c.wall += 2.0
+    assert budget.wait() == pytest.approx(2.0)
+    c.wall += 2.0
+    assert budget.wait() == 0.0
 
 
 @pytest.mark.parametrize("text, share", [(None, 0.25), ("", 0.25), ("0.5", 0.5), ("off", None), ("0", None)])
@@ -308,7 +319,7 @@ def test_the_beside_cpu_share_parses(text, share):
     assert parse_share(text, 0.25) == share
 
 
-@pytest.mark.parametrize("text", ["-1", "abc", "nan", "1e9"])
+@pytest.mark.parametrize("text", ["-1", "abc", "nan", "1e9", "1e-9"])
 def test_a_bad_beside_cpu_share_is_one_line(text):
     from radixtop.adapters.http.server.budget import parse_share
 
@@ -324,15 +335,15 @@ def test_reads_wait_for_the_cpu_budget_or_are_429_and_health_and_actions_go_ahea
     client = TestClient(create_app(BundledAdapter(engine), TOKEN, AuditLog(None), budget=budget),
                         base_url=f"http://127.0.0.1:{PORT}", raise_server_exceptions=False)
     assert client.get("/v1/stats").status_code == 200
-    c.cpu += 10.0  # a flood spent it: 20 s to earn back
+    c.cpu += 10.0  # a flood spent it: the debt stops at 3 s of earnings (most_wait_s 1 + debt_s 2)
     for path in ("/v1/stats", "/v1/sessions", "/v1/nodes/root/children"):
         busy = client.get(path)
         assert busy.status_code == 429 and error_code(busy) == "busy", path
-        assert "CPU" in busy.json()["error"]["message"] and busy.headers["retry-after"] == "1"
+        assert "CPU" in busy.json()["error"]["message"] and busy.headers["retry-after"] == "2"
     assert budget.refused == 3
     assert client.get("/healthz").status_code == 200
     assert client.post("/v1/evict", headers=AUTH, json={"tokens": 1}).status_code == 200
-    c.wall += 19.7  # (10 s of CPU less its 0.05 s burst, at half a core: 19.9 s) 0.2 s short of it
+    c.wall += 2.6  # 0.4 s short of it
     started = time.monotonic()
-    assert client.get("/v1/stats").status_code == 200  # the read waits 0.2 s, then is answered
-    assert time.monotonic() - started >= 0.15 and budget.waited == 1
+    assert client.get("/v1/stats").status_code == 200  # the read waits 0.4 s, then is answered
+    assert time.monotonic() - started >= 0.3 and budget.waited == 1

@@ -153,3 +153,38 @@ def test_a_place_radixtop_does_not_know_is_one_line(monkeypatch):
     monkeypatch.setenv("RADIXTOP_BESIDE", "maybe")
     with pytest.raises(ValueError, match="RADIXTOP_BESIDE must be 1 .* or 0"):
         beside_wanted()
+
+
+def test_radixtop_runs_in_the_scheduler_when_its_process_beside_cannot_start(monkeypatch, caplog):
+    """Beside is the default; where radixtop's process cannot start, radixtop serves from the
+    scheduler's process (one line says why) rather than not at all."""
+    from radixtop.adapters.sglang import plugin as sglang_plugin
+    from tests.on_sglang.ref.plugin16 import attach_plugin, build_known, stand_in
+
+    def cannot(*a, **k):
+        raise OSError("no room for another process")
+
+    monkeypatch.setenv("RADIXTOP_BESIDE", "1")
+    monkeypatch.setattr(sglang_plugin, "_beside", cannot)
+    scheduler = stand_in(build_known())
+    attached = attach_plugin(scheduler)
+    try:
+        assert attached is not None and attached.beside is None and attached.server is not None
+        assert "did not start (OSError: no room for another process)" in caplog.text
+    finally:
+        attached.stop()
+        setattr(scheduler, sglang_plugin.ATTACHED, None)
+
+
+def test_a_bad_place_is_one_line_and_no_token_is_written(monkeypatch, caplog, tmp_path):
+    from radixtop.adapters.sglang import plugin as sglang_plugin
+    from tests.on_sglang.ref.plugin16 import build_known, stand_in
+
+    monkeypatch.setenv("RADIXTOP_BESIDE", "maybe")
+    monkeypatch.delenv("RADIXTOP_TOKEN", raising=False)
+    monkeypatch.setenv("RADIXTOP_TOKEN_FILE", str(tmp_path / "token"))
+    scheduler = stand_in(build_known())
+    sglang_plugin._after_init(None, scheduler)
+    assert sglang_plugin.attached_to(scheduler) is None
+    assert "RADIXTOP_BESIDE must be 1" in caplog.text and "Traceback" not in caplog.text
+    assert not (tmp_path / "token").exists()

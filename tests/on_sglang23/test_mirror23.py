@@ -151,3 +151,19 @@ def test_the_recorder_refuses_what_it_cannot_follow():
     assert "Python" in (can_record(rust) or "")
     with pytest.raises(TypeError):
         UnifiedRecorder(rust)
+
+
+def test_a_record_the_copy_cannot_have_come_from_is_refused():
+    """A node that exists already, a split that does not fit, a mark that is not there: the copy
+    says it no longer equals SGLang's tree (and asks for the whole tree again) rather than go on."""
+    from radixtop.adapters.sglang.mirror import MirrorError
+    from radixtop.adapters.sglang.records import ADD, RESET, SPLIT, UNMARK, WHOLE
+
+    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
+    tokens = wire_record((ADD, 1, 0, [5, 6, 7], None, 1.0, 1.0, 0, 0, 0, None))[3]
+    mirror.apply([(RESET, 0, True, 0.0), (ADD, 1, 0, tokens, None, 1.0, 1.0, 0, 0, 0, None), (WHOLE, 2)])
+    for bad in [(ADD, 1, 0, tokens, None, 2.0, 2.0, 0, 0, 0, None), (SPLIT, 2, 1, 3, 2.0, 2.0),
+                (SPLIT, 1, 1, 1, 2.0, 2.0), (UNMARK, "s", 1), (ADD, 9, 8, tokens, None, 2.0, 2.0, 0, 0, 0, None)]:
+        with pytest.raises(MirrorError):
+            mirror.apply([bad])
+    assert mirror.evictable_size() == 3 and len(mirror.tree_core._node_arena) == 2

@@ -3,13 +3,18 @@ scheduler must cost the server it watches close to nothing, a flood of reads inc
 
 ``CpuBudget`` is a token bucket of CPU seconds: it fills at ``share`` of one core per second of
 wall time, up to ``burst_s`` seconds' worth, and the process's own CPU time (``time.process_time``:
-every thread of it, the copy of the tree it keeps included) drains it. A read that comes while it
-is spent waits, on the event loop and with no CPU, until the spent CPU is earned again; one that
-would wait longer than ``most_wait_s`` is answered 429 at once. Health and actions never wait (an
-operator's close goes ahead of any flood)."""
+every thread of it, following the tree included) drains it; the CPU of one gap between reads is
+set against that gap's earnings before the bucket is capped, so a process that takes less than its
+share between reads owes nothing. A read that comes while it is spent waits, on the event loop and
+with no CPU, until the spent CPU is earned again; one that would wait longer than ``most_wait_s``
+is answered 429 at once, with the wait left as its Retry-After. The debt is bounded
+(``most_wait_s`` plus ``debt_s`` of earnings): a burst before (the process's start, a tokenizer
+loading, a flood that stopped) delays reads for seconds at most, never minutes. Health and actions
+never wait (an operator's close goes ahead of any flood)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -19,12 +24,13 @@ BESIDE_CPU_SHARE = 0.25
 
 
 class CpuBudget:
-    def __init__(self, share: float, burst_s: float = 1.0, most_wait_s: float = 2.0,
+    def __init__(self, share: float, burst_s: float = 1.0, most_wait_s: float = 2.0, debt_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, cpu: Callable[[], float] = time.process_time) -> None:
         if not share > 0:
             raise ValueError(f"a CPU share must be above 0 (got {share!r})")
         self.share, self.most_wait_s = float(share), float(most_wait_s)
         self.capacity = self.share * burst_s
+        self.floor = -self.share * (most_wait_s + debt_s)
         self.left = self.capacity
         self._clock, self._cpu = clock, cpu
         self._wall, self._used = clock(), cpu()
@@ -33,9 +39,14 @@ class CpuBudget:
     def wait(self) -> float:
         """Seconds a read that comes now waits (0: none); above ``most_wait_s``: refuse it."""
         wall, used = self._clock(), self._cpu()
-        self.left = min(self.capacity, self.left + (wall - self._wall) * self.share) - (used - self._used)
+        earned = (wall - self._wall) * self.share - (used - self._used)
+        self.left = max(self.floor, min(self.capacity, self.left + earned))
         self._wall, self._used = wall, used
         return 0.0 if self.left >= 0 else -self.left / self.share
+
+    def retry_after(self, wait: float) -> int:
+        """A refused read's Retry-After: when its wait would be within ``most_wait_s`` again."""
+        return max(1, math.ceil(wait - self.most_wait_s))
 
 
 def parse_share(text: str | None, default: float) -> float | None:
@@ -50,6 +61,6 @@ def parse_share(text: str | None, default: float) -> float | None:
         share = float(value)
     except ValueError:
         raise ValueError(f"RADIXTOP_BESIDE_CPU must be a share of one core (e.g. 0.25) or off, not {text!r}") from None
-    if not 0 < share <= 64:
-        raise ValueError(f"RADIXTOP_BESIDE_CPU must be above 0 and at most 64 cores, not {text!r}")
+    if not 0.01 <= share <= 64:
+        raise ValueError(f"RADIXTOP_BESIDE_CPU must be at least 0.01 and at most 64 cores (or off), not {text!r}")
     return share

@@ -220,8 +220,9 @@ class Admission:
             wait = self.budget.wait()
             if wait > self.budget.most_wait_s:
                 self.budget.refused += 1
+                after = self.budget.retry_after(wait)
                 busy = _refuse(429, BUSY, f"this server's CPU for reads ({self.budget.share:g} of a core) is spent: "
-                               f"retry after {RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
+                               f"retry after {after} s", headers={"Retry-After": str(after)})
                 await busy(scope, receive, send)
                 return
             if wait > 0:
