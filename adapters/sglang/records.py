@@ -344,9 +344,11 @@ class UnifiedRecorder(_Recorder):
 
     SGLang's stamps are a global counter (a numpy float): sent as Python floats, the same values.
 
-    A call that makes other recorded calls (a leaf's removal moves session marks, a close
-    releases its leaves) is one record: the mirror makes the same calls from it, as SGLang's
-    code does, so what each changes is recorded once."""
+    A call that makes other recorded calls of the sessions' (a leaf's removal moves session marks,
+    a close releases its leaves) is one record: the mirror makes the same calls from it, as
+    SGLang's code does, so what each changes is recorded once. The tree's own changes (a node
+    added, split, stamped, locked) are recorded wherever they are made: the mirror's composite
+    calls never make them, so none would be lost were SGLang to make one inside such a call."""
 
     def __init__(self, cache: Any, controller: Any = None) -> None:
         why = can_record(cache)
@@ -359,7 +361,7 @@ class UnifiedRecorder(_Recorder):
         self.refs = getattr(cache, "session_refs", None)
         self.controller = controller
         self._inside = 0
-        """Calls of composite methods under way: what they call is theirs, not recorded."""
+        """Calls of composite methods under way: the session calls they make are theirs, not recorded."""
         self._hook()
         if controller is not None:
             self._hook_controller(controller)
@@ -401,26 +403,22 @@ class UnifiedRecorder(_Recorder):
         records = lambda: self.records  # noqa: E731  (stop() replaces the list)
 
         def added(node: Any, *a: Any, **k: Any) -> None:
-            if self._inside:
-                return
             key, data = node.key, node.component_data[FULL]
             records().append((ADD, node.id, node.parent.id, tokens_of(key), key.extra_key, float(node.last_access_time),
                               float(node.creation_time), int(node.hit_count), data.lock_ref, data.session_ref,
                               getattr(key, "cache_salt", None)))
 
         def split(result: Any, key: Any, child: Any, split_len: int, *a: Any, **k: Any) -> None:
-            if not self._inside:
-                records().append((SPLIT, result[0].id, child.id, int(split_len), float(result[0].last_access_time),
-                                  float(child.last_access_time)))
+            records().append((SPLIT, result[0].id, child.id, int(split_len), float(result[0].last_access_time),
+                              float(child.last_access_time)))
 
         def stamp(result: Any, node: Any, *a: Any, **k: Any) -> None:
-            if not self._inside:
-                records().append((STAMP, node.id, float(node.last_access_time), int(node.hit_count)))
+            records().append((STAMP, node.id, float(node.last_access_time), int(node.hit_count)))
 
         def matched(result: Any, *a: Any, **k: Any) -> None:
             best = result.best_match_node
             node = core._node_arena.get(best)
-            if node is not None and not self._inside:
+            if node is not None:
                 records().append((MATCHED, best, float(node.last_access_time)))
 
         def reset(result: Any, *a: Any, **k: Any) -> None:
@@ -430,7 +428,7 @@ class UnifiedRecorder(_Recorder):
         def lock(kind: int) -> Callable[..., None]:
             def told(_returned: Any, *a: Any, **k: Any) -> None:  # (SGLang passes result=, params=)
                 node = k["node"] if "node" in k else a[0]
-                if not k.get("lock_host", a[2] if len(a) > 2 else False) and not self._inside:
+                if not k.get("lock_host", a[2] if len(a) > 2 else False):
                     records().append((kind, node.id))
             return told
 
