@@ -24,7 +24,7 @@ from radixtop.adapters.sglang.records import (
     wire_record,
 )
 from tests.on_sglang.ref import drive23
-from tests.on_sglang.test_mirror16 import check_reads
+from tests.on_sglang.test_mirror16 import check_reads, node_rows
 from tests.on_sglang23.test_ledger23 import check_kept
 
 
@@ -72,12 +72,14 @@ def wire(records: list) -> list:
     return msgspec.msgpack.decode(msgspec.msgpack.encode([wire_record(r) for r in records]))
 
 
-def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0) -> set[int]:
+def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0, page_size: int = 1,
+          sessions: bool = True, policy: str = "lru", extra_keys: tuple = (None,)) -> set[int]:
     """Random requests, aborts, evictions, closes and re-opens on the real cache; the mirror made
     from a snapshot taken after ``snapshot_at`` steps, then from the records. Returns the record
     kinds seen."""
     rng = random.Random(seed)
-    cache, pools = drive23.build_unified_cache23(600, tree_core_backend="python")
+    cache, pools = drive23.build_unified_cache23(600, page_size, tree_core_backend="python", eviction_policy=policy,
+                                                 enable_session_radix_cache=sessions)
     prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]
     running: list = []
     recorder = mirror = beside = None
@@ -87,17 +89,20 @@ def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0
             inproc = SGLangInProcessAdapter(cache, model="tiny")
             recorder = recorder_for(cache)
             assert isinstance(recorder, UnifiedRecorder)
-            mirror = MirrorUnifiedCache(page_size=1, sessions=True)
+            mirror = MirrorUnifiedCache(page_size=page_size, sessions=sessions)
             mirror.apply(wire(recorder.snapshot()))
             check_same(cache, mirror)
             beside = SGLangInProcessAdapter(mirror, model="tiny")
-            beside.bpt = beside._orders.bpt = inproc.bpt
+            beside.bpt = inproc.bpt
+            if sessions:
+                beside._orders.bpt = inproc.bpt
         roll = rng.random()
         if roll < 0.5 or not running:
             tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
             sid = f"s{rng.randrange(n_sessions)}" if rng.random() < 0.7 else None
             try:
-                running.append(drive23.begin_request(cache, pools, tokens, session_id=sid))
+                running.append(drive23.begin_request(cache, pools, tokens, session_id=sid,
+                                                     extra_key=rng.choice(extra_keys)))
             except RuntimeError:
                 pass
         elif roll < 0.8:
@@ -116,14 +121,19 @@ def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0
         kinds |= {r[0] for r in records}
         mirror.apply(wire(records))
         check_same(cache, mirror)
-        check_kept(mirror, beside)
-        check_reads(inproc, beside)
+        if sessions:
+            check_kept(mirror, beside)
+            check_reads(inproc, beside)
+        else:
+            a, b = inproc.children(0, 0, 50), beside.children(0, 0, 50)
+            assert (a.total, node_rows(a)) == (b.total, node_rows(b))
     for req in running:
         drive23.finish_request(cache, pools, req, [7])
     drive23.evict(cache, 10_000)
     mirror.apply(wire(recorder.take()))
     check_same(cache, mirror)
-    check_kept(mirror, beside)
+    if sessions:
+        check_kept(mirror, beside)
     cache.reset()
     mirror.apply(wire(recorder.take()))
     check_same(cache, mirror)
@@ -137,6 +147,14 @@ def test_the_mirror_follows_every_operation(seed):
 
     kinds = drive(seed)
     assert {ADD, SPLIT, DELETE, LOCK, UNLOCK, STAMP, MATCHED, TAG, CLOSE} <= kinds, kinds
+
+
+@pytest.mark.parametrize("shape", [dict(page_size=4), dict(sessions=False), dict(policy="priority"),
+                                   dict(extra_keys=(None, "lora-a", "lora-b"))], ids=str)
+def test_the_mirror_follows_other_shapes_of_the_cache(shape):
+    """Pages of 4 tokens, sessions off, the priority policy the real server runs with sessions,
+    namespaced keys (``extra_key``)."""
+    drive(7, **shape)
 
 
 @pytest.mark.parametrize("seed", range(3))
