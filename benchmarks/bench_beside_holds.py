@@ -84,6 +84,17 @@ def start_beside(cache, controller):
     return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=120), token, snapshot_s
 
 
+def resident_mb(pid: int) -> float | None:
+    """A process's resident memory (VmRSS), in MiB (None where it cannot be read)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def measure(tree, grown, window_s: float) -> dict:
     history = grown["history"]
     controller = None
@@ -136,13 +147,14 @@ def measure(tree, grown, window_s: float) -> dict:
         if reader.returncode != 0:
             raise RuntimeError(f"the dashboard's reader failed: {reader.stderr[-2000:]}")
         polls, poll_ms = json.loads(reader.stdout.strip().splitlines()[-1])
+        rss_mb = resident_mb(beside.child.pid)
     finally:
         stop.set()
         thread.join(30)
         beside.close()
         client.release()
     hs = sorted(h for h, _, _ in rows)
-    return {"snapshot_s": snapshot_s, "polls": polls, "poll_ms": poll_ms,
+    return {"snapshot_s": snapshot_s, "polls": polls, "poll_ms": poll_ms, "beside_rss_mb": rss_mb,
             "steps": len(rows), "longest_ms": hs[-1] * 1e3, "p99_ms": hs[int(0.99 * (len(hs) - 1))] * 1e3,
             "median_ms": statistics.median(hs) * 1e3, "longest_cpu_ms": max(c for _, c, _ in rows) * 1e3,
             "median_cpu_ms": statistics.median(c for _, c, _ in rows) * 1e3,
@@ -239,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {row['steps']:,} steps: longest hold {row['longest_ms']:.2f} ms (CPU {row['longest_cpu_ms']:.2f}), "
             f"p99 {row['p99_ms']:.2f}, median {row['median_ms']:.3f} (CPU {row['median_cpu_ms']:.3f}); "
             f"share {row['share']:.3%} (CPU {row['share_cpu']:.3%}); "
-            f"{row['polls']} polls of {row['poll_ms']:.0f} ms")
+            f"{row['polls']} polls of {row['poll_ms']:.0f} ms; radixtop's process resident "
+            f"{row['beside_rss_mb'] or float('nan'):,.0f} MiB")
         del tree, grown
         gc.unfreeze()
         gc.collect()
