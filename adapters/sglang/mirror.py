@@ -106,17 +106,14 @@ class _Slots:
         return self.available
 
 
-class MirrorCache:
-    """A ``RadixCache``-shaped copy of one SGLang tree, changed only by ``apply`` (one thread)."""
+class RecordsCopy:
+    """What both copies (``MirrorCache``, ``mirror_unified.MirrorUnifiedCache``) keep besides the
+    tree: the pool's totals, the session controller, the snapshots received, a long prompt's parts."""
 
-    enable_session_radix_cache = True
-
-    def __init__(self, page_size: int = 1, sessions: bool = True) -> None:
+    def __init__(self, page_size: int, sessions: bool) -> None:
         self.page_size = page_size
         self.enable_session_radix_cache = sessions
         self.token_to_kv_pool_allocator = _Slots()
-        self.evictable_size_ = self.protected_size_ = 0
-        self.by_id: dict[int, MirrorNode] = {}
         self.applied = 0
         self.controller = MirrorController()
         """The scheduler's ``SessionController`` as far as radixtop follows it (``OPENED``/``ENDED``)."""
@@ -125,10 +122,51 @@ class MirrorCache:
         self.receiving = False
         """The whole tree is on its way (a snapshot's ``RESET`` came, its ``WHOLE`` not yet)."""
         self._parts: dict[int, list[bytes]] = {}
+        """The first tokens of a node whose ``ADD`` comes next (``PART`` records)."""
+
+    def _tokens(self, node_id: int, tokens: bytes) -> array:
+        """An ``ADD``'s tokens, after the ``PART``s of its first ones."""
+        ids = array("q")
+        first = self._parts.pop(node_id, None)
+        ids.frombytes(b"".join([*first, tokens]) if first else tokens)
+        return ids
+
+    def _shared(self, kind: int, record: Any) -> bool:
+        """Apply a record both copies apply alike (True), or say it is the tree's own (False)."""
+        if kind == OPENED:
+            self.controller.open(_Req(record[1]))
+        elif kind == ENDED:
+            self.controller._close(record[1])
+        elif kind == PART:
+            self._parts.setdefault(record[1], []).append(record[2])
+        elif kind == WHOLE:
+            self.receiving = False
+            self.wholes += 1
+        else:
+            return False
+        return True
+
+    def _begin(self, whole: bool) -> None:
+        """A ``RESET``: a snapshot's (``whole``: the controller's open sessions come in it) or a flush's."""
+        self._parts.clear()
+        self.receiving = whole
+        if whole:
+            for sid in list(self.controller.sessions):
+                self.controller._close(sid)
+
+
+class MirrorCache(RecordsCopy):
+    """A ``RadixCache``-shaped copy of one SGLang tree, changed only by ``apply`` (one thread)."""
+
+    enable_session_radix_cache = True
+
+    def __init__(self, page_size: int = 1, sessions: bool = True) -> None:
+        super().__init__(page_size, sessions)
+        self.evictable_size_ = self.protected_size_ = 0
+        self.by_id: dict[int, MirrorNode] = {}
         self._fresh: set[MirrorNode] = set()
         """Nodes made since the last ``TOUCH`` (a match's or an insert's walk made them: they keep
         their own stamps, as SGLang's keep their construction time)."""
-        """The first tokens of a node whose ``ADD`` comes next (``PART`` records)."""
         self.reset(-1)
 
     # ----- SGLang's methods, as the records tell them -----
@@ -271,10 +309,7 @@ class MirrorCache:
                 self.dec_lock_ref(node_of(record[1]))
             elif kind == ADD:
                 _, node_id, parent_id, tokens, extra, last_access, created, hits, lock_ref = record
-                ids = array("q")
-                first = self._parts.pop(node_id, None)
-                ids.frombytes(b"".join([*first, tokens]) if first else tokens)
-                node = MirrorNode(node_id, MirrorKey(ids, extra), last_access, created, hits, 0)
+                node = MirrorNode(node_id, MirrorKey(self._tokens(node_id, tokens), extra), last_access, created, hits, 0)
                 self._insert_helper(node_of(parent_id), node)
                 self._fresh.add(node)
                 if lock_ref:  # (a snapshot's node, locked now: its own count)
@@ -305,25 +340,14 @@ class MirrorCache:
             elif kind == TAG:
                 _, sid, node_id = record
                 self._tag_session_leaf(_Req(sid), None, node_of(node_id))
-            elif kind == OPENED:
-                self.controller.open(_Req(record[1]))
-            elif kind == ENDED:
-                self.controller._close(record[1])
-            elif kind == WHOLE:
-                self._fresh.clear()
-                self.receiving = False
-                self.wholes += 1
-            elif kind == PART:
-                self._parts.setdefault(record[1], []).append(record[2])
             elif kind == RESET:
                 self.evictable_size_ = self.protected_size_ = 0
-                self._parts.clear()
                 self._fresh.clear()
-                self.receiving = bool(record[2])
-                if record[2]:  # a snapshot: the controller's open sessions come in it
-                    for sid in list(self.controller.sessions):
-                        self.controller._close(sid)
+                self._begin(bool(record[2]))
                 self.reset(record[1])
+            elif self._shared(kind, record):
+                if kind == WHOLE:
+                    self._fresh.clear()
             else:
                 raise MirrorError(f"a record of unknown kind {kind!r}")
 

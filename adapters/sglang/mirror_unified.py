@@ -24,20 +24,17 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from radixtop.adapters.sglang.mirror import MirrorController, MirrorError, MirrorKey, _Req, _Slots
+from radixtop.adapters.sglang.mirror import MirrorError, MirrorKey, RecordsCopy
 from radixtop.adapters.sglang.records import (
     ADD,
     CLOSE,
     DELETE,
-    ENDED,
     FORGET,
     FULL,
     GEN,
     LOCK,
     MARK,
     MATCHED,
-    OPENED,
-    PART,
     RELEASED,
     RESET,
     SPLIT,
@@ -45,7 +42,6 @@ from radixtop.adapters.sglang.records import (
     TAG,
     UNLOCK,
     UNMARK,
-    WHOLE,
 )
 
 TOMBSTONES = 8192
@@ -303,28 +299,17 @@ class MirrorRefs:
         return 0
 
 
-class MirrorUnifiedCache:
+class MirrorUnifiedCache(RecordsCopy):
     """A ``UnifiedRadixCache``-shaped copy of one SGLang tree, changed only by ``apply`` (one thread)."""
 
     _tree_core_backend = "python"
 
     def __init__(self, page_size: int = 1, sessions: bool = True) -> None:
-        self.page_size = page_size
-        self.enable_session_radix_cache = sessions
+        super().__init__(page_size, sessions)
         self.tree_core = MirrorTreeCore(page_size, sessions)
         full = MirrorFull(self.tree_core)
         self.components = {FULL: full}
         self.session_refs = MirrorRefs(full, sessions)
-        self.token_to_kv_pool_allocator = _Slots()
-        self.controller = MirrorController()
-        """The scheduler's ``SessionController`` as far as radixtop follows it."""
-        self.applied = 0
-        self.wholes = 0
-        """Snapshots received whole (``WHOLE``)."""
-        self.receiving = False
-        """The whole tree is on its way (a snapshot's ``RESET`` came, its ``WHOLE`` not yet)."""
-        self._parts: dict[int, list[bytes]] = {}
-        """The first tokens of a node whose ``ADD`` comes next (``PART`` records)."""
 
     @property
     def root_node(self) -> UnifiedMirrorNode:
@@ -375,11 +360,9 @@ class MirrorUnifiedCache:
                 full.release_component_lock(node=node_of(record[1]), params=None)
             elif kind == ADD:
                 _, node_id, parent_id, tokens, extra, last_access, created, hits, lock_ref, session_ref, salt = record
-                ids = array("q")
-                first = self._parts.pop(node_id, None)
-                ids.frombytes(b"".join([*first, tokens]) if first else tokens)
                 core._add_new_node(node_of(parent_id), UnifiedMirrorNode(
-                    node_id, MirrorKey(ids, extra, salt), last_access, created, hits, lock_ref, session_ref))
+                    node_id, MirrorKey(self._tokens(node_id, tokens), extra, salt), last_access, created, hits,
+                    lock_ref, session_ref))
             elif kind == SPLIT:
                 _, new_id, child_id, split_len, last_access, child_access = record
                 child = node_of(child_id)
@@ -400,23 +383,11 @@ class MirrorUnifiedCache:
                 refs.open_radix_session(record[1], record[2])
             elif kind == FORGET:
                 refs.reset()
-            elif kind == OPENED:
-                self.controller.open(_Req(record[1]))
-            elif kind == ENDED:
-                self.controller._close(record[1])
-            elif kind == WHOLE:
-                self.receiving = False
-                self.wholes += 1
-            elif kind == PART:
-                self._parts.setdefault(record[1], []).append(record[2])
             elif kind == RESET:
                 _, root_id, whole, root_access = record
-                self._parts.clear()
-                self.receiving = bool(whole)
+                self._begin(bool(whole))
                 if whole:  # a snapshot: the sessions' state comes in it
                     refs.reset()
-                    for sid in list(self.controller.sessions):
-                        self.controller._close(sid)
                 core.reset(root_id, root_access)
-            else:
+            elif not self._shared(kind, record):
                 raise MirrorError(f"a record of unknown kind {kind!r}")

@@ -100,6 +100,40 @@ def flood(server: Server, prompts: int = 60, length: int = 200) -> None:
         list(pool.map(lambda _: server.generate(fresh(length), max_new_tokens=4), range(prompts)))
 
 
+SERVED = re.compile(r"(?:served by radixtop's process beside the scheduler|started again) \(pid (\d+)[;),]")
+"""The plugin's lines naming radixtop's process beside the scheduler (its start, each start again)."""
+
+
+def beside_pid(server: Server) -> int:
+    """The pid of radixtop's process beside the scheduler now (the newest line's), checked to be it."""
+    found = SERVED.findall(server.log())
+    assert found, server.log()[-3000:]
+    pid = int(found[-1])
+    assert b"radixtop.adapters.sglang.beside" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return pid
+
+
+def kill_under_load(server: Server, pid: int, requests: int, length: int = 40) -> None:
+    """``kill -9`` of ``pid`` while ``requests`` prompts of ``length`` fresh tokens are served 4 at
+    a time; SGLang answers every one of them."""
+    def one(_: int) -> bool:
+        return server.generate(fresh(length), max_new_tokens=4) is not None
+
+    with ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(one, i) for i in range(requests)]
+        while sum(f.done() for f in running) < 3:  # under load: some served, the rest to come
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        pending = sum(not f.done() for f in running)
+        served = [f.result(timeout=120) for f in running]
+    assert pending > 0, "every request was served before the kill: not under load"
+    assert len(served) == requests and all(served)  # SGLang answered every request
+
+
+def restarts(server: Server) -> int:
+    return len(re.findall(r"started again \(pid", server.log()))
+
+
 @pytest.fixture(scope="module")
 def driven(server, client):
     """The server after a workload: chats in sessions, then a flood that makes SGLang evict."""
@@ -113,13 +147,10 @@ def driven(server, client):
 
 
 def test_the_plugin_serves_the_admin_api_inside_the_server(server, client):
-    served = re.findall(r"served by radixtop's process beside the scheduler \(pid (\d+)\)", server.log())
     if server.options.get("place") == "beside the scheduler":  # (not fallen back into the scheduler's process)
-        assert served, server.log()[-3000:]
-        cmdline = Path(f"/proc/{served[-1]}/cmdline").read_bytes().split(b"\0")
-        assert b"radixtop.adapters.sglang.beside" in cmdline
+        beside_pid(server)
     else:
-        assert not served
+        assert not SERVED.findall(server.log())
     caps = client.capabilities()
     assert caps.tree and caps.sessions and caps.close and caps.evict
     st = client.stats()
@@ -333,38 +364,23 @@ def test_the_doctor_finds_nothing_on_a_healthy_server_idle_or_busy(server, clien
 # ----- (last: it kills radixtop's process) -----
 
 
+@pytest.mark.parametrize("server", ["beside the scheduler"], indirect=True)  # (in the scheduler: no process to kill)
 def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request_and_it_comes_back_whole(server, client):
     """Issue 27 on the Python cores: radixtop's process beside the scheduler killed while SGLang
     serves; SGLang answers every request, and radixtop is back in seconds with the whole tree sent
     again: its figures equal SGLang's own, and the sessions' memory is known again."""
-    if server.options.get("place") != "beside the scheduler":
-        pytest.skip("radixtop runs in the scheduler's process here: there is no process of its own to kill")
-    started = r"(?:served by radixtop's process beside the scheduler|started again) \(pid (\d+)[;),]"
-    pid = int(re.findall(started, server.log())[-1])  # (the newest: an earlier test may have restarted it)
-    assert b"radixtop.adapters.sglang.beside" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    restarts = len(re.findall(r"started again \(pid", server.log()))
+    pid = beside_pid(server)  # (the newest: an earlier test may have restarted it)
+    before = restarts(server)
     history = chat(server, sessions=3, turns=2)
     settle(server, client)
     held = {row.id: row.shared_bytes + row.exclusive_bytes for row in client.sessions("id", 0, 100).sessions
             if row.id in history}
     assert len(held) == 3 and all(held.values())
 
-    def one(_: int) -> bool:
-        return server.generate(fresh(40), max_new_tokens=4) is not None
-
-    with ThreadPoolExecutor(4) as pool:
-        running = [pool.submit(one, i) for i in range(24)]  # (~1,000 tokens: no eviction of the chats)
-        while sum(f.done() for f in running) < 3:  # under load: some served, the rest to come
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-        pending = sum(not f.done() for f in running)
-        served = [f.result(timeout=120) for f in running]
-    assert pending > 0, "every request was served before the kill: not under load"
-    assert len(served) == 24 and all(served)  # SGLang answered every request
+    kill_under_load(server, pid, 24)  # (~1,000 tokens: no eviction of the chats)
     deadline = time.monotonic() + 30
     while True:  # back within seconds: a new process, the same port and token, the tree whole
-        again = re.findall(r"started again \(pid (\d+)[;)]", server.log())
-        if len(again) > restarts:
+        if restarts(server) > before:
             try:
                 caps = client.capabilities()
                 if "incomplete" not in caps.reason and "receiving" not in caps.reason:
@@ -373,7 +389,7 @@ def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request_and_it_c
                 pass
         assert time.monotonic() < deadline, server.log()[-3000:]
         time.sleep(0.2)
-    assert int(again[-1]) != pid and "went down" in server.log()
+    assert beside_pid(server) != pid and "went down" in server.log()
     settle(server, client)
     st, m = client.stats(), server.metrics()
     assert client.node(0, 0, 1).node.subtree_tokens == m["sglang:kv_evictable_tokens"] + st.protected_tokens > 0

@@ -6,23 +6,17 @@ Collected only beside sglang 0.5.23."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from radixtop.adapters.http.client import RadixtopClient
 from tests.on_sglang.server import launch
-from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, fresh, settle
+from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, beside_pid, fresh, kill_under_load, settle
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(600)]
-
-SERVED = re.compile(r"served by radixtop's process beside the scheduler \(pid (\d+)\)")
-
 
 @pytest.fixture(scope="module")
 def beside(tmp_path_factory):
@@ -34,17 +28,9 @@ def beside(tmp_path_factory):
     srv.stop()
 
 
-def beside_pid(server) -> int:
-    found = SERVED.findall(server.log())
-    assert found, server.log()[-3000:]
-    return int(found[-1])
-
-
 def test_the_admin_api_is_served_from_radixtops_own_process_with_sglangs_tree(beside):
     server, client = beside
-    pid = beside_pid(server)
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert b"radixtop.adapters.sglang.beside" in cmdline  # not the scheduler's process
+    pid = beside_pid(server)  # (radixtop's own process, not the scheduler's)
     nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
     assert nice == 10  # where both want a core, SGLang's work comes first
     prompts = [fresh(64) for _ in range(3)]
@@ -88,21 +74,10 @@ def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request(beside):
     server, client = beside
     pid = beside_pid(server)
 
-    def one(_: int) -> bool:
-        return server.generate(fresh(40), max_new_tokens=4) is not None
-
-    with ThreadPoolExecutor(4) as pool:
-        running = [pool.submit(one, i) for i in range(40)]
-        while sum(f.done() for f in running) < 5:  # under load: some served, the rest to come
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-        pending = sum(not f.done() for f in running)
-        served = [f.result(timeout=120) for f in running]
-    assert pending > 0, "every request was served before the kill: not under load"
-    assert len(served) == 40 and all(served)  # SGLang answered every request
+    kill_under_load(server, pid, 40)
     deadline = time.monotonic() + 30
     while True:  # back within seconds: a new process, the same port and token
-        found = SERVED.findall(server.log()) and re.findall(r"started again \(pid (\d+);", server.log())
+        found = re.findall(r"started again \(pid (\d+);", server.log())
         if found:
             try:
                 caps = client.capabilities()

@@ -24,17 +24,8 @@ from radixtop.adapters.sglang.records import (
     wire_record,
 )
 from tests.on_sglang.ref import drive23
-from tests.on_sglang.test_mirror16 import check_reads, node_rows
+from tests.on_sglang.test_mirror16 import check_reads, node_rows, walk
 from tests.on_sglang23.test_ledger23 import check_kept
-
-
-def walk(root):
-    out, stack = {}, [root]
-    while stack:
-        node = stack.pop()
-        out[node.id] = node
-        stack.extend(node.children.values())
-    return out
 
 
 def check_same(cache, mirror: MirrorUnifiedCache) -> None:
