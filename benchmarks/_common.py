@@ -59,14 +59,14 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("yes" if ok else "NO")
 
 
-def rss_bytes() -> int:
-    """This process's resident set."""
-    with open("/proc/self/statm") as fh:
+def rss_bytes(pid: int | str = "self") -> int:
+    """A process's resident set (this one's by default)."""
+    with open(f"/proc/{pid}/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def rss_mib() -> float:
-    return rss_bytes() / 2**20
+def rss_mib(pid: int | str = "self") -> float:
+    return rss_bytes(pid) / 2**20
 
 
 # ----------------------------------------------------------------------------------------------

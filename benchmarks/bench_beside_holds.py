@@ -39,7 +39,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import bench_sglang_holds as holds_bench  # noqa: E402
-from _common import environment, fmt_nodes, log  # noqa: E402
+from _common import environment, fmt_nodes, log, rss_mib  # noqa: E402
 
 GOAL_LONGEST_MS = 2.0
 GOAL_SHARE = 0.005
@@ -82,17 +82,6 @@ def start_beside(cache, controller):
                            sglang=ops, recorder=recorder)
     snapshot_s = pc() - started
     return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=120), token, snapshot_s
-
-
-def resident_mb(pid: int) -> float | None:
-    """A process's resident memory (VmRSS), in MiB (None where it cannot be read)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def measure(tree, grown, window_s: float) -> dict:
@@ -147,7 +136,7 @@ def measure(tree, grown, window_s: float) -> dict:
         if reader.returncode != 0:
             raise RuntimeError(f"the dashboard's reader failed: {reader.stderr[-2000:]}")
         polls, poll_ms = json.loads(reader.stdout.strip().splitlines()[-1])
-        rss_mb = resident_mb(beside.child.pid)
+        rss_mb = rss_mib(beside.child.pid)
     finally:
         stop.set()
         thread.join(30)
@@ -252,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {row['p99_ms']:.2f}, median {row['median_ms']:.3f} (CPU {row['median_cpu_ms']:.3f}); "
             f"share {row['share']:.3%} (CPU {row['share_cpu']:.3%}); "
             f"{row['polls']} polls of {row['poll_ms']:.0f} ms; radixtop's process resident "
-            f"{row['beside_rss_mb'] or float('nan'):,.0f} MiB")
+            f"{row['beside_rss_mb']:,.0f} MiB")
         del tree, grown
         gc.unfreeze()
         gc.collect()
