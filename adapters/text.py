@@ -4,7 +4,7 @@ previews, hostile text made inert, a diagnosis as lines (JSON keeps the plain va
 from __future__ import annotations
 
 import unicodedata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixtop.adapters.model import POOL_STATES
 
@@ -94,6 +94,19 @@ def figures_note(age_s: float, refreshing: bool, current: bool = False) -> str:
 
 TEXT_TOKENS = 256
 """A node's detail decodes at most this many of its page's ids (on the owner thread: bounded)."""
+
+
+def load_tokenizer(path: str, **options: Any) -> Any:
+    """A Hugging Face tokenizer from local files only (``options``: ``from_pretrained``'s, e.g.
+    ``trust_remote_code``, ``revision``). ModuleNotFoundError without transformers; ValueError,
+    one line, where it cannot load."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, **options)
+    except Exception as exc:  # (OSError, ValueError, ... : transformers raises many kinds)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot load the tokenizer {path!r} (from local files only): {first[:200]}") from None
 
 
 def decode_preview(tokenizer, tokens: tuple[int, ...]) -> str | None:

@@ -207,15 +207,12 @@ def load_tokenizer(spec: str | None) -> Any:
     """The tokenizer ``--tokenizer`` names, or None; ValueError (one line) where it cannot load."""
     if spec is None:
         return None
+    from radixtop.adapters.text import load_tokenizer as load
+
     try:
-        from transformers import AutoTokenizer
+        return load(spec)
     except ModuleNotFoundError:
         raise MissingExtra("--tokenizer needs transformers, which is not installed: pip install transformers") from None
-    try:
-        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
-    except Exception as exc:  # (OSError, ValueError, ... : transformers raises many kinds)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot load the tokenizer {spec!r} (from local files only): {first[:200]}") from None
 
 
 def _open_demo(spec: DemoSpec) -> Target:

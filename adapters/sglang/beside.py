@@ -51,6 +51,7 @@ from radixtop.adapters.model import (
 from radixtop.adapters.owned.common import refuse_if_read_only
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.probe import CALL, HELLO, REPLY
+from radixtop.adapters.text import load_tokenizer
 from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
 log = logging.getLogger("radixtop.sglang")
@@ -390,17 +391,13 @@ def load_tokenizer_later(source: dict[str, Any], loaded: Callable[[Any], None]) 
     path = source["path"]
 
     def run() -> None:
+        revision = source.get("revision")
         try:
-            from transformers import AutoTokenizer
-
-            revision = source.get("revision")
-            tokenizer = AutoTokenizer.from_pretrained(
-                path, local_files_only=True, trust_remote_code=bool(source.get("trust_remote_code")),
-                **({"revision": revision} if isinstance(revision, str) else {}))
-        except Exception as exc:  # (ImportError, OSError, ValueError: transformers raises many kinds)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            print(f"radixtop beside: previews carry token ids, no text: the server's tokenizer {path!r} does not "
-                  f"load here ({type(exc).__name__}: {first[:200]})", file=sys.stderr, flush=True)
+            tokenizer = load_tokenizer(path, trust_remote_code=bool(source.get("trust_remote_code")),
+                                       **({"revision": revision} if isinstance(revision, str) else {}))
+        except Exception as exc:  # (ValueError, one line; ImportError without transformers)
+            print(f"radixtop beside: previews carry token ids, no text: the server's tokenizer does not load here "
+                  f"({type(exc).__name__}: {str(exc)[:300]})", file=sys.stderr, flush=True)
             return
         loaded(tokenizer)
 
