@@ -12,8 +12,9 @@ runs it: that step (the records taken, encoded and sent; radixtop's calls answer
 hold of the scheduler thread, timed; its share is of the scheduler's whole time. The records
 themselves are appended inside SGLang's own calls (``records.ChangeRecorder``): that cost is in the
 requests' time, and measured apart (``--hooks``: the same requests on the same tree with the
-recorder's hooks and without, alternating, side by side). Also printed: the one hold that sends the
-whole tree (radixtop's process started, or started again, on a grown tree).
+recorder's hooks and without, alternating, side by side). Also printed: the steps that send the
+whole tree (radixtop's process started, or started again, on a grown tree: walked a slice a step
+while requests go on), their longest hold and their share of the scheduler's time.
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ def measure(tree, grown, window_s: float) -> dict:
         for sid in history:
             controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id=sid))
     beside, client, token, snapshot_s = start_beside(tree.cache, controller)
-    log(f"  radixtop's process started: the whole tree sent in one hold of {snapshot_s:.2f} s")
+    log(f"  radixtop's process started in one hold of {snapshot_s * 1e3:.1f} ms (the whole tree's first slice in it)")
     rng = random.Random(3)
     stop = threading.Event()
     rows: list[tuple[float, float, float]] = []  # (hold, hold CPU, the step's whole time)
+    walk_rows: list[tuple[float, float, float]] = []  # (the same, while the whole tree is on its way)
     phase = {"name": "catch-up"}
 
     def scheduler() -> None:
@@ -106,11 +108,14 @@ def measure(tree, grown, window_s: float) -> dict:
             started = pc()
             time.sleep(holds_bench.STEP_DEVICE_S)
             holds_bench.serve_one(tree, rng, grown)
+            walking = beside.probe.busy
             c0, t0 = thread_time(), pc()
             beside.step()
             t1 = pc()
             if phase["name"] == "window":
                 rows.append((t1 - t0, thread_time() - c0, t1 - started))
+            elif walking:
+                walk_rows.append((t1 - t0, thread_time() - c0, t1 - started))
 
     thread = threading.Thread(target=scheduler, name="scheduler", daemon=True)
     thread.start()
@@ -125,6 +130,17 @@ def measure(tree, grown, window_s: float) -> dict:
                 time.sleep(0.5)
         log(f"  radixtop beside answers: {st.node_count} nodes, {st.open_sessions} open sessions "
             f"({time.monotonic() - deadline + 600:.0f} s after its start)")
+        while beside.probe.busy:
+            assert time.monotonic() < deadline, "the whole tree did not come"
+            time.sleep(0.1)
+        ws = sorted(h for h, _, _ in walk_rows)
+        walk = {"walk_steps": len(walk_rows), "walk_s": sum(s for _, _, s in walk_rows),
+                "walk_longest_ms": ws[-1] * 1e3, "walk_longest_cpu_ms": max(c for _, c, _ in walk_rows) * 1e3,
+                "walk_p99_ms": ws[int(0.99 * (len(ws) - 1))] * 1e3,
+                "walk_share": sum(ws) / sum(s for _, _, s in walk_rows)}
+        log(f"  the whole tree sent over {walk['walk_steps']:,} steps ({walk['walk_s']:.1f} s of them): longest hold "
+            f"{walk['walk_longest_ms']:.2f} ms (CPU {walk['walk_longest_cpu_ms']:.2f}), p99 {walk['walk_p99_ms']:.2f}, "
+            f"share {walk['walk_share']:.1%}")
         phase["name"] = "window"
         # the dashboard in a process of its own, as it runs (its JSON work never takes this
         # process's GIL, so the holds timed here are the scheduler's own)
@@ -143,7 +159,7 @@ def measure(tree, grown, window_s: float) -> dict:
         beside.close()
         client.release()
     hs = sorted(h for h, _, _ in rows)
-    return {"snapshot_s": snapshot_s, "polls": polls, "poll_ms": poll_ms, "beside_rss_mb": rss_mb,
+    return {"snapshot_s": snapshot_s, **walk, "polls": polls, "poll_ms": poll_ms, "beside_rss_mb": rss_mb,
             "steps": len(rows), "longest_ms": hs[-1] * 1e3, "p99_ms": hs[int(0.99 * (len(hs) - 1))] * 1e3,
             "median_ms": statistics.median(hs) * 1e3, "longest_cpu_ms": max(c for _, c, _ in rows) * 1e3,
             "median_cpu_ms": statistics.median(c for _, c, _ in rows) * 1e3,

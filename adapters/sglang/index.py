@@ -289,7 +289,7 @@ def install(cache: Any) -> TreeIndex | None:
         _wrap(core, "insert_host", lambda result, *a, **k: _host_node(index, core, result))
         full = _full_component(cache)
         if all(hooks) and full is not None and getattr(cache, "enable_session_radix_cache", False):
-            hooks.append(_keep_unified_ledger(core, full, index))
+            hooks.append(_keep_unified_ledger(core, full, index, cache))
     else:
         if not hasattr(cache, "root_node"):
             return None
@@ -323,7 +323,7 @@ def _full_component(cache: Any) -> Any | None:
     return None
 
 
-def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
+def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex, cache: Any = None) -> bool:
     """Keep a ``SessionLedger`` of a 0.5.17+ ``UnifiedRadixCache`` on the Python tree core with
     sessions (the deref policy: a close drops references, frees nothing, so exclusive stays 0 and
     no lock needs following): its full component's mark and unmark of a session leaf are every
@@ -347,6 +347,7 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex) -> bool:
         _wrap(full, "register_session_leaf", lambda result, sid, *a, **k: ledger.touch(sid)),
         _wrap(full, "release_session", lambda result, sid, *a, **k: ledger.touch(sid)),
     ]
+    _activity_told(cache, ledger)
 
     def crossed(now: int) -> Callable[..., None]:
         """After the full component locked (``now`` 1) or released (0) a path: the nodes on it
@@ -429,6 +430,7 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         _wrap(cache, "inc_lock_ref", crossed(1)),
         _wrap(cache, "dec_lock_ref", crossed(0)),
     ]
+    _activity_told(cache, ledger)
     original = cache.release_radix_session
 
     @functools.wraps(original)
@@ -458,6 +460,13 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
 
     cache.evict = batched_evict
     return all(hooks)
+
+
+def _activity_told(cache: Any, ledger: Any) -> None:
+    """On radixtop's copy of a tree (``adapters.sglang.mirror``): the sessions' activity during a
+    whole tree's walk, told with it (``session_seen``)."""
+    if hasattr(cache, "session_seen"):
+        _wrap(cache, "session_seen", lambda result, sid, t, *a, **k: ledger.touch(sid, t))
 
 
 def _host_node(index: TreeIndex, core: Any, result: Any) -> None:

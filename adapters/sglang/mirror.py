@@ -26,16 +26,21 @@ from typing import Any
 
 from radixtop.adapters.sglang.records import (
     ADD,
+    BEGIN,
     CLOSE,
     DELETE,
+    DROP,
     ENDED,
     EVICT,
     LOCK,
+    NODE,
     OPENED,
     PART,
     RESET,
+    SEEN,
     SPLIT,
     TAG,
+    TOMB,
     TOUCH,
     UNLOCK,
     WHOLE,
@@ -123,9 +128,94 @@ class RecordsCopy:
         """The whole tree is on its way (a snapshot's ``RESET`` came, its ``WHOLE`` not yet)."""
         self._parts: dict[int, list[bytes]] = {}
         """The first tokens of a node whose ``ADD`` comes next (``PART`` records)."""
+        self._apart: dict[int, tuple] | None = None
+        """The whole tree on its way (``BEGIN`` came, its ``WHOLE`` not yet): each node as last
+        sent, by id; the tree read meanwhile is the one before it."""
+        self._after: list[tuple] = []
+        """... and what it holds besides its nodes (its root's ``RESET``, tombstones, sessions)."""
 
-    def _tokens(self, node_id: int, tokens: bytes) -> array:
-        """An ``ADD``'s tokens, after the ``PART``s of its first ones."""
+    marks = TAG
+    """The record that puts a session's mark on a node (``TAG`` here, ``MARK`` on the unified copy)."""
+
+    def apply(self, records: list[Any]) -> None:
+        """Make each record's change (in order). ``MirrorError`` where one names a node this
+        tree does not have, or a change SGLang could not have made to it: from there it no
+        longer equals SGLang's. The whole tree's records (``BEGIN`` to ``WHOLE``) are kept apart
+        and make the tree at once at its ``WHOLE``."""
+        start = 0
+        if self._apart is None:
+            for i, record in enumerate(records):
+                if record[0] == BEGIN:
+                    self._apply(records[start:i])
+                    start = i
+                    break
+            else:
+                self._apply(records)
+                return
+        self._collect(records[start:] if start else records)
+
+    def _collect(self, records: list[Any]) -> None:
+        for i, record in enumerate(records):
+            kind = record[0]
+            apart = self._apart
+            if kind == BEGIN:
+                self._apart, self._after = {}, []
+                self._parts.clear()
+                self.receiving = True
+            elif apart is None:  # (its WHOLE came: the rest are changes again)
+                self.apply(records[i:])
+                return
+            elif kind == NODE:
+                node_id = record[1]
+                apart[node_id] = (*record[:3], self._tokens(node_id, record[3]), *record[4:])
+            elif kind == DROP:
+                apart.pop(record[1], None)
+            elif kind == PART:
+                self._parts.setdefault(record[1], []).append(record[2])
+            elif kind == WHOLE:
+                self._apart = None
+                self._apply(self._whole(apart))
+            else:
+                self._after.append(record)
+
+    def _whole(self, apart: dict[int, tuple]) -> list[tuple]:
+        """The records that make the tree sent whole: its root's reset, each node parents first,
+        the sessions' marks, the rest as sent, its ``WHOLE``."""
+        after, self._after = self._after, []
+        if not after or after[0][0] != RESET:
+            raise MirrorError("a whole tree came without its root")
+        root_id = after[0][1]
+        children: defaultdict[int, list[tuple]] = defaultdict(list)
+        for record in apart.values():
+            children[record[2]].append(record)
+        out: list[tuple] = [after[0]]
+        marks: list[tuple] = []
+        stack = list(children.pop(root_id, ()))
+        mark = self.marks
+        while stack:
+            record = stack.pop()
+            node_id = record[1]
+            out.append((ADD, *record[1:-1]))
+            marks.extend((mark, sid, node_id) for sid in record[-1])
+            stack.extend(children.pop(node_id, ()))
+        if len(out) - 1 != len(apart):
+            raise MirrorError(f"a whole tree came with {len(apart) - len(out) + 1} nodes not under its root")
+        out.extend(marks)
+        out.extend(after[1:])
+        out.extend(self._seen_before(apart, {record[1] for record in after if record[0] == SEEN}))
+        out.append((WHOLE, len(apart)))
+        return out
+
+    def _seen_before(self, apart: dict[int, tuple], seen: set[str]) -> list[tuple]:
+        """The sessions' activity before the walk, where the tree tells it (``SEEN`` records for
+        those not active during it); none here."""
+        return []
+
+    def _tokens(self, node_id: int, tokens: bytes | array) -> array:
+        """An ``ADD``'s tokens, after the ``PART``s of its first ones (a whole tree's node: joined
+        as it came)."""
+        if isinstance(tokens, array):
+            return tokens
         ids = array("q")
         first = self._parts.pop(node_id, None)
         ids.frombytes(b"".join([*first, tokens]) if first else tokens)
@@ -142,9 +232,21 @@ class RecordsCopy:
         elif kind == WHOLE:
             self.receiving = False
             self.wholes += 1
+        elif kind == SEEN:
+            self.session_seen(record[1], record[2])
+        elif kind == TOMB:
+            self._tombstone(record[1])
         else:
             return False
         return True
+
+    def _tombstone(self, session_id: str) -> None:
+        """A whole tree's closed session: its tombstone, newest last (no close now: no activity)."""
+        raise NotImplementedError
+
+    def session_seen(self, session_id: str, t: float) -> None:
+        """A session was last active at ``t`` (``time.monotonic()``) during a whole tree's walk:
+        nothing here; radixtop's ledger hooks it (``adapters.sglang.index``)."""
 
     def _begin(self, whole: bool) -> None:
         """A ``RESET``: a snapshot's (``whole``: the controller's open sessions come in it) or a flush's."""
@@ -219,12 +321,26 @@ class MirrorCache(RecordsCopy):
         for node in nodes:
             self._delete_leaf(node)
 
-    def release_radix_session(self, session_id: str, nodes: Iterable[MirrorNode] = ()) -> None:
+    def _seen_before(self, apart: dict[int, tuple], seen: set[str]) -> list[tuple]:
+        """SGLang 0.5.16 stamps a node with ``time.monotonic()``: a session not active during the
+        walk was last active when its newest tagged node was last accessed (as radixtop attached
+        in SGLang's process reads it: ``adapters.sglang.index``)."""
+        newest: dict[str, float] = {}
+        for record in apart.values():
+            for sid in record[-1]:
+                if sid not in seen:
+                    newest[sid] = max(newest.get(sid, record[5]), record[5])
+        return [(SEEN, sid, t) for sid, t in newest.items()]
+
+    def _tombstone(self, session_id: str) -> None:
         closed = self._closed_session_ids
         closed[session_id] = None
         closed.move_to_end(session_id)
         while len(closed) > TOMBSTONES:
             closed.popitem(last=False)
+
+    def release_radix_session(self, session_id: str, nodes: Iterable[MirrorNode] = ()) -> None:
+        self._tombstone(session_id)
         indexed = self._session_leaves.pop(session_id, set())
         for node in nodes:  # SGLang dropped the session from each, then deleted it
             self._drop_holder(node, session_id)
@@ -282,9 +398,7 @@ class MirrorCache(RecordsCopy):
             raise MirrorError(f"no node {node_id} here")
         return node
 
-    def apply(self, records: Iterable[Any]) -> None:
-        """Make each record's change (in order). ``MirrorError`` where one names a node this
-        tree does not have: from there it no longer equals SGLang's."""
+    def _apply(self, records: Iterable[Any]) -> None:
         node_of = self._node
         for record in records:
             kind = record[0]
@@ -472,11 +586,23 @@ class MirrorLoop:
                     else:
                         if self.incomplete is not None and self.mirror.wholes > self._wholes_asked:
                             self.incomplete = None  # (the whole tree sent after the ask came)
+                        if self.mirror.receiving:
+                            self._more()
                 elif self.on_other is not None:
                     self.on_other(frame)
             if self.incomplete is not None and time.monotonic() - self._asked_at > RESYNC_AGAIN_S:
                 self._ask()  # (the ask, or its answer, was lost: again)
             queue.between_steps(idle=True, budget=0.05)
+
+    def _more(self) -> None:
+        """A frame of the whole tree taken: tell the probe (``MORE``: it wakes a scheduler that
+        sleeps on idle, so the walk goes on). Never waits: a full socket has a wake in it already."""
+        from radixtop.adapters.sglang.probe import MORE
+
+        try:
+            self.end.send(MORE, b"", timeout=0)
+        except Exception:  # (TimeoutError: full; ProbeGone: the receive sees it next)
+            pass
 
     def _diverge(self, why: str) -> None:
         if self.incomplete is None:

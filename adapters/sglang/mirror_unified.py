@@ -286,15 +286,18 @@ class MirrorRefs:
         self._session_generations[session_id] = generation
         return generation
 
-    def release_radix_session(self, session_id: str) -> int:
-        if not self.enable_session_radix_cache or session_id is None or session_id in self._closed_session_ids:
-            return 0
+    def tombstone(self, session_id: str) -> None:
         closed = self._closed_session_ids
         closed[session_id] = None
         closed.move_to_end(session_id)
         while len(closed) > TOMBSTONES:
             closed.popitem(last=False)
         self._session_generations.pop(session_id, None)
+
+    def release_radix_session(self, session_id: str) -> int:
+        if not self.enable_session_radix_cache or session_id is None or session_id in self._closed_session_ids:
+            return 0
+        self.tombstone(session_id)
         self.full.release_session(session_id)
         return 0
 
@@ -303,6 +306,10 @@ class MirrorUnifiedCache(RecordsCopy):
     """A ``UnifiedRadixCache``-shaped copy of one SGLang tree, changed only by ``apply`` (one thread)."""
 
     _tree_core_backend = "python"
+    marks = MARK
+
+    def _tombstone(self, session_id: str) -> None:
+        self.session_refs.tombstone(session_id)
 
     def __init__(self, page_size: int = 1, sessions: bool = True) -> None:
         super().__init__(page_size, sessions)
@@ -335,10 +342,7 @@ class MirrorUnifiedCache(RecordsCopy):
             raise MirrorError(f"no node {node_id} here")
         return node
 
-    def apply(self, records: Iterable[Any]) -> None:
-        """Make each record's change (in order). ``MirrorError`` where one names a node this
-        tree does not have, or a change SGLang could not have made to it: from there it no
-        longer equals SGLang's."""
+    def _apply(self, records: Iterable[Any]) -> None:
         node_of, core, full, refs = self._node, self.tree_core, self.components[FULL], self.session_refs
         for record in records:
             kind = record[0]

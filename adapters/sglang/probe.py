@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
-from radixtop.adapters.sglang.records import split_long, wire_record
+from radixtop.adapters.sglang.records import Walk, split_long, wire_record
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
@@ -102,12 +102,20 @@ sends them at once: its reply comes after them)."""
 SEND_RECORDS = 2048
 """... or until this many wait."""
 PENDING_MOST = 200_000
-"""The changes that may wait behind the whole tree on its way (the scheduler process's memory:
-~100-200 bytes each); past them radixtop's process is stopped and started again later."""
+"""The whole tree's records that may wait, walked and not yet sent (the scheduler process's
+memory: ~100-200 bytes each); past them radixtop's process is stopped and started again later."""
 SNAPSHOT_CHUNK = 512
 """Records of the whole tree a frame (halved where over a frame)."""
-SNAPSHOT_FRAMES = 32
-"""Frames of the whole tree a step at most (each only where the socket took the one before)."""
+SNAPSHOT_STEP_S = 0.001
+"""The scheduler's time a step for the whole tree while it is on its way: its walk (``Walk``),
+the encoding and the sends (each send only where the socket took the one before)."""
+SNAPSHOT_NODES = 4096
+"""Nodes walked a step at most (fewer where ``SNAPSHOT_STEP_S`` passed)."""
+MORE = 6
+"""From radixtop's side, while the whole tree is on its way: it took a frame of it. It wakes a
+scheduler that sleeps on idle (``--sleep-on-idle``: its poller waits on the hand-over's socket),
+so the walk goes on at the idle scheduler's pace, not one step a second; the probe reads it and
+drops it."""
 
 
 class RecordsProbe:
@@ -124,20 +132,24 @@ class RecordsProbe:
         self._encode = msgspec.msgpack.Encoder().encode
         self.batches = 0
         self._sent_at = 0.0
-        self._snapshot: list[tuple] | None = None
+        self._walk: Walk | None = None
+        self._pending: list[tuple] = []
+        """The whole tree's records walked, not yet encoded (from ``_at`` on)."""
         self._at = 0
         self._chunk = SNAPSHOT_CHUNK
         self._out: collections.deque[bytes] = collections.deque()
         """The whole tree's next frames, encoded (one chunk's: at most a long prompt's parts)."""
+        self.longest_step_s = 0.0
+        """The longest step the whole tree's walk took (the benchmarks read it)."""
 
     def start(self) -> None:
-        """At (re)start, and for a resync: the whole tree's records, taken now in one walk
-        (``snapshot``), then sent as the socket takes them, a few frames a step (``stream``):
-        never more than one frame waits in the backlog, so none is dropped; the records SGLang
-        makes meanwhile wait in the recorder and go after it."""
-        self.recorder.take()  # (older than the walk: in it)
-        self._snapshot = self.recorder.snapshot()
-        self._at = 0
+        """At (re)start, and for a resync: the whole tree, walked a slice a step (``Walk``: what
+        SGLang changes meanwhile goes in it, as the nodes are then) and sent as the socket takes
+        it; never more than one frame waits in the backlog, so none is dropped."""
+        if self._walk is not None:
+            self._walk.stop()
+        self._walk = Walk(self.recorder)
+        self._pending, self._at = [], 0
         self._chunk = SNAPSHOT_CHUNK
         self._out.clear()
         self.stream()
@@ -145,17 +157,40 @@ class RecordsProbe:
     @property
     def busy(self) -> bool:
         """The whole tree is on its way: radixtop's calls wait (a reply would overtake it)."""
-        return self._snapshot is not None
+        return self._walk is not None
 
-    def stream(self, frames: int = SNAPSHOT_FRAMES) -> None:
-        end, out = self.end, self._out
-        while frames > 0 and not end.held and not end.down:
+    def stream(self) -> None:
+        """One step of the whole tree: the changes since the last one, then as much of the walk
+        as ``SNAPSHOT_STEP_S`` allows, each frame sent where the socket took the one before."""
+        walk, end = self._walk, self.end
+        if walk is None:
+            return
+        started = time.monotonic()
+        until = started + SNAPSHOT_STEP_S
+        if not end.down:
+            self._pending.extend(walk.step(most=0))
+            self._send_walked(until)
+            while not walk.done and self._at >= len(self._pending) and not self._out and not end.held \
+                    and not end.down and time.monotonic() < until:
+                # (the walk takes 60% of the step; its records' encoding the rest, one chunk of it maybe past the end)
+                walked = walk.step(most=SNAPSHOT_NODES, until=started + SNAPSHOT_STEP_S * 0.6)
+                self._pending, self._at = walked, 0
+                self._send_walked(until)
+        if end.down or (walk.done and self._at >= len(self._pending) and not self._out):
+            walk.stop()
+            self._walk = None
+            self._pending, self._at = [], 0
+            self._out.clear()
+        self.longest_step_s = max(self.longest_step_s, time.monotonic() - started)
+
+    def _send_walked(self, until: float) -> None:
+        end, out, pending = self.end, self._out, self._pending
+        while not end.held and not end.down:
             if not out:
-                snapshot = self._snapshot
-                if snapshot is None or self._at >= len(snapshot):
-                    break
+                if self._at >= len(pending):
+                    return
                 size, most = self._chunk, end.frame_max
-                chunk = [wire_record(record) for record in snapshot[self._at : self._at + size]]
+                chunk = [wire_record(record) for record in pending[self._at : self._at + size]]
                 payload = self._encode(chunk)
                 if len(payload) > most and len(chunk) > 1:  # fewer records a frame from now on
                     self._chunk = max(1, size // 2)
@@ -167,27 +202,27 @@ class RecordsProbe:
                     out.append(payload)
                 self._chunk = min(SNAPSHOT_CHUNK, size * 2)  # (back up: one long prompt shrinks one chunk)
             self.batches += 1
-            self.end.send(RECORDS, out.popleft())
-            frames -= 1
-        if self._snapshot is not None and ((self._at >= len(self._snapshot) and not out) or end.down):
-            self._snapshot = None
-            out.clear()
+            end.send(RECORDS, out.popleft())
+            if time.monotonic() > until:
+                return
 
     def step(self, now: bool = False) -> None:
-        """Once a scheduler loop: the whole tree's next frames while it is on its way; then the
+        """Once a scheduler loop: the whole tree's next slice while it is on its way; then the
         records sent where ``SEND_EVERY_S`` passed since the last send, or ``SEND_RECORDS`` of
         them wait, or ``now`` (a reply goes next: after them); otherwise they wait in the
         recorder (a send costs the scheduler ~20-30 us: one a step was ~0.8% of it, 5 ms steps)."""
         end = self.end
         if end.held:
             end.flush()
-        if self._snapshot is not None:
+        if self._walk is not None:
             self.stream()
-            if self._snapshot is not None:
-                if len(self.recorder.records) > PENDING_MOST:  # radixtop's side too slow for this server
+            if self._walk is not None:
+                if len(self._pending) - self._at > PENDING_MOST:  # radixtop's side too slow for this server
                     log.warning("radixtop: its process beside the scheduler took the tree too slowly (%d changes "
-                                "waiting behind it): stopped, and started again later", len(self.recorder.records))
-                    self._snapshot = None
+                                "waiting behind it): stopped, and started again later", len(self._pending) - self._at)
+                    self._walk.stop()
+                    self._walk = None
+                    self._pending, self._at = [], 0
                     self._out.clear()
                     self.recorder.take()
                     end.close()

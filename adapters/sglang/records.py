@@ -36,14 +36,26 @@ On 0.5.17+'s ``UnifiedRadixCache`` on its Python tree core (0.5.23 with sessions
 ``UnifiedRecorder`` follows the tree core, its full component and its session tracker instead,
 with records of its own (its docstring); ``recorder_for`` picks the one a cache needs.
 
-``snapshot()`` gives the records that build the tree as it is now (at the first start, or a
-restart of radixtop's process after a crash): one walk of the tree on the scheduler thread.
+The whole tree (at the first start, a restart of radixtop's process after a crash, a resync) is
+walked in slices, a step's worth at a time, while SGLang goes on changing it (``Walk``):
+
+* ``(BEGIN,)``: a whole tree starts (the copy keeps what it had until its ``WHOLE``);
+* ``(NODE, id, parent_id, tokens, ..., sessions)``: a node as it is now, whole (an ``ADD``'s fields,
+  the ids of the sessions that mark it last); sent again each time it changes during the walk;
+* ``(DROP, id)``: a node sent before was deleted since;
+* then the tree's root and what is not a node's, as it is at the walk's end (``RESET`` with
+  ``whole``, the tombstones as ``(TOMB, sid)``, oldest first (a closed session's, not a close
+  now), the generations, the controller's sessions), ``(SEEN, sid, t)`` for
+  each session active during the walk (a request of it ended, it closed) in the order of their
+  last activity (``t``: the step's ``time.monotonic()``, the clock every process here reads),
+  and ``WHOLE``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -52,13 +64,13 @@ log = logging.getLogger("radixtop.sglang")
 ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED, ENDED, WHOLE = range(14)
 STAMP, MATCHED, MARK, UNMARK, GEN, FORGET, RELEASED = range(14, 21)
 """The unified tree's own records (``UnifiedRecorder``)."""
+BEGIN, NODE, DROP, SEEN, TOMB = range(21, 26)
+"""The whole tree's records, walked in slices (``Walk``)."""
 RECORDER = "_radixtop_recorder"
 
 
 def tokens_of(key: Any) -> bytes:
     """A key's token ids as the bytes of an ``array('q')`` (SGLang 0.5.16 keeps them so: one copy)."""
-    from array import array
-
     ids = key.raw_token_ids() if hasattr(key, "raw_token_ids") else key.token_ids
     if not isinstance(ids, array) or ids.typecode != "q":
         ids = array("q", ids)
@@ -128,6 +140,34 @@ class _Recorder:
         self.records: list[tuple] = []
         self.failed: str | None = None
         """Why a hook could not record (None: every change so far is recorded)."""
+        self.watch: list[Any] | None = None
+        """While the whole tree is walked (``Walk``): each node a change was made at or below (its
+        path up to the root may differ from what was sent of it); None otherwise."""
+        self.gone: list[int] | None = None
+        """While the whole tree is walked: the ids of the nodes deleted."""
+        self.active: list[str] | None = None
+        """While the whole tree is walked: the sessions whose activity radixtop's ledger counts
+        (a request's end tagged, a close), in their order."""
+
+    def root(self) -> Any:
+        raise NotImplementedError
+
+    def state(self, node: Any) -> tuple:
+        """``node`` as it is now: a ``NODE`` record."""
+        raise NotImplementedError
+
+    def ends(self) -> list[tuple]:
+        """What the whole tree holds besides its nodes, as it is now: the root's ``RESET`` (whole),
+        the tombstones and generations, the controller's open sessions."""
+        raise NotImplementedError
+
+    def snapshot(self) -> list[tuple]:
+        """The whole tree's records in one walk (what ``Walk`` sends over many steps)."""
+        walk = Walk(self)
+        out = walk.step(most=None)
+        while not walk.done:
+            out.extend(walk.step(most=None))
+        return out
 
     def stop(self) -> None:
         """Record nothing from now on (radixtop's process is gone for good): the hooks stay, each
@@ -211,34 +251,19 @@ class ChangeRecorder(_Recorder):
             self._hook_controller(controller)
         setattr(cache, RECORDER, self)
 
-    def snapshot(self) -> list[tuple]:
-        """Records that build the tree as it is now: a reset, each node parents first, the
-        sessions' tags, the closed sessions' tombstones, the controller's open sessions. One walk
-        (scheduler thread); a node's tokens are SGLang's own array, not copied (SGLang replaces a
-        key's array when it splits a node, never changes one): ``wire_record`` makes the bytes
-        when the record is sent."""
-        cache = self.cache
-        root = cache.root_node
-        out: list[tuple] = [(RESET, root.id, True)]
-        tags: list[tuple] = []
-        stack = list(root.children.values())
-        append, extend, pop = out.append, stack.extend, stack.pop
-        while stack:
-            node = pop()
-            key = node.key
-            append((ADD, node.id, node.parent.id,
-                    key.token_ids if getattr(key, "limit", None) is None else key.raw_token_ids(),
-                    key.extra_key, node.last_access_time, getattr(node, "creation_time", node.last_access_time),
-                    node.hit_count, node.lock_ref))
-            held = getattr(node, "session_ids", None)
-            if held:
-                tags.extend((TAG, sid, node.id) for sid in held)
-            extend(node.children.values())
-        out.extend(tags)
-        out.extend((CLOSE, sid, []) for sid in getattr(cache, "_closed_session_ids", None) or ())
+    def root(self) -> Any:
+        self._next_id = max(self._next_id, type(self.cache.root_node).counter)
+        return self.cache.root_node
+
+    def state(self, node: Any) -> tuple:
+        key = node.key
+        return (NODE, node.id, node.parent.id, tokens_of(key), key.extra_key, node.last_access_time, getattr(node, "creation_time", node.last_access_time),
+                node.hit_count, node.lock_ref, tuple(getattr(node, "session_ids", None) or ()))
+
+    def ends(self) -> list[tuple]:
+        out: list[tuple] = [(RESET, self.cache.root_node.id, True)]
+        out.extend((TOMB, sid) for sid in getattr(self.cache, "_closed_session_ids", None) or ())
         out.extend(self._controller_sessions())
-        out.append((WHOLE, len(out)))
-        self._next_id = max(self._next_id, type(root).counter)
         return out
 
     # ----- the hooks -----
@@ -250,6 +275,8 @@ class ChangeRecorder(_Recorder):
             self.records.append((SPLIT, new.id, child.id, int(split_len), new.last_access_time,
                                  child.last_access_time))
             self._next_id = max(self._next_id, new.id + 1)
+            if self.watch is not None:
+                self.watch.append(child)
 
         def insert(result: Any, node: Any, *a: Any, **k: Any) -> None:
             last = result[1]
@@ -261,11 +288,17 @@ class ChangeRecorder(_Recorder):
                                      int(last.hit_count), 0))
             chunked = k.get("chunked", a[3] if len(a) > 3 else False)
             self.records.append((TOUCH, last.id, node.id, node.last_access_time, not chunked, added))
+            if self.watch is not None:
+                self.watch.append(last)
 
         def match(result: Any, node: Any, *a: Any, **k: Any) -> None:
             self.records.append((TOUCH, result[1].id, node.id, node.last_access_time, False, False))
+            if self.watch is not None:
+                self.watch.append(result[1])
 
         def delete(result: Any, node: Any, *a: Any, **k: Any) -> None:
+            if self.gone is not None:
+                self.gone.append(node.id)
             if self._diverted is not None:
                 self._diverted.append(node.id)
             else:
@@ -276,18 +309,28 @@ class ChangeRecorder(_Recorder):
             self._next_id = max(self._next_id, type(cache.root_node).counter)
 
         def lock(kind: int) -> Callable[..., None]:
-            return lambda result, node, *a, **k: self.records.append((kind, node.id))
+            def told(result: Any, node: Any, *a: Any, **k: Any) -> None:
+                self.records.append((kind, node.id))
+                if self.watch is not None:
+                    self.watch.append(node)
+            return told
 
         def tag(result: Any, req: Any, *a: Any, **k: Any) -> None:
             sid = getattr(req, "session_id", None)
             if sid is None:
                 return
+            if self.active is not None:
+                self.active.append(sid)
             node = k.get("node", a[1] if len(a) > 1 else None)
             if node is not None:  # (tagged or not: a closed session's request is its activity too)
                 self.records.append((TAG, sid, node.id))
+                if self.watch is not None:
+                    self.watch.append(node)
             else:  # SGLang matched the node itself (it warns): each node the session holds, again
                 leaves = (getattr(cache, "_session_leaves", None) or {}).get(sid) or (cache.root_node,)
                 self.records.extend((TAG, sid, leaf.id) for leaf in leaves)
+                if self.watch is not None:
+                    self.watch.extend(leaves)
 
         wrap(cache, "_split_node", split)
         wrap(cache, "_insert_helper", insert)
@@ -310,6 +353,11 @@ class ChangeRecorder(_Recorder):
 
         @functools.wraps(original)
         def recorded(*a: Any, **k: Any) -> Any:
+            if kind == CLOSE and self.watch is not None:  # the nodes it drops the session from
+                sid = a[0] if a else k.get("session_id")
+                self.watch.extend((getattr(cache, "_session_leaves", None) or {}).get(sid, ()))
+                if self.active is not None:
+                    self.active.append(sid)
             outer, self._diverted = self._diverted, []
             try:
                 return original(*a, **k)
@@ -367,33 +415,22 @@ class UnifiedRecorder(_Recorder):
             self._hook_controller(controller)
         setattr(cache, RECORDER, self)
 
-    def snapshot(self) -> list[tuple]:
-        """Records that build the tree as it is now: a reset, each node parents first (its lock and
-        session counts as they are), each session's marks, the tracker's tombstones in their order
-        and its open generations, the controller's open sessions. One walk (scheduler thread)."""
-        core = self.core
-        root = core.root_node
+    def root(self) -> Any:
+        return self.core.root_node
+
+    def state(self, node: Any) -> tuple:
+        key, data = node.key, node.component_data[FULL]
+        return (NODE, node.id, node.parent.id, tokens_of(key), key.extra_key, float(node.last_access_time), float(node.creation_time), node.hit_count, data.lock_ref,
+                data.session_ref, getattr(key, "cache_salt", None), tuple(data.session_ids or ()))
+
+    def ends(self) -> list[tuple]:
+        root = self.core.root_node
         out: list[tuple] = [(RESET, root.id, True, float(root.last_access_time))]
-        marks: list[tuple] = []
-        stack = list(root.children.values())
-        append, extend, pop = out.append, stack.extend, stack.pop
-        while stack:
-            node = pop()
-            key, data = node.key, node.component_data[FULL]
-            append((ADD, node.id, node.parent.id,
-                    key.token_ids if getattr(key, "limit", None) is None else key.raw_token_ids(),
-                    key.extra_key, float(node.last_access_time), float(node.creation_time), node.hit_count, data.lock_ref,
-                    data.session_ref, getattr(key, "cache_salt", None)))
-            if data.session_ids:
-                marks.extend((MARK, sid, node.id) for sid in data.session_ids)
-            extend(node.children.values())
-        out.extend(marks)
         refs = self.refs
         if refs is not None:
-            out.extend((CLOSE, sid, []) for sid in list(getattr(refs, "_closed_session_ids", None) or ()))
+            out.extend((TOMB, sid) for sid in list(getattr(refs, "_closed_session_ids", None) or ()))
             out.extend((GEN, sid, gen) for sid, gen in list((getattr(refs, "_session_generations", None) or {}).items()))
         out.extend(self._controller_sessions())
-        out.append((WHOLE, len(out)))
         return out
 
     # ----- the hooks -----
@@ -407,19 +444,27 @@ class UnifiedRecorder(_Recorder):
             records().append((ADD, node.id, node.parent.id, tokens_of(key), key.extra_key, float(node.last_access_time),
                               float(node.creation_time), int(node.hit_count), data.lock_ref, data.session_ref,
                               getattr(key, "cache_salt", None)))
+            if self.watch is not None:
+                self.watch.append(node)
 
         def split(result: Any, key: Any, child: Any, split_len: int, *a: Any, **k: Any) -> None:
             records().append((SPLIT, result[0].id, child.id, int(split_len), float(result[0].last_access_time),
                               float(child.last_access_time)))
+            if self.watch is not None:
+                self.watch.append(child)
 
         def stamp(result: Any, node: Any, *a: Any, **k: Any) -> None:
             records().append((STAMP, node.id, float(node.last_access_time), int(node.hit_count)))
+            if self.watch is not None:
+                self.watch.append(node)
 
         def matched(result: Any, *a: Any, **k: Any) -> None:
             best = result.best_match_node
             node = core._node_arena.get(best)
             if node is not None:
                 records().append((MATCHED, best, float(node.last_access_time)))
+                if self.watch is not None:
+                    self.watch.append(node)
 
         def reset(result: Any, *a: Any, **k: Any) -> None:
             root = core.root_node
@@ -430,13 +475,32 @@ class UnifiedRecorder(_Recorder):
                 node = k["node"] if "node" in k else a[0]
                 if not k.get("lock_host", a[2] if len(a) > 2 else False):
                     records().append((kind, node.id))
+                    if self.watch is not None:
+                        self.watch.append(node)
             return told
 
         def mark(kind: int) -> Callable[..., None]:
             def told(result: Any, sid: str, leaf: Any, *a: Any, **k: Any) -> None:
                 if not self._inside:
                     records().append((kind, sid, leaf.id))
+                    if self.watch is not None:
+                        self.watch.append(leaf)
             return told
+
+        def deleting(node: Any, *a: Any, **k: Any) -> list[Any]:
+            self.gone.append(node.id)  # type: ignore[union-attr]  (while walked: watch and gone are lists)
+            return [node.parent]  # (the session marks it held move up its path)
+
+        def leaves(sid: Any, *a: Any, **k: Any) -> Any:
+            return full._session_leaves.get(sid, ())
+
+        def released(sid: Any, *a: Any, **k: Any) -> Any:
+            self.active.append(sid)  # type: ignore[union-attr]
+            return leaves(sid)
+
+        def registered(sid: Any, leaf: Any = None, *a: Any, **k: Any) -> Any:
+            self.active.append(sid)  # type: ignore[union-attr]
+            return () if leaf is None else (leaf,)
 
         wrap(core, "_add_new_node", lambda result, *a, **k: added(result))
         wrap(core, "_split_node", split)
@@ -448,26 +512,33 @@ class UnifiedRecorder(_Recorder):
         wrap(full, "release_component_lock", lock(UNLOCK))
         wrap(full, "_mark_session_leaf", mark(MARK))
         wrap(full, "_unmark_session_leaf", mark(UNMARK))
-        self._composite(core, "_remove_leaf_from_parent", lambda node, *a, **k: (DELETE, node.id))
+        self._composite(core, "_remove_leaf_from_parent", lambda node, *a, **k: (DELETE, node.id), deleting)
         self._composite(full, "register_session_leaf",
-                        lambda sid, leaf=None, *a, **k: (TAG, sid, None if leaf is None else leaf.id))
-        self._composite(full, "release_session", lambda sid, *a, **k: (RELEASED, sid))
+                        lambda sid, leaf=None, *a, **k: (TAG, sid, None if leaf is None else leaf.id), registered)
+        self._composite(full, "release_session", lambda sid, *a, **k: (RELEASED, sid), released)
         refs = self.refs
         if refs is not None:
-            self._composite(refs, "release_radix_session", lambda sid, *a, **k: (CLOSE, sid, []))
+            self._composite(refs, "release_radix_session", lambda sid, *a, **k: (CLOSE, sid, []), leaves)
             wrap(refs, "open_radix_session",
                  lambda result, sid, *a, **k: records().append((GEN, sid, result)) if not self._inside else None)
             self._composite(refs, "reset", lambda *a, **k: (FORGET,))
 
-    def _composite(self, owner: Any, name: str, record: Callable[..., tuple]) -> None:
+    def _composite(self, owner: Any, name: str, record: Callable[..., tuple],
+                   touches: Callable[..., Any] | None = None) -> None:
         """``owner.name`` as one record (made after SGLang's call returned; nothing it calls is
-        recorded: the mirror makes those calls itself)."""
+        recorded: the mirror makes those calls itself). ``touches``: the nodes whose paths the
+        call may change, told before it (while the whole tree is walked; ``watch``)."""
         original = getattr(owner, name, None)
         if not callable(original):
             return
 
         @functools.wraps(original)
         def recorded(*a: Any, **k: Any) -> Any:
+            if touches is not None and self.watch is not None:
+                try:
+                    self.watch.extend(touches(*a, **k))
+                except Exception as exc:
+                    self._failed(name, exc)
             self._inside += 1
             try:
                 result = original(*a, **k)
@@ -483,9 +554,112 @@ class UnifiedRecorder(_Recorder):
         setattr(owner, name, recorded)
 
 
+class Walk:
+    """The whole tree, sent over many scheduler steps while SGLang goes on changing it, so that no
+    step holds the scheduler for long (a tree of a million nodes is seconds of walking).
+
+    A depth-first walk with a stack of nodes, a slice a step (``step``): each node popped is sent
+    as it is then (``NODE``), its children stacked. What SGLang changes meanwhile is not sent as
+    the records say (a delta to a node radixtop's side may not have yet): the recorder tells the
+    nodes each change was made at (``watch``) and the ids it deleted (``gone``), and at the next
+    step each sent node on their paths up to the root is sent again as it is now, a node new under
+    a sent one (the walk would not reach it: its parent's children were stacked before it) sent,
+    a sent node deleted dropped (``DROP``), a stacked one deleted skipped when popped. So when the
+    stack is empty every node of the tree was sent as it is now, and the rest (``ends``) goes with
+    ``WHOLE``. A reset of the tree meanwhile starts the walk again. Scheduler thread only."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+        recorder.take()  # (older than the walk: in it)
+        recorder.watch, recorder.gone, recorder.active = [], [], []
+        self.seen: dict[str, float] = {}
+        """The sessions active during the walk, by their last activity's step, oldest first."""
+        self.root = recorder.root()
+        self.stack: list[Any] = list(self.root.children.values())
+        self.sent: set[int] = set()
+        self.gone: set[int] = set()
+        self.done = False
+        self._begun = False
+
+    def step(self, most: int | None = 256, until: float | None = None) -> list[tuple]:
+        """This step's records: the changes since the last one, then at most ``most`` nodes of the
+        walk (None: all), fewer where ``time.monotonic()`` passes ``until``."""
+        import time
+
+        recorder = self.recorder
+        taken = recorder.take()
+        watched, deleted, active = recorder.watch, recorder.gone, recorder.active
+        if self.done or watched is None or deleted is None or active is None:  # (stopped)
+            return []
+        seen = self.seen
+        if active:
+            now = time.monotonic()
+            for sid in active:
+                seen.pop(sid, None)
+                seen[sid] = now
+        if any(record[0] == RESET for record in taken):  # a new tree: walked again
+            self.__init__(recorder)  # type: ignore[misc]
+            self.seen = seen
+            return self.step(most, until)
+        recorder.watch, recorder.gone, recorder.active = [], [], []
+        out: list[tuple] = []
+        if not self._begun:
+            out.append((BEGIN,))
+            self._begun = True
+        sent, gone, root, state = self.sent, self.gone, self.root, recorder.state
+        for node_id in deleted:
+            gone.add(node_id)
+            if node_id in sent:
+                sent.discard(node_id)
+                out.append((DROP, node_id))
+        if watched:
+            visited: set[int] = set()
+            path: list[Any] = []
+            for node in watched:
+                while node is not None and node is not root and node.id not in visited:
+                    visited.add(node.id)
+                    path.append(node)
+                    node = node.parent
+                while path:  # top down: a node made under one sent in this same step is sent too
+                    node = path.pop()
+                    node_id, parent = node.id, node.parent
+                    if node_id not in gone and (node_id in sent or parent is root or
+                                                (parent is not None and parent.id in sent)):
+                        sent.add(node_id)  # (new under a sent node: the walk would not reach it)
+                        out.append(state(node))
+        stack, pop, extend = self.stack, self.stack.pop, self.stack.extend
+        n = 0
+        while stack and (most is None or n < most):
+            node = pop()
+            node_id = node.id
+            if node_id in gone:
+                continue
+            extend(node.children.values())
+            if node_id not in sent:
+                sent.add(node_id)
+                out.append(state(node))
+                n += 1
+                if until is not None and not n & 31 and time.monotonic() > until:
+                    break
+        if not stack:
+            out.extend(recorder.ends())
+            last = 0.0
+            for sid, t in seen.items():  # (their order kept: one step's apart by a microsecond)
+                last = max(t, last + 1e-6)
+                out.append((SEEN, sid, last))
+            out.append((WHOLE, len(sent)))
+            self.stop()
+        return out
+
+    def stop(self) -> None:
+        self.done = True
+        self.recorder.watch = self.recorder.gone = self.recorder.active = None
+        self.stack, self.sent, self.gone = [], set(), set()
+
+
 def wire_record(record: tuple) -> tuple:
-    """A snapshot's record as it is sent (an ``ADD``'s tokens as bytes)."""
-    if record[0] == ADD and not isinstance(record[3], bytes):
+    """A snapshot's record as it is sent (an ``ADD``'s or a ``NODE``'s tokens as bytes)."""
+    if (record[0] == ADD or record[0] == NODE) and not isinstance(record[3], bytes):
         return (*record[:3], tokens_of(SimpleKey(record[3])), *record[4:])
     return record
 
@@ -509,7 +683,7 @@ def split_long(record: tuple, most: int) -> list[tuple]:
         if len(ids) <= step:
             return [record]
         return [(*record[:-1], ids[i : i + step]) for i in range(0, len(ids), step)]
-    tokens = record[3] if kind == ADD else b""
+    tokens = record[3] if kind == ADD or kind == NODE else b""
     if len(tokens) <= most:
         return [record]
     step = max(8, most // 8 * 8)

@@ -297,10 +297,11 @@ class SessionLedger(Watched):
                 if rec.below:  # another session lies beneath: it may own it now
                     settle(node)
 
-    def touch(self, sid: str) -> None:
-        """A request of ``sid`` finished (or it closed) now: its last activity."""
+    def touch(self, sid: str, t: float | None = None) -> None:
+        """A request of ``sid`` finished (or it closed) now, or at ``t`` (``time.monotonic()``):
+        its last activity."""
         self.moves += 1
-        self.seen[sid] = time.monotonic()
+        self.seen[sid] = time.monotonic() if t is None else t
         self.moved.add(sid)
 
     def listing_moved(self, sid: str) -> None:

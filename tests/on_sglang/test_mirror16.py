@@ -75,8 +75,8 @@ def node_rows(page):
     return [(v.id, v.tokens, v.subtree_tokens, v.lock_ref, v.hit_count, v.holders) for v in page.children]
 
 
-def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter) -> None:
-    for order in ROW_KEYS:
+def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter, orders=ROW_KEYS) -> None:
+    for order in orders:
         a, b = inproc.sessions(order, 0, 50), beside.sessions(order, 0, 50)
         assert session_rows(a) == session_rows(b), order
     for sid in [row.id for row in inproc.sessions("exclusive_bytes", 0, 20).sessions]:
@@ -122,16 +122,22 @@ def test_the_mirror_follows_every_operation(sgl, seed, size):
     check_same(cache, mirror)
 
 
-def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(sgl):
-    lines = generate_trace(3, n_ops=150, max_in_flight=4, vocab=6, abort_weight=3)
+def running_cache(sgl, seed: int, n_ops: int, vocab: int):
+    """A cache 100 operations into a trace (radixtop's process (re)started with requests
+    running): the replayer, its cache, the operations left."""
+    lines = generate_trace(seed, n_ops=n_ops, max_in_flight=4, vocab=vocab, abort_weight=3)
     lines = [line for line in lines if json.loads(line)["op"] != "register"]
     replayer = SGLangReplayer(sgl, capacity_for(lines, "small"), eviction_policy="lru", max_running=8,
                               max_context_len=512)
-    cache = replayer.cache
-    cache.enable_session_radix_cache = True
+    replayer.cache.enable_session_radix_cache = True
     ops = _parse(lines)
-    for line_no, op in ops[:100]:  # radixtop's process (re)started with requests running
+    for line_no, op in ops[:100]:
         replayer.apply(line_no, op)
+    return replayer, replayer.cache, ops[100:]
+
+
+def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(sgl):
+    replayer, cache, ops = running_cache(sgl, 3, 150, 6)
     recorder = ChangeRecorder(cache)
     mirror = MirrorCache(page_size=1)
     snapshot = wire(recorder.snapshot())
@@ -140,10 +146,62 @@ def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(sgl):
     mirror.apply(snapshot[-1:])
     assert not mirror.receiving
     check_same(cache, mirror)
-    for line_no, op in ops[100:]:
+    for line_no, op in ops:
         replayer.apply(line_no, op)
         mirror.apply(wire(recorder.take()))
         check_same(cache, mirror)
+
+
+@pytest.mark.parametrize("sliced", [1, 3])
+def test_a_whole_tree_walked_in_slices_while_sglang_changes_it_comes_equal(sgl, sliced):
+    """The whole tree sent over many steps (issue 27: no step holds the scheduler for a whole
+    tree's walk) while SGLang's requests, aborts, evictions and closes go on between its slices:
+    once whole, the copy equals SGLang's tree field for field, its ledger the from-scratch
+    attribution, its reads those of radixtop attached in SGLang's process when the walk began;
+    then it follows the records."""
+    from radixtop.adapters.sglang.records import BEGIN, DROP, NODE, SEEN, WHOLE, Walk
+
+    kinds = set()
+    for seed in range(6):
+        replayer, cache, ops = running_cache(sgl, 10 + seed, 220, 6 if seed % 2 else 400)
+        inproc = SGLangInProcessAdapter(cache, model="tiny")
+        recorder = ChangeRecorder(cache)
+        mirror = MirrorCache(page_size=1)
+        beside = SGLangInProcessAdapter(mirror, model="tiny")  # (reading its copy from the start)
+        beside.bpt = inproc.bpt
+        beside._orders.bpt = inproc.bpt
+        walk = Walk(recorder)
+        for line_no, op in ops:
+            replayer.apply(line_no, op)
+            whole = walk.done
+            records = walk.step(most=sliced) if not whole else recorder.take()
+            kinds |= {r[0] for r in records}
+            mirror.apply(wire(records))
+            if not walk.done:
+                assert mirror.receiving
+                continue
+            check_same(cache, mirror)
+            check_kept(mirror, beside)
+            if not whole:  # it came whole now
+                check_seen(cache, walk, inproc, beside)
+            check_reads(inproc, beside, [order for order in ROW_KEYS if order != "last_activity"])
+        assert walk.done, "the walk did not end within the trace"
+    assert {BEGIN, NODE, WHOLE, SEEN, DROP} <= kinds, kinds
+
+
+def check_seen(cache, walk, inproc, beside) -> None:
+    """Each session's last activity as the copy tells it once whole: a session active during the
+    walk (one of its requests ended, it closed) when it was, as in SGLang's process; any other as
+    its newest tagged node's last access at the walk's end (SGLang 0.5.16 stamps nodes with
+    ``time.monotonic()``: what radixtop in SGLang's process reads at its attach, read here at the
+    moment the copy came whole)."""
+    mine, theirs = beside._index.ledger.seen, inproc._index.ledger.seen
+    active = list(walk.seen)
+    assert set(active) <= set(theirs)
+    assert sorted(active, key=mine.__getitem__) == sorted(active, key=theirs.__getitem__)
+    leaves = {sid: max(node.last_access_time for node in nodes) for sid, nodes in cache._session_leaves.items()
+              if nodes and sid not in walk.seen}
+    assert {sid: t for sid, t in mine.items() if sid not in walk.seen} == leaves
 
 
 def test_a_prompt_longer_than_a_frame_goes_in_parts_and_comes_out_whole(sgl):
@@ -421,6 +479,46 @@ def test_a_copy_stays_incomplete_until_a_whole_tree_sent_after_its_ask_comes(sgl
         sent[0] = 8
         settled()
         assert loop.incomplete is None and asks == [1]
+    finally:
+        loop.close()
+        probe_end.close()
+
+
+def test_each_frame_of_a_whole_tree_taken_wakes_the_scheduler(sgl):
+    """A scheduler that sleeps on idle (``--sleep-on-idle``: a poller on the hand-over's socket,
+    one wake a second at most) would walk a big tree one slice a second: radixtop's side answers
+    each frame of the whole tree it takes with a ``MORE``, which wakes it; none once it is whole."""
+    import select
+    import time
+
+    from radixtop.adapters.sglang.mirror import MirrorLoop
+    from radixtop.adapters.sglang.probe import MORE, RECORDS
+    from radixtop.adapters.sglang.records import ADD, BEGIN, NODE, RESET, WHOLE
+    from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair
+
+    probe_sock, mirror_sock = pair()
+    probe_end = ProbeEnd(probe_sock)
+    mirror = MirrorCache(page_size=1)
+    loop = MirrorLoop(mirror, MirrorEnd(mirror_sock))
+    loop.start()
+    woken = select.poll()
+    woken.register(probe_sock.fileno(), select.POLLIN)
+    try:
+        probe_end.send(RECORDS, msgspec.msgpack.encode([(BEGIN,), (NODE, 2, 1, b"\x05" + b"\x00" * 7, None, 1.0,
+                                                                      1.0, 0, 0, ["s"])]))
+        assert woken.poll(5000), "no wake while the whole tree is on its way"
+        assert [f.kind for f in probe_end.commands()] == [MORE]
+        probe_end.send(RECORDS, msgspec.msgpack.encode([(RESET, 1, True), (WHOLE, 1)]))
+        deadline = time.monotonic() + 5
+        while mirror.wholes == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert mirror.by_id[2].session_ids == {"s"}
+        probe_end.send(RECORDS, msgspec.msgpack.encode([(ADD, 3, 2, b"\x06" + b"\x00" * 7, None, 1.0, 1.0, 0, 0)]))
+        while 3 not in mirror.by_id:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not [f for f in probe_end.commands() if f.kind == MORE] and loop.incomplete is None
     finally:
         loop.close()
         probe_end.close()

@@ -19,6 +19,7 @@ from radixtop.adapters.sglang.mirror_unified import MirrorUnifiedCache
 from radixtop.adapters.sglang.records import (
     FULL,
     UnifiedRecorder,
+    Walk,
     can_record,
     recorder_for,
     wire_record,
@@ -64,29 +65,39 @@ def wire(records: list) -> list:
 
 
 def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0, page_size: int = 1,
-          sessions: bool = True, policy: str = "lru", extra_keys: tuple = (None,)) -> set[int]:
+          sessions: bool = True, policy: str = "lru", extra_keys: tuple = (None,), sliced: int = 0) -> set[int]:
     """Random requests, aborts, evictions, closes and re-opens on the real cache; the mirror made
-    from a snapshot taken after ``snapshot_at`` steps, then from the records. Returns the record
-    kinds seen."""
+    from a snapshot taken after ``snapshot_at`` steps, then from the records. ``sliced``: the
+    snapshot walked ``sliced`` nodes a step (``Walk``) while the operations go on, as the probe
+    walks it; the mirror checked once it came whole. Returns the record kinds seen."""
     rng = random.Random(seed)
     cache, pools = drive23.build_unified_cache23(600, page_size, tree_core_backend="python", eviction_policy=policy,
                                                  enable_session_radix_cache=sessions)
     prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]
     running: list = []
-    recorder = mirror = beside = None
+    recorder = mirror = beside = walk = None
     kinds: set[int] = set()
+
+    def adapter_beside():
+        beside = SGLangInProcessAdapter(mirror, model="tiny")
+        beside.bpt = inproc.bpt
+        if sessions:
+            beside._orders.bpt = inproc.bpt
+        return beside
+
     for step in range(steps):
         if step == snapshot_at:  # (radixtop in SGLang's process, attached at the same moment, to compare)
             inproc = SGLangInProcessAdapter(cache, model="tiny")
             recorder = recorder_for(cache)
             assert isinstance(recorder, UnifiedRecorder)
             mirror = MirrorUnifiedCache(page_size=page_size, sessions=sessions)
-            mirror.apply(wire(recorder.snapshot()))
-            check_same(cache, mirror)
-            beside = SGLangInProcessAdapter(mirror, model="tiny")
-            beside.bpt = inproc.bpt
-            if sessions:
-                beside._orders.bpt = inproc.bpt
+            if sliced:  # (radixtop's side reads its copy from the start, as beside the scheduler)
+                beside = adapter_beside()
+                walk = Walk(recorder)
+            else:
+                mirror.apply(wire(recorder.snapshot()))
+                check_same(cache, mirror)
+                beside = adapter_beside()
         roll = rng.random()
         if roll < 0.5 or not running:
             tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
@@ -108,9 +119,17 @@ def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0
             drive23.open_session(cache, f"s{rng.randrange(n_sessions)}")
         if recorder is None:
             continue
-        records = recorder.take()
-        kinds |= {r[0] for r in records}
-        mirror.apply(wire(records))
+        if walk is not None and not walk.done:
+            records = walk.step(most=sliced)
+            kinds |= {r[0] for r in records}
+            mirror.apply(wire(records))
+            if not walk.done:
+                assert mirror.receiving
+                continue
+        else:
+            records = recorder.take()
+            kinds |= {r[0] for r in records}
+            mirror.apply(wire(records))
         check_same(cache, mirror)
         if sessions:
             check_kept(mirror, beside)
@@ -118,6 +137,8 @@ def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0
         else:
             a, b = inproc.children(0, 0, 50), beside.children(0, 0, 50)
             assert (a.total, node_rows(a)) == (b.total, node_rows(b))
+    while walk is not None and not walk.done:
+        mirror.apply(wire(walk.step(most=sliced)))
     for req in running:
         drive23.finish_request(cache, pools, req, [7])
     drive23.evict(cache, 10_000)
@@ -151,6 +172,21 @@ def test_the_mirror_follows_other_shapes_of_the_cache(shape):
 @pytest.mark.parametrize("seed", range(3))
 def test_a_mirror_made_from_a_snapshot_of_a_running_cache_equals_it(seed):
     drive(100 + seed, snapshot_at=90)
+
+
+@pytest.mark.parametrize("sliced", [1, 3])
+def test_a_whole_tree_walked_in_slices_while_sglang_changes_it_comes_equal(sliced):
+    """The whole tree sent over many steps (issue 27: no step holds the scheduler for a whole
+    tree's walk), the requests, aborts, evictions, closes and re-opens going on between its
+    slices: once whole, the copy equals SGLang's tree field for field (the sessions' activity
+    during the walk in its order), its ledger the from-scratch attribution, its reads the
+    in-process adapter's; then it follows the records."""
+    from radixtop.adapters.sglang.records import BEGIN, DROP, NODE, SEEN, TOMB, WHOLE
+
+    kinds = set()
+    for seed in range(6):
+        kinds |= drive(200 + seed, steps=220, snapshot_at=100, sliced=sliced)
+    assert {BEGIN, NODE, WHOLE, SEEN, TOMB, DROP} <= kinds, kinds
 
 
 def test_the_recorder_refuses_what_it_cannot_follow():
