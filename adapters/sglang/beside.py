@@ -50,7 +50,7 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.owned.common import refuse_if_read_only
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
-from radixtop.adapters.sglang.probe import CALL, HELLO, REPLY
+from radixtop.adapters.sglang.probe import CALL, HELLO, MORE, REPLY
 from radixtop.adapters.text import load_tokenizer
 from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
@@ -267,8 +267,9 @@ class MirrorAdapter(SGLangInProcessAdapter):
 
     def _synced(self, run: Callable[[], Any]) -> Any:
         if getattr(self._local, "synced", False) or self._in_pass() is not None \
-                or threading.current_thread() is self.loop.thread:  # (the mirror's own thread: it applies the reply)
-            return run()
+                or threading.current_thread() is self.loop.thread \
+                or self.mirror.receiving:  # (the mirror's own thread applies the reply; the probe answers
+            return run()                    # no sync until the whole tree on its way is sent: the copy as it is)
         self.syncs.wait(self.timeout)  # (past the timeout: the tree as of the last record)
         self._local.synced = True
         try:
@@ -289,7 +290,8 @@ class MirrorAdapter(SGLangInProcessAdapter):
         if self.loop.incomplete is not None:
             why = f"radixtop's copy of the tree is incomplete ({self.loop.incomplete}); the whole tree is being sent again"
         elif self.mirror.receiving:
-            why = "radixtop's process is receiving the tree from the scheduler: what it shows is part of it"
+            why = ("radixtop's process is receiving the whole tree from the scheduler, a slice a step: what it "
+                   "shows is its copy from before (none at its start)")
         else:
             return own
         return dataclasses.replace(own, reason=f"{own.reason}; {why}" if own.reason else why)
@@ -463,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         handover = HandoverEvents(tree, end, on_gone=gone, on_other=calls.replied)
         sglang = RemoteSGLang(calls, tree.name, read_only, timeout)
         adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=syncs.wait)  # type: ignore[arg-type]
+    try:  # up and reading: the probe judges a hang by its own measure from now on (``probe.STARTING_S``)
+        end.send(MORE, b"", timeout=1.0)
+    except Exception:
+        pass
     source = info.get("tokenizer")
     if isinstance(source, dict) and isinstance(source.get("path"), str):  # the server's, for text previews
         readers = adapter if tree is None else tree

@@ -35,12 +35,13 @@ from radixtop.adapters.sglang.records import (
     LOCK,
     NODE,
     OPENED,
+    OPENS,
     PART,
     RESET,
     SEEN,
     SPLIT,
     TAG,
-    TOMB,
+    TOMBS,
     TOUCH,
     UNLOCK,
     WHOLE,
@@ -234,8 +235,12 @@ class RecordsCopy:
             self.wholes += 1
         elif kind == SEEN:
             self.session_seen(record[1], record[2])
-        elif kind == TOMB:
-            self._tombstone(record[1])
+        elif kind == TOMBS:
+            for sid in record[1]:
+                self._tombstone(sid)
+        elif kind == OPENS:
+            for sid in record[1]:
+                self.controller.open(_Req(sid))
         else:
             return False
         return True

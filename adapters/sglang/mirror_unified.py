@@ -32,6 +32,7 @@ from radixtop.adapters.sglang.records import (
     FORGET,
     FULL,
     GEN,
+    GENS,
     LOCK,
     MARK,
     MATCHED,
@@ -385,6 +386,9 @@ class MirrorUnifiedCache(RecordsCopy):
                 refs.release_radix_session(record[1])
             elif kind == GEN:
                 refs.open_radix_session(record[1], record[2])
+            elif kind == GENS:
+                for sid, generation in zip(record[1], record[2], strict=True):
+                    refs.open_radix_session(sid, generation)
             elif kind == FORGET:
                 refs.reset()
             elif kind == RESET:

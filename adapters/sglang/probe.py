@@ -102,8 +102,11 @@ sends them at once: its reply comes after them)."""
 SEND_RECORDS = 2048
 """... or until this many wait."""
 PENDING_MOST = 200_000
-"""The whole tree's records that may wait, walked and not yet sent (the scheduler process's
-memory: ~100-200 bytes each); past them radixtop's process is stopped and started again later."""
+"""The changes that may wait behind the whole tree's last frames (the scheduler process's memory:
+~100-200 bytes each); past them radixtop's process is stopped and started again later."""
+PENDING_BYTES = 64 << 20
+"""The whole tree's frames that may wait, encoded and not yet sent (the scheduler process's
+memory); past them radixtop's process is stopped and started again later."""
 SNAPSHOT_CHUNK = 512
 """Records of the whole tree a frame (halved where over a frame)."""
 SNAPSHOT_STEP_S = 0.001
@@ -133,9 +136,7 @@ class RecordsProbe:
         self.batches = 0
         self._sent_at = 0.0
         self._walk: Walk | None = None
-        self._pending: list[tuple] = []
-        """The whole tree's records walked, not yet encoded (from ``_at`` on)."""
-        self._at = 0
+        self._out_bytes = 0
         self._chunk = SNAPSHOT_CHUNK
         self._out: collections.deque[bytes] = collections.deque()
         """The whole tree's next frames, encoded (one chunk's: at most a long prompt's parts)."""
@@ -149,9 +150,9 @@ class RecordsProbe:
         if self._walk is not None:
             self._walk.stop()
         self._walk = Walk(self.recorder)
-        self._pending, self._at = [], 0
         self._chunk = SNAPSHOT_CHUNK
         self._out.clear()
+        self._out_bytes = 0
         self.stream()
 
     @property
@@ -161,50 +162,53 @@ class RecordsProbe:
 
     def stream(self) -> None:
         """One step of the whole tree: the changes since the last one, then as much of the walk
-        as ``SNAPSHOT_STEP_S`` allows, each frame sent where the socket took the one before."""
+        as ``SNAPSHOT_STEP_S`` allows, its records encoded at once (frames of bytes wait, not
+        tuples: nothing of the walk outlives the step for the garbage collector to go through),
+        each frame sent where the socket took the one before."""
         walk, end = self._walk, self.end
         if walk is None:
             return
         started = time.monotonic()
-        until = started + SNAPSHOT_STEP_S
         if not end.down:
-            self._pending.extend(walk.step(most=0))
-            self._send_walked(until)
-            while not walk.done and self._at >= len(self._pending) and not self._out and not end.held \
-                    and not end.down and time.monotonic() < until:
-                # (the walk takes 60% of the step; its records' encoding the rest, one chunk of it maybe past the end)
-                walked = walk.step(most=SNAPSHOT_NODES, until=started + SNAPSHOT_STEP_S * 0.6)
-                self._pending, self._at = walked, 0
-                self._send_walked(until)
-        if end.down or (walk.done and self._at >= len(self._pending) and not self._out):
+            self._frames(walk.step(most=0))
+            self._send_walked()
+            until = started + SNAPSHOT_STEP_S * 0.6  # (the walk's part; the encoding of its records the rest)
+            while not walk.done and not self._out and not end.held and not end.down and time.monotonic() < until:
+                self._frames(walk.step(most=SNAPSHOT_NODES, until=until))
+                self._send_walked()
+        if end.down or (walk.done and not self._out):
             walk.stop()
             self._walk = None
-            self._pending, self._at = [], 0
             self._out.clear()
+            self._out_bytes = 0
         self.longest_step_s = max(self.longest_step_s, time.monotonic() - started)
 
-    def _send_walked(self, until: float) -> None:
-        end, out, pending = self.end, self._out, self._pending
-        while not end.held and not end.down:
-            if not out:
-                if self._at >= len(pending):
-                    return
-                size, most = self._chunk, end.frame_max
-                chunk = [wire_record(record) for record in pending[self._at : self._at + size]]
-                payload = self._encode(chunk)
-                if len(payload) > most and len(chunk) > 1:  # fewer records a frame from now on
-                    self._chunk = max(1, size // 2)
-                    continue
-                self._at += len(chunk)
-                if len(payload) > most:  # one node's tokens over a frame: in parts
-                    out.extend(self._encode([part]) for part in split_long(chunk[0], most // 2))
-                else:
-                    out.append(payload)
-                self._chunk = min(SNAPSHOT_CHUNK, size * 2)  # (back up: one long prompt shrinks one chunk)
+    def _frames(self, records: list[tuple]) -> None:
+        """The walk's records as frames (``SNAPSHOT_CHUNK`` records a frame, halved where over)."""
+        out, most, at = self._out, self.end.frame_max, 0
+        while at < len(records):
+            size = self._chunk
+            chunk = [wire_record(record) for record in records[at : at + size]]
+            payload = self._encode(chunk)
+            if len(payload) > most and len(chunk) > 1:  # fewer records a frame from now on
+                self._chunk = max(1, size // 2)
+                continue
+            at += len(chunk)
+            if len(payload) > most:  # one record over a frame: in parts
+                parts = [self._encode([part]) for part in split_long(chunk[0], most // 2)]
+            else:
+                parts = [payload]
+            out.extend(parts)
+            self._out_bytes += sum(len(part) for part in parts)
+            self._chunk = min(SNAPSHOT_CHUNK, size * 2)  # (back up: one long prompt shrinks one chunk)
+
+    def _send_walked(self) -> None:
+        end, out = self.end, self._out
+        while out and not end.held and not end.down:
+            payload = out.popleft()
+            self._out_bytes -= len(payload)
             self.batches += 1
-            end.send(RECORDS, out.popleft())
-            if time.monotonic() > until:
-                return
+            end.send(RECORDS, payload)
 
     def step(self, now: bool = False) -> None:
         """Once a scheduler loop: the whole tree's next slice while it is on its way; then the
@@ -217,13 +221,15 @@ class RecordsProbe:
         if self._walk is not None:
             self.stream()
             if self._walk is not None:
-                if len(self._pending) - self._at > PENDING_MOST:  # radixtop's side too slow for this server
-                    log.warning("radixtop: its process beside the scheduler took the tree too slowly (%d changes "
-                                "waiting behind it): stopped, and started again later", len(self._pending) - self._at)
+                waiting = len(self.recorder.records)
+                if self._out_bytes > PENDING_BYTES or waiting > PENDING_MOST:  # its side too slow for this server
+                    log.warning("radixtop: its process beside the scheduler took the tree too slowly (%.1f MiB of it and "
+                                "%d changes waiting): stopped, and started again later", self._out_bytes / (1 << 20),
+                                waiting)
                     self._walk.stop()
                     self._walk = None
-                    self._pending, self._at = [], 0
                     self._out.clear()
+                    self._out_bytes = 0
                     self.recorder.take()
                     end.close()
                 return
@@ -362,6 +368,10 @@ LOOK_S = 0.5
 STALLED_S = 10.0
 """radixtop's process that has taken no frame for this long while frames were dropped for it
 (alive but not reading: hung) is killed, and started again."""
+STARTING_S = 60.0
+"""... this long, until it was first heard from (its imports take seconds on a loaded machine;
+the whole tree's first frames fill the socket before it reads one: found at 1M nodes, where it
+was killed while starting)."""
 
 
 class CallBell:
@@ -454,6 +464,8 @@ class BesideProcess:
 
         missed = self.probe.batches if self.probe is not None else 0
         self._calls.clear()  # (the last process's: nobody waits for their replies)
+        self._heard = False
+        """radixtop's process sent something (a call, a ``MORE``): it is up and reading."""
         mine, theirs = pair(self.buffer)
         fds = (theirs.fileno(), self.listening.fileno())
         try:
@@ -517,7 +529,9 @@ class BesideProcess:
         if bell.rung:
             bell.rung = False
             if not end.down:
-                calls.extend(f.payload for f in end.commands(64) if f.kind == CALL)
+                frames = end.commands(64)
+                self._heard = self._heard or bool(frames)
+                calls.extend(f.payload for f in frames if f.kind == CALL)
             bell.heard()
         while calls and not getattr(probe, "busy", False) and not end.down:  # (no reply overtakes the whole tree)
             self._answer(calls.popleft())
@@ -535,9 +549,11 @@ class BesideProcess:
             self._restart_when_due(now)
         elif end.sent != self._sent_seen:  # it took frames since the last look: going
             self._sent_seen, self._progress_at, self._dropped_seen = end.sent, now, end.dropped
-        elif (end.held or end.dropped != self._dropped_seen) and now - self._progress_at > STALLED_S:
-            # frames waiting or dropped, none taken for STALLED_S: alive but not reading (hung)
-            log.warning("radixtop: its process beside the scheduler took no frame for %.0f s: killed", STALLED_S)
+        elif (end.held or end.dropped != self._dropped_seen) and \
+                now - self._progress_at > (STALLED_S if self._heard else STARTING_S):
+            # frames waiting or dropped, none taken for that long: alive but not reading (hung)
+            log.warning("radixtop: its process beside the scheduler took no frame for %.0f s: killed",
+                        now - self._progress_at)
             self.child.kill()  # its end closes: the probe sees it down at its next send
             self._progress_at = now
 

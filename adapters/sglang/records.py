@@ -41,11 +41,13 @@ walked in slices, a step's worth at a time, while SGLang goes on changing it (``
 
 * ``(BEGIN,)``: a whole tree starts (the copy keeps what it had until its ``WHOLE``);
 * ``(NODE, id, parent_id, tokens, ..., sessions)``: a node as it is now, whole (an ``ADD``'s fields,
-  the ids of the sessions that mark it last); sent again each time it changes during the walk;
+  the ids of the sessions that mark it last); sent again, once the walk is through, where it
+  changed after it was sent;
 * ``(DROP, id)``: a node sent before was deleted since;
-* then the tree's root and what is not a node's, as it is at the walk's end (``RESET`` with
-  ``whole``, the tombstones as ``(TOMB, sid)``, oldest first (a closed session's, not a close
-  now), the generations, the controller's sessions), ``(SEEN, sid, t)`` for
+* then the tree's root and what is not a node's, as it is at the walk's end: ``RESET`` with
+  ``whole``; ``(TOMBS, sids)``, the tombstones oldest first (a closed session's, not a close now);
+  ``(GENS, sids, generations)``; ``(OPENS, sids)``, the controller's open sessions (each list in
+  pieces: C-speed copies, so the last step stays short); then ``(SEEN, sid, t)`` for
   each session active during the walk (a request of it ended, it closed) in the order of their
   last activity (``t``: the step's ``time.monotonic()``, the clock every process here reads),
   and ``WHOLE``.
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -64,7 +67,9 @@ log = logging.getLogger("radixtop.sglang")
 ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED, ENDED, WHOLE = range(14)
 STAMP, MATCHED, MARK, UNMARK, GEN, FORGET, RELEASED = range(14, 21)
 """The unified tree's own records (``UnifiedRecorder``)."""
-BEGIN, NODE, DROP, SEEN, TOMB = range(21, 26)
+BEGIN, NODE, DROP, SEEN, TOMBS, GENS, OPENS = range(21, 28)
+PIECE = 4096
+"""Sessions a ``TOMBS``, ``GENS`` or ``OPENS`` record at most."""
 """The whole tree's records, walked in slices (``Walk``)."""
 RECORDER = "_radixtop_recorder"
 
@@ -226,7 +231,7 @@ class _Recorder:
     def _controller_sessions(self) -> list[tuple]:
         if self.controller is None:
             return []
-        return [(OPENED, sid) for sid in list(getattr(self.controller, "sessions", None) or ())]
+        return pieces(OPENS, list(getattr(self.controller, "sessions", None) or ()))
 
 
 class ChangeRecorder(_Recorder):
@@ -262,7 +267,7 @@ class ChangeRecorder(_Recorder):
 
     def ends(self) -> list[tuple]:
         out: list[tuple] = [(RESET, self.cache.root_node.id, True)]
-        out.extend((TOMB, sid) for sid in getattr(self.cache, "_closed_session_ids", None) or ())
+        out.extend(pieces(TOMBS, list(getattr(self.cache, "_closed_session_ids", None) or ())))
         out.extend(self._controller_sessions())
         return out
 
@@ -428,8 +433,9 @@ class UnifiedRecorder(_Recorder):
         out: list[tuple] = [(RESET, root.id, True, float(root.last_access_time))]
         refs = self.refs
         if refs is not None:
-            out.extend((TOMB, sid) for sid in list(getattr(refs, "_closed_session_ids", None) or ()))
-            out.extend((GEN, sid, gen) for sid, gen in list((getattr(refs, "_session_generations", None) or {}).items()))
+            out.extend(pieces(TOMBS, list(getattr(refs, "_closed_session_ids", None) or ())))
+            generations = getattr(refs, "_session_generations", None) or {}
+            out.extend(pieces(GENS, list(generations), list(generations.values())))
         out.extend(self._controller_sessions())
         return out
 
@@ -561,12 +567,14 @@ class Walk:
     A depth-first walk with a stack of nodes, a slice a step (``step``): each node popped is sent
     as it is then (``NODE``), its children stacked. What SGLang changes meanwhile is not sent as
     the records say (a delta to a node radixtop's side may not have yet): the recorder tells the
-    nodes each change was made at (``watch``) and the ids it deleted (``gone``), and at the next
-    step each sent node on their paths up to the root is sent again as it is now, a node new under
-    a sent one (the walk would not reach it: its parent's children were stacked before it) sent,
-    a sent node deleted dropped (``DROP``), a stacked one deleted skipped when popped. So when the
-    stack is empty every node of the tree was sent as it is now, and the rest (``ends``) goes with
-    ``WHOLE``. A reset of the tree meanwhile starts the walk again. Scheduler thread only."""
+    nodes each change was made at (``watch``) and the ids it deleted (``gone``). At the next step
+    each sent node on their paths up to the root is marked changed (``dirty``), a node new under a
+    sent one marked too (the walk would not reach it: its parent's children were stacked before
+    it), a sent node deleted dropped (``DROP``), a stacked one deleted skipped when popped. Once
+    the stack is empty the marked nodes go as they are then, a slice a step (a node changed many
+    times during the walk goes once more, not once a change), and when none is left the rest
+    (``ends``) goes with ``WHOLE``: every node of the tree sent as it is now. A reset of the tree
+    meanwhile starts the walk again. Scheduler thread only."""
 
     def __init__(self, recorder: _Recorder) -> None:
         self.recorder = recorder
@@ -577,6 +585,8 @@ class Walk:
         self.root = recorder.root()
         self.stack: list[Any] = list(self.root.children.values())
         self.sent: set[int] = set()
+        """The nodes sent, or marked to go (``dirty``)."""
+        self.dirty: dict[int, Any] = {}
         self.gone: set[int] = set()
         self.done = False
         self._begun = False
@@ -584,13 +594,11 @@ class Walk:
     def step(self, most: int | None = 256, until: float | None = None) -> list[tuple]:
         """This step's records: the changes since the last one, then at most ``most`` nodes of the
         walk (None: all), fewer where ``time.monotonic()`` passes ``until``."""
-        import time
-
         recorder = self.recorder
-        taken = recorder.take()
         watched, deleted, active = recorder.watch, recorder.gone, recorder.active
-        if self.done or watched is None or deleted is None or active is None:  # (stopped)
+        if self.done or watched is None or deleted is None or active is None:  # (stopped: the records are the changes')
             return []
+        taken = recorder.take()
         seen = self.seen
         if active:
             now = time.monotonic()
@@ -606,12 +614,14 @@ class Walk:
         if not self._begun:
             out.append((BEGIN,))
             self._begun = True
-        sent, gone, root, state = self.sent, self.gone, self.root, recorder.state
+        sent, dirty, gone, root, state = self.sent, self.dirty, self.gone, self.root, recorder.state
         for node_id in deleted:
             gone.add(node_id)
             if node_id in sent:
                 sent.discard(node_id)
+                dirty.pop(node_id, None)
                 out.append((DROP, node_id))
+        marked = 0
         if watched:
             visited: set[int] = set()
             path: list[Any] = []
@@ -620,13 +630,15 @@ class Walk:
                     visited.add(node.id)
                     path.append(node)
                     node = node.parent
-                while path:  # top down: a node made under one sent in this same step is sent too
+                while path:  # top down: a node made under one marked in this same step is marked too
                     node = path.pop()
                     node_id, parent = node.id, node.parent
                     if node_id not in gone and (node_id in sent or parent is root or
                                                 (parent is not None and parent.id in sent)):
-                        sent.add(node_id)  # (new under a sent node: the walk would not reach it)
-                        out.append(state(node))
+                        sent.add(node_id)
+                        if node_id not in dirty:
+                            dirty[node_id] = node
+                            marked += 1
         stack, pop, extend = self.stack, self.stack.pop, self.stack.extend
         n = 0
         while stack and (most is None or n < most):
@@ -640,8 +652,16 @@ class Walk:
                 out.append(state(node))
                 n += 1
                 if until is not None and not n & 31 and time.monotonic() > until:
-                    break
-        if not stack:
+                    return out
+        # the marked nodes once the stack is empty: at least as many a step as this step marked,
+        # whatever the time (so their number goes down and the walk ends, however busy SGLang is)
+        flushed, least = 0, marked + 1
+        while dirty and not stack and (most is None or flushed < most + marked):
+            out.append(state(dirty.popitem()[1]))
+            flushed += 1
+            if until is not None and flushed >= least and not flushed & 31 and time.monotonic() > until:
+                return out
+        if not stack and not dirty:
             out.extend(recorder.ends())
             last = 0.0
             for sid, t in seen.items():  # (their order kept: one step's apart by a microsecond)
@@ -654,7 +674,13 @@ class Walk:
     def stop(self) -> None:
         self.done = True
         self.recorder.watch = self.recorder.gone = self.recorder.active = None
-        self.stack, self.sent, self.gone = [], set(), set()
+        self.stack, self.sent, self.dirty, self.gone = [], set(), {}, set()
+
+
+def pieces(kind: int, *lists: list) -> list[tuple]:
+    """``(kind, *lists)`` as records of ``PIECE`` items at most (slices: no Python loop an item)."""
+    n = len(lists[0])
+    return [(kind, *(items[i : i + PIECE] for items in lists)) for i in range(0, n, PIECE)]
 
 
 def wire_record(record: tuple) -> tuple:
@@ -677,6 +703,12 @@ def split_long(record: tuple, most: int) -> list[tuple]:
     close's deleted ids over several ``EVICT`` or ``CLOSE`` records (a close's first drops the
     session from every node it held, the rest delete); any other record as it is."""
     kind = record[0]
+    if kind in (TOMBS, GENS, OPENS):
+        size = sum(len(str(sid)) + 12 for sid in record[1])  # (msgpack: a string's bytes and a few more, a generation)
+        if size <= most or len(record[1]) <= 1:
+            return [record]
+        step = max(1, len(record[1]) * most // size)
+        return [(kind, *(items[i : i + step] for items in record[1:])) for i in range(0, len(record[1]), step)]
     if kind in (EVICT, CLOSE):
         ids = record[-1]
         step = max(1, most // 10)  # (msgpack: at most 9 bytes an id)

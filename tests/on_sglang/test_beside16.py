@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from radixtop.adapters.errors import AdapterError
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
@@ -117,6 +118,59 @@ def test_radixtop_beside_a_python_core_answers_as_in_process_and_closes_exactly(
     finally:
         loop.run(beside.close)
         loop.close()
+
+
+def test_reads_while_the_whole_tree_is_on_its_way_answer_at_once_and_say_so(sgl, monkeypatch):
+    """The whole tree goes a slice a scheduler step (``records.Walk``): on a big tree, seconds.
+    Meanwhile a read does not wait for a sync the probe holds back until the tree is whole (it
+    waited ``RADIXTOP_TIMEOUT``, 10 s, each): it answers from the copy it has, and says it is
+    receiving; once whole, reads are current again."""
+    from radixtop.adapters.sglang import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "SNAPSHOT_NODES", 50)  # (a few slices: the scheduler is not stepped yet)
+    replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    for n in range(1, 600):
+        replayer.apply(n, {"op": "request", "input": [n % 97 + 2, n % 89 + 2, n, n + 1], "output": [7],
+                           "session": f"s{n % 7}"})
+    inproc = SGLangInProcessAdapter(cache, model="tiny")
+    beside, client = started(cache)
+    loop = None
+    try:
+        assert beside.probe.busy
+        deadline = time.monotonic() + 30
+        while True:  # (radixtop's process starting)
+            try:
+                began = time.monotonic()
+                caps = client.capabilities()
+                took = time.monotonic() - began
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "radixtop's process beside did not come up"
+                time.sleep(0.2)
+        assert "receiving" in (caps.reason or ""), caps.reason
+        assert took < 3, f"a read waited {took:.1f} s for the whole tree"
+        began = time.monotonic()
+        try:
+            client.stats()
+        except AdapterError as exc:  # (at its start SGLang's totals have not come yet: said in one line)
+            assert "has not answered" in str(exc)
+        assert time.monotonic() - began < 3
+        loop = SchedulerLoop(beside, cache, None)
+        deadline = time.monotonic() + 30
+        while beside.probe.busy or "receiving" in (client.capabilities().reason or ""):
+            assert time.monotonic() < deadline, "the whole tree did not come"
+            time.sleep(0.1)
+        here: list = []
+        loop.run(lambda: here.append(inproc.stats().node_count))
+        assert client.stats().node_count == here[0] > 600
+    finally:
+        if loop is not None:
+            loop.run(beside.close)
+            loop.close()
+        else:
+            beside.close()
 
 
 def test_the_doctor_beside_checks_the_locks_against_the_requests_of_the_same_step(sgl):

@@ -409,15 +409,19 @@ def test_an_eviction_or_close_over_a_frame_goes_in_parts_to_the_same_tree(sgl):
     check_same(cache, mirror)
 
 
-def test_changes_piling_up_behind_a_slow_whole_tree_stop_radixtops_process(sgl, monkeypatch):
-    """Found by review: while the whole tree is on its way the changes SGLang makes wait behind
-    it in the scheduler's process, without a bound. Past ``PENDING_MOST`` the probe gives the
-    process up (it is started again later): the scheduler's memory stays bounded."""
+@pytest.mark.parametrize("bound", ["frames", "changes"])
+def test_what_piles_up_behind_a_slow_whole_tree_stops_radixtops_process(sgl, monkeypatch, bound):
+    """Found by review: while the whole tree is on its way what waits for radixtop's process stays
+    in the scheduler's process: its frames, and the changes SGLang makes once it is walked. Past
+    ``PENDING_BYTES`` of the one or ``PENDING_MOST`` of the other the probe gives the process up
+    (it is started again later): the scheduler's memory stays bounded."""
     from radixtop.adapters.sglang import probe as probe_module
     from radixtop.adapters.sglang.probe import RecordsProbe
     from radixtop.gpu_backend.owner.handover import ProbeEnd, pair
 
-    monkeypatch.setattr(probe_module, "PENDING_MOST", 50)
+    monkeypatch.setattr(probe_module, "SNAPSHOT_STEP_S", 10.0)  # (the walk in the first step: all of it waits)
+    monkeypatch.setattr(probe_module, "PENDING_BYTES", (16 << 10) if bound == "frames" else 1 << 30)
+    monkeypatch.setattr(probe_module, "PENDING_MOST", 50 if bound == "changes" else 1 << 30)
     replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
     cache = replayer.cache
     cache.enable_session_radix_cache = True
@@ -429,7 +433,8 @@ def test_changes_piling_up_behind_a_slow_whole_tree_stop_radixtops_process(sgl, 
     for n in range(2000, 2100):
         replayer.apply(n, {"op": "request", "input": [5, n, n + 1], "output": [7], "session": "b"})
         probe.step()
-        assert len(probe.recorder.records) <= 50 + 20
+        assert probe.end.down or (len(probe.recorder.records) <= probe_module.PENDING_MOST + 20 and
+                                  probe._out_bytes <= probe_module.PENDING_BYTES)
     assert probe.end.down and not probe.busy
     mirror_sock.close()
 

@@ -181,12 +181,12 @@ def test_a_whole_tree_walked_in_slices_while_sglang_changes_it_comes_equal(slice
     slices: once whole, the copy equals SGLang's tree field for field (the sessions' activity
     during the walk in its order), its ledger the from-scratch attribution, its reads the
     in-process adapter's; then it follows the records."""
-    from radixtop.adapters.sglang.records import BEGIN, DROP, NODE, SEEN, TOMB, WHOLE
+    from radixtop.adapters.sglang.records import BEGIN, DROP, GENS, NODE, SEEN, TOMBS, WHOLE
 
     kinds = set()
     for seed in range(6):
         kinds |= drive(200 + seed, steps=220, snapshot_at=100, sliced=sliced)
-    assert {BEGIN, NODE, WHOLE, SEEN, TOMB, DROP} <= kinds, kinds
+    assert {BEGIN, NODE, WHOLE, SEEN, TOMBS, GENS, DROP} <= kinds, kinds
 
 
 def test_the_recorder_refuses_what_it_cannot_follow():

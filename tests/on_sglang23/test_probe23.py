@@ -231,6 +231,18 @@ def test_radixtops_process_beside_serves_the_tree_and_sglangs_own_figures_and_ac
         beside.close()
 
 
+def heard(beside, timeout: float = 60) -> None:
+    """Steps until radixtop's process said it is up (a process that hangs before that is judged by
+    ``probe.STARTING_S``: its start takes seconds on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not beside._heard:
+        assert time.monotonic() < deadline, "radixtop's process beside never said it was up"
+        beside.step()
+        time.sleep(0.01)
+
+
 def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed(sgl, monkeypatch):
     """radixtop's process stopped (SIGSTOP: alive, reading nothing): the probe's frames are dropped
     without a wait; after ``STALLED_S`` of that the process is killed, and started again on the
@@ -258,6 +270,7 @@ def test_a_hung_process_beside_is_killed_and_started_again_saying_what_it_missed
     loop = None
     try:
         assert poller.fds == [beside.probe.end.sock.fileno()]  # a call from radixtop's side wakes it
+        heard(beside)
         first = beside.child.pid
         os.kill(first, signal.SIGSTOP)
         deadline = time.monotonic() + 60
@@ -298,6 +311,7 @@ def test_a_process_beside_that_hangs_before_the_server_goes_idle_is_replaced_all
     cache, pools = rust_cache(sgl, capacity=8192)
     beside, client = started_beside(cache, 8192, buffer=8 << 10, backlog=8 << 10)
     try:
+        heard(beside)
         first = beside.child.pid
         os.kill(first, signal.SIGSTOP)
         for tokens, output in requests(9, 100_000):  # a burst, until frames drop
@@ -312,5 +326,41 @@ def test_a_process_beside_that_hangs_before_the_server_goes_idle_is_replaced_all
             time.sleep(0.01)
         assert beside.child.pid != first
     finally:
+        client.release()
+        beside.close()
+
+
+def test_a_process_beside_still_starting_is_not_taken_for_hung(sgl, monkeypatch):
+    """Found at 1M nodes: the whole tree's first frames filled the socket while radixtop's process
+    was still importing (seconds on a loaded machine); no frame taken for ``STALLED_S``, it was
+    killed as hung, and the whole tree walked again. Until it says it is up, it has
+    ``STARTING_S``."""
+    import time
+
+    from radixtop.adapters.sglang import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "STALLED_S", 0.5)
+    monkeypatch.setattr(probe_module, "RESTART_FIRST_S", 0.1)
+    cache, pools = rust_cache(sgl, capacity=8192)
+    beside, client = started_beside(cache, 8192, buffer=8 << 10, backlog=8 << 10)
+    first = beside.child.pid
+    os.kill(first, signal.SIGSTOP)  # (just started: it has said nothing yet)
+    try:
+        for tokens, output in requests(9, 100_000):  # a burst, until frames drop
+            drive23.run_request(cache, pools, tokens, output)
+            beside.step()
+            if beside.probe.end.dropped:
+                break
+        assert beside.probe.end.dropped
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            beside.step()
+            time.sleep(0.01)
+        assert beside.starts == 1 and beside.child.pid == first
+        os.kill(first, signal.SIGCONT)
+        heard(beside)
+        assert beside.starts == 1
+    finally:
+        os.kill(first, signal.SIGCONT)
         client.release()
         beside.close()
