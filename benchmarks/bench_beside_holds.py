@@ -117,6 +117,18 @@ def measure(tree, grown, window_s: float) -> dict:
             elif walking:
                 walk_rows.append((t1 - t0, thread_time() - c0, t1 - started))
 
+    import gc
+
+    collections: list[tuple[int, float, float]] = []  # (generation, start, seconds): where a long hold went
+    began: dict[str, float] = {}
+
+    def collecting(phase_name: str, info: dict) -> None:
+        if phase_name == "start":
+            began["t"] = pc()
+        elif "t" in began:
+            collections.append((info["generation"], began["t"], pc() - began.pop("t")))
+
+    gc.callbacks.append(collecting)
     thread = threading.Thread(target=scheduler, name="scheduler", daemon=True)
     thread.start()
     try:
@@ -134,6 +146,12 @@ def measure(tree, grown, window_s: float) -> dict:
             assert time.monotonic() < deadline, "the whole tree did not come"
             time.sleep(0.1)
         ws = sorted(h for h, _, _ in walk_rows)
+        worst = sorted(range(len(walk_rows)), key=lambda i: -walk_rows[i][0])[:3]
+        full = [c for c in collections if c[0] == 2]
+        log("  the whole tree's longest steps: " + ", ".join(f"#{i + 1} of {len(walk_rows)}: {walk_rows[i][0] * 1e3:.1f} ms"
+                                                            for i in worst)
+            + f"; the process's full garbage collections meanwhile: {len(full)}, longest "
+            f"{max((c[2] for c in full), default=0) * 1e3:.0f} ms")
         walk = {"walk_steps": len(walk_rows), "walk_s": sum(s for _, _, s in walk_rows),
                 "walk_longest_ms": ws[-1] * 1e3, "walk_longest_cpu_ms": max(c for _, c, _ in walk_rows) * 1e3,
                 "walk_p99_ms": ws[int(0.99 * (len(ws) - 1))] * 1e3,
@@ -154,6 +172,7 @@ def measure(tree, grown, window_s: float) -> dict:
         polls, poll_ms = json.loads(reader.stdout.strip().splitlines()[-1])
         rss_mb = rss_mib(beside.child.pid)
     finally:
+        gc.callbacks.remove(collecting)
         stop.set()
         thread.join(30)
         beside.close()

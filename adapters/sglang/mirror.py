@@ -570,6 +570,7 @@ class MirrorLoop:
                 os.read(self._wake_r, 4096)
             except (BlockingIOError, OSError):
                 pass
+            took = False  # (a frame of the whole tree: one MORE for what was taken at once)
             for _ in range(64):  # frames first, then a turn of the reads
                 try:
                     frame = end.receive(0)
@@ -591,10 +592,11 @@ class MirrorLoop:
                     else:
                         if self.incomplete is not None and self.mirror.wholes > self._wholes_asked:
                             self.incomplete = None  # (the whole tree sent after the ask came)
-                        if self.mirror.receiving:
-                            self._more()
+                        took = took or self.mirror.receiving
                 elif self.on_other is not None:
                     self.on_other(frame)
+            if took:
+                self._more()
             if self.incomplete is not None and time.monotonic() - self._asked_at > RESYNC_AGAIN_S:
                 self._ask()  # (the ask, or its answer, was lost: again)
             queue.between_steps(idle=True, budget=0.05)

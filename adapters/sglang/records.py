@@ -640,9 +640,13 @@ class Walk:
                             dirty[node_id] = node
                             marked += 1
         stack, pop, extend = self.stack, self.stack.pop, self.stack.extend
-        n = 0
+        n = popped = 0
         while stack and (most is None or n < most):
             node = pop()
+            popped += 1
+            if until is not None and not popped & 7 and time.monotonic() > until:
+                stack.append(node)
+                return out
             node_id = node.id
             if node_id in gone:
                 continue
@@ -651,15 +655,13 @@ class Walk:
                 sent.add(node_id)
                 out.append(state(node))
                 n += 1
-                if until is not None and not n & 31 and time.monotonic() > until:
-                    return out
         # the marked nodes once the stack is empty: at least as many a step as this step marked,
         # whatever the time (so their number goes down and the walk ends, however busy SGLang is)
         flushed, least = 0, marked + 1
         while dirty and not stack and (most is None or flushed < most + marked):
             out.append(state(dirty.popitem()[1]))
             flushed += 1
-            if until is not None and flushed >= least and not flushed & 31 and time.monotonic() > until:
+            if until is not None and flushed >= least and not flushed & 7 and time.monotonic() > until:
                 return out
         if not stack and not dirty:
             out.extend(recorder.ends())
