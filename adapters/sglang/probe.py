@@ -115,7 +115,8 @@ the encoding and the sends (each send only where the socket took the one before)
 SNAPSHOT_NODES = 4096
 """Nodes walked a step at most (fewer where ``SNAPSHOT_STEP_S`` passed)."""
 MORE = 6
-"""From radixtop's side, while the whole tree is on its way: it took a frame of it. It wakes a
+"""From radixtop's side, while the whole tree is on its way: it took frames of it (one ``MORE``
+for what it took at once; and once when it is up and reading, ``STARTING_S``). It wakes a
 scheduler that sleeps on idle (``--sleep-on-idle``: its poller waits on the hand-over's socket),
 so the walk goes on at the idle scheduler's pace, not one step a second; the probe reads it and
 drops it."""
@@ -140,8 +141,6 @@ class RecordsProbe:
         self._chunk = SNAPSHOT_CHUNK
         self._out: collections.deque[bytes] = collections.deque()
         """The whole tree's next frames, encoded (one chunk's: at most a long prompt's parts)."""
-        self.longest_step_s = 0.0
-        """The longest step the whole tree's walk took (the benchmarks read it)."""
 
     def start(self) -> None:
         """At (re)start, and for a resync: the whole tree, walked a slice a step (``Walk``: what
@@ -181,7 +180,6 @@ class RecordsProbe:
             self._walk = None
             self._out.clear()
             self._out_bytes = 0
-        self.longest_step_s = max(self.longest_step_s, time.monotonic() - started)
 
     def _frames(self, records: list[tuple]) -> None:
         """The walk's records as frames (``SNAPSHOT_CHUNK`` records a frame, halved where over)."""

@@ -527,3 +527,24 @@ def test_each_frame_of_a_whole_tree_taken_wakes_the_scheduler(sgl):
     finally:
         loop.close()
         probe_end.close()
+
+
+def test_the_walks_set_of_ids_is_a_set():
+    """``records.IdSet`` (the walk's ids sent, a bytearray by id): as a Python set would be, ids
+    past its size (it grows), negative and huge ones (kept aside) included."""
+    import random
+
+    from radixtop.adapters.sglang.records import IdSet
+
+    rng = random.Random(4)
+    mine, want = IdSet(16), set()
+    for _ in range(20_000):
+        node_id = rng.choice([rng.randrange(0, 5000), rng.randrange(-5, 0), rng.randrange(1 << 40, (1 << 40) + 9)])
+        if rng.random() < 0.7:
+            mine.add(node_id)
+            want.add(node_id)
+        else:
+            mine.discard(node_id)
+            want.discard(node_id)
+        assert mine.count == len(want)
+    assert all((i in mine) == (i in want) for i in [*range(-6, 5100), *range(1 << 40, (1 << 40) + 10)])
