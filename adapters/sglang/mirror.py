@@ -203,7 +203,7 @@ class RecordsCopy:
             raise MirrorError(f"a whole tree came with {len(apart) - len(out) + 1} nodes not under its root")
         out.extend(marks)
         out.extend(after[1:])
-        out.extend(self._seen_before(apart, {record[1] for record in after if record[0] == SEEN}))
+        out.extend(self._seen_before(apart, {sid for record in after if record[0] == SEEN for sid in record[1]}))
         out.append((WHOLE, len(apart)))
         return out
 
@@ -234,7 +234,8 @@ class RecordsCopy:
             self.receiving = False
             self.wholes += 1
         elif kind == SEEN:
-            self.session_seen(record[1], record[2])
+            for sid, t in zip(record[1], record[2], strict=True):
+                self.session_seen(sid, t)
         elif kind == TOMBS:
             for sid in record[1]:
                 self._tombstone(sid)
@@ -335,7 +336,7 @@ class MirrorCache(RecordsCopy):
             for sid in record[-1]:
                 if sid not in seen:
                     newest[sid] = max(newest.get(sid, record[5]), record[5])
-        return [(SEEN, sid, t) for sid, t in newest.items()]
+        return [(SEEN, list(newest), list(newest.values()))] if newest else []
 
     def _tombstone(self, session_id: str) -> None:
         closed = self._closed_session_ids

@@ -137,6 +137,8 @@ class RecordsProbe:
         self.batches = 0
         self._sent_at = 0.0
         self._walk: Walk | None = None
+        self._unframed: list[tuple] = []
+        """The whole tree's records walked and not yet encoded (its end: thousands, over steps)."""
         self._out_bytes = 0
         self._chunk = SNAPSHOT_CHUNK
         self._out: collections.deque[bytes] = collections.deque()
@@ -150,9 +152,13 @@ class RecordsProbe:
             self._walk.stop()
         self._walk = Walk(self.recorder)
         self._chunk = SNAPSHOT_CHUNK
+        self._drop_frames()
+        self.stream()
+
+    def _drop_frames(self) -> None:
+        self._unframed = []
         self._out.clear()
         self._out_bytes = 0
-        self.stream()
 
     @property
     def busy(self) -> bool:
@@ -169,22 +175,29 @@ class RecordsProbe:
             return
         started = time.monotonic()
         if not end.down:
-            self._frames(walk.step(most=0))
+            ends = started + SNAPSHOT_STEP_S
+            self._frames(walk.step(most=0), ends)
             self._send_walked()
             until = started + SNAPSHOT_STEP_S * 0.6  # (the walk's part; the encoding of its records the rest)
-            while not walk.done and not self._out and not end.held and not end.down and time.monotonic() < until:
-                self._frames(walk.step(most=SNAPSHOT_NODES, until=until))
+            first = True  # (a slice a step at least, however short the time)
+            while not walk.done and not self._unframed and not self._out and not end.held and not end.down \
+                    and (first or time.monotonic() < until):
+                first = False
+                self._frames(walk.step(most=SNAPSHOT_NODES, until=until), ends)
                 self._send_walked()
-        if end.down or (walk.done and not self._out):
+        if end.down or (walk.done and not self._unframed and not self._out):
             walk.stop()
             self._walk = None
-            self._out.clear()
-            self._out_bytes = 0
+            self._drop_frames()
 
-    def _frames(self, records: list[tuple]) -> None:
-        """The walk's records as frames (``SNAPSHOT_CHUNK`` records a frame, halved where over)."""
+    def _frames(self, records: list[tuple], until: float) -> None:
+        """The walk's records as frames (``SNAPSHOT_CHUNK`` records a frame, halved where over), a
+        frame at least, then until ``time.monotonic()`` passes ``until``; the rest the next step."""
+        records = self._unframed = self._unframed + records if self._unframed else records
         out, most, at = self._out, self.end.frame_max, 0
         while at < len(records):
+            if at and time.monotonic() > until:
+                break
             size = self._chunk
             chunk = [wire_record(record) for record in records[at : at + size]]
             payload = self._encode(chunk)
@@ -199,6 +212,7 @@ class RecordsProbe:
             out.extend(parts)
             self._out_bytes += sum(len(part) for part in parts)
             self._chunk = min(SNAPSHOT_CHUNK, size * 2)  # (back up: one long prompt shrinks one chunk)
+        self._unframed = records[at:] if at < len(records) else []
 
     def _send_walked(self) -> None:
         end, out = self.end, self._out
@@ -219,15 +233,14 @@ class RecordsProbe:
         if self._walk is not None:
             self.stream()
             if self._walk is not None:
-                waiting = len(self.recorder.records)
+                waiting = len(self.recorder.records) + len(self._unframed)
                 if self._out_bytes > PENDING_BYTES or waiting > PENDING_MOST:  # its side too slow for this server
                     log.warning("radixtop: its process beside the scheduler took the tree too slowly (%.1f MiB of it and "
                                 "%d changes waiting): stopped, and started again later", self._out_bytes / (1 << 20),
                                 waiting)
                     self._walk.stop()
                     self._walk = None
-                    self._out.clear()
-                    self._out_bytes = 0
+                    self._drop_frames()
                     self.recorder.take()
                     end.close()
                 return

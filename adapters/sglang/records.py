@@ -47,10 +47,10 @@ walked in slices, a step's worth at a time, while SGLang goes on changing it (``
 * then the tree's root and what is not a node's, as it is at the walk's end: ``RESET`` with
   ``whole``; ``(TOMBS, sids)``, the tombstones oldest first (a closed session's, not a close now);
   ``(GENS, sids, generations)``; ``(OPENS, sids)``, the controller's open sessions (each list in
-  pieces: C-speed copies, so the last step stays short); then ``(SEEN, sid, t)`` for
-  each session active during the walk (a request of it ended, it closed) in the order of their
-  last activity (``t``: the step's ``time.monotonic()``, the clock every process here reads),
-  and ``WHOLE``.
+  pieces: C-speed copies, so the last step stays short); then ``(SEEN, sids, times)``: the
+  sessions active during the walk (a request of it ended, it closed) in the order of their last
+  activity (``times``: each one's step's ``time.monotonic()``, the clock every process here
+  reads, a microsecond apart where one step's), and ``WHOLE``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ STAMP, MATCHED, MARK, UNMARK, GEN, FORGET, RELEASED = range(14, 21)
 """The unified tree's own records (``UnifiedRecorder``)."""
 BEGIN, NODE, DROP, SEEN, TOMBS, GENS, OPENS = range(21, 28)
 PIECE = 4096
-"""Sessions a ``TOMBS``, ``GENS`` or ``OPENS`` record at most."""
+"""Sessions a ``TOMBS``, ``GENS``, ``OPENS`` or ``SEEN`` record at most."""
+FLOOR = 256
+"""Marked nodes a step sends at least once the walk is through, whatever the time (as many as the
+step marked, up to this: about a millisecond more at most)."""
 """The whole tree's records, walked in slices (``Walk``)."""
 RECORDER = "_radixtop_recorder"
 
@@ -625,6 +628,7 @@ class Walk:
         recorder.watch, recorder.gone, recorder.active = [], [], []
         self.seen: dict[str, float] = {}
         """The sessions active during the walk, by their last activity's step, oldest first."""
+        self._seen_last = 0.0
         self.root = recorder.root()
         self.stack: list[Any] = list(self.root.children.values())
         self.sent = IdSet(int(getattr(type(self.root), "counter", 0) or 0) + 4096)
@@ -645,12 +649,15 @@ class Walk:
         seen = self.seen
         if active:
             now = time.monotonic()
-            for sid in active:
+            for sid in active:  # (their order kept: one step's a microsecond apart)
+                now = max(now, self._seen_last + 1e-6)
+                self._seen_last = now
                 seen.pop(sid, None)
                 seen[sid] = now
         if any(record[0] == RESET for record in taken):  # a new tree: walked again
+            last = self._seen_last
             self.__init__(recorder)  # type: ignore[misc]
-            self.seen = seen
+            self.seen, self._seen_last = seen, last
             return self.step(most, until)
         recorder.watch, recorder.gone, recorder.active = [], [], []
         out: list[tuple] = []
@@ -698,9 +705,9 @@ class Walk:
                 sent.add(node_id)
                 out.append(state(node))
                 n += 1
-        # the marked nodes once the stack is empty: at least as many a step as this step marked,
-        # whatever the time (so their number goes down and the walk ends, however busy SGLang is)
-        flushed, least = 0, marked + 1
+        # the marked nodes once the stack is empty: at least as many a step as this step marked (up
+        # to FLOOR), whatever the time, so their number goes down and the walk ends on a busy server
+        flushed, least = 0, min(marked + 1, FLOOR)
         while dirty and not stack and (most is None or flushed < most + marked):
             out.append(state(dirty.popitem()[1]))
             flushed += 1
@@ -708,10 +715,7 @@ class Walk:
                 return out
         if not stack and not dirty:
             out.extend(recorder.ends())
-            last = 0.0
-            for sid, t in seen.items():  # (their order kept: one step's apart by a microsecond)
-                last = max(t, last + 1e-6)
-                out.append((SEEN, sid, last))
+            out.extend(pieces(SEEN, list(seen), list(seen.values())))
             out.append((WHOLE, sent.count))
             self.stop()
         return out
@@ -748,7 +752,7 @@ def split_long(record: tuple, most: int) -> list[tuple]:
     close's deleted ids over several ``EVICT`` or ``CLOSE`` records (a close's first drops the
     session from every node it held, the rest delete); any other record as it is."""
     kind = record[0]
-    if kind in (TOMBS, GENS, OPENS):
+    if kind in (TOMBS, GENS, OPENS, SEEN):
         size = sum(len(str(sid)) + 12 for sid in record[1])  # (msgpack: a string's bytes and a few more, a generation)
         if size <= most or len(record[1]) <= 1:
             return [record]

@@ -548,3 +548,46 @@ def test_the_walks_set_of_ids_is_a_set():
             want.discard(node_id)
         assert mine.count == len(want)
     assert all((i in mine) == (i in want) for i in [*range(-6, 5100), *range(1 << 40, (1 << 40) + 10)])
+
+
+def test_the_whole_trees_end_goes_over_several_steps_and_comes_whole(sgl, monkeypatch):
+    """The walk's end is the sessions' lists (50,000 open sessions at 1M nodes: one step of 20 ms
+    when encoded at once): encoded a frame at least, then as long as the step's time allows, the
+    rest the next steps; the copy ends with every one."""
+    from radixtop.adapters.sglang import probe as probe_module
+    from radixtop.adapters.sglang.probe import RecordsProbe
+    from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair
+
+    class Controller:  # (SGLang's SessionController as the recorder reads it)
+        def __init__(self) -> None:
+            self.sessions = {f"open-{i}": None for i in range(20_000)}
+
+        def open(self, req) -> None:
+            self.sessions[req.session_id] = None
+
+        def _close(self, sid) -> None:
+            self.sessions.pop(sid, None)
+
+    from radixtop.adapters.sglang import records as records_module
+
+    monkeypatch.setattr(probe_module, "SNAPSHOT_STEP_S", 1e-6)
+    monkeypatch.setattr(records_module, "PIECE", 64)
+    replayer = SGLangReplayer(sgl, 20_000, eviction_policy="lru", max_running=8, max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    for n in range(50):
+        replayer.apply(n, {"op": "request", "input": [n + 2, n + 3], "output": [7], "session": "a"})
+    probe_sock, mirror_sock = pair(64 << 10)  # (frames of ~32 KiB: the end is many)
+    probe = RecordsProbe(ChangeRecorder(cache, Controller()), ProbeEnd(probe_sock))
+    end = MirrorEnd(mirror_sock)
+    mirror = MirrorCache(page_size=1)
+    probe.start()
+    left = []  # (each step's records walked and left to encode at the next)
+    while probe.busy:
+        probe.step()
+        left.append(len(probe._unframed))
+        while (frame := end.receive(0)) is not None:
+            mirror.apply(msgspec.msgpack.decode(frame.payload))
+    assert sum(1 for n in left if n) > 3 and not mirror.receiving
+    assert set(mirror.controller.sessions) == {f"open-{i}" for i in range(20_000)}
+    check_same(cache, mirror)
