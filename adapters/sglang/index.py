@@ -323,7 +323,7 @@ def _full_component(cache: Any) -> Any | None:
     return None
 
 
-def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex, cache: Any = None) -> bool:
+def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex, cache: Any) -> bool:
     """Keep a ``SessionLedger`` of a 0.5.17+ ``UnifiedRadixCache`` on the Python tree core with
     sessions (the deref policy: a close drops references, frees nothing, so exclusive stays 0 and
     no lock needs following): its full component's mark and unmark of a session leaf are every

@@ -172,7 +172,7 @@ class RecordsCopy:
             elif kind == DROP:
                 apart.pop(record[1], None)
             elif kind == PART:
-                self._parts.setdefault(record[1], []).append(record[2])
+                self._shared(kind, record)
             elif kind == WHOLE:
                 self._apart = None
                 self._apply(self._whole(apart))

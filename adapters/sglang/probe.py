@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
-from radixtop.adapters.sglang.records import Walk, split_long, wire_record
+from radixtop.adapters.sglang.records import Walk, split_long
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
@@ -193,13 +193,13 @@ class RecordsProbe:
     def _frames(self, records: list[tuple], until: float) -> None:
         """The walk's records as frames (``SNAPSHOT_CHUNK`` records a frame, halved where over), a
         frame at least, then until ``time.monotonic()`` passes ``until``; the rest the next step."""
-        records = self._unframed = self._unframed + records if self._unframed else records
+        records = self._unframed + records if self._unframed else records
         out, most, at = self._out, self.end.frame_max, 0
         while at < len(records):
             if at and time.monotonic() > until:
                 break
             size = self._chunk
-            chunk = [wire_record(record) for record in records[at : at + size]]
+            chunk = records[at : at + size]
             payload = self._encode(chunk)
             if len(payload) > most and len(chunk) > 1:  # fewer records a frame from now on
                 self._chunk = max(1, size // 2)

@@ -68,12 +68,12 @@ ADD, SPLIT, DELETE, EVICT, CLOSE, TAG, LOCK, UNLOCK, TOUCH, RESET, PART, OPENED,
 STAMP, MATCHED, MARK, UNMARK, GEN, FORGET, RELEASED = range(14, 21)
 """The unified tree's own records (``UnifiedRecorder``)."""
 BEGIN, NODE, DROP, SEEN, TOMBS, GENS, OPENS = range(21, 28)
+"""The whole tree's records, walked in slices (``Walk``)."""
 PIECE = 4096
 """Sessions a ``TOMBS``, ``GENS``, ``OPENS`` or ``SEEN`` record at most."""
 FLOOR = 256
 """Marked nodes a step sends at least once the walk is through, whatever the time (as many as the
 step marked, up to this: about a millisecond more at most)."""
-"""The whole tree's records, walked in slices (``Walk``)."""
 RECORDER = "_radixtop_recorder"
 
 
@@ -265,8 +265,9 @@ class ChangeRecorder(_Recorder):
 
     def state(self, node: Any) -> tuple:
         key = node.key
-        return (NODE, node.id, node.parent.id, tokens_of(key), key.extra_key, node.last_access_time, getattr(node, "creation_time", node.last_access_time),
-                node.hit_count, node.lock_ref, tuple(getattr(node, "session_ids", None) or ()))
+        return (NODE, node.id, node.parent.id, tokens_of(key), key.extra_key, node.last_access_time,
+                getattr(node, "creation_time", node.last_access_time), node.hit_count, node.lock_ref,
+                tuple(getattr(node, "session_ids", None) or ()))
 
     def ends(self) -> list[tuple]:
         out: list[tuple] = [(RESET, self.cache.root_node.id, True)]
@@ -428,8 +429,9 @@ class UnifiedRecorder(_Recorder):
 
     def state(self, node: Any) -> tuple:
         key, data = node.key, node.component_data[FULL]
-        return (NODE, node.id, node.parent.id, tokens_of(key), key.extra_key, float(node.last_access_time), float(node.creation_time), node.hit_count, data.lock_ref,
-                data.session_ref, getattr(key, "cache_salt", None), tuple(data.session_ids or ()))
+        return (NODE, node.id, node.parent.id, tokens_of(key), key.extra_key, float(node.last_access_time),
+                float(node.creation_time), node.hit_count, data.lock_ref, data.session_ref,
+                getattr(key, "cache_salt", None), tuple(data.session_ids or ()))
 
     def ends(self) -> list[tuple]:
         root = self.core.root_node
@@ -500,12 +502,9 @@ class UnifiedRecorder(_Recorder):
             self.gone.append(node.id)  # type: ignore[union-attr]  (while walked: watch and gone are lists)
             return [node.parent]  # (the session marks it held move up its path)
 
-        def leaves(sid: Any, *a: Any, **k: Any) -> Any:
-            return full._session_leaves.get(sid, ())
-
         def released(sid: Any, *a: Any, **k: Any) -> Any:
             self.active.append(sid)  # type: ignore[union-attr]
-            return leaves(sid)
+            return full._session_leaves.get(sid, ())
 
         def registered(sid: Any, leaf: Any = None, *a: Any, **k: Any) -> Any:
             self.active.append(sid)  # type: ignore[union-attr]
@@ -527,7 +526,8 @@ class UnifiedRecorder(_Recorder):
         self._composite(full, "release_session", lambda sid, *a, **k: (RELEASED, sid), released)
         refs = self.refs
         if refs is not None:
-            self._composite(refs, "release_radix_session", lambda sid, *a, **k: (CLOSE, sid, []), leaves)
+            # (a close's nodes: told by the release_session it makes, where it makes one)
+            self._composite(refs, "release_radix_session", lambda sid, *a, **k: (CLOSE, sid, []))
             wrap(refs, "open_radix_session",
                  lambda result, sid, *a, **k: records().append((GEN, sid, result)) if not self._inside else None)
             self._composite(refs, "reset", lambda *a, **k: (FORGET,))
@@ -730,20 +730,6 @@ def pieces(kind: int, *lists: list) -> list[tuple]:
     """``(kind, *lists)`` as records of ``PIECE`` items at most (slices: no Python loop an item)."""
     n = len(lists[0])
     return [(kind, *(items[i : i + PIECE] for items in lists)) for i in range(0, n, PIECE)]
-
-
-def wire_record(record: tuple) -> tuple:
-    """A snapshot's record as it is sent (an ``ADD``'s or a ``NODE``'s tokens as bytes)."""
-    if (record[0] == ADD or record[0] == NODE) and not isinstance(record[3], bytes):
-        return (*record[:3], tokens_of(SimpleKey(record[3])), *record[4:])
-    return record
-
-
-class SimpleKey:
-    __slots__ = ("token_ids",)
-
-    def __init__(self, token_ids: Any) -> None:
-        self.token_ids = token_ids
 
 
 def split_long(record: tuple, most: int) -> list[tuple]:

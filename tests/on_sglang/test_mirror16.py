@@ -15,7 +15,7 @@ import pytest
 
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.mirror import MirrorCache
-from radixtop.adapters.sglang.records import ChangeRecorder, wire_record
+from radixtop.adapters.sglang.records import ChangeRecorder
 from radixtop.gpu_backend.ledger.orders import ROW_KEYS
 from tests.on_sglang.ref.replay_sglang import SGLangReplayer, _parse, import_sglang
 from tests.on_sglang.test_ledger16 import check_kept
@@ -61,7 +61,7 @@ def check_same(cache, mirror: MirrorCache) -> None:
 
 def wire(records: list) -> list:
     """Through the hand-over's encoding (the probe's encoder, the mirror's decoder)."""
-    return msgspec.msgpack.decode(msgspec.msgpack.encode([wire_record(r) for r in records]))
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(records))
 
 
 def session_rows(page):

@@ -10,6 +10,7 @@ what the adapter in SGLang's process answers. Collected only beside sglang 0.5.2
 from __future__ import annotations
 
 import random
+from array import array
 
 import msgspec
 import pytest
@@ -22,7 +23,6 @@ from radixtop.adapters.sglang.records import (
     Walk,
     can_record,
     recorder_for,
-    wire_record,
 )
 from tests.on_sglang.ref import drive23
 from tests.on_sglang.test_mirror16 import check_reads, node_rows, walk
@@ -61,7 +61,7 @@ def check_same(cache, mirror: MirrorUnifiedCache) -> None:
 
 def wire(records: list) -> list:
     """Through the hand-over's encoding (the probe's encoder, the mirror's decoder)."""
-    return msgspec.msgpack.decode(msgspec.msgpack.encode([wire_record(r) for r in records]))
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(records))
 
 
 def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0, page_size: int = 1,
@@ -205,7 +205,7 @@ def test_a_record_the_copy_cannot_have_come_from_is_refused():
     from radixtop.adapters.sglang.records import ADD, RESET, SPLIT, UNMARK, WHOLE
 
     mirror = MirrorUnifiedCache(page_size=1, sessions=True)
-    tokens = wire_record((ADD, 1, 0, [5, 6, 7], None, 1.0, 1.0, 0, 0, 0, None))[3]
+    tokens = array("q", [5, 6, 7]).tobytes()
     mirror.apply([(RESET, 0, True, 0.0), (ADD, 1, 0, tokens, None, 1.0, 1.0, 0, 0, 0, None), (WHOLE, 2)])
     for bad in [(ADD, 1, 0, tokens, None, 2.0, 2.0, 0, 0, 0, None), (SPLIT, 2, 1, 3, 2.0, 2.0),
                 (SPLIT, 1, 1, 1, 2.0, 2.0), (UNMARK, "s", 1), (ADD, 9, 8, tokens, None, 2.0, 2.0, 0, 0, 0, None)]:
