@@ -215,7 +215,8 @@ def hooks_cost(tree, grown, requests: int, rounds: int) -> dict:
     """The recorder's hooks inside SGLang's own calls: the same kind of requests on the same tree,
     in rounds alternating with the hooks on (a fresh recorder) and off (SGLang's methods back), on
     the thread's CPU clock."""
-    from radixtop.adapters.sglang.records import RECORDER, recorder_for
+    from radixtop.adapters.owned.records import RECORDER
+    from radixtop.adapters.sglang.records import recorder_for
 
     cache = tree.cache
     hooked = [o for o in (cache, getattr(cache, "tree_core", None), (getattr(cache, "components", None) or {}).get(0),

@@ -90,6 +90,9 @@ def serve(
                                                   help="Serve on this inherited listening socket (bound on --host by "
                                                        "the process that started this one) instead of binding --port."
                                                   )] = None,
+    beside: Annotated[bool, typer.Option("--beside", help="The embedded engine alone in this process; the tree's "
+                                         "copy, its figures and the admin API in radixtop's process beside it "
+                                         "(fed by the engine's change records, as beside SGLang's scheduler).")] = False,
     proof_key: Annotated[str | None, typer.Option(envvar="RADIXTOP_PROOF_KEY", hidden=True, show_default=False,
                                                   help="A key /healthz proves it holds (the embedded demo's parent "
                                                        "checks who answers before it sends a token).")] = None,
@@ -127,6 +130,13 @@ def serve(
     if sglang_url and capacity is not None:
         raise fail("--capacity goes with the embedded engine or --kv-events: an SGLang server says its own",
                    EXIT_USAGE)
+    if beside and (kv_events or sglang_url or vllm_events or vllm_url):
+        raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
+                   EXIT_USAGE)
+    if beside and (fleet or close_policy != "free"):
+        raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
+                                                                        "close, --close-policy free)") + " yet",
+                   EXIT_USAGE)
     if kv_events or sglang_url or vllm_events or vllm_url:
         with exits(ValueError, AdapterError, MissingExtra):
             target = open_target(external_spec(kv_events, kv_replay, dp_rank, sglang_url, sglang_api_key, model,
@@ -156,14 +166,93 @@ def serve(
         with trace_errors(trace):
             workload = start_trace(scheduler, trace, fmt, scale, speed,
                                    note=lambda line: typer.echo(f"radixtop: {line}", err=True))
-    engine = Engine(scheduler, workload, step_interval=0.01).start()
+    engine = Engine(scheduler, workload, step_interval=0.01)
     name = name or f"radixtop serve · {geometry.name}" + (f" · {trace.name}" if trace else " · demo")
     from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
 
     # The demo talks in real words (its own small vocabulary): its previews show text. A trace's
     # ids have no tokenizer here.
     demo_tokenizer = DEMO_TOKENIZER if isinstance(workload, WorkloadConfig) and workload.text else None
+    if beside:
+        return serve_beside(engine, name, demo_tokenizer is not None, host=host, port=port, token=token,
+                            read_token=read_token, read_only=read_only, audit_log=audit_log, sock=inherited,
+                            proof_key=proof_key)
+    engine.start()
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
+
+
+def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, token: str | None,
+                 read_token: str | None, read_only: bool, audit_log: Path | None, sock, proof_key: str | None) -> None:
+    """The engine alone in this process, its probe on its thread; the tree's copy, its figures and the
+    admin API in radixtop's process beside it (``adapters.sglang.beside``, as beside SGLang's
+    scheduler: started again where it dies, stopped with this one). Until interrupted, or until the
+    engine or its probe fails (one line, exit 1)."""
+    import os
+    import secrets
+    import signal
+    import threading
+
+    from radixtop.adapters.bundled.beside import BundledOps, hello_info
+    from radixtop.adapters.bundled.recorder import BundledRecorder
+    from radixtop.adapters.http.server.audit import AuditLog
+    from radixtop.adapters.http.server.edge import check_token_strength, check_token_text, is_loopback
+    from radixtop.adapters.http.server.run import base_url, bind
+    from radixtop.adapters.sglang.probe import BesideProcess
+
+    if token is None and not is_loopback(host):
+        raise fail(f"refusing to serve the admin API on {host!r} without an explicit token: it can close sessions "
+                   "and evict; pass a token, or use 127.0.0.1", EXIT_USAGE)
+    generated = token is None
+    token = token or secrets.token_urlsafe(24)
+    with exits(ValueError):
+        for value, what in ((token, "token"), (read_token, "read token")):
+            if value is not None:
+                check_token_text(value, what)
+                check_token_strength(value, what)
+        AuditLog(audit_log).close()  # (a journal that cannot be written: refused here, not at each start beside)
+    try:
+        listening = sock if sock is not None else bind(host, port)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
+    listening.listen(2048)
+    env = {**os.environ, "RADIXTOP_TOKEN": token, "RADIXTOP_READ_ONLY": "1" if read_only else "0"}
+    for key, value in (("RADIXTOP_READ_TOKEN", read_token), ("RADIXTOP_AUDIT", audit_log),
+                       ("RADIXTOP_PROOF_KEY", proof_key)):
+        env.pop(key, None)
+        if value is not None:
+            env[key] = str(value)
+    failed: list[str] = []
+    stopping = threading.Event()
+    recorder = BundledRecorder(engine.scheduler.cache, engine.scheduler)
+    process = BesideProcess(engine.scheduler.cache, listening, host, hello_info(engine, name, demo_words), env,
+                            sglang=BundledOps(engine, name), recorder=recorder, wake=engine.wake)
+
+    def step() -> None:  # (the engine's thread, once a loop)
+        try:
+            process.step()
+        except Exception as exc:  # the probe failed: the engine goes on, this command says why and stops
+            engine.on_step = None
+            failed.append(f"{type(exc).__name__}: {exc}")
+            stopping.set()
+
+    engine.on_step = step
+    engine.start()
+    typer.echo(f"radixtop serve: the engine runs here (pid {os.getpid()}); radixtop's process beside it (pid "
+               f"{process.child.pid}) serves the admin API on {base_url(host, listening.getsockname()[1])}", err=True)
+    if generated:
+        typer.echo(f"API token (send as 'Authorization: Bearer <token>'): {token}", err=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        while not stopping.wait(0.5) and engine.alive:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        engine.stop()
+        process.close()
+    if failed or engine.error is not None:
+        raise fail(f"radixtop serve stopped: {failed[0] if failed else engine._dead_reason()}", EXIT_REFUSED)
 
 
 def inherited_socket(fd: int, host: str):

@@ -49,6 +49,9 @@ class Engine:
         self.error: BaseException | None = None
         self._arrival_credit = 0.0
         self._last_step = time.monotonic()
+        self.on_step: Callable[[], None] | None = None
+        """Called once a loop on the owner thread, and at each wake while it idles (the probe of
+        radixtop's process beside the engine: ``adapters.bundled.beside``)."""
         self.slices = self.owner.slices
         """Long passes (an attribution of a large cache, the evict heap's compaction) run here a
         slice per loop iteration."""
@@ -72,6 +75,10 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Wake the owner thread where it idles (from any thread)."""
+        self._wake.set()
 
     @property
     def alive(self) -> bool:
@@ -109,6 +116,8 @@ class Engine:
         try:
             while not self._stop.is_set():
                 self.owner.between_steps()
+                if self.on_step is not None:
+                    self.on_step()
                 if self.workload is not None and not self._paused.is_set():
                     self._step()
                     self.steps += 1
@@ -130,6 +139,8 @@ class Engine:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            if self.on_step is not None:
+                self.on_step()
             if self.slices.pending or self.owner.pending():
                 self.owner.between_steps(idle=True, budget=left)
             else:

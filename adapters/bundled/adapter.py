@@ -107,36 +107,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     # ----- reads -----
 
     def stats(self) -> Stats:
-        def read(s: Scheduler) -> Stats:
-            cache, g = s.cache, s.geometry
-            st = s.stats()
-            return Stats(
-                target=self.name,
-                capacity_tokens=st.capacity,
-                available_tokens=st.available_size,
-                evictable_tokens=st.evictable_size,
-                protected_tokens=st.protected_size,
-                session_held_tokens=0,  # the bundled engine holds no slots for sessions outside the tree
-                uncached_tokens=st.request_size,
-                unevictable_tokens=st.protected_size + st.request_size,
-                total_tokens=st.total_size,
-                bytes_per_token=g.bytes_per_token,
-                node_count=cache.node_count(),
-                open_sessions=s.open_session_count,
-                closed_sessions=len(cache._closed_session_ids),
-                prompt_tokens=s.prompt_tokens,
-                cached_tokens=s.cached_tokens,
-                evicted_tokens=s.evicted_tokens,
-                closes=s.closes,
-                freed_by_close_tokens=s.freed_by_close_tokens,
-                version=cache.version,
-                geometry=Geometry.of(g),
-                # SGLang's leak-check buckets, each counted on its own (no session-held slots here)
-                buckets=(Bucket("full", st.capacity, st.available_size, st.evictable_size, st.protected_size, 0,
-                                s.uncached_size()),),
-            )
-
-        return self._call(read, urgent=True)  # cheap, and what health checks read
+        return self._call(lambda s: stats_of(s, self.name), urgent=True)  # cheap, and what health checks read
 
     def _node_view(self, s: Scheduler, node: TreeNode, depth: int, now: float) -> NodeView:
         bpt = s.geometry.bytes_per_token
@@ -410,26 +381,59 @@ class BundledAdapter(OwnerReads, CacheAdapter):
     def evict(self, num_tokens: int) -> EvictResultView:
         refuse_if_read_only(self, f"evict of {num_tokens} tokens")
         check_tokens(num_tokens)
-
-        def act(s: Scheduler) -> EvictResultView:
-            r = s.evict(num_tokens)
-            self.engine.record("evict", tokens=num_tokens)
-            bpt = s.geometry.bytes_per_token
-            return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted,
-                                   r.num_tokens_evicted * bpt)
-
-        return self._call(act, urgent=True)
+        return self._call(lambda s: evict_on(self.engine, s, num_tokens), urgent=True)
 
     def flush(self) -> FlushResultView:
         refuse_if_read_only(self, "flush")
+        return self._call(lambda s: flush_on(self.engine, s), urgent=True)
 
-        def act(s: Scheduler) -> FlushResultView:
-            requested = s.cache.evictable_size()
-            r = s.flush()
-            self.engine.record("evict", tokens=requested)
-            locked = s.cache.protected_size()
-            message = f"{locked} tokens locked by running requests stay" if locked else ""
-            return FlushResultView(r.num_tokens_evicted, r.num_nodes_evicted,
-                                   r.num_tokens_evicted * s.geometry.bytes_per_token, True, message)
 
-        return self._call(act, urgent=True)
+def stats_of(s: Scheduler, name: str) -> Stats:
+    """The engine's totals and counters (its owner thread): ``BundledAdapter.stats``, and what
+    radixtop's process beside the engine is told (``adapters.bundled.beside``)."""
+    cache, g = s.cache, s.geometry
+    st = s.stats()
+    return Stats(
+        target=name,
+        capacity_tokens=st.capacity,
+        available_tokens=st.available_size,
+        evictable_tokens=st.evictable_size,
+        protected_tokens=st.protected_size,
+        session_held_tokens=0,  # the bundled engine holds no slots for sessions outside the tree
+        uncached_tokens=st.request_size,
+        unevictable_tokens=st.protected_size + st.request_size,
+        total_tokens=st.total_size,
+        bytes_per_token=g.bytes_per_token,
+        node_count=cache.node_count(),
+        open_sessions=s.open_session_count,
+        closed_sessions=len(cache._closed_session_ids),
+        prompt_tokens=s.prompt_tokens,
+        cached_tokens=s.cached_tokens,
+        evicted_tokens=s.evicted_tokens,
+        closes=s.closes,
+        freed_by_close_tokens=s.freed_by_close_tokens,
+        version=cache.version,
+        geometry=Geometry.of(g),
+        # SGLang's leak-check buckets, each counted on its own (no session-held slots here)
+        buckets=(Bucket("full", st.capacity, st.available_size, st.evictable_size, st.protected_size, 0,
+                        s.uncached_size()),),
+    )
+
+
+def evict_on(engine: Engine, s: Scheduler, num_tokens: int) -> EvictResultView:
+    """Evict on the owner thread, recorded in the engine's trace."""
+    r = s.evict(num_tokens)
+    engine.record("evict", tokens=num_tokens)
+    bpt = s.geometry.bytes_per_token
+    return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted, r.num_tokens_evicted * bpt)
+
+
+def flush_on(engine: Engine, s: Scheduler) -> FlushResultView:
+    """Flush on the owner thread (what is locked stays), recorded as the evict it is."""
+    requested = s.cache.evictable_size()
+    r = s.flush()
+    engine.record("evict", tokens=requested)
+    locked = s.cache.protected_size()
+    message = f"{locked} tokens locked by running requests stay" if locked else ""
+    return FlushResultView(r.num_tokens_evicted, r.num_nodes_evicted,
+                           r.num_tokens_evicted * s.geometry.bytes_per_token, True, message)

@@ -470,14 +470,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     source = info.get("tokenizer")
-    if isinstance(source, dict) and isinstance(source.get("path"), str):  # the server's, for text previews
+    if isinstance(source, dict) and source.get("demo") is True and tree is None:  # radixtop's embedded demo's words
+        from radixtop.gpu_backend.demo_text import DEMO_TOKENIZER
+
+        adapter.tokenizer = DEMO_TOKENIZER
+    elif isinstance(source, dict) and isinstance(source.get("path"), str):  # the server's, for text previews
         readers = adapter if tree is None else tree
         load_tokenizer_later(source, lambda loaded: setattr(readers, "tokenizer", loaded))
     try:
         serve(adapter, host=args.host, token=os.environ.get("RADIXTOP_TOKEN") or None,
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,
               read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None, sock=listening,
-              log=lambda line: print(line, file=sys.stderr, flush=True), cpu_share=cpu_share)
+              log=lambda line: print(line, file=sys.stderr, flush=True), cpu_share=cpu_share,
+              proof_key=os.environ.get("RADIXTOP_PROOF_KEY", "").encode() or None)
     finally:
         handover.close()
     return 0

@@ -24,7 +24,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from radixtop.adapters.sglang.records import (
+from radixtop.adapters.owned.records import (
     ADD,
     BEGIN,
     CLOSE,
@@ -37,6 +37,7 @@ from radixtop.adapters.sglang.records import (
     OPENED,
     OPENS,
     PART,
+    REOPENED,
     RESET,
     SEEN,
     SPLIT,
@@ -362,6 +363,10 @@ class MirrorCache(RecordsCopy):
             if not held:
                 node.session_ids = None
 
+    def register_session(self, session_id: str) -> None:
+        """The bundled cache's (``REOPENED``): a closed id opened again, its tombstone gone."""
+        self._closed_session_ids.pop(session_id, None)
+
     def _tag_session_leaf(self, req: Any, radix_key: Any = None, node: MirrorNode | None = None) -> None:
         sid = req.session_id
         if not self.enable_session_radix_cache or node is None or node is self.root_node \
@@ -460,6 +465,8 @@ class MirrorCache(RecordsCopy):
             elif kind == TAG:
                 _, sid, node_id = record
                 self._tag_session_leaf(_Req(sid), None, node_of(node_id))
+            elif kind == REOPENED:
+                self.register_session(record[1])
             elif kind == RESET:
                 self.evictable_size_ = self.protected_size_ = 0
                 self._fresh.clear()

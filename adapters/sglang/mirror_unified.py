@@ -24,13 +24,11 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from radixtop.adapters.sglang.mirror import MirrorError, MirrorKey, RecordsCopy
-from radixtop.adapters.sglang.records import (
+from radixtop.adapters.owned.records import (
     ADD,
     CLOSE,
     DELETE,
     FORGET,
-    FULL,
     GEN,
     GENS,
     LOCK,
@@ -44,6 +42,8 @@ from radixtop.adapters.sglang.records import (
     UNLOCK,
     UNMARK,
 )
+from radixtop.adapters.sglang.mirror import MirrorError, MirrorKey, RecordsCopy
+from radixtop.adapters.sglang.records import FULL
 
 TOMBSTONES = 8192
 """SGLang 0.5.23's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``."""

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
-from radixtop.adapters.sglang.records import Walk, split_long
+from radixtop.adapters.owned.records import Walk, split_long
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
@@ -391,11 +391,13 @@ class CallBell:
     scheduler's step took the calls (``heard``). So the step looks at one attribute, not the
     socket, and a call costs a wake of this thread (the dashboard: about one a second)."""
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: Any, wake: Any = None) -> None:
+        """``wake``: called when it rings (an owner that sleeps between steps: radixtop's engine)."""
         import select
         import threading
 
         self.rung = False
+        self._wake = wake
         self._sock = sock
         self._heard = threading.Event()
         self._stop = threading.Event()
@@ -414,6 +416,8 @@ class CallBell:
                 continue
             self._heard.clear()
             self.rung = True
+            if self._wake is not None:
+                self._wake()
             self._heard.wait(1.0)  # (the step takes them; a closed end rings once a second at most)
 
     def heard(self) -> None:
@@ -434,7 +438,7 @@ class BesideProcess:
 
     def __init__(self, cache: Any, listening: Any, host: str, info: dict[str, Any], env: dict[str, str],
                  buffer: int = SOCKET_BUFFER, backlog: int = BACKLOG_BYTES, sglang: Any = None,
-                 poller: Any = None, recorder: Any = None) -> None:
+                 poller: Any = None, recorder: Any = None, wake: Any = None) -> None:
         """``info``: ``hello``'s; ``env``: radixtop's process's environment (its token in it);
         ``buffer`` and ``backlog``: the hand-over's bounds (``gpu_backend.owner.handover``);
         ``sglang``: what answers radixtop's side's calls on this thread (an
@@ -442,8 +446,10 @@ class BesideProcess:
         the ``zmq.Poller`` a scheduler that sleeps on idle waits in (``--sleep-on-idle``): the
         hand-over's socket joins it, so a call from radixtop's side wakes it; ``recorder``: a
         Python core's ``records.ChangeRecorder`` (its records are handed over, the whole tree's at
-        each start), where the Rust core's events are not what is handed over."""
+        each start), where the Rust core's events are not what is handed over; ``wake``: wakes an
+        owner that sleeps between its steps when a call comes (radixtop's own engine)."""
         self.recorder = recorder
+        self.wake = wake
         self.cache = cache
         self.sglang = sglang
         self.poller = poller
@@ -493,7 +499,7 @@ class BesideProcess:
         if self.sglang is not None:
             if self._bell is not None:
                 self._bell.stop()
-            self._bell = CallBell(mine)
+            self._bell = CallBell(mine, self.wake)
         self._unpoll()
         if self.poller is not None:
             import zmq

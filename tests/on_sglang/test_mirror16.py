@@ -159,7 +159,7 @@ def test_a_whole_tree_walked_in_slices_while_sglang_changes_it_comes_equal(sgl, 
     once whole, the copy equals SGLang's tree field for field, its ledger the from-scratch
     attribution, its reads those of radixtop attached in SGLang's process when the walk began;
     then it follows the records."""
-    from radixtop.adapters.sglang.records import BEGIN, DROP, NODE, SEEN, WHOLE, Walk
+    from radixtop.adapters.owned.records import BEGIN, DROP, NODE, SEEN, WHOLE, Walk
 
     kinds = set()
     for seed in range(6):
@@ -205,7 +205,7 @@ def check_seen(cache, walk, inproc, beside) -> None:
 
 
 def test_a_prompt_longer_than_a_frame_goes_in_parts_and_comes_out_whole(sgl):
-    from radixtop.adapters.sglang.records import ADD, split_long
+    from radixtop.adapters.owned.records import ADD, split_long
 
     replayer = SGLangReplayer(sgl, 4096, eviction_policy="lru", max_running=8, max_context_len=4096)
     cache = replayer.cache
@@ -384,7 +384,7 @@ def test_an_eviction_or_close_over_a_frame_goes_in_parts_to_the_same_tree(sgl):
     the copy resynced. Now in parts, applied in order to the same tree."""
     import random
 
-    from radixtop.adapters.sglang.records import CLOSE, EVICT, split_long
+    from radixtop.adapters.owned.records import CLOSE, EVICT, split_long
 
     replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
     cache = replayer.cache
@@ -442,8 +442,8 @@ def test_what_piles_up_behind_a_slow_whole_tree_stops_radixtops_process(sgl, mon
 def test_a_copy_stays_incomplete_until_a_whole_tree_sent_after_its_ask_comes(sgl):
     """Found by review: a copy that found itself unlike SGLang's tree took any later reset (a
     flush's, or the end of a snapshot already on its way) for the whole tree it asked for."""
+    from radixtop.adapters.owned.records import ADD, RESET, WHOLE
     from radixtop.adapters.sglang.probe import RECORDS
-    from radixtop.adapters.sglang.records import ADD, RESET, WHOLE
     from radixtop.gpu_backend.owner.handover import ProbeEnd, pair
 
     probe_sock, mirror_sock = pair()
@@ -496,9 +496,9 @@ def test_each_frame_of_a_whole_tree_taken_wakes_the_scheduler(sgl):
     import select
     import time
 
+    from radixtop.adapters.owned.records import ADD, BEGIN, NODE, RESET, WHOLE
     from radixtop.adapters.sglang.mirror import MirrorLoop
     from radixtop.adapters.sglang.probe import MORE, RECORDS
-    from radixtop.adapters.sglang.records import ADD, BEGIN, NODE, RESET, WHOLE
     from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeEnd, pair
 
     probe_sock, mirror_sock = pair()
@@ -534,7 +534,7 @@ def test_the_walks_set_of_ids_is_a_set():
     past its size (it grows), negative and huge ones (kept aside) included."""
     import random
 
-    from radixtop.adapters.sglang.records import IdSet
+    from radixtop.adapters.owned.records import IdSet
 
     rng = random.Random(4)
     mine, want = IdSet(16), set()
@@ -568,7 +568,7 @@ def test_the_whole_trees_end_goes_over_several_steps_and_comes_whole(sgl, monkey
         def _close(self, sid) -> None:
             self.sessions.pop(sid, None)
 
-    from radixtop.adapters.sglang import records as records_module
+    from radixtop.adapters.owned import records as records_module
 
     monkeypatch.setattr(probe_module, "SNAPSHOT_STEP_S", 1e-6)
     monkeypatch.setattr(records_module, "PIECE", 64)

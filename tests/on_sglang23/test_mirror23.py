@@ -15,15 +15,10 @@ from array import array
 import msgspec
 import pytest
 
+from radixtop.adapters.owned.records import Walk
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.mirror_unified import MirrorUnifiedCache
-from radixtop.adapters.sglang.records import (
-    FULL,
-    UnifiedRecorder,
-    Walk,
-    can_record,
-    recorder_for,
-)
+from radixtop.adapters.sglang.records import FULL, UnifiedRecorder, can_record, recorder_for
 from tests.on_sglang.ref import drive23
 from tests.on_sglang.test_mirror16 import check_reads, node_rows, walk
 from tests.on_sglang23.test_ledger23 import check_kept
@@ -155,7 +150,7 @@ def drive(seed: int, steps: int = 150, n_sessions: int = 5, snapshot_at: int = 0
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_mirror_follows_every_operation(seed):
-    from radixtop.adapters.sglang.records import ADD, CLOSE, DELETE, LOCK, MATCHED, SPLIT, STAMP, TAG, UNLOCK
+    from radixtop.adapters.owned.records import ADD, CLOSE, DELETE, LOCK, MATCHED, SPLIT, STAMP, TAG, UNLOCK
 
     kinds = drive(seed)
     assert {ADD, SPLIT, DELETE, LOCK, UNLOCK, STAMP, MATCHED, TAG, CLOSE} <= kinds, kinds
@@ -181,7 +176,7 @@ def test_a_whole_tree_walked_in_slices_while_sglang_changes_it_comes_equal(slice
     slices: once whole, the copy equals SGLang's tree field for field (the sessions' activity
     during the walk in its order), its ledger the from-scratch attribution, its reads the
     in-process adapter's; then it follows the records."""
-    from radixtop.adapters.sglang.records import BEGIN, DROP, GENS, NODE, SEEN, TOMBS, WHOLE
+    from radixtop.adapters.owned.records import BEGIN, DROP, GENS, NODE, SEEN, TOMBS, WHOLE
 
     kinds = set()
     for seed in range(6):
@@ -201,8 +196,8 @@ def test_the_recorder_refuses_what_it_cannot_follow():
 def test_a_record_the_copy_cannot_have_come_from_is_refused():
     """A node that exists already, a split that does not fit, a mark that is not there: the copy
     says it no longer equals SGLang's tree (and asks for the whole tree again) rather than go on."""
+    from radixtop.adapters.owned.records import ADD, RESET, SPLIT, UNMARK, WHOLE
     from radixtop.adapters.sglang.mirror import MirrorError
-    from radixtop.adapters.sglang.records import ADD, RESET, SPLIT, UNMARK, WHOLE
 
     mirror = MirrorUnifiedCache(page_size=1, sessions=True)
     tokens = array("q", [5, 6, 7]).tobytes()

@@ -1,0 +1,160 @@
+"""One mirror for both (issue 27, item 3): the bundled cache's change records (``BundledRecorder``),
+sent through msgpack as the hand-over carries them and applied to the ``MirrorCache`` that follows
+SGLang's trees beside the scheduler. Through random traces (splits, evictions under pressure,
+aborts, closes, re-opened ids, a reset), after every operation the mirror equals the bundled tree
+field for field, its ledger equals the from-scratch attribution, and the adapter over it (the one
+that reads SGLang's) gives each session the figures the bundled cache gives it: what a close
+frees, node for node."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixtop.adapters.bundled.recorder import BundledRecorder
+from radixtop.adapters.owned.records import BEGIN, NODE, REOPENED, WHOLE, Walk
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.adapters.sglang.mirror import MirrorCache
+from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.scheduler import Scheduler
+from radixtop.gpu_backend.traces.ops import Replayer, read_trace
+from tests.on_sglang.test_ledger16 import check_kept
+from tests.on_sglang.test_mirror16 import walk, wire
+from tests.support.trace_gen import capacity_for, generate_trace
+
+
+def check_same(cache, mirror: MirrorCache) -> None:
+    real, mine = walk(cache.root_node), walk(mirror.root_node)
+    assert set(real) == set(mine)
+    assert set(mine) == set(mirror.by_id)
+    for node_id, node in real.items():
+        copy = mine[node_id]
+        if node is cache.root_node:
+            assert copy is mirror.root_node
+            continue
+        assert copy.parent.id == node.parent.id, node_id
+        assert tuple(copy.key.token_ids) == node.key, node_id
+        assert set(copy.children) == set(node.children), node_id
+        assert copy.lock_ref == node.lock_ref, node_id
+        assert copy.hit_count == node.hit_count, node_id
+        assert (copy.session_ids or set()) == (node.session_ids or set()), node_id
+        assert copy.last_access_time == node.last_access_time, node_id
+        assert copy.creation_time == node.creation_time, node_id
+    assert {sid: {n.id for n in nodes} for sid, nodes in mirror._session_leaves.items()} == \
+        {sid: {n.id for n in nodes} for sid, nodes in cache._session_leaves.items()}
+    assert list(mirror._closed_session_ids) == list(cache._closed_session_ids)
+    assert (mirror.evictable_size(), mirror.protected_size()) == (cache.evictable_size(), cache.protected_size())
+
+
+def check_figures(scheduler, beside: SGLangInProcessAdapter) -> None:
+    """The sessions listed open and closed, as the engine knows them and as the adapter beside
+    lists them; each session's close, as the bundled cache plans it and as the adapter beside
+    plans it on the mirror: the same nodes freed, the same tokens and bytes, the same nodes kept
+    and why."""
+    cache = scheduler.cache
+    page = beside.sessions("exclusive_bytes", 0, 10_000).sessions
+    assert {row.id for row in page if row.state == "open"} == set(scheduler.open_session_ids())
+    assert beside.stats().open_sessions == scheduler.open_session_count
+    exclusive = cache.exclusive_tokens_by_session()
+    for sid in cache.session_ids():
+        mine, theirs = beside.plan_close(sid), cache.plan_close(sid)
+        assert sorted(mine.freed_node_ids) == sorted(theirs.freed_node_ids), sid
+        assert mine.freed_tokens == theirs.freed_tokens == exclusive[sid], sid
+        assert mine.freed_bytes == theirs.freed_bytes, sid
+        assert sorted((k.node_id, k.reason) for k in mine.kept) == sorted((k.node_id, k.reason) for k in theirs.kept)
+    rows = {row.id: row for row in page}
+    for sid in cache.session_ids():
+        assert rows[sid].exclusive_bytes == exclusive[sid] * cache.bytes_per_token, sid
+
+
+def scheduler_for(lines: list[str], size: str) -> Scheduler:
+    return Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False)
+
+
+def adapter_over(mirror: MirrorCache, scheduler: Scheduler) -> SGLangInProcessAdapter:
+    beside = SGLangInProcessAdapter(mirror, model="tiny", session_controller=mirror.controller)
+    beside.bpt = beside._orders.bpt = scheduler.cache.bytes_per_token
+    return beside
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_mirror_follows_every_operation_of_the_bundled_cache(seed, size):
+    lines = generate_trace(seed, n_ops=150, max_in_flight=4, vocab=6 if seed % 2 else 400, abort_weight=3)
+    scheduler = scheduler_for(lines, size)
+    cache = scheduler.cache
+    recorder = BundledRecorder(cache, scheduler)
+    mirror = MirrorCache(page_size=1)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = adapter_over(mirror, scheduler)
+    replayer = Replayer(scheduler)
+    kinds = set()
+    for op in read_trace(lines):
+        replayer.apply(op)
+        records = recorder.take()
+        kinds |= {r[0] for r in records}
+        mirror.apply(wire(records))
+        check_same(cache, mirror)
+        check_kept(mirror, beside)
+        check_figures(scheduler, beside)
+    assert len(kinds) >= 8, kinds
+    assert REOPENED in kinds or not any(json.loads(line)["op"] == "register" for line in lines)
+    cache.reset()
+    mirror.apply(wire(recorder.take()))
+    check_same(cache, mirror)
+
+
+@pytest.mark.parametrize("sliced", [1, 3])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bundled_tree_walked_in_slices_while_it_changes_comes_equal(seed, sliced):
+    """radixtop's process beside the engine (re)started with requests running: the whole tree
+    walked a few nodes a step between the engine's operations comes whole and equal."""
+    lines = generate_trace(seed, n_ops=250, max_in_flight=4, vocab=6 if seed % 2 else 400, abort_weight=3)
+    scheduler = scheduler_for(lines, "small")
+    cache = scheduler.cache
+    replayer = Replayer(scheduler)
+    ops = list(read_trace(lines))
+    for op in ops[:100]:
+        replayer.apply(op)
+    recorder = BundledRecorder(cache, scheduler)
+    mirror = MirrorCache(page_size=1)
+    walk = Walk(recorder)
+    kinds = set()
+    for op in ops[100:]:
+        records = walk.step(most=sliced) if not walk.done else recorder.take()
+        kinds |= {r[0] for r in records}
+        mirror.apply(wire(records))
+        replayer.apply(op)
+    while not walk.done:
+        mirror.apply(wire(walk.step(most=sliced)))
+    mirror.apply(wire(recorder.take()))
+    assert {BEGIN, NODE, WHOLE} <= kinds
+    check_same(cache, mirror)
+    beside = adapter_over(mirror, scheduler)
+    check_kept(mirror, beside)
+    check_figures(scheduler, beside)
+
+
+def test_the_recorder_takes_only_the_bundled_cache():
+    with pytest.raises(TypeError):
+        BundledRecorder(MirrorCache(page_size=1))
+
+
+def test_a_close_during_the_walk_drops_its_session_from_the_nodes_already_sent():
+    """A session closed while the whole tree is on its way: a node it shared with another session
+    stays, held by the other one only, though it was sent before the close with both."""
+    scheduler = Scheduler(get_geometry("tiny"), 256, device="cpu", write_kv=False)
+    scheduler.request("r0", [9, 9], [9])  # (a second node: the walk sends the shared one first, then stops)
+    scheduler.request("r1", [1, 2, 3, 4], [5], session_id="a")
+    scheduler.request("r2", [1, 2, 3, 4], [5], session_id="b")
+    cache = scheduler.cache
+    recorder = BundledRecorder(cache, scheduler)
+    mirror = MirrorCache(page_size=1)
+    walk = Walk(recorder)
+    mirror.apply(wire(walk.step(most=2)))  # the shared node sent, the walk not through
+    assert not walk.done and any(n.session_ids == {"a", "b"} for n in cache.nodes.values())
+    scheduler.close_session("a")
+    while not walk.done:
+        mirror.apply(wire(walk.step(most=8)))
+    check_same(cache, mirror)

@@ -1,0 +1,153 @@
+"""`radixtop serve --beside` (issue 27, item 3): the embedded engine alone in its process, the tree's
+copy, its figures and the admin API in radixtop's process beside it, fed by the engine's change
+records through the mirror that follows SGLang's Python cores. Two real `radixtop serve` processes
+load the same trace, one as before and one beside: every read answers the same, a close frees the
+same, and a `kill -9` of the process beside leaves the engine serving and comes back whole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.live_server import free_port
+from tests.support.trace_gen import generate_trace
+
+TOKEN = "beside-test-token-0123456789"
+
+
+def start(trace: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--port", str(port),
+                             "--model", "tiny", "--capacity", "4096", "--device", "cpu", "--trace", str(trace),
+                             *extra],
+                            env={**os.environ, "RADIXTOP_TOKEN": TOKEN},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    up(proc, url)
+    return proc, url
+
+
+def up(proc: subprocess.Popen, url: str, timeout: float = 60.0) -> None:
+    """Until ``url`` answers its stats (the whole tree there, beside)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(f"{url}/v1/capabilities", timeout=2)
+            if r.status_code == 200 and "receiving" not in r.json().get("reason", "") and \
+                    httpx.get(f"{url}/v1/stats", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "radixtop serve did not come up"
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
+def figures(url: str) -> dict:
+    """What both places must agree on: the pool's totals, the tree's top, every session's row."""
+    stats = httpx.get(f"{url}/v1/stats", timeout=10).json()
+    keep = ("capacity_tokens", "available_tokens", "evictable_tokens", "protected_tokens", "uncached_tokens",
+            "total_tokens", "node_count", "open_sessions", "closed_sessions", "prompt_tokens", "cached_tokens",
+            "closes")
+    children = httpx.get(f"{url}/v1/nodes/root/children", params={"limit": 200}, timeout=10).json()
+    sessions = httpx.get(f"{url}/v1/sessions", params={"limit": 500, "order": "exclusive_bytes"}, timeout=10).json()
+    rows = {s["id"]: {k: s[k] for k in ("exclusive_bytes", "shared_bytes", "fair_share_bytes", "locked_tokens",
+                                          "tagged_nodes", "state")} for s in sessions["sessions"]}
+    nodes = {c["id"]: (c["tokens"], c["subtree_tokens"], c["lock_ref"], c["hit_count"], tuple(sorted(c["holders"])))
+             for c in children["children"]}
+    return {"stats": {k: stats[k] for k in keep}, "nodes": nodes, "sessions": rows, "total": sessions["total"]}
+
+
+def api_pid(url: str) -> set[int]:
+    """The processes that hold ``url``'s listening socket (from /proc/net/tcp and their fds)."""
+    port = int(url.rsplit(":", 1)[1])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            parts = line.split()
+            if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "0A":
+                inodes.add(parts[9])
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes}:
+                    pids.add(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("beside") / "trace.jsonl"
+    lines = generate_trace(5, n_ops=300, max_in_flight=4, vocab=400, abort_weight=3)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_beside_every_read_answers_as_the_engine_in_process_and_a_close_frees_the_same(trace):
+    here, here_url = start(trace)
+    there, there_url = start(trace, "--beside")
+    try:
+        (child,) = api_pid(there_url) - {there.pid}  # (the port bound by serve, served by the process beside)
+        assert "radixtop.adapters.sglang.beside" in Path(f"/proc/{child}/cmdline").read_text()
+        assert api_pid(here_url) == {here.pid}
+        want = figures(here_url)
+        assert want["sessions"] and want["nodes"]
+        assert figures(there_url) == want
+        top = next(sid for sid, row in want["sessions"].items() if row["state"] == "open" and row["exclusive_bytes"])
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        a = httpx.post(f"{here_url}/v1/sessions/{top}/close", headers=auth, timeout=10).json()
+        b = httpx.post(f"{there_url}/v1/sessions/{top}/close", headers=auth, timeout=10).json()
+        assert a["result"]["freed_tokens"] == b["result"]["freed_tokens"] == a["plan"]["freed_tokens"] > 0
+        assert sorted(a["result"]["freed_node_ids"]) == sorted(b["result"]["freed_node_ids"])
+        assert httpx.post(f"{there_url}/v1/sessions/{top}/close", timeout=10).status_code == 401
+        up(there, there_url)
+        assert figures(there_url) == figures(here_url)
+    finally:
+        stop(here)
+        err = stop(there)
+    assert there.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_a_kill_9_of_the_process_beside_leaves_the_engine_and_comes_back_whole(trace):
+    here, here_url = start(trace)
+    there, there_url = start(trace, "--beside")
+    try:
+        want = figures(here_url)
+        (child,) = api_pid(there_url) - {there.pid}
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if api_pid(there_url) - {there.pid, child} and figures(there_url) == want:
+                    break
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            assert there.poll() is None, there.communicate()
+            assert time.monotonic() < deadline, "radixtop's process beside the engine did not come back whole"
+            time.sleep(0.3)
+    finally:
+        stop(here)
+        err = stop(there)
+    assert "started again" in err, err
