@@ -8,6 +8,8 @@ The runs alternate reader counts round by round, so drift on a shared machine hi
 
     .venv/bin/python benchmarks/bench_read_flood.py                 # about 4 minutes
     .venv/bin/python benchmarks/bench_read_flood.py --window 4 --rounds 1 --readers 0 4   # smoke
+    .venv/bin/python benchmarks/bench_read_flood.py --beside        # the reads in radixtop's process beside
+                                                                    # the engine (`radixtop serve --beside`)
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ HEAVY = json.dumps([
 ] * 8)  # 32 reads
 
 
-def start_server(port: int, token: str, capacity: int, sessions: int) -> subprocess.Popen:
+def start_server(port: int, token: str, capacity: int, sessions: int, beside: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--port", str(port), "--capacity",
-           str(capacity), "--sessions", str(sessions), "--arrival-rate", "100000", "--max-running", "64"]
+           str(capacity), "--sessions", str(sessions), "--arrival-rate", "100000", "--max-running", "64",
+           *(["--beside"] if beside else [])]
     proc = subprocess.Popen(cmd, env={**os.environ, "RADIXTOP_TOKEN": token}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -64,8 +67,17 @@ def get(port: int, path: str, method: str = "GET", token: str | None = None, tim
         conn.close()
 
 
-def prompt_tokens(port: int) -> int:
-    return json.loads(get(port, "/v1/stats")[1])["prompt_tokens"]
+def prompt_tokens(port: int, token: str) -> int:
+    """The engine's own counter, read with the server's token (as the operator's dashboard reads:
+    a tokenless flood does not hold it up)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = get(port, "/v1/stats", token=token)
+        if status == 200:
+            return json.loads(body)["prompt_tokens"]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"/v1/stats answered {status} for 30 s: {body[:300]!r}")
+        time.sleep(0.05)
 
 
 def reader(port: int, stop: threading.Event, tally: dict) -> None:
@@ -117,9 +129,9 @@ def window(port: int, token: str, readers: int, seconds: float) -> dict:
     for t in threads:
         t.start()
     time.sleep(min(2.0, seconds / 4))  # the flood under way
-    t0, p0 = time.monotonic(), prompt_tokens(port)
+    t0, p0 = time.monotonic(), prompt_tokens(port, token)
     time.sleep(seconds)
-    t1, p1 = time.monotonic(), prompt_tokens(port)
+    t1, p1 = time.monotonic(), prompt_tokens(port, token)
     stop.set()
     for t in threads:
         t.join(35)
@@ -139,10 +151,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--capacity", type=int, default=65536)
     ap.add_argument("--sessions", type=int, default=200)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "read_flood.json")
+    ap.add_argument("--beside", action="store_true", help="serve --beside: the engine alone in its process")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    out = args.out or Path(__file__).parent / "results" / f"read_flood{'_beside' if args.beside else ''}.json"
     token, port = secrets.token_urlsafe(24), 18000 + os.getpid() % 1000
-    proc = start_server(port, token, args.capacity, args.sessions)
+    proc = start_server(port, token, args.capacity, args.sessions, args.beside)
+    log(f"radixtop serve{' --beside' if args.beside else ''} (the reads {'beside the engine' if args.beside else 'in its process'})")
     runs: list[dict] = []
     try:
         time.sleep(5)  # the cache full, evicting: the steady state
@@ -175,12 +190,13 @@ def main() -> None:
         ratio = f"{tok / baseline:.2f}" if baseline else "-"
         print(f"| {n} | {tok:,.0f} | {ratio} | {ok:,} | {limited:,} | {other:,} | {h[0]:.0f} / {h[1]:.0f} | "
               f"{ev[0]:.0f} / {ev[1]:.0f} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     for r in runs:
         for key in ("healthz_ms", "evict_ms"):
             if r[key]:
                 r[key].pop("samples", None)
-    args.out.write_text(json.dumps({"window_s": args.window, "rounds": args.rounds, "runs": runs}, indent=1))
+    out.write_text(json.dumps({"window_s": args.window, "rounds": args.rounds, "beside": args.beside, "runs": runs},
+                              indent=1))
 
 
 if __name__ == "__main__":

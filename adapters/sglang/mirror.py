@@ -573,7 +573,10 @@ class MirrorLoop:
         poll.register(self._wake_r, select.POLLIN)
         end, queue = self.end, self.queue
         while not self._stop.is_set():
-            poll.poll(200)
+            # a read under way (its next slice) waits for no frame: the loop's idle time is its
+            # (it slept up to 200 ms after each slice of 3 ms: a busy server's sessions page
+            # took 1-10 s beside it, and a batch of them timed out)
+            poll.poll(0 if queue.slices.pending or queue.pending() else 200)
             try:
                 os.read(self._wake_r, 4096)
             except (BlockingIOError, OSError):

@@ -9,6 +9,7 @@ frees, node for node."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -158,3 +159,29 @@ def test_a_close_during_the_walk_drops_its_session_from_the_nodes_already_sent()
     while not walk.done:
         mirror.apply(wire(walk.step(most=8)))
     check_same(cache, mirror)
+
+
+def test_a_read_in_many_slices_over_the_mirror_is_not_held_back_by_its_wait_for_records():
+    """The mirror's thread runs a read's slices back to back: it waits for the next frame of
+    records only when no read is under way (it slept up to 200 ms after each slice: a sessions
+    page of a busy engine's 200 sessions took 1-10 s, and timed out)."""
+    from radixtop.adapters.sglang.mirror import MirrorLoop
+    from radixtop.gpu_backend.owner.handover import MirrorEnd, pair
+
+    probe_sock, mirror_sock = pair(1 << 16)
+    loop = MirrorLoop(MirrorCache(page_size=1), MirrorEnd(mirror_sock))
+    loop.start()
+
+    def read():
+        for _ in range(100):  # (each chunk 2 ms of work: a slice's worth, or more)
+            until = time.perf_counter() + 0.002
+            while time.perf_counter() < until:
+                pass
+            yield
+        return "read"
+
+    try:
+        assert loop.queue.call_pass(read, timeout=5.0) == "read"
+    finally:
+        loop.close()
+        probe_sock.close()

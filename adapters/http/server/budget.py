@@ -9,8 +9,10 @@ share between reads owes nothing. A read that comes while it is spent waits, on 
 with no CPU, until the spent CPU is earned again; one that would wait longer than ``most_wait_s``
 is answered 429 at once, with the wait left as its Retry-After. The debt is bounded
 (``most_wait_s`` plus ``debt_s`` of earnings): a burst before (the process's start, a tokenizer
-loading, a flood that stopped) delays reads for seconds at most, never minutes. Health and actions
-never wait (an operator's close goes ahead of any flood)."""
+loading, a flood that stopped) delays reads for seconds at most, never minutes. Health, actions and
+reads sent with the server's token (the action or the read token: the operator's dashboard and
+commands send it) never wait: an operator's close, and the reads it is planned with, go ahead of
+any tokenless flood (their CPU is still counted)."""
 
 from __future__ import annotations
 
