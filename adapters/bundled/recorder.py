@@ -57,6 +57,7 @@ class BundledRecorder(_Recorder):
         self.cache = cache
         self.controller = None
         self.scheduler = scheduler
+        self._oldest: str | None = None
         self.open: dict[str, None] = {}
         """The scheduler's open sessions as told (the mirror's ``SessionController``), oldest first."""
         self._next_id = cache._next_id
@@ -152,6 +153,15 @@ class BundledRecorder(_Recorder):
         self._wrap(scheduler, "_prune_sessions", pruned)
         opened.update(dict.fromkeys(scheduler.open_session_ids()))
 
+    def _closing(self, session_id: Any) -> None:
+        closed = self.cache._closed_session_ids  # (the oldest tombstone, which this close may push out)
+        self._oldest = next(iter(closed), None) if len(closed) >= self.cache.closed_session_limit else None
+
     def _closed(self, session_id: Any) -> None:
         if self.open.pop(session_id, 0) is None:  # (closed: no longer the controller's)
             self.records.append((ENDED, session_id))
+        oldest, cache = self._oldest, self.cache
+        if oldest is not None and oldest != session_id and not cache.is_session_closed(oldest) \
+                and self.scheduler is not None and oldest in self.scheduler.session_activity:
+            self.open[oldest] = None  # its tombstone pushed out: the engine counts it open again
+            self.records.append((OPENED, oldest))

@@ -191,6 +191,9 @@ class _Recorder:
                 self.watch.append(node)
         return told
 
+    def _closing(self, session_id: Any) -> None:
+        """Before a close (nothing here)."""
+
     def _closed(self, session_id: Any) -> None:
         """After a close's ``CLOSE`` record: what else it ended (nothing here)."""
 
@@ -204,6 +207,8 @@ class _Recorder:
         @functools.wraps(original)
         def recorded(*a: Any, **k: Any) -> Any:
             sid = (a[0] if a else k.get("session_id")) if kind == CLOSE else None
+            if kind == CLOSE:
+                self._closing(sid)
             if kind == CLOSE and self.watch is not None:  # the nodes it drops the session from
                 self.watch.extend((getattr(cache, "_session_leaves", None) or {}).get(sid, ()))
                 if self.active is not None:

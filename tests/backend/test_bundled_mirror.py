@@ -185,3 +185,25 @@ def test_a_read_in_many_slices_over_the_mirror_is_not_held_back_by_its_wait_for_
     finally:
         loop.close()
         probe_sock.close()
+
+
+def test_a_session_whose_tombstone_a_close_pushes_out_is_listed_open_again(monkeypatch):
+    """Past the tombstones kept, a close forgets the oldest: that session, still known to the
+    engine, counts as open again there, and so it is listed beside."""
+    from radixtop.adapters.sglang import mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "TOMBSTONES", 2)
+    scheduler = Scheduler(get_geometry("tiny"), 256, device="cpu", write_kv=False)
+    cache = scheduler.cache
+    cache.closed_session_limit = 2
+    recorder = BundledRecorder(cache, scheduler)
+    mirror = MirrorCache(page_size=1)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = adapter_over(mirror, scheduler)
+    for n, sid in enumerate(("a", "b", "c")):
+        scheduler.request(f"r{n}", [n + 1, 9], [5], session_id=sid)
+        scheduler.close_session(sid)
+        mirror.apply(wire(recorder.take()))
+        check_same(cache, mirror)
+        check_figures(scheduler, beside)
+    assert scheduler.open_session_ids() == ["a"]  # (its tombstone pushed out by c's close)
