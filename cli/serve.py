@@ -224,8 +224,13 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     failed: list[str] = []
     stopping = threading.Event()
     recorder = BundledRecorder(engine.scheduler.cache, engine.scheduler)
-    process = BesideProcess(engine.scheduler.cache, listening, host, hello_info(engine, name, demo_words), env,
-                            sglang=BundledOps(engine, name), recorder=recorder, wake=engine.wake)
+    try:
+        process = BesideProcess(engine.scheduler.cache, listening, host, hello_info(engine, name, demo_words), env,
+                                sglang=BundledOps(engine, name), recorder=recorder, wake=engine.wake)
+    except Exception as exc:
+        listening.close()
+        raise fail(f"radixtop's process beside the engine did not start: {type(exc).__name__}: {exc}",
+                   EXIT_REFUSED) from None
 
     def step() -> None:  # (the engine's thread, once a loop)
         try:

@@ -151,3 +151,19 @@ def test_a_kill_9_of_the_process_beside_leaves_the_engine_and_comes_back_whole(t
         stop(here)
         err = stop(there)
     assert "started again" in err, err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--fleet", "smg=http://127.0.0.1:9"], "--beside does not take --fleet yet"),
+    (["--close-policy", "deref"], "--beside does not take --close-policy deref"),
+    (["--kv-events", "tcp://127.0.0.1:9"], "--beside goes with the embedded engine"),
+    (["--host", "0.0.0.0"], "without an explicit token"),
+])
+def test_what_beside_does_not_take_is_one_line_and_exit_2(args, message):
+    env = {k: v for k, v in os.environ.items() if k != "RADIXTOP_TOKEN"}
+    done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--beside", "--port",
+                           str(free_port()), "--device", "cpu", "--capacity", "4096", *args],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("radixtop: ") and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr
