@@ -513,6 +513,12 @@ RESYNC_AGAIN_S = 60.0
 """A copy still incomplete this long after it asked for the whole tree asks again."""
 
 
+READ_GAP_MS = 2
+"""While a read is under way, the mirror's loop waits at most this long for a frame between two of
+its slices (3 ms each): the read takes at most about 60% of a core, and leaves the cores to the
+server's own threads between slices."""
+
+
 class MirrorLoop:
     """The mirror's owner thread in radixtop's process: it applies each ``RECORDS`` frame as it
     comes, hands every other frame (a reply) to ``on_other`` in its order among them, and runs the
@@ -573,10 +579,12 @@ class MirrorLoop:
         poll.register(self._wake_r, select.POLLIN)
         end, queue = self.end, self.queue
         while not self._stop.is_set():
-            # a read under way (its next slice) waits for no frame: the loop's idle time is its
-            # (it slept up to 200 ms after each slice of 3 ms: a busy server's sessions page
-            # took 1-10 s beside it, and a batch of them timed out)
-            poll.poll(0 if queue.slices.pending or queue.pending() else 200)
+            # a read under way waits READ_GAP_MS at most for a frame before its next slice (it
+            # waited up to 200 ms after each slice of 3 ms: a busy server's sessions page took
+            # 1-10 s beside it, and a batch of them timed out; with no wait at all, the scheduler's
+            # p99 hold at 1M nodes went 0.31 -> 0.48 ms; with 2 ms, 0.32: docs/benchmarks.md)
+            busy = bool(queue.slices.pending or queue.pending())
+            poll.poll(READ_GAP_MS if busy else 200)
             try:
                 os.read(self._wake_r, 4096)
             except (BlockingIOError, OSError):
