@@ -112,6 +112,13 @@ def serve(
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
+    if beside and (kv_events or sglang_url or vllm_events or vllm_url):
+        raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
+                   EXIT_USAGE)
+    if beside and (fleet or close_policy != "free"):
+        raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
+                                                                        "close, --close-policy free)") + " yet",
+                   EXIT_USAGE)
     inherited = None if socket_fd is None else inherited_socket(socket_fd, host)
     with exits(ValueError):
         fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)
@@ -129,13 +136,6 @@ def serve(
 
     if sglang_url and capacity is not None:
         raise fail("--capacity goes with the embedded engine or --kv-events: an SGLang server says its own",
-                   EXIT_USAGE)
-    if beside and (kv_events or sglang_url or vllm_events or vllm_url):
-        raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
-                   EXIT_USAGE)
-    if beside and (fleet or close_policy != "free"):
-        raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
-                                                                        "close, --close-policy free)") + " yet",
                    EXIT_USAGE)
     if kv_events or sglang_url or vllm_events or vllm_url:
         with exits(ValueError, AdapterError, MissingExtra):
@@ -195,6 +195,7 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     from radixtop.adapters.bundled.beside import BundledOps, hello_info
     from radixtop.adapters.bundled.recorder import BundledRecorder
     from radixtop.adapters.http.server.audit import AuditLog
+    from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
     from radixtop.adapters.http.server.edge import check_token_strength, check_token_text, is_loopback
     from radixtop.adapters.http.server.run import base_url, bind
     from radixtop.adapters.sglang.probe import BesideProcess
@@ -202,6 +203,8 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     if token is None and not is_loopback(host):
         raise fail(f"refusing to serve the admin API on {host!r} without an explicit token: it can close sessions "
                    "and evict; pass a token, or use 127.0.0.1", EXIT_USAGE)
+    with exits(ValueError):  # (checked here: the process beside would refuse it at every start)
+        parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
     generated = token is None
     token = token or secrets.token_urlsafe(24)
     with exits(ValueError):
@@ -254,7 +257,8 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        engine.stop()
+        engine.on_step = None  # (no step of the probe, nor a start of the process beside, from now on)
+        engine.stop(timeout=30)
         process.close()
     if failed or engine.error is not None:
         raise fail(f"radixtop serve stopped: {failed[0] if failed else engine._dead_reason()}", EXIT_REFUSED)

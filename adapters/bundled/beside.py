@@ -12,6 +12,8 @@ import dataclasses
 from typing import Any
 
 from radixtop.adapters.bundled.adapter import evict_on, flush_on, stats_of
+from radixtop.adapters.bundled.doctor import refused_waiting
+from radixtop.adapters.errors import unknown_session
 from radixtop.adapters.model import EvictResultView, FlushResultView, Geometry, Stats
 from radixtop.gpu_backend.engine import Engine
 
@@ -32,7 +34,13 @@ class BundledOps:
     """A ``sync``'s reply: the totals as of that step."""
 
     def close(self, session_id: str) -> dict[str, int]:
-        result = self.scheduler.close_session(session_id)
+        """Close as the engine's adapter does: an id the engine does not know is refused (the plan
+        beside may be older than this step)."""
+        s = self.scheduler
+        if not (session_id in s.cache._session_leaves or session_id in s.session_activity
+                or s.cache.is_session_closed(session_id)):
+            raise unknown_session(session_id)
+        result = s.close_session(session_id)
         self.engine.record("close", session=session_id)
         return {"freed_tokens": int(result.freed_tokens)}
 
@@ -44,16 +52,19 @@ class BundledOps:
 
     def state(self) -> dict[str, Any]:
         """What the doctor reads of the engine: the pool, the nodes its running requests lock
-        (their ids, and sessions); the engine queues nothing (a request that does not fit is not
-        started)."""
+        (their ids, and sessions), and as its waiting queue the requests refused for want of slots
+        lately (``doctor.refused_waiting``, as the doctor in process reads them): their count and
+        the oldest one's id and need."""
         s = self.scheduler
         allocator = s.pool.allocator
         stats = self.stats()
+        waiting = refused_waiting(s)
         return {
             "capacity": int(allocator.size), "available": int(allocator.available_size()),
             "evictable": s.cache.evictable_size(),
             "holders": [[getattr(r.last_node, "id", None), r.session_id] for r in s.running.values()],
-            "waiting": 0, "head": None, "buckets": [dataclasses.asdict(b) for b in stats.buckets or ()],
+            "waiting": len(waiting), "head": list(waiting[0]) if waiting else None,
+            "buckets": [dataclasses.asdict(b) for b in stats.buckets or ()],
         }
 
 

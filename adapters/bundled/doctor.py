@@ -17,6 +17,14 @@ REFUSED_WINDOW_S = 60.0
 its workload retries a refused turn as a new request)."""
 
 
+def refused_waiting(s: Scheduler) -> list[tuple[str, int]]:
+    """The requests refused for want of slots in the last ``REFUSED_WINDOW_S`` and not started since
+    (each id and the slots it needed beyond its cached prefix), oldest first: the engine's waiting
+    queue as the doctor reads it (a refused turn is retried as a new request)."""
+    now = time.monotonic()
+    return [(rid, need) for at, rid, need in s.refused if now - at <= REFUSED_WINDOW_S and rid not in s.running]
+
+
 def doctor_inputs(adapter: BundledAdapter, s: Scheduler) -> DoctorInputs:
     """Everything the doctor checks, read from ``s`` on the engine's owner thread."""
     cache = s.cache
@@ -43,9 +51,7 @@ def doctor_inputs(adapter: BundledAdapter, s: Scheduler) -> DoctorInputs:
         yield  # pragma: no cover (a pass that needs no chunk)
 
     def admission() -> AdmissionQueue | None:
-        now = time.monotonic()
-        waiting = [(rid, need) for at, rid, need in s.refused
-                   if now - at <= REFUSED_WINDOW_S and rid not in s.running]
+        waiting = refused_waiting(s)
         if not waiting:
             return None
         return AdmissionQueue(len(waiting), waiting[0][0], waiting[0][1])

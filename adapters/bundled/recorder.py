@@ -108,6 +108,11 @@ class BundledRecorder(_Recorder):
         def reset(result: Any, *a: Any, **k: Any) -> None:
             self.records.append((RESET, cache.root_node.id, False))
             self._next_id = max(self._next_id, cache._next_id)
+            if self.scheduler is not None:  # (its tombstones gone: the sessions the engine knows are open again)
+                for sid in self.scheduler.open_session_ids():
+                    if sid not in self.open:
+                        self.open[sid] = None
+                        self.records.append((OPENED, sid))
 
         def tag(result: Any, session_id: Any, node: Any, *a: Any, **k: Any) -> None:
             if session_id is None:

@@ -487,7 +487,7 @@ class BesideProcess:
         fds = (theirs.fileno(), self.listening.fileno())
         try:
             self.child = subprocess.Popen(
-                [sys.executable, "-m", "radixtop.adapters.sglang.beside", "--handover-fd", str(fds[0]),
+                [sys.executable, "-P", "-m", "radixtop.adapters.sglang.beside", "--handover-fd", str(fds[0]),
                  "--socket-fd", str(fds[1]), "--host", self.host],
                 pass_fds=fds, env=self.env, stdin=subprocess.DEVNULL)
         except BaseException:

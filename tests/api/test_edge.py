@@ -349,11 +349,11 @@ def test_reads_wait_for_the_cpu_budget_or_are_429_and_health_and_actions_go_ahea
     assert time.monotonic() - started >= 0.3 and budget.waited == 1
 
 
-@pytest.mark.parametrize("which", ["action", "read"])
-def test_a_read_with_the_servers_token_is_not_held_by_a_tokenless_flood(engine, which):
-    """The CPU bound keeps a tokenless flood off the server; the operator's own reads (sent with
-    the action token or the read token, as the dashboard and the CLI send them) are answered at
-    once all the same: a flood of 16 readers kept a token holder's stats read at 429 for 30 s."""
+def test_a_read_with_the_action_token_is_not_held_by_a_flood_and_the_read_token_is(engine):
+    """The CPU bound keeps a flood off the server; the operator's own reads (sent with the action
+    token, as the dashboard and the CLI send it) are answered at once all the same (a flood of 16
+    readers kept them at 429 for 30 s). The read token, given to others (and needed by every read
+    off loopback), is held like any reader: else a bind off loopback would have no bound at all."""
     from radixtop.adapters.http.server.budget import CpuBudget
 
     c = Clocks()
@@ -364,9 +364,9 @@ def test_a_read_with_the_servers_token_is_not_held_by_a_tokenless_flood(engine, 
                         base_url=f"http://127.0.0.1:{PORT}", raise_server_exceptions=False)
     c.cpu += 10.0  # the flood spent it
     assert client.get("/v1/stats").status_code == 429
-    auth = AUTH if which == "action" else {"Authorization": f"Bearer {read_token}"}
     for path in ("/v1/stats", "/v1/sessions", "/v1/nodes/root/children"):
-        assert client.get(path, headers=auth).status_code == 200, path
+        assert client.get(path, headers=AUTH).status_code == 200, path
     assert budget.waited == 0
+    assert client.get("/v1/stats", headers={"Authorization": f"Bearer {read_token}"}).status_code == 429
     assert client.get("/v1/stats", headers={"Authorization": "Bearer not-the-token-0123456789"}).status_code == 429
-    assert budget.refused == 2
+    assert budget.refused == 3

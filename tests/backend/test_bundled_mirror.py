@@ -56,7 +56,7 @@ def check_figures(scheduler, beside: SGLangInProcessAdapter) -> None:
     cache = scheduler.cache
     page = beside.sessions("exclusive_bytes", 0, 10_000).sessions
     assert {row.id for row in page if row.state == "open"} == set(scheduler.open_session_ids())
-    assert beside.stats().open_sessions == scheduler.open_session_count
+    assert beside.stats().open_sessions == len(scheduler.open_session_ids())
     exclusive = cache.exclusive_tokens_by_session()
     for sid in cache.session_ids():
         mine, theirs = beside.plan_close(sid), cache.plan_close(sid)
@@ -101,9 +101,10 @@ def test_the_mirror_follows_every_operation_of_the_bundled_cache(seed, size):
         check_figures(scheduler, beside)
     assert len(kinds) >= 8, kinds
     assert REOPENED in kinds or not any(json.loads(line)["op"] == "register" for line in lines)
-    cache.reset()
+    cache.reset()  # (its tombstones gone: the sessions the engine still knows are open again)
     mirror.apply(wire(recorder.take()))
     check_same(cache, mirror)
+    check_figures(scheduler, beside)
 
 
 @pytest.mark.parametrize("sliced", [1, 3])
@@ -207,3 +208,27 @@ def test_a_session_whose_tombstone_a_close_pushes_out_is_listed_open_again(monke
         check_same(cache, mirror)
         check_figures(scheduler, beside)
     assert scheduler.open_session_ids() == ["a"]  # (its tombstone pushed out by c's close)
+
+
+def test_the_engine_tells_the_doctor_beside_its_refused_requests_and_refuses_an_unknown_close():
+    """What the process beside asks of the engine (``BundledOps``): as its waiting queue, the
+    requests refused for want of slots lately, as the doctor in process reads them (it said none);
+    a close of an id the engine does not know is refused, as in process."""
+    from radixtop.adapters.bundled.beside import BundledOps
+    from radixtop.adapters.bundled.doctor import refused_waiting
+    from radixtop.adapters.errors import AdapterError
+    from radixtop.gpu_backend.engine import Engine
+    from radixtop.gpu_backend.scheduler import OutOfSlotsError
+
+    scheduler = Scheduler(get_geometry("tiny"), 64, device="cpu", write_kv=False)
+    scheduler.begin("held", list(range(1, 41)), session_id="a")
+    with pytest.raises(OutOfSlotsError):
+        scheduler.begin("refused", list(range(100, 140)), session_id="b")
+    ops = BundledOps(Engine(scheduler), "bundled")
+    state = ops.state()
+    assert refused_waiting(scheduler) == [("refused", 40)]
+    assert (state["waiting"], state["head"]) == (1, ["refused", 40])
+    assert [node for node, sid in state["holders"]] and state["holders"][0][1] == "a"
+    with pytest.raises(AdapterError, match="no-such"):
+        ops.close("no-such")
+    assert ops.close("a") == {"freed_tokens": 0}  # (its request still runs: nothing freed yet)

@@ -10,9 +10,10 @@ with no CPU, until the spent CPU is earned again; one that would wait longer tha
 is answered 429 at once, with the wait left as its Retry-After. The debt is bounded
 (``most_wait_s`` plus ``debt_s`` of earnings): a burst before (the process's start, a tokenizer
 loading, a flood that stopped) delays reads for seconds at most, never minutes. Health, actions and
-reads sent with the server's token (the action or the read token: the operator's dashboard and
-commands send it) never wait: an operator's close, and the reads it is planned with, go ahead of
-any tokenless flood (their CPU is still counted)."""
+reads sent with the action token (the operator's: the dashboard and the commands send it) never
+wait: an operator's close, and the reads it is planned with, go ahead of any flood (their CPU is
+still counted). Reads with the read token wait like any other (it is given to others, and every
+read off loopback needs it)."""
 
 from __future__ import annotations
 

@@ -111,13 +111,10 @@ class Tokens:
             return None, Unauthorized("wrong token")
         return given.strip().encode(), None
 
-    def holds_one(self, headers: Headers) -> bool:
-        """Whether the request carries the action token or the read token (the operator's)."""
+    def acts(self, headers: Headers) -> bool:
+        """Whether the request carries the action token (the operator's)."""
         given, _ = self._given(headers)
-        if given is None:
-            return False
-        action = hmac.compare_digest(given, self._action)
-        return action or (self._read is not None and hmac.compare_digest(given, self._read))
+        return given is not None and hmac.compare_digest(given, self._action)
 
     def action_refusal(self, headers: Headers) -> AdapterError | None:
         """Why the request may not act (401, or 403 for the read token), or None."""
@@ -225,7 +222,7 @@ class Admission:
             await refusal(scope, receive, send)
             return
         if self.budget is not None and scope["method"] == "GET" and scope["path"] not in UNGUARDED \
-                and not self.tokens.holds_one(Headers(scope=scope)):  # (the operator's reads go ahead)
+                and not self.tokens.acts(Headers(scope=scope)):  # (the operator's reads go ahead)
             wait = self.budget.wait()
             if wait > self.budget.most_wait_s:
                 self.budget.refused += 1
