@@ -188,7 +188,6 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     scheduler: started again where it dies, stopped with this one). Until interrupted, or until the
     engine or its probe fails (one line, exit 1)."""
     import os
-    import secrets
     import signal
     import threading
 
@@ -196,22 +195,13 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     from radixtop.adapters.bundled.recorder import BundledRecorder
     from radixtop.adapters.http.server.audit import AuditLog
     from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
-    from radixtop.adapters.http.server.edge import check_token_strength, check_token_text, is_loopback
-    from radixtop.adapters.http.server.run import base_url, bind
+    from radixtop.adapters.http.server.run import base_url, bind, checked_tokens
     from radixtop.adapters.sglang.probe import BesideProcess
 
-    if token is None and not is_loopback(host):
-        raise fail(f"refusing to serve the admin API on {host!r} without an explicit token: it can close sessions "
-                   "and evict; pass a token, or use 127.0.0.1", EXIT_USAGE)
-    with exits(ValueError):  # (checked here: the process beside would refuse it at every start)
-        parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
-    generated = token is None
-    token = token or secrets.token_urlsafe(24)
     with exits(ValueError):
-        for value, what in ((token, "token"), (read_token, "read token")):
-            if value is not None:
-                check_token_text(value, what)
-                check_token_strength(value, what)
+        token, generated = checked_tokens(host, token, read_token)
+        # (checked here: the process beside would refuse them at every start)
+        parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
         AuditLog(audit_log).close()  # (a journal that cannot be written: refused here, not at each start beside)
     try:
         listening = sock if sock is not None else bind(host, port)

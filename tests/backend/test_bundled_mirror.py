@@ -21,31 +21,13 @@ from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.scheduler import Scheduler
 from radixtop.gpu_backend.traces.ops import Replayer, read_trace
 from tests.on_sglang.test_ledger16 import check_kept
-from tests.on_sglang.test_mirror16 import walk, wire
+from tests.on_sglang.test_mirror16 import check_same as check_same16
+from tests.on_sglang.test_mirror16 import wire
 from tests.support.trace_gen import capacity_for, generate_trace
 
 
 def check_same(cache, mirror: MirrorCache) -> None:
-    real, mine = walk(cache.root_node), walk(mirror.root_node)
-    assert set(real) == set(mine)
-    assert set(mine) == set(mirror.by_id)
-    for node_id, node in real.items():
-        copy = mine[node_id]
-        if node is cache.root_node:
-            assert copy is mirror.root_node
-            continue
-        assert copy.parent.id == node.parent.id, node_id
-        assert tuple(copy.key.token_ids) == node.key, node_id
-        assert set(copy.children) == set(node.children), node_id
-        assert copy.lock_ref == node.lock_ref, node_id
-        assert copy.hit_count == node.hit_count, node_id
-        assert (copy.session_ids or set()) == (node.session_ids or set()), node_id
-        assert copy.last_access_time == node.last_access_time, node_id
-        assert copy.creation_time == node.creation_time, node_id
-    assert {sid: {n.id for n in nodes} for sid, nodes in mirror._session_leaves.items()} == \
-        {sid: {n.id for n in nodes} for sid, nodes in cache._session_leaves.items()}
-    assert list(mirror._closed_session_ids) == list(cache._closed_session_ids)
-    assert (mirror.evictable_size(), mirror.protected_size()) == (cache.evictable_size(), cache.protected_size())
+    check_same16(cache, mirror, tokens=lambda node: list(node.key), bundled=True)
 
 
 def check_figures(scheduler, beside: SGLangInProcessAdapter) -> None:

@@ -36,7 +36,9 @@ def walk(root):
     return out
 
 
-def check_same(cache, mirror: MirrorCache) -> None:
+def check_same(cache, mirror: MirrorCache, tokens=lambda node: list(node.key.token_ids), bundled: bool = False) -> None:
+    """``mirror`` equal to ``cache`` field for field; ``tokens``: a node's token ids in ``cache``;
+    ``bundled``: radixtop's own cache (no extra key; its creation times are compared too)."""
     real, mine = walk(cache.root_node), walk(mirror.root_node)
     assert set(real) == set(mine)
     assert set(mine) == set(mirror.by_id)
@@ -46,8 +48,11 @@ def check_same(cache, mirror: MirrorCache) -> None:
             assert copy is mirror.root_node
             continue
         assert copy.parent.id == node.parent.id, node_id
-        assert list(copy.key.token_ids) == list(node.key.token_ids), node_id
-        assert copy.key.extra_key == node.key.extra_key
+        assert list(copy.key.token_ids) == tokens(node), node_id
+        if bundled:
+            assert copy.creation_time == node.creation_time, node_id
+        else:
+            assert copy.key.extra_key == node.key.extra_key
         assert set(copy.children) == set(node.children), node_id
         assert copy.lock_ref == node.lock_ref, node_id
         assert copy.hit_count == node.hit_count, node_id

@@ -111,11 +111,6 @@ class Tokens:
             return None, Unauthorized("wrong token")
         return given.strip().encode(), None
 
-    def acts(self, headers: Headers) -> bool:
-        """Whether the request carries the action token (the operator's)."""
-        given, _ = self._given(headers)
-        return given is not None and hmac.compare_digest(given, self._action)
-
     def action_refusal(self, headers: Headers) -> AdapterError | None:
         """Why the request may not act (401, or 403 for the read token), or None."""
         given, refusal = self._given(headers)
@@ -222,7 +217,7 @@ class Admission:
             await refusal(scope, receive, send)
             return
         if self.budget is not None and scope["method"] == "GET" and scope["path"] not in UNGUARDED \
-                and not self.tokens.acts(Headers(scope=scope)):  # (the operator's reads go ahead)
+                and self.tokens.action_refusal(Headers(scope=scope)) is not None:  # (the operator's reads go ahead)
             wait = self.budget.wait()
             if wait > self.budget.most_wait_s:
                 self.budget.refused += 1

@@ -71,6 +71,22 @@ def serve_in_thread(app: FastAPI, host: str, port: int, name: str) -> ServerThre
     return ServerThread(server, thread, base_url(host, port))
 
 
+def checked_tokens(host: str, token: str | None, read_token: str | None) -> tuple[str, bool]:
+    """The action token to serve with, and whether it was made up here (none given: loopback
+    only); ValueError for a bind off loopback without one, or a token too weak or not text."""
+    if token is None and not is_loopback(host):
+        raise ValueError(f"refusing to serve the admin API on {host!r} without an explicit token: "
+                         "it can close sessions and evict; pass a token, or use 127.0.0.1")
+    generated = token is None
+    if token is None:
+        token = secrets.token_urlsafe(24)
+    for value, what in ((token, "token"), (read_token, "read token")):
+        if value is not None:
+            check_token_text(value, what)
+            check_token_strength(value, what)
+    return token, generated
+
+
 def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
           audit_path: Path | str | None = None, log: Callable[[str], Any] = print,
           read_token: str | None = None, fleet: Callable[[], Any] | None = None,
@@ -84,16 +100,7 @@ def serve(adapter: CacheAdapter, host: str = "127.0.0.1", port: int = 8765, toke
     binding ``port`` (so no other process can take the port in between); ``proof_key``: see
     ``create_app``; ``cpu_share``: at most that share of one core taken for reads, on average
     (``budget.CpuBudget``; None: no bound)."""
-    if token is None and not is_loopback(host):
-        raise ValueError(f"refusing to serve the admin API on {host!r} without an explicit token: "
-                         "it can close sessions and evict; pass a token, or use 127.0.0.1")
-    generated = token is None
-    if token is None:
-        token = secrets.token_urlsafe(24)
-    for value, what in ((token, "token"), (read_token, "read token")):
-        if value is not None:
-            check_token_text(value, what)
-            check_token_strength(value, what)
+    token, generated = checked_tokens(host, token, read_token)
     audit = AuditLog(audit_path)
     try:
         app = create_app(adapter, token, audit, host=host, read_token=read_token, fleet=fleet, proof_key=proof_key,
