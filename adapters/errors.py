@@ -54,6 +54,11 @@ class TargetUnreachable(AdapterError, code="target_unreachable", http_status=503
     """The target is down, or its owner thread has stopped."""
 
 
+class NotReady(AdapterError, code="not_ready", http_status=503):
+    """The target is up but cannot do this yet (radixtop's copy of the tree is still coming):
+    retry shortly."""
+
+
 class TargetTimeout(AdapterError, code="target_timeout", http_status=504):
     """The target, or its owner thread, did not answer in time."""
 
@@ -61,7 +66,7 @@ class TargetTimeout(AdapterError, code="target_timeout", http_status=504):
 ERRORS_BY_CODE: dict[str, type[AdapterError]] = {
     cls.code: cls
     for cls in (AdapterError, BadRequest, UnknownNode, UnknownSession, ReadOnly, Unsupported,
-                Unauthorized, TargetUnreachable, TargetTimeout)
+                Unauthorized, TargetUnreachable, NotReady, TargetTimeout)
 }
 
 

@@ -309,12 +309,28 @@ class MirrorAdapter(SGLangInProcessAdapter):
 
         return self._call(read, urgent=True)
 
+    def _refuse_if_partial(self, what: str) -> None:
+        """A close's plan needs the whole copy: not one being received (a session not there yet
+        would read as unknown) or known incomplete. Evict and flush need none (SGLang's own, run
+        while the tree is on its way: ``probe.AT_ONCE``)."""
+        if self.mirror.receiving or self.loop.incomplete is not None:
+            from radixtop.adapters.errors import NotReady
+
+            raise NotReady(f"{what}: radixtop's process is receiving the whole tree from the scheduler, and a "
+                           "close's plan needs all of it; try again shortly (evict and flush work now)")
+
+    def plan_close(self, session_id: str) -> ClosePlanView:
+        self._need_sessions()
+        self._refuse_if_partial(f"plan of the close of session {session_id!r}")
+        return super().plan_close(session_id)
+
     def close_session_planned(self, session_id: str) -> tuple[ClosePlanView, CloseResultView]:
         """The plan on the mirror as of a step after the call began, then SGLang's own close;
         the nodes it freed are the plan's where it freed what the plan says (as in process, where
         both run in one hold)."""
         self._need_sessions()
         refuse_if_read_only(self, f"close of session {session_id!r}")
+        self._refuse_if_partial(f"close of session {session_id!r}")
         plan = self.plan_close(session_id)
         freed = int(result_of_call(self.calls, "close", session_id=session_id)["freed_tokens"])
         ids = plan.freed_node_ids if freed == plan.freed_tokens else ()

@@ -41,6 +41,10 @@ OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "
 event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
 the doctor reads of the scheduler) and ``resync`` (the whole tree's records again)."""
 ACTIONS = ("evict", "flush", "close", "resync")
+AT_ONCE = ("evict", "flush", "close")
+"""Answered while the whole tree is on its way (``RecordsProbe.busy``): their replies carry
+SGLang's own counts, nothing radixtop's side reads against its copy; the other calls' replies
+(a sync's, the doctor's ``state``) stand for a moment of the tree, and wait until it is whole."""
 
 
 def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity_tokens: int,
@@ -162,7 +166,8 @@ class RecordsProbe:
 
     @property
     def busy(self) -> bool:
-        """The whole tree is on its way: radixtop's calls wait (a reply would overtake it)."""
+        """The whole tree is on its way: radixtop's calls but ``AT_ONCE``'s wait (a reply would
+        overtake it)."""
         return self._walk is not None
 
     def stream(self) -> None:
@@ -364,6 +369,14 @@ class CoreOps:
         }
 
 
+def _op_of(payload: bytes) -> Any:
+    try:
+        call = json.loads(payload)
+        return call.get("op") if isinstance(call, dict) else None
+    except ValueError:
+        return None
+
+
 def _node_id(node: Any) -> int | None:
     """A request's last node's id (0.5.17+'s unified cache keeps the id itself)."""
     return node if isinstance(node, int) else getattr(node, "id", None)
@@ -374,6 +387,10 @@ RESTART_FIRST_S = 0.5
 it goes down again within ``RESTART_QUIET_S``, up to ``RESTART_MOST_S``."""
 RESTART_MOST_S = 30.0
 RESTART_QUIET_S = 60.0
+START_TRIES = 5
+"""Starts in a row after which a process beside that went down each time before it said it was
+up (an import error, a setting it refuses) is not started again: the probe raises, saying why
+(each start walks the whole tree on the scheduler's thread, and would forever)."""
 LOOK_S = 0.5
 """How often the scheduler's loop looks whether radixtop's process is still there (a waitpid)."""
 STALLED_S = 10.0
@@ -465,6 +482,8 @@ class BesideProcess:
         self._retry_at = 0.0
         self._wait = RESTART_FIRST_S
         self._down_at: float | None = None
+        self._unheard = 0
+        """Starts in a row that went down before they were up (``START_TRIES``)."""
         self._sent_seen = self._dropped_seen = 0
         self._progress_at = 0.0
         self._look_at = 0.0
@@ -550,7 +569,14 @@ class BesideProcess:
                 self._heard = self._heard or bool(frames)
                 calls.extend(f.payload for f in frames if f.kind == CALL)
             bell.heard()
-        while calls and not getattr(probe, "busy", False) and not end.down:  # (no reply overtakes the whole tree)
+        if getattr(probe, "busy", False):  # the whole tree on its way: the actions now, the rest after it
+            for payload in [c for c in calls if _op_of(c) in AT_ONCE]:
+                calls.remove(payload)
+                if end.down:
+                    return
+                self._answer(payload)
+            return
+        while calls and not end.down:
             self._answer(calls.popleft())
 
     def _look(self, now: float) -> None:
@@ -614,11 +640,19 @@ class BesideProcess:
 
     def _restart_when_due(self, now: float) -> None:
         if self._down_at is None:  # just went down
+            code = self.child.poll() if self.child is not None else None
+            self._unheard = 0 if self._heard else self._unheard + 1
+            if self._unheard >= START_TRIES:
+                if code is None:
+                    self.child.kill()
+                raise RuntimeError(
+                    f"radixtop's process beside the scheduler went down {self._unheard} times in a row before it "
+                    f"was up (last: {'still running: killed' if code is None else f'exit {code}'}; what it printed "
+                    "is above in this log): not started again")
             quiet = self._retry_at and now - self._retry_at > RESTART_QUIET_S
             self._wait = RESTART_FIRST_S if quiet or not self._retry_at else min(self._wait * 2, RESTART_MOST_S)
             self._down_at, self._retry_at = now, now + self._wait
             self._unpoll()  # (a closed end reads as ready forever: the idle scheduler would spin)
-            code = self.child.poll() if self.child is not None else None
             log.warning("radixtop: its process beside the scheduler went down (%s); SGLang goes on, and it is "
                         "started again in %.1f s", "still running: killed" if code is None else f"exit {code}",
                         self._wait)

@@ -61,6 +61,17 @@ def up(client, timeout: float = 30):
             time.sleep(0.2)
 
 
+def seven_sessions(sgl, requests, replayer=None):
+    """Requests of 7 sessions (``s0``..``s6``) in a pool of 200,000 tokens: SGLang's replayer."""
+    if replayer is None:
+        replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
+        replayer.cache.enable_session_radix_cache = True
+    for n in requests:
+        replayer.apply(n, {"op": "request", "input": [n % 97 + 2, n % 89 + 2, n, n + 1], "output": [7],
+                           "session": f"s{n % 7}"})
+    return replayer
+
+
 def same_answers(loop, inproc, client, orders=ROW_KEYS) -> None:
     """Every sessions order, the root's children and the totals: beside as in process."""
     here: dict = {}
@@ -128,12 +139,8 @@ def test_reads_while_the_whole_tree_is_on_its_way_answer_at_once_and_say_so(sgl,
     from radixtop.adapters.sglang import probe as probe_module
 
     monkeypatch.setattr(probe_module, "SNAPSHOT_NODES", 50)  # (a few slices: the scheduler is not stepped yet)
-    replayer = SGLangReplayer(sgl, 200_000, eviction_policy="lru", max_running=8, max_context_len=512)
+    replayer = seven_sessions(sgl, range(1, 600))
     cache = replayer.cache
-    cache.enable_session_radix_cache = True
-    for n in range(1, 600):
-        replayer.apply(n, {"op": "request", "input": [n % 97 + 2, n % 89 + 2, n, n + 1], "output": [7],
-                           "session": f"s{n % 7}"})
     inproc = SGLangInProcessAdapter(cache, model="tiny")
     beside, client = started(cache)
     loop = None
@@ -248,3 +255,97 @@ def test_the_process_beside_loads_the_servers_tokenizer_for_its_previews(sgl, tm
     finally:
         loop.run(beside.close)
         loop.close()
+
+
+def test_evict_and_flush_are_answered_while_the_whole_tree_is_on_its_way_and_a_close_is_refused_at_once(
+        sgl, monkeypatch):
+    """At 1M nodes the whole tree takes 60-95 s to come (a restart of radixtop's process, a
+    resync). An operator's evict or flush does not need radixtop's copy: SGLang runs it between
+    its steps at once (it waited for the whole tree, past its 10 s timeout). A close's plan needs
+    the whole copy: refused at once in one line (it was planned on the copy in the making: a real
+    session unknown), and once the tree is whole it closes as planned."""
+    from radixtop.adapters.sglang import probe as probe_module
+
+    hold = {"on": False}
+    stream = probe_module.RecordsProbe.stream
+
+    def held(self):  # the walk stays on its way while the test holds it
+        if not hold["on"]:
+            stream(self)
+
+    monkeypatch.setattr(probe_module.RecordsProbe, "stream", held)
+    monkeypatch.setattr(probe_module, "SNAPSHOT_NODES", 20)
+    replayer = seven_sessions(sgl, range(1, 600))
+    cache = replayer.cache
+    inproc = SGLangInProcessAdapter(cache, model="tiny")
+    beside, client = started(cache)
+    loop = SchedulerLoop(beside, cache, None)
+    try:
+        up(client)
+        hold["on"] = True
+        loop.run(lambda: beside.probe.start())  # (a resync: the whole tree again, held mid-way)
+        loop.run(lambda: stream(beside.probe))  # (its first slices out)
+        deadline = time.monotonic() + 30
+        while "receiving" not in (client.capabilities().reason or ""):
+            assert time.monotonic() < deadline, "radixtop's process did not begin receiving the whole tree"
+            time.sleep(0.05)
+        assert beside.probe.busy
+
+        began = time.monotonic()
+        evicted = client.evict(40).evicted_tokens
+        took = time.monotonic() - began
+        assert evicted >= 40 and took < 3, (evicted, took)
+        began = time.monotonic()
+        flushed = client.flush()
+        assert flushed.freed_tokens > 0 and time.monotonic() - began < 3
+        began = time.monotonic()
+        with pytest.raises(AdapterError) as refused:
+            client.close_session("s3")
+        assert refused.value.code == "not_ready" and time.monotonic() - began < 3
+        assert "whole tree" in str(refused.value) and "\n" not in str(refused.value)
+        with pytest.raises(AdapterError) as refused:
+            client.plan_close("s3")
+        assert refused.value.code == "not_ready"
+        assert beside.probe.busy  # (all of it while the tree was still on its way)
+        loop.run(lambda: seven_sessions(sgl, range(600, 700), replayer))
+
+        hold["on"] = False
+        deadline = time.monotonic() + 30
+        while beside.probe.busy or "receiving" in (client.capabilities().reason or ""):
+            assert time.monotonic() < deadline, "the whole tree did not come"
+            time.sleep(0.1)
+        same_answers(loop, inproc, client, [order for order in ROW_KEYS if order != "last_activity"])
+        plan = client.plan_close("s3")
+        done = client.close_session("s3")
+        assert done.freed_tokens == plan.freed_tokens > 0 and done.freed_node_ids == plan.freed_node_ids
+    finally:
+        loop.run(beside.close)
+        loop.close()
+
+
+def test_a_process_beside_that_exits_at_each_start_is_given_up_and_said_so(sgl, monkeypatch):
+    """A process beside that exits before it is up (an import error, a bad setting) was started
+    again forever, each start walking the whole tree on the scheduler's thread. After
+    ``START_TRIES`` such starts in a row the probe gives up and says why in one line (the plugin
+    then stops radixtop, SGLang goes on: ``plugin._beside_step``)."""
+    from radixtop.adapters.sglang import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "RESTART_FIRST_S", 0.01)
+    monkeypatch.setattr(probe_module, "RESTART_MOST_S", 0.02)
+    monkeypatch.setattr(probe_module, "LOOK_S", 0.01)
+    monkeypatch.setenv("RADIXTOP_BESIDE_CPU", "a lot")  # (radixtop's process refuses it at its start)
+    replayer = SGLangReplayer(sgl, 20_000, eviction_policy="lru", max_running=8, max_context_len=512)
+    beside, _ = started(replayer.cache)
+    try:
+        deadline = time.monotonic() + 60
+        with pytest.raises(RuntimeError) as gave_up:
+            while True:
+                beside.step()
+                assert time.monotonic() < deadline, f"not given up after {beside.starts} starts"
+                time.sleep(0.005)
+        assert beside.starts == probe_module.START_TRIES
+        message = str(gave_up.value)
+        assert "\n" not in message and f"{probe_module.START_TRIES} times in a row" in message, message
+        assert "exit 1" in message, message
+    finally:
+        beside.close()
