@@ -42,6 +42,7 @@ from radixtop.adapters.model import (
     Stats,
     SubtreeRow,
     SubtreeView,
+    WhyView,
 )
 
 MAX_PAGE = 10_000
@@ -155,6 +156,13 @@ class CacheAdapter(ABC):
     @abstractmethod
     def match(self, tokens: list[int]) -> MatchView:
         """The longest cached prefix of ``tokens``, read-only."""
+
+    def why(self, tokens: list[int]) -> WhyView:
+        """Why ``tokens`` missed: the cached part now, where it leaves the cached path, and what of
+        the rest was cached before, with when and why it left (the target's history of its
+        tree). Unsupported where the target keeps none."""
+        raise Unsupported(f"{self.name} keeps no history of its tree: it can say what is cached now "
+                          "(match), not what left")
 
     def encode(self, text: str) -> list[int]:
         """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search

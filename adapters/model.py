@@ -394,6 +394,48 @@ class MatchView(_View):
 
 
 @dataclass(frozen=True)
+class LostView(_View):
+    """Tokens ``[start, end)`` of a prompt, past its cached ones, that were cached before: the
+    node that held them last, and when and why it left the tree (``gpu_backend.history``)."""
+
+    start: int
+    end: int
+    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    """``evicted``: the pool needed room; ``closed``: a session's close freed it; ``flushed``;
+    ``evict_action``: someone asked for an evict (``who``)."""
+    at: float
+    """When it left (seconds since the epoch)."""
+    node_id: int
+    session_id: str | None
+    """The session whose close freed it (``closed``)."""
+    holders: tuple[str, ...]
+    """The sessions that held it when it left."""
+    protected_tokens: int | None
+    """For ``evicted``: the pool's tokens locked by running requests then (None: not known)."""
+    capacity_tokens: int | None
+    who: str = ""
+
+
+@dataclass(frozen=True)
+class WhyView(_View):
+    """Why a prompt missed: how much of it is cached now, where it leaves the cached path, and which
+    of its tokens past that were cached before, and when and why they left."""
+
+    query_tokens: int
+    cached_tokens: int
+    diverges_at: int
+    """The token position where the prompt leaves the cached path (its cached tokens)."""
+    node_id: int
+    """The deepest node it matches whole (the root when none): the node it would have continued."""
+    partial_node_id: int | None
+    partial_tokens: int
+    lost: tuple[LostView, ...]
+    history_since: float
+    """Every removal since this moment (seconds since the epoch) is kept; what left before it is
+    not known."""
+
+
+@dataclass(frozen=True)
 class Changes(_View):
     since: int
     version: int

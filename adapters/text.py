@@ -216,3 +216,67 @@ def pool_parts(st: Stats) -> tuple[tuple[str, int | None], ...]:
         return (("available", st.available_tokens), ("evictable", st.evictable_tokens),
                 ("protected", st.protected_tokens), (HELD_OR_RUNNING, rest))
     return tuple((state, st.tokens_of(state)) for state in POOL_STATES)
+
+
+def when(at: float, now: float) -> str:
+    """A moment as the local time of day and how long ago: '14:03:27 (5m ago)'."""
+    import time as _time
+
+    return f"{_time.strftime('%H:%M:%S', _time.localtime(at))} ({age(max(0.0, now - at))} ago)"
+
+
+def lost_line(lost: Any, now: float, end: int | None = None, nodes: int = 1) -> str:
+    """One ``LostView`` as a line: which tokens, and when and why they left (``end``, ``nodes``:
+    the run it starts, of that many nodes gone the same way)."""
+    end = lost.end if end is None else end
+    span = f"tokens {lost.start:,}-{end:,} ({end - lost.start:,})"
+    moment = when(lost.at, now)
+    if lost.cause == "closed":
+        why = f"freed by the close of session {inert(lost.session_id or '?')} at {moment}"
+    elif lost.cause == "flushed":
+        why = f"flushed at {moment}"
+    elif lost.cause == "evict_action":
+        why = f"evicted on request ({inert(lost.who) or 'an evict'}) at {moment}"
+    else:
+        pool = (f", the pool {lost.protected_tokens / lost.capacity_tokens:.0%} locked by running requests"
+                if lost.protected_tokens is not None and lost.capacity_tokens else "")
+        why = f"evicted for room at {moment}{pool}"
+    held = f"; held by {', '.join(map(inert, lost.holders[:3]))}{'…' if len(lost.holders) > 3 else ''}" \
+        if lost.holders else ""
+    what = f"node #{lost.node_id}" if nodes == 1 else f"{nodes} nodes from #{lost.node_id}"
+    return f"{span}: {what}, {why}{held}"
+
+
+def _runs(lost: Any) -> list[tuple[Any, int, int]]:
+    """The lost tokens as runs gone the same way (one close, one eviction: the same cause, session
+    and asker, each node next to the one before, within a second): ``(first, end, nodes)``."""
+    runs: list[tuple[Any, int, int]] = []
+    for one in lost:
+        if runs:
+            first, end, nodes = runs[-1]
+            if end == one.start and (one.cause, one.session_id, one.who, one.holders) == \
+                    (first.cause, first.session_id, first.who, first.holders) and abs(one.at - first.at) < 1.0:
+                runs[-1] = (first, one.end, nodes + 1)
+                continue
+        runs.append((one, one.end, 1))
+    return runs
+
+
+def why_lines(w: Any, now: float) -> list[str]:
+    """A ``WhyView`` as lines: what is cached, where the prompt leaves the cached path, what of the
+    rest was cached before and why it left."""
+    where = f"node #{w.node_id}"
+    if w.partial_node_id is not None:
+        where += f", {w.partial_tokens:,} tokens into node #{w.partial_node_id}"
+    lines = [f"{w.cached_tokens:,} of {w.query_tokens:,} tokens cached"]
+    if w.cached_tokens >= w.query_tokens:
+        return lines
+    lines[0] += f"; the prompt leaves the cached path at token {w.diverges_at:,} ({where})"
+    lines.extend(lost_line(first, now, end, nodes) for first, end, nodes in _runs(w.lost))
+    since = when(w.history_since, now)
+    rest = w.query_tokens - w.cached_tokens - sum(lost.end - lost.start for lost in w.lost)
+    if not w.lost:
+        lines.append(f"none of the rest was cached since {since}; every removal since then is kept")
+    elif rest:
+        lines.append(f"{rest:,} tokens of the rest were not cached since {since}")
+    return lines

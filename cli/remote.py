@@ -1,4 +1,4 @@
-"""Reads of a radixtop server over its admin API: stats, tree, node, sessions, session, match, export, audit."""
+"""Reads of a radixtop server over its admin API: stats, tree, node, sessions, session, match, why, export, audit."""
 
 from __future__ import annotations
 
@@ -288,6 +288,31 @@ def match(
         where += f", then {m.partial_tokens} tokens into node #{m.partial_node_id}"
     typer.echo(f"{m.matched_tokens} of {m.query_tokens} tokens cached ({human_bytes(m.matched_bytes)}); "
                f"match ends at {where}")
+
+
+@app.command()
+def why(
+    tokens: Annotated[list[str] | None, typer.Argument(help="The prompt's token ids, space- or comma-separated.")] = None,
+    text: Annotated[str | None, typer.Option("--text", help="The prompt as text, tokenized by the target's "
+                                             "tokenizer (instead of ids).")] = None,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """Why a prompt missed: how much of it is cached now, where it leaves the cached path, and
+    what of the rest was cached before, when and why it left (evicted, a session's close, a
+    flush, an evict someone asked for)."""
+    import time
+
+    from radixtop.adapters.text import why_lines
+
+    if (text is None) == (not tokens):
+        raise fail("give the prompt's token ids, or --text, one of them", EXIT_USAGE)
+    ids = _parse_tokens(tokens) if tokens else None
+    with remote_target(url, token, timeout) as t:
+        w = t.why(ids if ids is not None else t.encode(text or ""))
+    if as_json:
+        return emit_json(w.to_dict())
+    for line in why_lines(w, time.time()):
+        typer.echo(line)
 
 
 def _parse_tokens(parts: list[str]) -> list[int]:

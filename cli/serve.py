@@ -216,6 +216,7 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
             env[key] = str(value)
     failed: list[str] = []
     stopping = threading.Event()
+    engine.scheduler.cache.history = None  # (kept beside, from the records: none of it in the engine's process)
     recorder = BundledRecorder(engine.scheduler.cache, engine.scheduler)
     try:
         process = BesideProcess(engine.scheduler.cache, listening, host, hello_info(engine, name, demo_words), env,

@@ -208,7 +208,7 @@ class Engine:
 
     def evict(self, num_tokens: int, timeout: float = 10.0):
         def run(s: Scheduler):
-            result = s.evict(num_tokens)
+            result = s.evict_asked(num_tokens, "the engine's evict")
             self.record("evict", tokens=num_tokens)
             return result
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from radixtop.gpu_backend.allocator import TokenToKVPoolAllocator
 from radixtop.gpu_backend.eviction import get_eviction_strategy
+from radixtop.gpu_backend.history import ROOT, CacheHistory
 from radixtop.gpu_backend.ledger import SessionLedger
 from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
 from radixtop.gpu_backend.sessions import SessionRadixCacheMixin
@@ -151,6 +152,7 @@ class RadixCache(SessionRadixCacheMixin):
         clock: Callable[[], float] = time.monotonic,
         bytes_per_token: int = 0,
         ledger: bool = True,
+        history: bool = True,
     ):
         if allocator.page_size != page_size:
             raise ValueError(f"allocator page_size {allocator.page_size} != cache page_size {page_size}")
@@ -176,6 +178,9 @@ class RadixCache(SessionRadixCacheMixin):
         """Where the cache's long passes run (the engine's slices, between its steps); None: on
         the spot (a trace replay, a test)."""
         self.ledger: SessionLedger | None = None
+        self.history: CacheHistory | None = CacheHistory() if history else None
+        """The nodes that left the tree, when and why, bounded (``gpu_backend.history``: ``why``);
+        None: not kept."""
         self.reset()
         if ledger:
             self.ledger = SessionLedger(self.root_node, frees=close_policy == "free")
@@ -556,6 +561,8 @@ class RadixCache(SessionRadixCacheMixin):
         self._update_leaf_status(parent)
         if self.ledger is not None:
             self.ledger.removed(node, parent)
+        if self.history is not None:
+            self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, node.key, node.session_ids)
 
     def _flush_subtree(self) -> None:
         pending, self._pending_subtree = self._pending_subtree, {}

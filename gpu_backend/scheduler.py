@@ -5,10 +5,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from radixtop.gpu_backend.history import EVICT_ACTION, EVICTED, FLUSHED
 from radixtop.gpu_backend.kv_geometry import KVGeometry
 from radixtop.gpu_backend.kv_pool import KVPool
 from radixtop.gpu_backend.ledger import SessionOrders
@@ -61,6 +64,7 @@ class Scheduler:
         clock=None,
         write_kv: bool = True,
         ledger: bool = True,
+        history: bool = True,
     ):
         if capacity < geometry.page_size or capacity % geometry.page_size:
             raise ValueError(f"capacity {capacity} must be a positive multiple of page size {geometry.page_size}")
@@ -75,6 +79,7 @@ class Scheduler:
             close_policy=close_policy,
             bytes_per_token=geometry.bytes_per_token,
             ledger=ledger,
+            history=history,
             **kwargs,
         )
         self.running: dict[str, Req] = {}
@@ -200,7 +205,18 @@ class Scheduler:
     def flush(self) -> EvictResult:
         """Free everything that is not locked (the engine never stops, so unlike SGLang's
         flush_cache this does not wait for an idle server: running requests keep their paths)."""
-        return self.evict(self.cache.evictable_size())
+        with self._cause(FLUSHED):
+            return self.evict(self.cache.evictable_size())
+
+    def evict_asked(self, num_tokens: int, who: str) -> EvictResult:
+        """An evict someone asked for (``who``: an operator through the admin API, a trace's op),
+        not the pool's need: so the cache's history says."""
+        with self._cause(EVICT_ACTION, who=who):
+            return self.evict(num_tokens)
+
+    def _cause(self, kind: str, **detail: Any) -> AbstractContextManager[None]:
+        history = self.cache.history
+        return history.cause(kind, **detail) if history is not None else nullcontext()
 
     def open_session_ids(self) -> list[str]:
         """Sessions that hold KV, have a request running, or were registered and not closed."""
@@ -269,7 +285,9 @@ class Scheduler:
             return np.empty(0, dtype=np.int64)
         allocator = self.pool.allocator
         if allocator.available_size() < need:
-            self.evict(need)
+            cache = self.cache
+            with self._cause(EVICTED, pool=(cache.protected_size(), allocator.size)):
+                self.evict(need)
         slots = allocator.alloc(need)
         if slots is None:
             raise OutOfSlotsError(

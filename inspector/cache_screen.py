@@ -58,6 +58,7 @@ class CacheScreen(PolledScreen):
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("slash", "search", "Search", id="app.search"),
         Binding("D", "doctor", "Leak doctor", show=False, id="app.doctor"),
+        Binding("w", "why", "Why missed", show=False, id="app.why"),
         Binding("p", "pause", "Pause", id="app.pause"),
         Binding("q", "quit", "Quit", id="app.quit"),
         Binding("plus,equals_sign", "faster", "Faster", show=False, id="app.faster"),
@@ -406,6 +407,9 @@ class CacheScreen(PolledScreen):
 
     def action_doctor(self) -> None:
         self.lookups.doctor()
+
+    def action_why(self) -> None:
+        self.lookups.ask_why()
 
 
 def screen_bindings() -> list[BindingType]:

@@ -13,7 +13,7 @@ from textual.worker import Worker
 
 from radixtop.adapters.model import ROOT_ID, MatchView, SessionDetail
 from radixtop.adapters.text import inert
-from radixtop.inspector.modals import AskScreen, DoctorScreen
+from radixtop.inspector.modals import AskScreen, DoctorScreen, WhyScreen
 from radixtop.inspector.poll_loop import read_in_thread
 from radixtop.inspector.poller import TreeRows
 from radixtop.inspector.tree_view import CacheTree
@@ -75,6 +75,33 @@ class Lookups:
             screen.notify(f"{match.matched_tokens} of {match.query_tokens} tokens cached{where}", title="search")
 
         return read_in_thread(screen, partial(screen.poller.search, query), show, group="search", title="search")
+
+    # ----- why a prompt missed -----
+
+    def ask_why(self) -> None:
+        """w: ask for a prompt (token ids, or text), then say why it missed (``radixtop why``)."""
+        self.screen.app.push_screen(AskScreen(
+            "Why did this prompt miss?", "Type a prompt (the target's tokenizer makes it token ids), or paste token "
+            "ids (comma or space separated; a number as text goes in double quotes): how much of it is cached, "
+            "where it leaves the cached path, and what of the rest was cached before, when and why it left.",
+            "<|system|> You are  ·  1, 2, 3"), self._why_submitted)
+
+    def _why_submitted(self, text: str | None) -> None:
+        if text:
+            self.why(search_query(text))
+
+    def why(self, query: list[int] | str) -> Worker[None]:
+        screen = self.screen
+
+        def read() -> str:
+            import time
+
+            from radixtop.adapters.text import why_lines
+
+            return "\n".join(why_lines(screen.poller.why(query), time.time()))
+
+        return read_in_thread(screen, read, lambda report: screen.app.push_screen(WhyScreen(report)),
+                              group="why", title="why")
 
     # ----- a session's chains -----
 

@@ -148,25 +148,54 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-class DoctorScreen(ModalScreen[None]):
-    """The leak doctor's findings, each with what it means and what fixes it. Plain text: it
-    quotes the target's ids, shown as written (never read as markup)."""
+class _ReportScreen(ModalScreen[None]):
+    """A report in a modal, scrolled. Plain text: it quotes the target's ids, shown as written
+    (never read as markup)."""
 
-    DEFAULT_CSS = _MODAL_CSS.format(name="DoctorScreen") + "DoctorScreen VerticalScroll { max-height: 32; }\n"
-    BINDINGS = [Binding("escape,q,D", "close", "Close", id="doctor.close")]
+    heading_text = ""
+    report_id = ""
+    footer = ""
 
-    def __init__(self, text: str, healthy: bool):
+    def __init__(self, text: str):
         super().__init__()
         self.text = text
-        self.healthy = healthy
+
+    def heading(self) -> str:
+        return self.heading_text
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static("Leak doctor: " + ("nothing found" if self.healthy else "findings"), classes="title")
+            yield Static(self.heading(), classes="title", markup=False)
             with VerticalScroll():
-                yield Static(self.text, markup=False, id="doctor-report")
-            yield Static("escape, q or D closes · ↑ ↓ PgUp PgDn scroll · radixtop doctor prints the same",
-                         markup=False)
+                yield Static(self.text, markup=False, id=self.report_id)
+            yield Static(self.footer, markup=False)
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+class DoctorScreen(_ReportScreen):
+    """The leak doctor's findings, each with what it means and what fixes it."""
+
+    DEFAULT_CSS = _MODAL_CSS.format(name="DoctorScreen") + "DoctorScreen VerticalScroll { max-height: 32; }\n"
+    BINDINGS = [Binding("escape,q,D", "close", "Close", id="doctor.close")]
+    report_id = "doctor-report"
+    footer = "escape, q or D closes · ↑ ↓ PgUp PgDn scroll · radixtop doctor prints the same"
+
+    def __init__(self, text: str, healthy: bool):
+        super().__init__(text)
+        self.healthy = healthy
+
+    def heading(self) -> str:
+        return "Leak doctor: " + ("nothing found" if self.healthy else "findings")
+
+
+class WhyScreen(_ReportScreen):
+    """Why a prompt missed (``radixtop why``): what is cached, where it leaves the cached path, and
+    what of the rest was cached before, when and why it left."""
+
+    DEFAULT_CSS = _MODAL_CSS.format(name="WhyScreen") + "WhyScreen VerticalScroll { max-height: 32; }\n"
+    BINDINGS = [Binding("escape,q,w", "close", "Close", id="why.close")]
+    heading_text = "Why did this prompt miss?"
+    report_id = "why-report"
+    footer = "escape, q or w closes · ↑ ↓ PgUp PgDn scroll · radixtop why prints the same"

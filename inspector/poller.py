@@ -28,6 +28,7 @@ from radixtop.adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    WhyView,
 )
 from radixtop.inspector.tree_ops import TreeOp
 from radixtop.inspector.tree_state import Row, TreeState
@@ -271,6 +272,11 @@ class Poller:
         with self.tree_lock:
             outcome = op.apply(self.tree)
             return TreeUpdate(self._rows(), outcome.move_to, outcome.note)
+
+    def why(self, query: list[int] | str) -> WhyView:
+        """Why ``query`` (token ids, or a text the target's tokenizer encodes) missed
+        (``CacheAdapter.why``)."""
+        return self.adapter.why(self.adapter.encode(query) if isinstance(query, str) else query)
 
     def diagnose(self) -> Diagnosis:
         """The leak doctor's findings (``CacheAdapter.diagnose``)."""

@@ -21,6 +21,7 @@ from radixtop.adapters.bundled.child_order import CHILD_KEYS, ChildOrders
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
     BadRequest,
+    Unsupported,
     unknown_node,
     unknown_session,
 )
@@ -47,10 +48,12 @@ from radixtop.adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    WhyView,
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
+from radixtop.adapters.owned.why import live_path, why_view
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import gc_paused
@@ -250,6 +253,23 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
         return self._call(read)
 
+    def why(self, tokens: list[int]) -> WhyView:
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+
+        def read(s: Scheduler) -> WhyView:
+            cache = s.cache
+            if cache.history is None:
+                raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
+            found = cache.lookup(tokens)
+            partial = found.partial_node
+            end = found.prefix_len - found.partial_len
+            return why_view(cache.history, tokens, live_path(found.last_node, end, cache.root_node),
+                            found.prefix_len, found.last_node.id, partial.id if partial is not None else None,
+                            found.partial_len, cache.page_size)
+
+        return self._call(read)
+
     def changes(self, since: int) -> Changes:
         if since < 0:
             raise BadRequest(f"since must be >= 0, got {since}")
@@ -422,7 +442,7 @@ def stats_of(s: Scheduler, name: str) -> Stats:
 
 def evict_on(engine: Engine, s: Scheduler, num_tokens: int) -> EvictResultView:
     """Evict on the owner thread, recorded in the engine's trace."""
-    r = s.evict(num_tokens)
+    r = s.evict_asked(num_tokens, "radixtop's evict")
     engine.record("evict", tokens=num_tokens)
     bpt = s.geometry.bytes_per_token
     return EvictResultView(num_tokens, r.num_tokens_evicted, r.num_nodes_evicted, r.num_tokens_evicted * bpt)

@@ -42,6 +42,7 @@ from radixtop.adapters.http.wire import (
     sessions_page_from_dict,
     stats_from_dict,
     subtree_from_dict,
+    why_from_dict,
 )
 from radixtop.adapters.model import (
     AuditEntry,
@@ -62,6 +63,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
     SubtreeView,
+    WhyView,
 )
 
 V = TypeVar("V")
@@ -250,6 +252,9 @@ class RadixtopClient(CacheAdapter):
 
     def match(self, tokens: list[int]) -> MatchView:
         return self._get(match_from_dict, "/v1/match", tokens=self._match_query(tokens))
+
+    def why(self, tokens: list[int]) -> WhyView:
+        return self._get(why_from_dict, "/v1/why", tokens=self._match_query(tokens))
 
     @staticmethod
     def _match_query(tokens: list[int]) -> str:

@@ -213,6 +213,30 @@ class MatchOut(Schema):
     matched_bytes: int
 
 
+class LostOut(Schema):
+    start: int
+    end: int
+    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    at: float
+    node_id: int
+    session_id: str | None
+    holders: list[str]
+    protected_tokens: int | None
+    capacity_tokens: int | None
+    who: str
+
+
+class WhyOut(Schema):
+    query_tokens: int
+    cached_tokens: int
+    diverges_at: int
+    node_id: int
+    partial_node_id: int | None
+    partial_tokens: int
+    lost: list[LostOut]
+    history_since: float
+
+
 class ChangesOut(Schema):
     since: int
     version: int

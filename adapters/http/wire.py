@@ -34,6 +34,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     Stats,
     SubtreeView,
+    WhyView,
 )
 
 V = TypeVar("V")
@@ -208,6 +209,19 @@ def match_from_dict(d: dict[str, Any]) -> MatchView:
     if view.matched_tokens > view.query_tokens or view.partial_tokens > view.matched_tokens:
         raise WireError(f"{view.matched_tokens} of {view.query_tokens} tokens matched "
                         f"({view.partial_tokens} of them in a partial node): not a match")
+    return view
+
+
+def why_from_dict(d: dict[str, Any]) -> WhyView:
+    view = from_wire(WhyView, d)
+    if view.cached_tokens > view.query_tokens or view.diverges_at != view.cached_tokens:
+        raise WireError(f"{view.cached_tokens} of {view.query_tokens} tokens cached, diverging at "
+                        f"{view.diverges_at}: not an answer")
+    at = view.cached_tokens
+    for lost in view.lost:
+        if not at <= lost.start < lost.end <= view.query_tokens:
+            raise WireError(f"tokens {lost.start}-{lost.end} lost, after {at} of {view.query_tokens}: not in order")
+        at = lost.end
     return view
 
 

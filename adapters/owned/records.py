@@ -72,6 +72,10 @@ BEGIN, NODE, DROP, SEEN, TOMBS, GENS, OPENS = range(21, 28)
 REOPENED = 28
 """``(REOPENED, sid)``: a closed session's id opened again, its tombstone gone (the bundled cache's
 ``register_session``: its requests tag again)."""
+CAUSE = 29
+"""``(CAUSE, cause, who)``: the removals after it, up to the next ``CAUSE``, are for ``cause``
+(``gpu_backend.history``: ``flushed``, ``evict_action``; ``""``: back to the tree's own, an
+eviction for room or a close); the probe brackets the actions it runs with them."""
 PIECE = 4096
 """Sessions a ``TOMBS``, ``GENS``, ``OPENS`` or ``SEEN`` record at most."""
 FLOOR = 256

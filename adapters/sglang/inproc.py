@@ -65,10 +65,12 @@ from radixtop.adapters.model import (
     SessionDetail,
     SessionsPage,
     Stats,
+    WhyView,
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only, smallest_in_steps
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
+from radixtop.adapters.owned.why import live_path, why_view
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.roster import OpenSessions
@@ -494,34 +496,57 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         nodes = self.tree.session_leaves().get(session_id, ())
         return SessionDetail(view, tuple(sorted(self._id(n) for n in nodes)))
 
+    def _matched(self, tokens: list[int]) -> tuple[Any, int, Any, int]:
+        """The longest cached prefix of ``tokens`` as SGLang's match finds it, read-only: the
+        deepest node matched whole, its path's end, and the node a match ends inside (and how far)."""
+        page = self.tree.page_size
+        node, pos, partial, partial_len = self.tree.root, 0, None, 0
+        while pos + page <= len(tokens):
+            first = tokens[pos] if page == 1 else tuple(tokens[pos : pos + page])
+            child = node.children.get(first)  # a plain dict read: no node is minted or touched
+            if child is None or self.tree.device_evicted(child):  # SGLang's match stops there
+                break
+            key = child.key.token_ids
+            n = len(child.key)
+            same = 0
+            while same < n and pos + same < len(tokens) and key[same] == tokens[pos + same]:
+                same += 1
+            same -= same % page
+            if same == n:
+                node, pos = child, pos + n
+                continue
+            if same:
+                partial, partial_len = child, same
+            break
+        return node, pos, partial, partial_len
+
     def match(self, tokens: list[int]) -> MatchView:
         if len(tokens) > MAX_MATCH_TOKENS:
             raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
         self._need_tree()
 
         def read() -> MatchView:
-            page = self.tree.page_size
-            node, pos, partial, partial_len = self.tree.root, 0, None, 0
-            while pos + page <= len(tokens):
-                first = tokens[pos] if page == 1 else tuple(tokens[pos : pos + page])
-                child = node.children.get(first)  # a plain dict read: no node is minted or touched
-                if child is None or self.tree.device_evicted(child):  # SGLang's match stops there
-                    break
-                key = child.key.token_ids
-                n = len(child.key)
-                same = 0
-                while same < n and pos + same < len(tokens) and key[same] == tokens[pos + same]:
-                    same += 1
-                same -= same % page
-                if same == n:
-                    node, pos = child, pos + n
-                    continue
-                if same:
-                    partial, partial_len = child, same
-                break
+            node, pos, partial, partial_len = self._matched(tokens)
             return MatchView(len(tokens), pos + partial_len, self._id(node),
                              None if partial is None else self._id(partial), partial_len,
                              (pos + partial_len) * self.bpt)
+
+        return self._call(read)
+
+    def why(self, tokens: list[int]) -> WhyView:
+        """Over a tree that keeps its history: radixtop's copy of SGLang's tree beside the
+        scheduler (``mirror.MirrorCache``, from the probe's records)."""
+        history = getattr(self.cache, "history", None)
+        if history is None:
+            return super().why(tokens)
+        if len(tokens) > MAX_MATCH_TOKENS:
+            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        self._need_tree()
+
+        def read() -> WhyView:
+            node, pos, partial, partial_len = self._matched(tokens)
+            return why_view(history, tokens, live_path(node, pos, self.tree.root), pos + partial_len, self._id(node),
+                            None if partial is None else self._id(partial), partial_len, self.tree.page_size)
 
         return self._call(read)
 

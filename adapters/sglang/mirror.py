@@ -18,6 +18,7 @@ host copies (the recorder refuses such a cache).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from array import array
 from collections import OrderedDict, defaultdict
@@ -27,6 +28,7 @@ from typing import Any
 from radixtop.adapters.owned.records import (
     ADD,
     BEGIN,
+    CAUSE,
     CLOSE,
     DELETE,
     DROP,
@@ -47,6 +49,7 @@ from radixtop.adapters.owned.records import (
     UNLOCK,
     WHOLE,
 )
+from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED, ROOT, CacheHistory
 
 TOMBSTONES = 8192
 """SGLang 0.5.16's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``: closed ids it remembers, oldest dropped first."""
@@ -135,6 +138,11 @@ class RecordsCopy:
         sent, by id; the tree read meanwhile is the one before it."""
         self._after: list[tuple] = []
         """... and what it holds besides its nodes (its root's ``RESET``, tombstones, sessions)."""
+        self.history = CacheHistory()
+        """What left SGLang's tree, when and why (``gpu_backend.history``: ``why``), kept here
+        from the records: nothing of it in the scheduler."""
+        self._cause: Any = None
+        """The cause a ``CAUSE`` record set (an action the probe ran), entered until the next one."""
 
     marks = TAG
     """The record that puts a session's mark on a node (``TAG`` here, ``MARK`` on the unified copy)."""
@@ -231,6 +239,8 @@ class RecordsCopy:
             self.controller._close(record[1])
         elif kind == PART:
             self._parts.setdefault(record[1], []).append(record[2])
+        elif kind == CAUSE:
+            self._caused(record[1], record[2])
         elif kind == WHOLE:
             self.receiving = False
             self.wholes += 1
@@ -246,6 +256,44 @@ class RecordsCopy:
         else:
             return False
         return True
+
+    def _caused(self, cause: str, who: str) -> None:
+        """A ``CAUSE`` record: the removals up to the next one are for ``cause`` (an action the
+        probe ran), or the tree's own again (``""``)."""
+        if self._cause is not None:
+            self._cause.__exit__(None, None, None)
+            self._cause = None
+        if cause in (FLUSHED, EVICT_ACTION):
+            self._cause = self.history.cause(cause, who=str(who))
+            self._cause.__enter__()
+
+    def _gone(self, node: Any, parent: Any, holders: Any = None) -> None:
+        """``node`` (a child of ``parent``) left SGLang's tree: told to the history."""
+        self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, node.key.token_ids.tobytes(),
+                             holders)
+
+    def _evicting(self) -> Any:
+        """Removals not told otherwise (by a close, or a ``CAUSE``): SGLang's own evictions for room,
+        with the pool's locked tokens then."""
+        if self._cause is not None:
+            return contextlib.nullcontext()
+        size = self.token_to_kv_pool_allocator.size  # (0 until the pool is known)
+        return self.history.cause(EVICTED, pool=(self.protected_size(), size) if size else None)
+
+    def _flushed(self) -> None:
+        """SGLang's flush drops the whole tree at once (``reset``): each node is told gone, the
+        deepest first, as evictions go (the history drops its oldest first past its bounds: the
+        leaves, not the prefixes that lead to them)."""
+        walked: list[tuple[Any, Any]] = []
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                walked.append((child, node))
+                stack.append(child)
+        with self.history.cause(FLUSHED):
+            for child, parent in reversed(walked):
+                self._gone(child, parent, getattr(child, "session_ids", None))
 
     def _tombstone(self, session_id: str) -> None:
         """A whole tree's closed session: its tombstone, newest last (no close now: no activity)."""
@@ -323,10 +371,12 @@ class MirrorCache(RecordsCopy):
                         self._session_leaves.pop(sid, None)
         node.session_ids = None
         del self.by_id[node.id]
+        self._gone(node, parent, held)
 
     def evict(self, nodes: Iterable[MirrorNode]) -> None:
-        for node in nodes:
-            self._delete_leaf(node)
+        with self._evicting():
+            for node in nodes:
+                self._delete_leaf(node)
 
     def _seen_before(self, apart: dict[int, tuple], seen: set[str]) -> list[tuple]:
         """SGLang 0.5.16 stamps a node with ``time.monotonic()``: a session not active during the
@@ -349,9 +399,10 @@ class MirrorCache(RecordsCopy):
     def release_radix_session(self, session_id: str, nodes: Iterable[MirrorNode] = ()) -> None:
         self._tombstone(session_id)
         indexed = self._session_leaves.pop(session_id, set())
-        for node in nodes:  # SGLang dropped the session from each, then deleted it
-            self._drop_holder(node, session_id)
-            self._delete_leaf(node)
+        with self.history.cause(CLOSED, session_id=session_id):
+            for node in nodes:  # SGLang dropped the session from each, then deleted it
+                self._drop_holder(node, session_id)
+                self._delete_leaf(node)
         for node in indexed:  # and dropped it from each node it kept
             self._drop_holder(node, session_id)
 
@@ -468,6 +519,10 @@ class MirrorCache(RecordsCopy):
             elif kind == REOPENED:
                 self.register_session(record[1])
             elif kind == RESET:
+                if record[2]:  # (a whole tree: what left while it was on its way is not known)
+                    self.history.gap()
+                else:
+                    self._flushed()
                 self.evictable_size_ = self.protected_size_ = 0
                 self._fresh.clear()
                 self._begin(bool(record[2]))

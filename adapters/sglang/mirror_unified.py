@@ -372,8 +372,12 @@ class MirrorUnifiedCache(RecordsCopy):
                 _, new_id, child_id, split_len, last_access, child_access = record
                 child = node_of(child_id)
                 core._split_node(child.key, child, split_len, new_id, last_access, child_access)
-            elif kind == DELETE:
-                core._remove_leaf_from_parent(node_of(record[1]))
+            elif kind == DELETE:  # (the unified tree frees nodes by eviction only: a close dereferences)
+                node = node_of(record[1])
+                parent = node.parent
+                core._remove_leaf_from_parent(node)
+                with self._evicting():
+                    self._gone(node, parent)
             elif kind == MARK:
                 full._mark_session_leaf(record[1], node_of(record[2]))
             elif kind == UNMARK:
@@ -393,6 +397,10 @@ class MirrorUnifiedCache(RecordsCopy):
                 refs.reset()
             elif kind == RESET:
                 _, root_id, whole, root_access = record
+                if whole:  # (what left while the whole tree was on its way is not known)
+                    self.history.gap()
+                else:
+                    self._flushed()
                 self._begin(bool(whole))
                 if whole:  # a snapshot: the sessions' state comes in it
                     refs.reset()

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
-from radixtop.adapters.owned.records import Walk, split_long
+from radixtop.adapters.owned.records import CAUSE, Walk, split_long
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
@@ -41,6 +41,9 @@ OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "
 event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
 the doctor reads of the scheduler) and ``resync`` (the whole tree's records again)."""
 ACTIONS = ("evict", "flush", "close", "resync")
+CAUSES = {"evict": "evict_action", "flush": "flushed"}
+"""The actions whose removals the records tell the cause of (``records.CAUSE``: radixtop's
+history beside says an operator's evict or flush freed them, not the pool's need)."""
 AT_ONCE = ("evict", "flush", "close")
 """Answered while the whole tree is on its way (``RecordsProbe.busy``): their replies carry
 SGLang's own counts, nothing radixtop's side reads against its copy; the other calls' replies
@@ -619,6 +622,13 @@ class BesideProcess:
             if op == "resync" and isinstance(self.probe, RecordsProbe):
                 self.probe.start()  # (after what was recorded before: the tree as it is now)
                 result = None
+            elif op in CAUSES and self.recorder is not None:  # (its removals told for what they are)
+                records = self.recorder.records
+                records.append((CAUSE, CAUSES[op], "radixtop's evict" if op == "evict" else "radixtop's flush"))
+                try:
+                    result = getattr(self.sglang, op)(**args)
+                finally:
+                    records.append((CAUSE, "", ""))
             else:
                 sync = getattr(self.sglang, "sync", None) if op == "sync" else None
                 result = sync() if sync is not None else None if op == "sync" else getattr(self.sglang, op)(**args)

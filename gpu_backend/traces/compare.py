@@ -192,7 +192,7 @@ class FiguresReplayer:
                 s.register_session(f["session"])
                 result = {}
             else:
-                result = {"evicted_tokens": s.evict(f["tokens"]).num_tokens_evicted}
+                result = {"evicted_tokens": s.evict_asked(f["tokens"], "the trace").num_tokens_evicted}
         except (UnknownRequestError, ValueError) as exc:
             raise TraceError(op.line_no, str(exc)) from None
         fig.ops_s += time.perf_counter() - start

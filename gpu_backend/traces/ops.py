@@ -166,7 +166,7 @@ class Replayer:
                 s.register_session(f["session"])
                 result = {"op": "register"}
             else:
-                result = {"op": "evict", "evicted_tokens": s.evict(f["tokens"]).num_tokens_evicted}
+                result = {"op": "evict", "evicted_tokens": s.evict_asked(f["tokens"], "the trace").num_tokens_evicted}
         except (UnknownRequestError, OutOfSlotsError, ValueError) as exc:
             raise TraceError(op.line_no, str(exc)) from None
         self.results.append(result)

@@ -140,6 +140,21 @@ def test_a_match_longer_than_its_query_is_refused():
                          "partial_tokens": 0, "matched_bytes": 512})
 
 
+def test_a_why_whose_lost_tokens_are_not_past_its_cached_ones_in_order_is_refused():
+    from radixtop.adapters.http.wire import why_from_dict
+
+    lost = {"start": 2, "end": 5, "cause": "closed", "at": 1.5, "node_id": 9, "session_id": "s", "holders": [],
+            "protected_tokens": None, "capacity_tokens": None, "who": ""}
+    good = {"query_tokens": 6, "cached_tokens": 2, "diverges_at": 2, "node_id": 4, "partial_node_id": None,
+            "partial_tokens": 0, "lost": [lost, {**lost, "start": 5, "end": 6}], "history_since": 0.0}
+    assert len(why_from_dict(good).lost) == 2
+    for bad in ({"lost": [{**lost, "start": 1}]}, {"lost": [lost, lost]}, {"lost": [{**lost, "end": 7}]},
+                {"diverges_at": 3}, {"cached_tokens": 7}, {"lost": [{**lost, "cause": "magic"}]},
+                {"lost": [{**lost, "at": "soon"}]}):
+        with pytest.raises(WireError):
+            why_from_dict({**good, **bad})
+
+
 def test_stats_floats_and_bools_are_checked():
     engine = build_engine()
     try:

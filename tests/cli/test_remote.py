@@ -157,6 +157,30 @@ def test_match_export(server):
     assert rows[0]["node_count"] == len(rows) - 1
 
 
+def test_why_names_the_close_that_freed_a_prompt_and_what_is_cached(server):
+    """``why`` (issue 29): session "gone" was closed after its request ([30, 31] and [32]): the
+    prompt is not cached, and every token of it left with that close."""
+    doc = one_json(run(server, "why", "30,31,32", "--json"))
+    assert (doc["query_tokens"], doc["cached_tokens"], doc["diverges_at"], doc["node_id"]) == (3, 0, 0, 0)
+    assert [(x["start"], x["end"], x["cause"], x["session_id"]) for x in doc["lost"]] == [(0, 3, "closed", "gone")]
+    out = run(server, "why", "30", "31", "32").stdout
+    assert "0 of 3 tokens cached; the prompt leaves the cached path at token 0" in out
+    assert "tokens 0-3 (3): node #" in out and "freed by the close of session gone at" in out
+    out = run(server, "why", "1", "2", "3", "4", "5", "99").stdout  # cached up to 5; 99 never was
+    assert "5 of 6 tokens cached; the prompt leaves the cached path at token 5" in out
+    assert "none of the rest was cached since" in out
+    assert run(server, "why", "1", "2", "3").stdout.strip() == "3 of 3 tokens cached"
+    assert run(server, "why").exit_code == 2 and run(server, "why", "1", "--text", "a").exit_code == 2
+
+
+def test_why_names_an_evict_someone_asked_for(fresh_server):
+    assert run(fresh_server, "evict", "1000", "--yes").exit_code == 0
+    doc = one_json(run(fresh_server, "why", "40,41,42,43", "--json"))
+    assert doc["cached_tokens"] == 0
+    assert {(x["cause"], x["who"]) for x in doc["lost"]} == {("evict_action", "radixtop's evict")}
+    assert doc["lost"][0]["start"] == 0 and doc["lost"][-1]["end"] == 4
+
+
 def test_export_columns_to_a_file(server, tmp_path):
     from radixtop.adapters.http.wire import decode_export_columns
 

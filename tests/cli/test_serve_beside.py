@@ -153,6 +153,35 @@ def test_a_kill_9_of_the_process_beside_leaves_the_engine_and_comes_back_whole(t
     assert "started again" in err, err
 
 
+def test_why_beside_names_an_evict_as_the_engine_in_process_does(trace):
+    """Issue 29 beside the engine: its history is kept in radixtop's process, from the records
+    (an evict the probe runs is bracketed as asked for). What left before radixtop's process took
+    the whole tree is not known there, so only what the evict removed is compared."""
+    import json
+
+    here, here_url = start(trace)
+    there, there_url = start(trace, "--beside")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        for url in (here_url, there_url):
+            assert httpx.post(f"{url}/v1/evict", json={"tokens": 10**6}, headers=auth, timeout=10).status_code == 200
+        prompts = [json.loads(line)["input"] for line in trace.read_text().splitlines() if '"input"' in line][:60]
+        asked = 0
+        for prompt in prompts:
+            tokens = ",".join(map(str, prompt))
+            a = httpx.get(f"{here_url}/v1/why", params={"tokens": tokens}, timeout=10).json()
+            b = httpx.get(f"{there_url}/v1/why", params={"tokens": tokens}, timeout=10).json()
+            assert (a["cached_tokens"], a["node_id"]) == (b["cached_tokens"], b["node_id"])
+            pick = lambda w: [(x["start"], x["end"], x["node_id"], x["who"])  # noqa: E731
+                              for x in w["lost"] if x["cause"] == "evict_action" and x["who"] == "radixtop's evict"]
+            assert pick(a) == pick(b), prompt
+            asked += bool(pick(a))
+        assert asked > 10, asked
+    finally:
+        stop(here)
+        stop(there)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--fleet", "smg=http://127.0.0.1:9"], "--beside does not take --fleet yet"),
     (["--close-policy", "deref"], "--beside does not take --close-policy deref"),

@@ -94,19 +94,23 @@ def check_reads(inproc: SGLangInProcessAdapter, beside: SGLangInProcessAdapter, 
     assert (a.total, node_rows(a)) == (b.total, node_rows(b))
 
 
+def recorded(sgl, lines: list[str], size: str):
+    """SGLang's cache (sessions on) for ``lines`` in a ``size`` pool, radixtop in process over it,
+    the probe's recorder on it and an empty copy: ``(replayer, cache, inproc, recorder, mirror)``."""
+    replayer = SGLangReplayer(sgl, capacity_for(lines, size), eviction_policy="lru", max_running=8,
+                              max_context_len=512)
+    cache = replayer.cache
+    cache.enable_session_radix_cache = True
+    return replayer, cache, SGLangInProcessAdapter(cache, model="tiny"), ChangeRecorder(cache), MirrorCache(page_size=1)
+
+
 @pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("seed", range(6))
 def test_the_mirror_follows_every_operation(sgl, seed, size):
     lines = generate_trace(seed, n_ops=150, max_in_flight=4, vocab=6 if seed % 2 else 400, abort_weight=3)
     # (a tombstone dropped by hand, the replayer's "register", is no path of SGLang 0.5.16's)
     lines = [line for line in lines if json.loads(line)["op"] != "register"]
-    replayer = SGLangReplayer(sgl, capacity_for(lines, size), eviction_policy="lru", max_running=8,
-                              max_context_len=512)
-    cache = replayer.cache
-    cache.enable_session_radix_cache = True
-    inproc = SGLangInProcessAdapter(cache, model="tiny")
-    recorder = ChangeRecorder(cache)
-    mirror = MirrorCache(page_size=1)
+    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, size)
     mirror.apply(wire(recorder.snapshot()))
     beside = SGLangInProcessAdapter(mirror, model="tiny")
     beside.bpt = inproc.bpt

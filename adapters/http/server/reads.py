@@ -55,6 +55,7 @@ from radixtop.adapters.http.schemas import (
     SessionsPageOut,
     StatsOut,
     SubtreeOut,
+    WhyOut,
 )
 from radixtop.adapters.http.server.answers import ahead_of_reads, call, json_response, logger
 from radixtop.adapters.http.server.deps import Adapter, Journal, Served, SessionId, State
@@ -178,6 +179,15 @@ def session(adapter: Adapter, session_id: SessionId, request: Request) -> Respon
 def match(adapter: Adapter, tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
                                                 json_schema_extra={"pattern": TOKENS_PATTERN})) -> Response:
     return json_response(call(adapter.match, parse_tokens(tokens)))
+
+
+@router.get("/v1/why", response_model=WhyOut,
+            summary="Why a prompt missed: its cached part now, where it leaves the cached path, and what of "
+                    "the rest was cached before, when and why it left",
+            responses=documented(429, 422, 501, *TARGET_ERRORS))
+def why(adapter: Adapter, tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
+                                              json_schema_extra={"pattern": TOKENS_PATTERN})) -> Response:
+    return json_response(call(adapter.why, parse_tokens(tokens)))
 
 
 @router.get("/v1/encode", response_model=EncodeOut,

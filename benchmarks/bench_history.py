@@ -1,0 +1,134 @@
+"""The flight recorder's cost (issue 29, ``gpu_backend.history``): per million changes, and on the
+owner thread of a busy bundled engine.
+
+1. **Per million removals**: ``CacheHistory.removed`` called 1,000,000 times with keys of
+   ``--key-tokens`` tokens (a tuple each, as the bundled cache's keys), timed with the GC off at
+   the default bounds (64 MiB: the oldest dropped as it goes); the memory each kept one holds
+   (``tracemalloc``, all 1M kept), and one ``explain`` of a 4,096-token prompt over them.
+2. **On the owner thread**: a generated multi-session trace on a tight pool (every allocation
+   evicts) replayed on two bundled ``Scheduler``s side by side, one keeping its history and one
+   not (``history=False``), in alternating chunks so a noisy neighbour slows both; the ratio of
+   their ``apply`` time, and the removals the history took.
+
+    .venv/bin/python benchmarks/bench_history.py            # about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _common import environment, finish, log  # noqa: E402
+
+from radixtop.gpu_backend.history import CacheHistory  # noqa: E402
+from radixtop.gpu_backend.kv_geometry import get_geometry  # noqa: E402
+from radixtop.gpu_backend.scheduler import Scheduler  # noqa: E402
+from radixtop.gpu_backend.traces.ops import Replayer, read_trace  # noqa: E402
+from tests.support.trace_gen import capacity_for, generate_trace  # noqa: E402
+
+pc = time.perf_counter
+
+
+def per_million(n: int, key_tokens: int) -> dict:
+    rng = random.Random(1)
+    keys = [tuple(rng.randrange(1, 50_000) for _ in range(key_tokens)) for _ in range(1024)]
+    history = CacheHistory()
+    gc.disable()
+    started = pc()
+    for i in range(n):
+        history.removed(i + 1, i // 4, keys[i & 1023], None)
+    took = pc() - started
+    gc.enable()
+    tracemalloc.start()
+    kept = CacheHistory(most_bytes=1 << 40)  # (every one kept: what each costs)
+    for i in range(n):
+        kept.removed(i + 1, i // 4, keys[i & 1023], None)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    prompt = [t for k in keys[:512] for t in k][:4096]
+    started = pc()
+    kept.explain(prompt, [(0, 0)], 0)
+    explain_s = pc() - started
+    return {"removals": n, "key_tokens": key_tokens, "us_per_removal": took / n * 1e6, "seconds": took,
+            "kept_at_default_bounds": len(history),
+            "kept": len(kept), "kept_tokens": kept.tokens, "mib_kept": held / (1 << 20),
+            "bytes_per_removal": held / max(1, len(kept)), "explain_ms": explain_s * 1e3}
+
+
+def on_the_owner(seeds: int, ops: int) -> dict:
+    times = {True: 0.0, False: 0.0}
+    removals = ops_done = 0
+    for seed in range(seeds):
+        lines = generate_trace(seed, n_ops=ops, max_in_flight=8, vocab=2000)
+        trace = list(read_trace(lines))
+        cap = capacity_for(lines, "small")
+        sides = {on: Replayer(Scheduler(get_geometry("tiny"), cap, device="cpu", write_kv=False, history=on))
+                 for on in (True, False)}
+        gc.disable()
+        for start in range(0, len(trace), 200):
+            chunk = trace[start : start + 200]
+            order = (True, False) if (start // 200) % 2 == 0 else (False, True)
+            for on in order:
+                replayer = sides[on]
+                began = pc()
+                for op in chunk:
+                    replayer.apply(op)
+                times[on] += pc() - began
+            gc.collect()
+        gc.enable()
+        removals += sides[True].scheduler.cache.history.removed_count
+        ops_done += len(trace)
+    return {"ops": ops_done, "removals": removals, "with_s": times[True], "without_s": times[False],
+            "ratio": times[True] / times[False]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--removals", type=int, default=1_000_000)
+    ap.add_argument("--key-tokens", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--ops", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "history.json")
+    args = ap.parse_args()
+    log(f"{args.removals:,} removals of {args.key_tokens}-token keys")
+    micro = per_million(args.removals, args.key_tokens)
+    log(f"  {micro['us_per_removal']:.2f} us a removal; {micro['mib_kept']:.1f} MiB for {micro['kept']:,} kept "
+        f"({micro['bytes_per_removal']:.0f} B each); explain of a 4,096-token prompt {micro['explain_ms']:.2f} ms")
+    rounds = []
+    for r in range(args.rounds):
+        one = on_the_owner(args.seeds, args.ops)
+        log(f"  round {r + 1}: {one['ops']:,} ops, {one['removals']:,} removals: with {one['with_s']:.2f} s, "
+            f"without {one['without_s']:.2f} s: {one['ratio']:.3f}x")
+        rounds.append(one)
+    ratio = statistics.median(r["ratio"] for r in rounds)
+    table = "\n".join([
+        "| per 1M removals | us each | MiB kept (B each) | explain, 4,096 tokens |",
+        "|---|---:|---:|---:|",
+        f"| {micro['key_tokens']}-token keys | {micro['us_per_removal']:.2f} | {micro['mib_kept']:.1f} "
+        f"({micro['bytes_per_removal']:.0f}) | {micro['explain_ms']:.2f} ms |",
+        "",
+        "| owner thread, tight pool | ops | removals | with history (s) | without (s) | ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(f"| round {i + 1} | {r['ops']:,} | {r['removals']:,} | {r['with_s']:.2f} | {r['without_s']:.2f} | "
+          f"{r['ratio']:.3f}x |" for i, r in enumerate(rounds)),
+    ])
+    finish(args.out, {"environment": environment(), "per_million": micro, "rounds": rounds, "median_ratio": ratio},
+           table, f"median ratio with/without the history: {ratio:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

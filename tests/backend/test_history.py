@@ -1,0 +1,193 @@
+"""The bundled cache's flight recorder (issue 29, ``gpu_backend.history``) and ``why`` over it.
+
+The answers are checked against an independent computation over the same ops: after every op,
+the tree's own read-only lookup says how many tokens of each query were cached then; a token of a
+query past what is cached now was lost at the op after the last one that left it cached, for
+that op's cause (a request's room, a session's close, a flush, an evict asked). ``why`` must name
+exactly those tokens, each with that moment and cause."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED, GHOST_BYTES, CacheHistory
+from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.scheduler import Scheduler
+from radixtop.gpu_backend.traces.ops import Replayer, read_trace
+from tests.support.trace_gen import capacity_for, generate_trace
+
+
+def cause_of(op, flushed: bool) -> tuple[str, str | None]:
+    if flushed:
+        return FLUSHED, None
+    if op.op == "close":
+        return CLOSED, op.fields["session"]
+    if op.op == "evict":
+        return EVICT_ACTION, None
+    return EVICTED, None
+
+
+def replayed(seed: int, size: str, flush_every: int = 0):
+    """The trace's ops on a scheduler whose history's clock is the op's index; the tokens each
+    query had cached after each op (the oracle), and each op's cause."""
+    lines = generate_trace(seed, n_ops=220, max_in_flight=4, vocab=60, abort_weight=2)
+    ops = list(read_trace(lines))
+    queries = []
+    for line in lines:
+        d = json.loads(line)
+        if "input" in d:
+            queries.append(tuple(d["input"]) + tuple(d.get("output") or ()))
+            queries.append(tuple(d["input"]))
+    queries = sorted(set(queries))
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False)
+    clock = [0]
+    s.cache.history.clock = lambda: clock[0]
+    s.cache.history.since = 0
+    replayer = Replayer(s)
+    rng = random.Random(seed)
+    cached: list[list[int]] = [[0] * len(queries)]  # after op k (k = 0: before any)
+    causes: list[tuple[str, str | None] | None] = [None]
+    for op in ops:
+        for flush in ([True] if flush_every and rng.randrange(flush_every) == 0 else []) + [False]:
+            clock[0] += 1  # (a flush is a step of its own, before the op)
+            if flush:
+                s.flush()
+            else:
+                replayer.apply(op)
+            causes.append(cause_of(op, flush))
+            cached.append([s.cache.lookup(q).prefix_len for q in queries])
+    return s, queries, cached, causes
+
+
+class Oracle:
+    """The independent side, beside SGLang's caches: each op a step of the copy's history clock;
+    after it, each query's cached tokens as SGLang's own tree says (``cached_of``) and the op's
+    cause."""
+
+    def __init__(self, queries, cached_of, mirror, recorder) -> None:
+        from tests.on_sglang.test_mirror16 import wire
+
+        self.queries, self.cached_of, self.wire = queries, cached_of, wire
+        self.mirror, self.recorder = mirror, recorder
+        self.clock = 0
+        mirror.history.clock = lambda: self.clock
+        self.cached: list[list[int]] = [[0] * len(queries)]
+        self.causes: list = [None]
+
+    def step(self, apply, cause) -> None:
+        self.clock += 1
+        apply()
+        self.mirror.apply(self.wire(self.recorder.take()))
+        self.causes.append(cause)
+        self.cached.append([self.cached_of(list(q)) for q in self.queries])
+
+    def check(self, beside) -> int:
+        """``why`` over the copy for every query, against the oracle; how many runs were lost."""
+        lost = 0
+        for i, q in enumerate(self.queries):
+            w = beside.why(list(q))
+            assert w.cached_tokens == self.cached[-1][i]
+            assert answered(w) == expected(i, q, self.cached, self.causes), (i, q)
+            lost += len(w.lost)
+        return lost
+
+
+def expected(i_query: int, query, cached, causes) -> dict[int, tuple[int, str, str | None]]:
+    """Each token past what is cached now that was cached before: the op it left at, its cause."""
+    now = cached[-1][i_query]
+    out = {}
+    for pos in range(now, len(query)):
+        last = max((k for k in range(len(cached)) if cached[k][i_query] > pos), default=None)
+        if last is not None:
+            left = last + 1
+            out[pos] = (left, *causes[left])
+    return out
+
+
+def answered(w) -> dict[int, tuple[int, str, str | None]]:
+    out = {}
+    for lost in w.lost:
+        for pos in range(lost.start, lost.end):
+            out[pos] = (lost.at, lost.cause, lost.session_id if lost.cause == CLOSED else None)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("size,flush_every", [("small", 0), ("large", 0), ("small", 25)])
+def test_why_names_the_op_and_cause_that_removed_each_lost_token(seed, size, flush_every):
+    s, queries, cached, causes = replayed(seed, size, flush_every)
+    adapter = BundledAdapter.__new__(BundledAdapter)  # (its read on this thread: no engine loop)
+    adapter.name = "bundled"
+    adapter._call = lambda fn, *a, **k: fn(s)
+    lost_any = 0
+    for i, q in enumerate(queries):
+        w = BundledAdapter.why(adapter, list(q))
+        assert w.cached_tokens == w.diverges_at == cached[-1][i] == s.cache.lookup(q).prefix_len
+        assert answered(w) == expected(i, q, cached, causes), (i, q)
+        lost_any += len(w.lost)
+        for lost in w.lost:
+            if lost.cause == EVICTED:
+                assert lost.capacity_tokens == s.pool.allocator.size and lost.protected_tokens is not None
+    if size == "small":
+        assert lost_any, "the trace lost nothing: the test proves nothing"
+    kinds = {c[0] for c in causes[1:] if c}
+    assert EVICTED in kinds
+
+
+def test_the_history_is_bounded_by_tokens_and_by_age_and_says_how_far_back_it_reaches():
+    now = [100.0]
+    h = CacheHistory(most_bytes=10 * 8 + 2 * GHOST_BYTES, most_age_s=50, clock=lambda: now[0])
+    h.removed(1, 0, [1, 2, 3, 4])
+    now[0] = 110
+    h.removed(2, 0, [5, 6, 7, 8])
+    assert h.tokens == 8 and h.reaches_back_to() == 100
+    now[0] = 120
+    h.removed(3, 0, [9, 9, 9])  # 3 nodes, 11 tokens: over, the oldest goes
+    assert [g.node_id for g in h.ghosts()] == [2, 3] and h.tokens == 7 and h.bytes == 7 * 8 + 2 * GHOST_BYTES
+    assert h.reaches_back_to() == 100  # (every removal after the one dropped)
+    now[0] = 165  # the one of 110 is past 50 s
+    h.removed(4, 3, [1])
+    assert [g.node_id for g in h.ghosts()] == [3, 4] and h.reaches_back_to() == 110
+    assert h.explain([5, 6, 7, 8], [(0, 0)], 0) == []  # gone from the history: not known
+    found = h.explain([9, 9, 9, 1], [(0, 0)], 0)  # node 4 hangs below node 3: found through it
+    assert [(x.start, x.end, x.ghost.node_id, x.ghost.at) for x in found] == [(0, 3, 3, 120), (3, 4, 4, 165)]
+    with pytest.raises(ValueError):
+        CacheHistory(most_bytes=-1)
+
+
+def test_a_ghost_hangs_below_a_node_split_since_and_one_cached_again_under_a_new_id():
+    h = CacheHistory(clock=lambda: 1.0)
+    with h.cause(CLOSED, session_id="s1"):
+        h.removed(7, 3, [5, 6, 7])  # below node 3 (path [1, 2, 3, 4])
+    # node 3 split since: its id stays at its path's end; the query walks the live path to it
+    (lost,) = h.explain([1, 2, 3, 4, 5, 6, 9], [(0, 0), (9, 2), (3, 4)], 4)
+    assert (lost.start, lost.end, lost.ghost.cause, lost.ghost.session_id) == (4, 6, CLOSED, "s1")
+    # cached again partly, under a new node: only the rest is lost
+    (lost,) = h.explain([1, 2, 3, 4, 5, 6, 7], [(0, 0), (9, 2), (3, 4)], 5)
+    assert (lost.start, lost.end) == (5, 7)
+    with pytest.raises(ValueError):
+        with h.cause("vanished"):
+            pass
+
+
+def test_a_flush_too_big_for_the_history_keeps_the_prefixes_not_the_leaves():
+    """SGLang's flush drops its whole tree at once: radixtop's copy tells each node gone, the
+    deepest first, so that past the history's bound it is the leaves that go, and a prompt's
+    start is still explained (told root first, the bound would drop the root's child first and
+    leave every ghost below it unreachable)."""
+    from array import array
+
+    from radixtop.adapters.owned.records import ADD, RESET
+    from radixtop.adapters.sglang.mirror import MirrorCache
+
+    mirror = MirrorCache()
+    mirror.history = CacheHistory(most_bytes=2 * (3 * 8 + GHOST_BYTES), clock=lambda: 5.0)
+    mirror.apply([(RESET, 100, False)] + [  # a chain of 4 nodes of 3 tokens below the root 100
+        (ADD, i, 100 if i == 1 else i - 1, array("q", [i] * 3).tobytes(), None, 1.0, 1.0, 0, 0) for i in range(1, 5)])
+    mirror.apply([(RESET, 200, False)])  # SGLang's flush
+    found = mirror.history.explain([1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4], [(200, 0)], 0)
+    assert [(x.start, x.end, x.ghost.cause) for x in found] == [(0, 3, FLUSHED), (3, 6, FLUSHED)]

@@ -1,0 +1,55 @@
+"""``why`` beside SGLang 0.5.16's real ``RadixCache`` (issue 29): the history is kept in radixtop's
+copy of the tree (``mirror.MirrorCache``), from the probe's change records; nothing of it in the
+scheduler. Checked as on the bundled engine (``tests/backend/test_history.py``): after every op
+SGLang's own tree says how many tokens of each query were cached (a read-only walk of it); ``why``
+over the copy must name each token lost since, with the op and the cause that removed it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixtop.adapters.owned.records import CAUSE
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED
+from tests.backend.test_history import Oracle
+from tests.on_sglang.ref.replay_sglang import _parse, import_sglang
+from tests.on_sglang.test_mirror16 import recorded, wire
+from tests.support.trace_gen import generate_trace
+
+pytestmark = [pytest.mark.sglang]
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    return import_sglang()
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("seed", range(4))
+def test_why_beside_sglang_names_the_op_and_cause_that_removed_each_lost_token(sgl, seed, size):
+    lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=3)
+    lines = [line for line in lines if json.loads(line)["op"] != "register"]  # (no path of 0.5.16's)
+    queries = sorted({tuple(d["input"]) + tuple(d.get("output") or ()) for d in map(json.loads, lines)
+                      if "input" in d} | {tuple(d["input"]) for d in map(json.loads, lines) if "input" in d})
+    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, size)
+    oracle = Oracle(queries, lambda q: inproc.match(q).matched_tokens, mirror, recorder)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    step = oracle.step
+
+    for line_no, op in _parse(lines):
+        if op["op"] == "evict":  # as the probe runs an evict asked for: its removals told as such
+            def evict(line_no=line_no, op=op) -> None:
+                recorder.records.append((CAUSE, EVICT_ACTION, "radixtop's evict"))
+                replayer.apply(line_no, op)
+                recorder.records.append((CAUSE, "", ""))
+            step(evict, (EVICT_ACTION, None))
+        else:
+            step(lambda line_no=line_no, op=op: replayer.apply(line_no, op),
+                 (CLOSED, op["session"]) if op["op"] == "close" else (EVICTED, None))
+    assert oracle.check(beside) or size == "large"
+    step(cache.reset, (FLUSHED, None))  # SGLang's flush: the whole tree at once
+    oracle.check(beside)
+    assert all(c == 0 for c in oracle.cached[-1])

@@ -1,0 +1,74 @@
+"""``why`` beside SGLang 0.5.23's ``UnifiedRadixCache`` on its Python tree core (issue 29): the
+history kept in radixtop's copy (``mirror_unified.MirrorUnifiedCache``) from the probe's records.
+The unified tree frees nodes by eviction only (a close dereferences): SGLang's own, for room, or an
+evict radixtop's probe runs (told so: ``records.CAUSE``), or its flush (the whole tree at once).
+Checked as on the bundled engine (``tests/backend/test_history.py``): after every op SGLang's own
+tree says how many tokens of each query were cached; ``why`` must name each token lost since with
+the op and the cause that removed it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixtop.adapters.owned.records import CAUSE
+from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.adapters.sglang.mirror_unified import MirrorUnifiedCache
+from radixtop.adapters.sglang.records import recorder_for
+from radixtop.gpu_backend.history import EVICT_ACTION, EVICTED, FLUSHED
+from tests.backend.test_history import Oracle
+from tests.on_sglang.ref import drive23
+from tests.on_sglang23.test_mirror23 import wire
+
+pytestmark = [pytest.mark.sglang]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_why_beside_the_unified_tree_names_the_op_and_cause_that_removed_each_lost_token(seed):
+    rng = random.Random(seed)
+    cache, pools = drive23.build_unified_cache23(600, 1, tree_core_backend="python", enable_session_radix_cache=True)
+    prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]
+    inproc = SGLangInProcessAdapter(cache, model="tiny")
+    recorder = recorder_for(cache)
+    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    plan: list[tuple] = []  # (the ops drawn first: every query is known from the first op on)
+    for _ in range(200):
+        roll = rng.random()
+        tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
+        plan.append((roll, tokens, f"s{rng.randrange(5)}", rng.randint(1, 60),
+                     [rng.randrange(2, 60) for _ in range(3)], rng.random()))
+    queries = sorted({tuple(p[1]) for p in plan})
+    oracle = Oracle(queries, lambda q: inproc.match(q).matched_tokens, mirror, recorder)
+    step = oracle.step
+    running: list = []
+
+    def evict_asked(n: int) -> None:  # as the probe runs an evict asked for
+        recorder.records.append((CAUSE, EVICT_ACTION, "radixtop's evict"))
+        drive23.evict(cache, n)
+        recorder.records.append((CAUSE, "", ""))
+
+    def begin(tokens, sid) -> None:
+        try:
+            running.append(drive23.begin_request(cache, pools, tokens, session_id=sid))
+        except RuntimeError:
+            pass
+
+    for roll, tokens, sid, n, output, pick in plan:
+        if roll < 0.5 or not running:
+            step(lambda tokens=tokens, sid=sid: begin(tokens, sid), (EVICTED, None))
+        elif roll < 0.85:
+            req = running.pop(int(pick * len(running)))
+            step(lambda req=req, output=output: drive23.finish_request(cache, pools, req, output), (EVICTED, None))
+        elif roll < 0.93:
+            step(lambda n=n: evict_asked(n), (EVICT_ACTION, None))
+        else:
+            step(lambda sid=sid: drive23.close_session(cache, sid), (EVICTED, None))
+    for req in running:
+        step(lambda req=req: drive23.finish_request(cache, pools, req, [7]), (EVICTED, None))
+    step(cache.reset, (FLUSHED, None))  # SGLang's flush: the whole tree at once
+    assert oracle.check(beside)
+    assert all(c == 0 for c in oracle.cached[-1])
+    assert {c[0] for c in oracle.causes[1:]} >= {EVICTED, EVICT_ACTION, FLUSHED}
