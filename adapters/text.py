@@ -278,5 +278,6 @@ def why_lines(w: Any, now: float) -> list[str]:
     if not w.lost:
         lines.append(f"none of the rest was cached since {since}; every removal since then is kept")
     elif rest:
-        lines.append(f"{rest:,} tokens of the rest were not cached since {since}")
+        lines.append(f"{rest:,} {'token' if rest == 1 else 'tokens'} of the rest "
+                     f"{'was' if rest == 1 else 'were'} not cached since {since}")
     return lines

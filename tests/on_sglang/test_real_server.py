@@ -181,30 +181,31 @@ def test_evictions_equal_sglangs_counter(server, client, driven):
 
 
 def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven):
-    """Issue 29 on the real server: the chats' prompts were cached, then the flood made SGLang
-    evict for room; ``why`` names those evictions, with the pool's locked share then. Kept in
+    """Issue 29 on the real server: a prompt served, then a flood of other prompts that makes
+    SGLang evict for room; ``why`` names that eviction, with the pool's figures then. Kept in
     radixtop's process beside the scheduler (from the probe's records: 0.5.16's tree, 0.5.23's
     unified one); in SGLang's process not yet, and it says so in one line."""
     from radixtop.adapters.errors import Unsupported
     from radixtop.adapters.text import why_lines
 
+    prompt = fresh(200)
     if server.options["place"] != "beside the scheduler":
         with pytest.raises(Unsupported) as refused:
-            client.why(next(iter(driven.values())))
+            client.why(prompt)
         assert "keeps no history" in str(refused.value) and "\n" not in str(refused.value)
         return
-    st = client.stats()
-    answers = {sid: client.why(tokens) for sid, tokens in driven.items()}
-    for sid, w in answers.items():
-        assert w.cached_tokens == client.match(driven[sid]).matched_tokens
-        for lost in w.lost:
-            assert lost.start >= w.cached_tokens and lost.cause in ("evicted", "evict_action", "closed", "flushed")
-            if lost.cause == "evicted":
-                assert lost.capacity_tokens == st.capacity_tokens and 0 <= lost.protected_tokens <= st.capacity_tokens
-    evicted = {sid: w for sid, w in answers.items() if any(lost.cause == "evicted" for lost in w.lost)}
-    assert evicted, answers
-    sid, w = next(iter(evicted.items()))
-    print(f"\nradixtop why <the prompt of {sid}, {w.query_tokens} tokens>:")
+    server.generate(prompt, max_new_tokens=4)
+    settle(server, client)
+    assert client.match(prompt).matched_tokens > 0
+    flood(server)
+    settle(server, client)
+    st, w = client.stats(), client.why(prompt)
+    assert w.cached_tokens == client.match(prompt).matched_tokens < len(prompt)
+    assert w.lost and w.lost[0].start == w.cached_tokens
+    for lost in w.lost:
+        assert lost.cause == "evicted", lost
+        assert lost.capacity_tokens == st.capacity_tokens and 0 <= lost.protected_tokens <= st.capacity_tokens
+    print(f"\nradixtop why <a prompt of {w.query_tokens} tokens, then a flood> (sglang {VERSION}):")
     print("\n".join(why_lines(w, time.time())))
 
 
