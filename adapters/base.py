@@ -178,8 +178,7 @@ class CacheAdapter(ABC):
             tokens = [int(t) for t in tokenizer.encode(text)]
         except Exception as exc:  # a tokenizer that cannot take this text: said, never a traceback
             raise BadRequest(f"the tokenizer cannot encode this text: {type(exc).__name__}") from None
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
         return tokens
 
     @abstractmethod
@@ -360,6 +359,12 @@ def subtree_pass(node_of: Callable[[int], Generator[None, None, NodeView]],
 
     yield from visit(top, 0)
     return SubtreeView(node_id, depth, limit, order, min_bytes, tuple(rows), capped)
+
+
+def check_query(tokens: Sequence[int]) -> None:
+    """A prompt's tokens for a match, a why or an encode: at most ``MAX_MATCH_TOKENS``, or BadRequest."""
+    if len(tokens) > MAX_MATCH_TOKENS:
+        raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
 
 
 def check_paths(node_ids: Sequence[int]) -> tuple[int, ...]:

@@ -154,7 +154,8 @@ def serve(
         check_device_choice(device)
         geometry = get_geometry(model or DEMO_MODEL, page_size)
         scheduler = Scheduler(geometry, capacity, device=pick_device(device, capacity * geometry.bytes_per_token),
-                              eviction_policy=eviction_policy, close_policy=close_policy)
+                              eviction_policy=eviction_policy, close_policy=close_policy,
+                              history=not beside)  # (beside: kept in radixtop's process, from the records)
         workload = None
         if trace is None:
             workload = WorkloadConfig(sessions=sessions, seed=seed, arrival_rate=arrival_rate,
@@ -216,7 +217,6 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
             env[key] = str(value)
     failed: list[str] = []
     stopping = threading.Event()
-    engine.scheduler.cache.history = None  # (kept beside, from the records: none of it in the engine's process)
     recorder = BundledRecorder(engine.scheduler.cache, engine.scheduler)
     try:
         process = BesideProcess(engine.scheduler.cache, listening, host, hello_info(engine, name, demo_words), env,

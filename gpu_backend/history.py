@@ -22,6 +22,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +36,10 @@ ROOT = -(1 << 62)
 copied again has a root of a new id: what hung below the old one still starts every prompt)."""
 MOST_BYTES = 64 << 20
 """Memory the removed nodes kept may take (their tokens, 8 bytes each, and ``GHOST_BYTES``
-each), the oldest dropped first: about 130,000 nodes of 8 tokens, or 8M tokens in long nodes."""
-GHOST_BYTES = 440
-"""What a removed node kept costs besides its tokens (measured: ``benchmarks/bench_history.py``)."""
+each), the oldest dropped first: about 150,000 nodes of 8 tokens, or 8M tokens in long nodes."""
+GHOST_BYTES = 380
+"""What a removed node kept costs besides its tokens' 8 bytes each (measured:
+``benchmarks/bench_history.py``, 439 B a node of 8 tokens, their 64 bytes in it)."""
 MOST_AGE_S = 3600.0
 """Seconds a removed node is kept at most."""
 
@@ -91,7 +93,7 @@ class CacheHistory:
         self._under: dict[int, list[Ghost]] = {}
         """The ghosts by their parent's id and their first token (``_slot``: a prompt looks up only
         the ones that can continue it, however many hang below the root); a list each, most of them
-        of one ghost (a deque each took 1,155 B a ghost, against 338 with lists)."""
+        of one ghost (a deque each took 1,155 B a ghost of 8 tokens, against 439 with lists)."""
         self.tokens = 0
         self.bytes = 0
         """What the kept nodes take: their tokens' bytes and ``GHOST_BYTES`` each."""
@@ -162,11 +164,6 @@ class CacheHistory:
         is complete from now on only."""
         self.since = max(self.since, self.clock())
 
-    def clear(self) -> None:
-        self._ghosts.clear()
-        self._under.clear()
-        self.tokens = self.bytes = 0
-
     # ----- reads -----
 
     def __len__(self) -> int:
@@ -213,6 +210,11 @@ class CacheHistory:
                     if same == ghost.length:
                         ends.setdefault(pos + same, set()).add(ghost.node_id)
         return _newest_first(found, cached)
+
+
+def caused(history: CacheHistory | None, kind: str, **detail: Any) -> Any:
+    """``history.cause(kind, ...)``, or a context that does nothing where no history is kept."""
+    return history.cause(kind, **detail) if history is not None else nullcontext()
 
 
 def _slot(parent_id: int, first: int) -> int:
@@ -272,8 +274,3 @@ def _newest_first(found: list[tuple[int, int, Ghost]], cached: int) -> list[Lost
             merged.append(lost)
     return merged
 
-
-def ghost_fields(ghost: Ghost) -> dict[str, Any]:
-    """A ghost's fields for a view (its tokens left out)."""
-    return {"node_id": ghost.node_id, "at": ghost.at, "cause": ghost.cause, "session_id": ghost.session_id,
-            "holders": ghost.holders, "pool": ghost.pool, "who": ghost.who}

@@ -5,13 +5,12 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from radixtop.gpu_backend.history import EVICT_ACTION, EVICTED, FLUSHED
+from radixtop.gpu_backend.history import EVICT_ACTION, EVICTED, FLUSHED, caused
 from radixtop.gpu_backend.kv_geometry import KVGeometry
 from radixtop.gpu_backend.kv_pool import KVPool
 from radixtop.gpu_backend.ledger import SessionOrders
@@ -214,9 +213,8 @@ class Scheduler:
         with self._cause(EVICT_ACTION, who=who):
             return self.evict(num_tokens)
 
-    def _cause(self, kind: str, **detail: Any) -> AbstractContextManager[None]:
-        history = self.cache.history
-        return history.cause(kind, **detail) if history is not None else nullcontext()
+    def _cause(self, kind: str, **detail: Any) -> Any:
+        return caused(self.cache.history, kind, **detail)
 
     def open_session_ids(self) -> list[str]:
         """Sessions that hold KV, have a request running, or were registered and not closed."""

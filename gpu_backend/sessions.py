@@ -14,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from radixtop.gpu_backend.history import CLOSED
+from radixtop.gpu_backend.history import CLOSED, caused
 from radixtop.gpu_backend.session_rules import exclusive_tokens, plan_release
 
 if TYPE_CHECKING:
@@ -158,9 +158,7 @@ class SessionRadixCacheMixin:
             return CloseResult(session_id, "deref", already_closed, (), 0, 0, holds)
         # (no ledger batch: ``ledger.drop`` left each node it walked settled, so what the walk
         # frees settles only the parent it leaves, once)
-        if self.history is None:
-            return self._release_free(session_id, already_closed, indexed)
-        with self.history.cause(CLOSED, session_id=session_id):
+        with caused(self.history, CLOSED, session_id=session_id):
             return self._release_free(session_id, already_closed, indexed)
 
     def _release_free(self, session_id: str, already_closed: bool, indexed: dict[TreeNode, None]) -> CloseResult:

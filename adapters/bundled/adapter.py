@@ -7,12 +7,12 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from radixtop.adapters.base import (
-    MAX_MATCH_TOKENS,
     CacheAdapter,
     check_chain_limit,
     check_child_order,
     check_page,
     check_paths,
+    check_query,
     check_sessions_read,
     check_tokens,
     path_nodes,
@@ -237,8 +237,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         return SessionDetail(view, tuple(sorted(node.id for node in leaves)))
 
     def match(self, tokens: list[int]) -> MatchView:
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
 
         def read(s: Scheduler) -> MatchView:
             found = s.cache.lookup(tokens)
@@ -254,8 +253,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         return self._call(read)
 
     def why(self, tokens: list[int]) -> WhyView:
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
 
         def read(s: Scheduler) -> WhyView:
             cache = s.cache
@@ -376,12 +374,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         )
 
     def _close(self, s: Scheduler, session_id: str) -> CloseResultView:
-        known = (session_id in s.cache._session_leaves or session_id in s.session_activity
-                 or s.cache.is_session_closed(session_id))
-        if not known:
-            raise unknown_session(session_id)
-        r = s.close_session(session_id)
-        self.engine.record("close", session=session_id)
+        r = close_on(self.engine, s, session_id)
         return CloseResultView(r.session_id, r.policy, r.already_closed, r.freed_node_ids,
                                r.freed_tokens, r.freed_bytes, r.released_holds)
 
@@ -438,6 +431,18 @@ def stats_of(s: Scheduler, name: str) -> Stats:
         buckets=(Bucket("full", st.capacity, st.available_size, st.evictable_size, st.protected_size, 0,
                         s.uncached_size()),),
     )
+
+
+def close_on(engine: Engine, s: Scheduler, session_id: str) -> Any:
+    """Close on the owner thread, recorded in the engine's trace; an id the engine does not know
+    is refused (``BundledAdapter.close_session``, and radixtop's process beside the engine, whose
+    plan may be older than this step)."""
+    if not (session_id in s.cache._session_leaves or session_id in s.session_activity
+            or s.cache.is_session_closed(session_id)):
+        raise unknown_session(session_id)
+    result = s.close_session(session_id)
+    engine.record("close", session=session_id)
+    return result
 
 
 def evict_on(engine: Engine, s: Scheduler, num_tokens: int) -> EvictResultView:

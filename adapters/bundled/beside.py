@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from radixtop.adapters.bundled.adapter import evict_on, flush_on, stats_of
+from radixtop.adapters.bundled.adapter import close_on, evict_on, flush_on, stats_of
 from radixtop.adapters.bundled.doctor import refused_waiting
-from radixtop.adapters.errors import unknown_session
 from radixtop.adapters.model import EvictResultView, FlushResultView, Geometry, Stats
 from radixtop.gpu_backend.engine import Engine
 
@@ -34,15 +33,8 @@ class BundledOps:
     """A ``sync``'s reply: the totals as of that step."""
 
     def close(self, session_id: str) -> dict[str, int]:
-        """Close as the engine's adapter does: an id the engine does not know is refused (the plan
-        beside may be older than this step)."""
-        s = self.scheduler
-        if not (session_id in s.cache._session_leaves or session_id in s.session_activity
-                or s.cache.is_session_closed(session_id)):
-            raise unknown_session(session_id)
-        result = s.close_session(session_id)
-        self.engine.record("close", session=session_id)
-        return {"freed_tokens": int(result.freed_tokens)}
+        """Close as the engine's adapter does (``close_on``)."""
+        return {"freed_tokens": int(close_on(self.engine, self.scheduler, session_id).freed_tokens)}
 
     def evict(self, num_tokens: int) -> EvictResultView:
         return evict_on(self.engine, self.scheduler, int(num_tokens))

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from radixtop.adapters.base import (
-    MAX_MATCH_TOKENS,
     CacheAdapter,
     check_child_order,
     check_page,
     check_paths,
+    check_query,
     check_sessions_read,
     path_nodes,
 )
@@ -433,8 +433,7 @@ class EventTreeAdapter(CacheAdapter):
     def match(self, tokens: list[int]) -> MatchView:
         """The longest prefix of ``tokens`` made of whole cached blocks (a prefix cache reuses
         whole pages only); a pure walk, nothing changes."""
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
         with self._lock:
             found = self._tree.match(tuple(tokens))
         return MatchView(len(tokens), found.matched, found.node.id,

@@ -14,7 +14,14 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from radixtop.adapters.base import MAX_MATCH_TOKENS, READ_PARAMS, CacheAdapter, Read, check_paths, check_reads
+from radixtop.adapters.base import (
+    READ_PARAMS,
+    CacheAdapter,
+    Read,
+    check_paths,
+    check_query,
+    check_reads,
+)
 from radixtop.adapters.errors import AdapterError, BadRequest, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.bounded import MAX_REPLY_BYTES, bounded_client, deadline, exchange
 from radixtop.adapters.http.params import parse_read
@@ -259,8 +266,7 @@ class RadixtopClient(CacheAdapter):
     @staticmethod
     def _match_query(tokens: list[int]) -> str:
         """The token ids as one URL can carry them, or BadRequest."""
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
         query = ",".join(str(int(t)) for t in tokens)
         if len(query) > MAX_MATCH_QUERY_CHARS:
             raise BadRequest(f"{len(tokens)} token ids take {len(query)} characters, over the "

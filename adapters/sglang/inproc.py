@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from radixtop.adapters.base import (
-    MAX_MATCH_TOKENS,
     CacheAdapter,
     check_chain_limit,
     check_child_order,
     check_page,
     check_paths,
+    check_query,
     check_sessions_read,
     check_tokens,
     path_nodes,
@@ -37,7 +37,6 @@ from radixtop.adapters.base import (
 from radixtop.adapters.doctor import IDLE_AFTER_S, check_idle_after, diagnose_pass
 from radixtop.adapters.errors import (
     AdapterError,
-    BadRequest,
     UnknownNode,
     Unsupported,
     unknown_node,
@@ -521,8 +520,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         return node, pos, partial, partial_len
 
     def match(self, tokens: list[int]) -> MatchView:
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
         self._need_tree()
 
         def read() -> MatchView:
@@ -539,8 +537,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         history = getattr(self.cache, "history", None)
         if history is None:
             return super().why(tokens)
-        if len(tokens) > MAX_MATCH_TOKENS:
-            raise BadRequest(f"at most {MAX_MATCH_TOKENS} tokens, got {len(tokens)}")
+        check_query(tokens)
         self._need_tree()
 
         def read() -> WhyView:

@@ -22,6 +22,7 @@ from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
 from radixtop.adapters.owned.records import CAUSE, Walk, split_long
+from radixtop.gpu_backend.history import EVICT_ACTION, FLUSHED
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
 log = logging.getLogger("radixtop.sglang")
@@ -41,7 +42,7 @@ OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "
 event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
 the doctor reads of the scheduler) and ``resync`` (the whole tree's records again)."""
 ACTIONS = ("evict", "flush", "close", "resync")
-CAUSES = {"evict": "evict_action", "flush": "flushed"}
+CAUSES = {"evict": EVICT_ACTION, "flush": FLUSHED}
 """The actions whose removals the records tell the cause of (``records.CAUSE``: radixtop's
 history beside says an operator's evict or flush freed them, not the pool's need)."""
 AT_ONCE = ("evict", "flush", "close")
@@ -491,8 +492,9 @@ class BesideProcess:
         self._progress_at = 0.0
         self._look_at = 0.0
         self._bell: CallBell | None = None
-        self._calls: collections.deque[bytes] = collections.deque()
-        """radixtop's calls taken and not yet answered (they wait while the whole tree is sent)."""
+        self._calls: collections.deque[tuple[Any, bytes]] = collections.deque()
+        """radixtop's calls taken and not yet answered, each with its op (read once, as it is taken:
+        those that wait while the whole tree is sent are looked at every step)."""
         self._start()
 
     def _start(self) -> None:
@@ -570,17 +572,17 @@ class BesideProcess:
             if not end.down:
                 frames = end.commands(64)
                 self._heard = self._heard or bool(frames)
-                calls.extend(f.payload for f in frames if f.kind == CALL)
+                calls.extend((_op_of(f.payload), f.payload) for f in frames if f.kind == CALL)
             bell.heard()
         if getattr(probe, "busy", False):  # the whole tree on its way: the actions now, the rest after it
-            for payload in [c for c in calls if _op_of(c) in AT_ONCE]:
-                calls.remove(payload)
+            for call in [c for c in calls if c[0] in AT_ONCE]:
+                calls.remove(call)
                 if end.down:
                     return
-                self._answer(payload)
+                self._answer(call[1])
             return
         while calls and not end.down:
-            self._answer(calls.popleft())
+            self._answer(calls.popleft()[1])
 
     def _look(self, now: float) -> None:
         """Whether radixtop's process is gone (also while nothing was sent: an idle server),
