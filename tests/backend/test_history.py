@@ -191,3 +191,51 @@ def test_a_flush_too_big_for_the_history_keeps_the_prefixes_not_the_leaves():
     mirror.apply([(RESET, 200, False)])  # SGLang's flush
     found = mirror.history.explain([1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4], [(200, 0)], 0)
     assert [(x.start, x.end, x.ghost.cause) for x in found] == [(0, 3, FLUSHED), (3, 6, FLUSHED)]
+
+
+def test_why_on_mooncakes_conversations_names_the_eviction_or_close_behind_each_miss():
+    """Mooncake's conversation trace (the excerpt in tests/data/) on a tight pool, with each
+    conversation closed after its last turn: every request that hits less of its prompt than was
+    cached of it at some moment before is asked ``why`` as it arrives, and each missing token must
+    be named with the op that removed it and that op's cause, as the independent side computes it
+    (the tree's own lookup of every prompt after every op)."""
+    from radixtop.gpu_backend.traces.formats import load_trace, timed_ops
+    from radixtop.gpu_backend.traces.ops import TraceError
+    from tests.support import REPO
+
+    trace = load_trace(REPO / "tests" / "data" / "mooncake_conversation_excerpt.jsonl", "mooncake")
+    ops = [t.op for t in timed_ops(trace, 8)]
+    prompts = sorted({tuple(op.fields["input"]) for op in ops if op.op in ("begin", "request")})
+    s = Scheduler(get_geometry("tiny"), 6144, device="cpu", write_kv=False)
+    clock = [0]
+    s.cache.history.clock = lambda: clock[0]
+    s.cache.history.since = 0
+    adapter = BundledAdapter.__new__(BundledAdapter)
+    adapter.name = "bundled"
+    adapter._call = lambda fn, *a, **k: fn(s)
+    replayer = Replayer(s)
+    cached: list[list[int]] = [[0] * len(prompts)]
+    causes: list = [None]
+    asked, named = 0, set()
+    for op in ops:
+        if op.op in ("begin", "request"):
+            i = prompts.index(tuple(op.fields["input"]))
+            hit, before = cached[-1][i], max(c[i] for c in cached)
+            assert s.cache.lookup(op.fields["input"]).prefix_len == hit
+            if hit < before:
+                w = BundledAdapter.why(adapter, op.fields["input"])
+                assert w.cached_tokens == w.diverges_at == hit
+                want = expected(i, prompts[i], cached, causes)
+                assert set(range(hit, before)) <= set(want)  # (the oracle's own sense)
+                assert answered(w) == want, (op.line_no, hit, before)
+                asked += 1
+                named |= {lost.cause for lost in w.lost}
+        clock[0] += 1
+        try:
+            replayer.apply(op)
+        except TraceError:  # the one prompt too large for the pool: refused, nothing changed
+            assert op.line_no == 12
+        causes.append(cause_of(op, False))
+        cached.append([s.cache.lookup(q).prefix_len for q in prompts])
+    print(f"mooncake: {asked} requests asked why, causes named: {sorted(named)}")
+    assert asked >= 3 and named == {EVICTED, CLOSED}, (asked, named)
