@@ -39,6 +39,7 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     SubtreeRow,
     SubtreeView,
@@ -163,6 +164,14 @@ class CacheAdapter(ABC):
         tree). Unsupported where the target keeps none."""
         raise Unsupported(f"{self.name} keeps no history of its tree: it can say what is cached now "
                           "(match), not what left")
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        """A session's story in the target's history: its requests' hits over time (where the
+        target tells them), and the nodes it held that left the tree, when and why. NotFound for
+        a session the target does not know and the history does not name; Unsupported where the
+        target keeps no history."""
+        raise Unsupported(f"{self.name} keeps no history of its tree: it can say what a session holds "
+                          "now (session), not what it lost")
 
     def encode(self, text: str) -> list[int]:
         """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search

@@ -436,6 +436,60 @@ class WhyView(_View):
 
 
 @dataclass(frozen=True)
+class ServedView(_View):
+    """One request of a session: when it began, its prompt's tokens, and its hit."""
+
+    at: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class LossView(_View):
+    """Nodes a session held that left the tree together (one eviction, one close, one flush, one
+    evict asked for): how many, their tokens, when and why."""
+
+    at: float
+    """When the first of them left (seconds since the epoch)."""
+    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    nodes: int
+    tokens: int
+    node_id: int
+    """The first of them."""
+    session_id: str | None
+    """The session whose close freed them (``closed``): this one or another it shared them with."""
+    protected_tokens: int | None
+    capacity_tokens: int | None
+    who: str = ""
+
+
+@dataclass(frozen=True)
+class SessionWhyView(_View):
+    """A session's story in the cache's history: its requests' hits over time, and the nodes it
+    held (its requests ended there) that left the tree, when and why."""
+
+    session_id: str
+    requests: tuple[ServedView, ...] | None
+    """Its latest requests (at most ``MAX_SERVED_SHOWN``), oldest first; None where the target does
+    not tell its requests' hits (radixtop's copy beside SGLang: the scheduler's records have none)."""
+    requests_kept: int | None
+    """All of its requests kept (the figures below are theirs)."""
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    requests_since: float | None
+    """Every request since this moment is kept."""
+    lost: tuple[LossView, ...]
+    """Its latest losses (at most ``MAX_LOSSES_SHOWN``), oldest first."""
+    lost_tokens: dict[str, int]
+    """Tokens of all its losses kept, by cause."""
+    history_since: float
+
+
+MAX_SERVED_SHOWN = 200
+MAX_LOSSES_SHOWN = 200
+
+
+@dataclass(frozen=True)
 class Changes(_View):
     since: int
     version: int

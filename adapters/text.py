@@ -230,21 +230,64 @@ def lost_line(lost: Any, now: float, end: int | None = None, nodes: int = 1) -> 
     the run it starts, of that many nodes gone the same way)."""
     end = lost.end if end is None else end
     span = f"tokens {lost.start:,}-{end:,} ({end - lost.start:,})"
-    moment = when(lost.at, now)
-    if lost.cause == "closed":
-        why = f"freed by the close of session {inert(lost.session_id or '?')} at {moment}"
-    elif lost.cause == "flushed":
-        why = f"flushed at {moment}"
-    elif lost.cause == "evict_action":
-        why = f"evicted on request ({inert(lost.who) or 'an evict'}) at {moment}"
-    else:
-        pool = (f", the pool {lost.protected_tokens / lost.capacity_tokens:.0%} locked by running requests"
-                if lost.protected_tokens is not None and lost.capacity_tokens else "")
-        why = f"evicted for room at {moment}{pool}"
+    why = _left(lost, when(lost.at, now))
     held = f"; held by {', '.join(map(inert, lost.holders[:3]))}{'…' if len(lost.holders) > 3 else ''}" \
         if lost.holders else ""
     what = f"node #{lost.node_id}" if nodes == 1 else f"{nodes} nodes from #{lost.node_id}"
     return f"{span}: {what}, {why}{held}"
+
+
+def _left(gone: Any, moment: str) -> str:
+    """Why and when something left the tree (a ``LostView``'s or ``LossView``'s cause and its
+    detail), as words."""
+    if gone.cause == "closed":
+        return f"freed by the close of session {inert(gone.session_id or '?')} at {moment}"
+    if gone.cause == "flushed":
+        return f"flushed at {moment}"
+    if gone.cause == "evict_action":
+        return f"evicted on request ({inert(gone.who) or 'an evict'}) at {moment}"
+    pool = (f", the pool {gone.protected_tokens / gone.capacity_tokens:.0%} locked by running requests"
+            if gone.protected_tokens is not None and gone.capacity_tokens else "")
+    return f"evicted for room at {moment}{pool}"
+
+
+CAUSE_WORDS = {"evicted": "evicted for room", "closed": "freed by closes", "flushed": "flushed",
+               "evict_action": "evicted on request"}
+SESSION_LOSSES_SHOWN = 10
+"""A session's latest losses its text shows (``--json`` has up to ``MAX_LOSSES_SHOWN``)."""
+HITS_SHOWN = 12
+
+
+def session_why_lines(v: Any, now: float) -> list[str]:
+    """A ``SessionWhyView`` as lines: its requests' hits over time, what it lost, when and why."""
+    sid = inert(v.session_id)
+    if v.requests is None:
+        lines = [f"session {sid}: its requests' hits are not known here (the target does not tell them)"]
+    elif not v.requests_kept:
+        lines = [f"session {sid}: no request since {when(v.requests_since, now)}"]
+    else:
+        share = f" ({v.cached_tokens / v.prompt_tokens:.0%})" if v.prompt_tokens else ""
+        lines = [f"session {sid}: {v.requests_kept:,} {'request' if v.requests_kept == 1 else 'requests'} "
+                 f"since {when(v.requests_since, now)}; {v.cached_tokens:,} of {v.prompt_tokens:,} prompt "
+                 f"tokens cached{share}"]
+        last = v.requests[-HITS_SHOWN:]
+        hits = "  ".join(f"{age(max(0.0, now - r.at))} ago {r.cached_tokens:,}/{r.prompt_tokens:,}" for r in last)
+        lines.append(f"  latest hits (cached/prompt tokens), oldest first: {hits}")
+    since = when(v.history_since, now)
+    if not v.lost_tokens:
+        lines.append(f"nothing it held left the tree since {since}")
+        return lines
+    by_cause = ", ".join(f"{tokens:,} tokens {CAUSE_WORDS[cause]}" for cause, tokens in
+                         sorted(v.lost_tokens.items(), key=lambda item: -item[1]))
+    lines.append(f"lost since {since}: {by_cause}")
+    shown = v.lost[-SESSION_LOSSES_SHOWN:]
+    if len(v.lost) > len(shown):
+        lines.append(f"  ({len(v.lost) - len(shown):,} earlier losses not shown: --json)")
+    for loss in shown:
+        what = f"node #{loss.node_id}" if loss.nodes == 1 else f"{loss.nodes} nodes from #{loss.node_id}"
+        lines.append(f"  {loss.tokens:,} {'token' if loss.tokens == 1 else 'tokens'} ({what}), "
+                     f"{_left(loss, when(loss.at, now))}")
+    return lines
 
 
 def _runs(lost: Any) -> list[tuple[Any, int, int]]:

@@ -295,17 +295,28 @@ def why(
     tokens: Annotated[list[str] | None, typer.Argument(help="The prompt's token ids, space- or comma-separated.")] = None,
     text: Annotated[str | None, typer.Option("--text", help="The prompt as text, tokenized by the target's "
                                              "tokenizer (instead of ids).")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="A session's id (instead of a prompt): its "
+                                                "requests' hits over time, and what it held that left the tree, "
+                                                "when and why.")] = None,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """Why a prompt missed: how much of it is cached now, where it leaves the cached path, and
     what of the rest was cached before, when and why it left (evicted, a session's close, a
-    flush, an evict someone asked for)."""
+    flush, an evict someone asked for). With --session, a session's story instead."""
     import time
 
-    from radixtop.adapters.text import why_lines
+    from radixtop.adapters.text import session_why_lines, why_lines
 
-    if (text is None) == (not tokens):
-        raise fail("give the prompt's token ids, or --text, one of them", EXIT_USAGE)
+    if sum((text is not None, bool(tokens), session is not None)) != 1:
+        raise fail("give the prompt's token ids, --text or --session, one of them", EXIT_USAGE)
+    if session is not None:
+        with remote_target(url, token, timeout) as t:
+            story = t.why_session(session)
+        if as_json:
+            return emit_json(story.to_dict())
+        for line in session_why_lines(story, time.time()):
+            typer.echo(line)
+        return None
     ids = _parse_tokens(tokens) if tokens else None
     with remote_target(url, token, timeout) as t:
         w = t.why(ids if ids is not None else t.encode(text or ""))

@@ -42,6 +42,10 @@ GHOST_BYTES = 380
 ``benchmarks/bench_history.py``, 439 B a node of 8 tokens, their 64 bytes in it)."""
 MOST_AGE_S = 3600.0
 """Seconds a removed node is kept at most."""
+MOST_SERVED = 50_000
+"""Requests of sessions kept at most (``served``: when, the session, its prompt's tokens and its
+hit, 4 items a tuple, about 140 bytes each, 7 MB in all), the oldest dropped first; their age is
+bounded as the removed nodes' is."""
 
 
 @dataclass(slots=True)
@@ -103,6 +107,10 @@ class CacheHistory:
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
         self._cause: tuple[str, str | None, tuple[int, int] | None, str] = (EVICTED, None, None, "")
+        self._served: deque[tuple[float, str, int, int]] = deque()
+        self.served_since: float | None = None
+        """Every request of a session since this moment is kept (``served``); None where the owner
+        does not tell its requests (radixtop's copy beside SGLang: its records have no hits)."""
 
     # ----- what the owner thread tells it -----
 
@@ -143,6 +151,21 @@ class CacheHistory:
         if self.bytes > self.most_bytes or now - self._ghosts[0].at > self.most_age_s:
             self._trim(now)
 
+    def tells_requests(self) -> None:
+        """The owner tells each request of a session (``served``) from now on."""
+        if self.served_since is None:
+            self.served_since = self.clock()
+
+    def served(self, session_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request of ``session_id`` began now, ``cached_tokens`` of its ``prompt_tokens`` a
+        hit (a session's hits over time: ``why`` for a session)."""
+        now = self.clock()
+        served = self._served
+        served.append((now, session_id, prompt_tokens, cached_tokens))
+        if len(served) > MOST_SERVED or now - served[0][0] > self.most_age_s:
+            while served and (len(served) > MOST_SERVED or now - served[0][0] > self.most_age_s):
+                self.served_since = max(self.served_since or 0.0, served.popleft()[0])
+
     def _trim(self, now: float) -> None:
         ghosts, under = self._ghosts, self._under
         while ghosts and (self.bytes > self.most_bytes or now - ghosts[0].at > self.most_age_s):
@@ -172,6 +195,12 @@ class CacheHistory:
     def ghosts(self) -> list[Ghost]:
         """Every ghost kept, oldest first."""
         return list(self._ghosts)
+
+    def requests(self) -> list[tuple[float, str, int, int]] | None:
+        """Every session's request kept, oldest first: ``(at, session_id, prompt_tokens,
+        cached_tokens)``; None where the owner tells none (a C-speed copy: the owner thread's
+        part of a session's ``why``, the rest read off it)."""
+        return list(self._served) if self.served_since is not None else None
 
     def reaches_back_to(self) -> float:
         """The moment since which every removal is kept (``time.time()``)."""

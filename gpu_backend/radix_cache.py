@@ -545,6 +545,7 @@ class RadixCache(SessionRadixCacheMixin):
         settled by ``_flush_subtree`` at the end of the operation, so freeing a whole chain
         costs O(depth) once, not once per node."""
         parent = node.parent
+        holders = node.session_ids  # (the history's; dropped from the node next)
         self._discard_session_leaf(node)
         del parent.children[self._child_key(node.key)]
         self.evictable_size_ -= len(node.key)
@@ -562,7 +563,7 @@ class RadixCache(SessionRadixCacheMixin):
         if self.ledger is not None:
             self.ledger.removed(node, parent)
         if self.history is not None:
-            self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, node.key, node.session_ids)
+            self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, node.key, holders)
 
     def _flush_subtree(self) -> None:
         pending, self._pending_subtree = self._pending_subtree, {}

@@ -81,6 +81,8 @@ class Scheduler:
             history=history,
             **kwargs,
         )
+        if self.cache.history is not None:
+            self.cache.history.tells_requests()  # (``begin``: a session's hits over time)
         self.running: dict[str, Req] = {}
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -132,6 +134,8 @@ class Scheduler:
         self._touch_session(session_id)
         self.prompt_tokens += len(input_ids)
         self.cached_tokens += match.prefix_len
+        if session_id is not None and self.cache.history is not None:
+            self.cache.history.served(session_id, len(input_ids), match.prefix_len)
         return match.prefix_len
 
     def finish(self, rid: str, output_ids: list[int]) -> None:

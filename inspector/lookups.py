@@ -16,6 +16,7 @@ from radixtop.adapters.text import inert
 from radixtop.inspector.modals import AskScreen, DoctorScreen, WhyScreen
 from radixtop.inspector.poll_loop import read_in_thread
 from radixtop.inspector.poller import TreeRows
+from radixtop.inspector.sessions_view import SessionsTable
 from radixtop.inspector.tree_view import CacheTree
 
 if TYPE_CHECKING:
@@ -79,7 +80,13 @@ class Lookups:
     # ----- why a prompt missed -----
 
     def ask_why(self) -> None:
-        """w: ask for a prompt (token ids, or text), then say why it missed (``radixtop why``)."""
+        """w: on the sessions table, the story of the session under the cursor (``radixtop why
+        --session``); elsewhere, ask for a prompt (token ids, or text), then say why it missed
+        (``radixtop why``)."""
+        focused = self.screen.focused
+        if isinstance(focused, SessionsTable) and focused.current is not None:
+            self.why_session(focused.current.id)
+            return
         self.screen.app.push_screen(AskScreen(
             "Why did this prompt miss?", "Type a prompt (the target's tokenizer makes it token ids), or paste token "
             "ids (comma or space separated; a number as text goes in double quotes): how much of it is cached, "
@@ -102,6 +109,19 @@ class Lookups:
 
         return read_in_thread(screen, read, lambda report: screen.app.push_screen(WhyScreen(report)),
                               group="why", title="why")
+
+    def why_session(self, session_id: str) -> Worker[None]:
+        screen = self.screen
+
+        def read() -> str:
+            import time
+
+            from radixtop.adapters.text import session_why_lines
+
+            return "\n".join(session_why_lines(screen.poller.why_session(session_id), time.time()))
+
+        return read_in_thread(screen, read, lambda report: screen.app.push_screen(
+            WhyScreen(report, "What did this session lose, and why?")), group="why", title="why")
 
     # ----- a session's chains -----
 

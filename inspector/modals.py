@@ -199,3 +199,8 @@ class WhyScreen(_ReportScreen):
     heading_text = "Why did this prompt miss?"
     report_id = "why-report"
     footer = "escape, q or w closes · ↑ ↓ PgUp PgDn scroll · radixtop why prints the same"
+
+    def __init__(self, text: str, heading: str = "") -> None:
+        super().__init__(text)
+        if heading:
+            self.heading_text = heading

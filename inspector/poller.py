@@ -27,6 +27,7 @@ from radixtop.adapters.model import (
     NodeDetail,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     WhyView,
 )
@@ -277,6 +278,10 @@ class Poller:
         """Why ``query`` (token ids, or a text the target's tokenizer encodes) missed
         (``CacheAdapter.why``)."""
         return self.adapter.why(self.adapter.encode(query) if isinstance(query, str) else query)
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        """A session's story: its requests' hits, what it held that left (``CacheAdapter.why_session``)."""
+        return self.adapter.why_session(session_id)
 
     def diagnose(self) -> Diagnosis:
         """The leak doctor's findings (``CacheAdapter.diagnose``)."""

@@ -47,13 +47,14 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     WhyView,
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import live_path, why_view
+from radixtop.adapters.owned.why import answer_session, live_path, session_story, why_view
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import gc_paused
@@ -267,6 +268,14 @@ class BundledAdapter(OwnerReads, CacheAdapter):
                             found.partial_len, cache.page_size)
 
         return self._call(read)
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        def read(s: Scheduler) -> tuple[Any, ...]:
+            if s.cache.history is None:
+                raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
+            return session_story(s.cache.history)
+
+        return answer_session(session_id, self._call(read), self.session)
 
     def changes(self, since: int) -> Changes:
         if since < 0:

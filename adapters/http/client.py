@@ -46,6 +46,7 @@ from radixtop.adapters.http.wire import (
     node_detail_from_dict,
     paths_from_dict,
     session_detail_from_dict,
+    session_why_from_dict,
     sessions_page_from_dict,
     stats_from_dict,
     subtree_from_dict,
@@ -68,6 +69,7 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     SubtreeView,
     WhyView,
@@ -262,6 +264,9 @@ class RadixtopClient(CacheAdapter):
 
     def why(self, tokens: list[int]) -> WhyView:
         return self._get(why_from_dict, "/v1/why", tokens=self._match_query(tokens))
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        return self._get(lambda d: session_why_from_dict(d, session_id), "/v1/why", session=session_id)
 
     @staticmethod
     def _match_query(tokens: list[int]) -> str:

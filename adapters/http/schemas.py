@@ -237,6 +237,38 @@ class WhyOut(Schema):
     history_since: float
 
 
+class ServedOut(Schema):
+    at: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class LossOut(Schema):
+    at: float
+    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    nodes: int
+    tokens: int
+    node_id: int
+    session_id: str | None
+    protected_tokens: int | None
+    capacity_tokens: int | None
+    who: str
+
+
+class SessionWhyOut(Schema):
+    session_id: str
+    requests: list[ServedOut] | None = Field(description="Its latest requests, oldest first; null where the "
+                                                          "target does not tell its requests' hits")
+    requests_kept: int | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    requests_since: float | None
+    lost: list[LossOut] = Field(description="The nodes it held that left the tree, a loss each group that "
+                                            "left together, oldest first")
+    lost_tokens: dict[str, int] = Field(description="Tokens of all its losses kept, by cause")
+    history_since: float
+
+
 class ChangesOut(Schema):
     since: int
     version: int

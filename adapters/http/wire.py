@@ -32,6 +32,7 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     SubtreeView,
     WhyView,
@@ -222,6 +223,24 @@ def why_from_dict(d: dict[str, Any]) -> WhyView:
         if not at <= lost.start < lost.end <= view.query_tokens:
             raise WireError(f"tokens {lost.start}-{lost.end} lost, after {at} of {view.query_tokens}: not in order")
         at = lost.end
+    return view
+
+
+def session_why_from_dict(d: dict[str, Any], session_id: str | None = None) -> SessionWhyView:
+    view = from_wire(SessionWhyView, d)
+    if session_id is not None and view.session_id != session_id:
+        raise WireError(f"asked for session {session_id!r}, answered for {view.session_id!r}")
+    if view.requests is not None:
+        if view.requests_kept is None or len(view.requests) > view.requests_kept:
+            raise WireError(f"{len(view.requests)} requests shown of {view.requests_kept} kept: not an answer")
+        for r in view.requests:
+            if r.cached_tokens > r.prompt_tokens:
+                raise WireError(f"a request of {r.prompt_tokens} tokens with {r.cached_tokens} cached: not an answer")
+    if set(view.lost_tokens) - {"evicted", "closed", "flushed", "evict_action"}:
+        raise WireError(f"lost tokens by unknown causes: {sorted(view.lost_tokens)}")
+    for loss in view.lost:
+        if loss.tokens < loss.nodes or loss.nodes < 1 or loss.tokens > view.lost_tokens.get(loss.cause, 0):
+            raise WireError(f"a loss of {loss.tokens} tokens in {loss.nodes} nodes: not an answer")
     return view
 
 

@@ -3,11 +3,19 @@ cached path read from the live tree, then what of the rest was cached before (is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from radixtop.adapters.model import LostView, WhyView
-from radixtop.gpu_backend.history import CacheHistory, Lost
+from radixtop.adapters.model import (
+    MAX_LOSSES_SHOWN,
+    MAX_SERVED_SHOWN,
+    LossView,
+    LostView,
+    ServedView,
+    SessionWhyView,
+    WhyView,
+)
+from radixtop.gpu_backend.history import CacheHistory, Ghost, Lost
 
 
 def lost_view(lost: Lost) -> LostView:
@@ -36,3 +44,48 @@ def why_view(history: CacheHistory, tokens: Sequence[int], live: list[tuple[int,
     lost = history.explain(tokens, live, cached, page_size)
     return WhyView(len(tokens), cached, cached, node_id, partial_node_id, partial_tokens,
                    tuple(lost_view(one) for one in lost), history.reaches_back_to())
+
+
+def session_story(history: CacheHistory) -> tuple[list[Ghost], list[tuple[float, str, int, int]] | None,
+                                                 float, float | None]:
+    """What a session's ``why`` needs of the history, copied on the owner thread (two C-speed
+    list copies; the rest is read off it: ``session_why_view``)."""
+    return history.ghosts(), history.requests(), history.reaches_back_to(), history.served_since
+
+
+def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[float, str, int, int]] | None,
+                     history_since: float, requests_since: float | None) -> SessionWhyView:
+    """``session_id``'s requests among ``requests`` and the ghosts it held (or its own close freed),
+    a loss each group that left together (the same cause, closing session and asker, within a second of the first)."""
+    served = None if requests is None else [r for r in requests if r[1] == session_id]
+    losses: list[LossView] = []
+    by_cause: dict[str, int] = {}
+    for g in ghosts:
+        if session_id not in g.holders and not (g.cause == "closed" and g.session_id == session_id):
+            continue  # (a close empties the holders of what it frees: its own chain is the session's)
+        by_cause[g.cause] = by_cause.get(g.cause, 0) + g.length
+        last = losses[-1] if losses else None
+        if last is not None and (last.cause, last.session_id, last.who) == (g.cause, g.session_id, g.who) \
+                and g.at - last.at < 1.0:
+            losses[-1] = LossView(last.at, last.cause, last.nodes + 1, last.tokens + g.length, last.node_id,
+                                  last.session_id, last.protected_tokens, last.capacity_tokens, last.who)
+            continue
+        protected, capacity = g.pool if g.pool is not None else (None, None)
+        losses.append(LossView(g.at, g.cause, 1, g.length, g.node_id, g.session_id,  # type: ignore[arg-type]
+                               protected, capacity, g.who))
+    return SessionWhyView(
+        session_id,
+        None if served is None else tuple(ServedView(at, n, hit) for at, _, n, hit in served[-MAX_SERVED_SHOWN:]),
+        None if served is None else len(served),
+        None if served is None else sum(r[2] for r in served),
+        None if served is None else sum(r[3] for r in served),
+        requests_since, tuple(losses[-MAX_LOSSES_SHOWN:]), by_cause, history_since)
+
+
+def answer_session(session_id: str, story: tuple[Any, ...], known: Callable[[str], object]) -> SessionWhyView:
+    """``session_why_view`` of a ``session_story``; where it finds nothing of the session, ``known``
+    (the target's ``session`` read) says whether the target knows it at all (UnknownSession)."""
+    view = session_why_view(session_id, *story)
+    if not view.requests_kept and not view.lost:
+        known(session_id)
+    return view

@@ -63,13 +63,14 @@ from radixtop.adapters.model import (
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     WhyView,
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only, smallest_in_steps
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import live_path, why_view
+from radixtop.adapters.owned.why import answer_session, live_path, session_story, why_view
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.roster import OpenSessions
@@ -546,6 +547,15 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
                             None if partial is None else self._id(partial), partial_len, self.tree.page_size)
 
         return self._call(read)
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        """Over radixtop's copy beside the scheduler, as ``why``: the nodes the session held that
+        left; its requests' hits are not in the probe's records (None)."""
+        history = getattr(self.cache, "history", None)
+        if history is None:
+            return super().why_session(session_id)
+        self._need_tree()
+        return answer_session(session_id, self._call(lambda: session_story(history)), self.session)
 
     def changes(self, since: int) -> Changes:
         raise Unsupported("SGLang keeps no change journal; read the pages again")

@@ -155,6 +155,26 @@ def test_a_why_whose_lost_tokens_are_not_past_its_cached_ones_in_order_is_refuse
             why_from_dict({**good, **bad})
 
 
+def test_a_sessions_story_with_figures_that_do_not_add_up_is_refused():
+    from radixtop.adapters.http.wire import session_why_from_dict
+
+    loss = {"at": 1.5, "cause": "evicted", "nodes": 2, "tokens": 9, "node_id": 4, "session_id": None,
+            "protected_tokens": 3, "capacity_tokens": 64, "who": ""}
+    good = {"session_id": "s", "requests": [{"at": 1.0, "prompt_tokens": 5, "cached_tokens": 2}], "requests_kept": 1,
+            "prompt_tokens": 5, "cached_tokens": 2, "requests_since": 0.5, "lost": [loss],
+            "lost_tokens": {"evicted": 9}, "history_since": 0.0}
+    assert session_why_from_dict(good, "s").lost[0].tokens == 9
+    assert session_why_from_dict({**good, "requests": None, "requests_kept": None}).requests is None
+    for bad in ({"requests": [{"at": 1.0, "prompt_tokens": 5, "cached_tokens": 6}]}, {"requests_kept": 0},
+                {"requests_kept": None}, {"lost": [{**loss, "tokens": 1}]}, {"lost": [{**loss, "nodes": 0}]},
+                {"lost_tokens": {"evicted": 8}}, {"lost_tokens": {"evicted": 9, "magic": 1}},
+                {"lost": [{**loss, "cause": "magic"}]}, {"requests_since": "soon"}):
+        with pytest.raises(WireError):
+            session_why_from_dict({**good, **bad})
+    with pytest.raises(WireError, match="answered for"):
+        session_why_from_dict(good, "t")
+
+
 def test_stats_floats_and_bools_are_checked():
     engine = build_engine()
     try:

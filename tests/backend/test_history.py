@@ -239,3 +239,87 @@ def test_why_on_mooncakes_conversations_names_the_eviction_or_close_behind_each_
         cached.append([s.cache.lookup(q).prefix_len for q in prompts])
     print(f"mooncake: {asked} requests asked why, causes named: {sorted(named)}")
     assert asked >= 3 and named == {EVICTED, CLOSED}, (asked, named)
+
+
+def tree_nodes(root, tokens=lambda node: list(node.key)) -> dict[int, tuple[tuple[int, ...], int, frozenset[str]]]:
+    """Every node of a tree now (the bundled one, or SGLang's with ``tokens`` its key's ids): its
+    path's tokens from the root, its own tokens' count and the sessions that hold it."""
+    out, stack = {}, [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if node is not root:
+            own = tokens(node)
+            path = path + tuple(own)
+            out[node.id] = (path, len(own), frozenset(getattr(node, "session_ids", None) or ()))
+        stack.extend((child, path) for child in node.children.values())
+    return out
+
+
+class SessionLosses:
+    """The independent side of each session's losses: op by op, the nodes in the tree before it and
+    not after it that the session held before it (or that its own close freed), with the tokens of
+    each no longer cached after it (a split may leave a node's head, under a new id), by the op's
+    cause."""
+
+    def __init__(self) -> None:
+        self.lost: dict[str, list[tuple[int, str, int, int]]] = {}  # (at, cause, nodes, tokens)
+
+    def step(self, at: int, before, after, cached_of, cause: str, closer: str | None) -> None:
+        per: dict[str, list[int]] = {}
+        for node_id in before.keys() - after.keys():
+            path, length, holders = before[node_id]
+            tokens = len(path) - max(len(path) - length, cached_of(list(path)))
+            for sid in holders | ({closer} if closer else set()):
+                per.setdefault(sid, [0, 0])
+                per[sid][0] += 1
+                per[sid][1] += tokens
+        for sid, (nodes, tokens) in per.items():
+            self.lost.setdefault(sid, []).append((at, cause, nodes, tokens))
+
+    def check(self, v, sid: str) -> None:
+        assert [(x.at, x.cause, x.nodes, x.tokens) for x in v.lost] == self.lost.get(sid, []), sid
+        by_cause: dict[str, int] = {}
+        for _, cause, _, tokens in self.lost.get(sid, []):
+            by_cause[cause] = by_cause.get(cause, 0) + tokens
+        assert v.lost_tokens == by_cause, sid
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("size,flush_every", [("small", 0), ("small", 25)])
+def test_why_for_a_session_gives_its_hits_and_each_loss_of_what_it_held_with_its_cause(seed, size, flush_every):
+    """A session's story against the independent side: its requests are the trace's begins of it,
+    with the hits the scheduler answered; its losses are, op by op, the nodes that were in the tree
+    before the op and not after it that it held before the op (or that its own close freed), by
+    the op's cause."""
+    lines = generate_trace(seed, n_ops=220, max_in_flight=4, vocab=60, abort_weight=2)
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False)
+    clock = [0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.served_since = 0
+    adapter = BundledAdapter.__new__(BundledAdapter)
+    adapter.name = "bundled"
+    adapter._call = lambda fn, *a, **k: fn(s)
+    adapter.session = lambda sid: None
+    replayer, rng = Replayer(s), random.Random(seed)
+    served: dict[str, list[tuple[int, int, int]]] = {}
+    losses = SessionLosses()
+    for op in read_trace(lines):
+        for flush in ([True] if flush_every and rng.randrange(flush_every) == 0 else []) + [False]:
+            clock[0] += 1
+            before = tree_nodes(s.cache.root_node)
+            if flush:
+                s.flush()
+            else:
+                result = replayer.apply(op)
+                if op.op in ("begin", "request") and op.fields.get("session"):
+                    served.setdefault(op.fields["session"], []).append((clock[0], len(op.fields["input"]), result["hit"]))
+            losses.step(clock[0], before, tree_nodes(s.cache.root_node), lambda q: s.cache.lookup(q).prefix_len,
+                        *cause_of(op, flush))
+    sessions = set(served) | set(losses.lost)
+    assert any(losses.lost.values()), "nothing any session held was lost: the test proves nothing"
+    for sid in sorted(sessions):
+        v = BundledAdapter.why_session(adapter, sid)
+        assert [(r.at, r.prompt_tokens, r.cached_tokens) for r in v.requests] == served.get(sid, []), sid
+        assert v.requests_kept == len(served.get(sid, []))
+        losses.check(v, sid)

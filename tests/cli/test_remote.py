@@ -181,6 +181,25 @@ def test_why_names_an_evict_someone_asked_for(fresh_server):
     assert doc["lost"][0]["start"] == 0 and doc["lost"][-1]["end"] == 4
 
 
+def test_why_for_a_session_tells_its_hits_and_what_it_lost(server):
+    """``why --session`` (issue 29): session "a" ran two turns, the second hitting the first's 8
+    tokens; "gone" lost its 3 tokens to its own close; an unknown session is one line, exit 1."""
+    doc = one_json(run(server, "why", "--session", "a", "--json"))
+    assert [(r["prompt_tokens"], r["cached_tokens"]) for r in doc["requests"]] == [(6, 0), (9, 8)]
+    assert (doc["requests_kept"], doc["prompt_tokens"], doc["cached_tokens"]) == (2, 15, 8)
+    assert doc["lost"] == [] and doc["lost_tokens"] == {}
+    out = run(server, "why", "--session", "a").stdout
+    assert "session a: 2 requests since" in out and "8 of 15 prompt tokens cached (53%)" in out
+    assert "nothing it held left the tree since" in out
+    gone = one_json(run(server, "why", "--session", "gone", "--json"))
+    assert gone["lost_tokens"] == {"closed": 3}
+    assert [(x["cause"], x["session_id"], x["tokens"]) for x in gone["lost"]] == [("closed", "gone", 3)]
+    assert "3 tokens (node #" in run(server, "why", "--session", "gone").stdout
+    unknown = run(server, "why", "--session", "nobody")
+    assert unknown.exit_code == 1 and "'nobody' is not known" in unknown.stderr
+    assert run(server, "why", "1", "--session", "a").exit_code == 2
+
+
 def test_export_columns_to_a_file(server, tmp_path):
     from radixtop.adapters.http.wire import decode_export_columns
 

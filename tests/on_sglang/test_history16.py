@@ -13,7 +13,7 @@ import pytest
 from radixtop.adapters.owned.records import CAUSE
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED
-from tests.backend.test_history import Oracle
+from tests.backend.test_history import Oracle, SessionLosses, tree_nodes
 from tests.on_sglang.ref.replay_sglang import _parse, import_sglang
 from tests.on_sglang.test_mirror16 import recorded, wire
 from tests.support.trace_gen import generate_trace
@@ -53,3 +53,31 @@ def test_why_beside_sglang_names_the_op_and_cause_that_removed_each_lost_token(s
     step(cache.reset, (FLUSHED, None))  # SGLang's flush: the whole tree at once
     oracle.check(beside)
     assert all(c == 0 for c in oracle.cached[-1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_why_for_a_session_beside_sglang_gives_each_loss_of_what_it_held_with_its_cause(sgl, seed):
+    """A session's losses over the copy, against SGLang's own tree op by op (``SessionLosses``:
+    the nodes that left it that the session held, SGLang's own ``session_ids``); its requests'
+    hits are not in the probe's records: not known (None), never an empty list."""
+    lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=3)
+    lines = [line for line in lines if json.loads(line)["op"] != "register"]
+    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, "small")
+    oracle = Oracle([], lambda q: 0, mirror, recorder)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    losses = SessionLosses()
+
+    def nodes():
+        return tree_nodes(cache.root_node, lambda node: list(node.key.token_ids))
+
+    for line_no, op in _parse(lines):
+        before = nodes()
+        oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
+        losses.step(oracle.clock, before, nodes(), lambda q: inproc.match(q).matched_tokens,
+                    *((CLOSED, op["session"]) if op["op"] == "close" else (EVICTED, None)))
+    assert any(losses.lost.values()), "nothing any session held was lost: the test proves nothing"
+    for sid in sorted(losses.lost):
+        v = beside.why_session(sid)
+        assert v.requests is None and v.requests_kept is None and v.cached_tokens is None
+        losses.check(v, sid)

@@ -29,7 +29,7 @@ from radixtop.adapters.base import (
     SESSION_ORDERS,
 )
 from radixtop.adapters.doctor import IDLE_AFTER_S
-from radixtop.adapters.errors import TargetTimeout, TargetUnreachable
+from radixtop.adapters.errors import BadRequest, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.params import (
     MAX_ID,
     encode_results,
@@ -53,6 +53,7 @@ from radixtop.adapters.http.schemas import (
     ReadOut,
     SessionDetailOut,
     SessionsPageOut,
+    SessionWhyOut,
     StatsOut,
     SubtreeOut,
     WhyOut,
@@ -181,12 +182,19 @@ def match(adapter: Adapter, tokens: str = Query("", description="comma-separated
     return json_response(call(adapter.match, parse_tokens(tokens)))
 
 
-@router.get("/v1/why", response_model=WhyOut,
+@router.get("/v1/why", response_model=WhyOut | SessionWhyOut,
             summary="Why a prompt missed: its cached part now, where it leaves the cached path, and what of "
-                    "the rest was cached before, when and why it left",
-            responses=documented(429, 422, 501, *TARGET_ERRORS))
+                    "the rest was cached before, when and why it left; or a session's story: its requests' "
+                    "hits over time, and what it held that left, when and why",
+            responses=documented(429, 404, 422, 501, *TARGET_ERRORS))
 def why(adapter: Adapter, tokens: str = Query("", description="comma-separated token ids, e.g. 1,2,3",
-                                              json_schema_extra={"pattern": TOKENS_PATTERN})) -> Response:
+                                              json_schema_extra={"pattern": TOKENS_PATTERN}),
+        session: str | None = Query(None, min_length=1,
+                                    description="a session's id (instead of tokens): its story")) -> Response:
+    if session is not None:
+        if tokens:
+            raise BadRequest("give tokens or session, not both")
+        return json_response(call(adapter.why_session, session))
     return json_response(call(adapter.why, parse_tokens(tokens)))
 
 
