@@ -18,6 +18,7 @@ from radixtop.adapters.errors import (
 from radixtop.adapters.model import (
     CHILD_ORDERS,
     EXPORT_COLUMNS,
+    MAX_HISTORY_PAGE,
     MAX_PATH_NODES,
     MAX_PATHS,
     MAX_SUBTREE_ROWS,
@@ -33,6 +34,7 @@ from radixtop.adapters.model import (
     EvictResultView,
     ExportColumns,
     FlushResultView,
+    HistoryPage,
     MatchView,
     NodeDetail,
     NodeView,
@@ -172,6 +174,12 @@ class CacheAdapter(ABC):
         target keeps no history."""
         raise Unsupported(f"{self.name} keeps no history of its tree: it can say what a session holds "
                           "now (session), not what it lost")
+
+    def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
+        """The target's history as a journal, from a reader's place (``radixtop record``): the
+        removals numbered past ``after``, the requests past ``served_after``, ``limit`` each at most.
+        Unsupported where the target keeps none."""
+        raise Unsupported(f"{self.name} keeps no history of its tree: there is no journal to read")
 
     def encode(self, text: str) -> list[int]:
         """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search
@@ -460,3 +468,10 @@ def check_sessions_read(order: str, offset: int, limit: int, contains: str) -> N
 def check_tokens(num_tokens: int) -> None:
     if num_tokens < 0:
         raise BadRequest(f"tokens must be >= 0, got {num_tokens}")
+
+
+def check_history_read(after: int, served_after: int, limit: int) -> None:
+    if after < 0 or served_after < 0:
+        raise BadRequest(f"after and served_after must be >= 0, got {after} and {served_after}")
+    if not 1 <= limit <= MAX_HISTORY_PAGE:
+        raise BadRequest(f"limit must be between 1 and {MAX_HISTORY_PAGE}, got {limit}")

@@ -490,6 +490,61 @@ MAX_LOSSES_SHOWN = 200
 
 
 @dataclass(frozen=True)
+class GhostView(_View):
+    """A node that left the tree, as the history keeps it (the journal's ``removed``)."""
+
+    seq: int
+    """Its number in the journal (the first removal of the history is 1)."""
+    at: float
+    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    node_id: int
+    parent_id: int | None
+    """None: it hung below the root."""
+    tokens: tuple[int, ...]
+    session_id: str | None
+    holders: tuple[str, ...]
+    protected_tokens: int | None
+    capacity_tokens: int | None
+    who: str = ""
+
+
+@dataclass(frozen=True)
+class ServedEntry(_View):
+    """A request of a session, as the history keeps it (the journal's ``served``)."""
+
+    seq: int
+    at: float
+    session_id: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class HistoryPage(_View):
+    """The history's journal from a reader's place (``CacheAdapter.history``; ``radixtop record``)."""
+
+    epoch: str
+    """The history's name: another one (the target restarted) numbers from 1 again."""
+    removed: tuple[GhostView, ...]
+    removed_first: int
+    """The number of the first in ``removed`` (the next to come where it is empty): past the
+    reader's place + 1, those between were dropped by the bounds before it read them."""
+    removed_count: int
+    """Removals numbered so far: the reader is through when its place reaches it."""
+    served: tuple[ServedEntry, ...] | None
+    """None where the target does not tell its requests."""
+    served_first: int
+    served_count: int
+    history_since: float
+
+
+MAX_HISTORY_PAGE = 2000
+"""Removals (and requests) a page of the journal holds at most."""
+MAX_HISTORY_PAGE_TOKENS = 1 << 18
+"""Tokens of removed nodes a page holds at most (past them, the page ends early; one node always)."""
+
+
+@dataclass(frozen=True)
 class Changes(_View):
     since: int
     version: int

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from radixtop.cli import actions, dashboard, demo, doctor, fleet, remote, replay, serve
+from radixtop.cli import actions, dashboard, demo, doctor, fleet, record, remote, replay, serve
 from radixtop.cli.errors import EXIT_USAGE
 
 app = typer.Typer(
@@ -69,7 +69,7 @@ def _quiet_on_closed_pipe(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-for commands in (dashboard, demo, replay, serve, remote, actions, doctor, fleet):
+for commands in (dashboard, demo, replay, serve, remote, actions, doctor, fleet, record):
     for info in commands.app.registered_commands:
         info.help = info.help or _reflowed(info.callback.__doc__)
         info.callback = _quiet_on_closed_pipe(info.callback)

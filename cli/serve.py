@@ -68,6 +68,9 @@ def serve(
                                                         "loopback needs a token for reads too).")] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
     audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
+    record: Annotated[Path | None, typer.Option("--record", show_default=False, help="Record the target's history to "
+                                                "this new file while serving (radixtop record's format; for "
+                                                "radixtop diff).")] = None,
     name: Annotated[str | None, typer.Option(show_default=False, help="The target's name, as faces show it.")] = None,
     fleet: Annotated[str | None, typer.Option("--fleet", show_default=False, help="Also watch a fleet: GET /v1/fleet "
                                               "answers its rows (smg=URL, dynamo=URL, or a fleet file).")] = None,
@@ -115,6 +118,9 @@ def serve(
     if beside and (kv_events or sglang_url or vllm_events or vllm_url):
         raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
                    EXIT_USAGE)
+    if beside and record is not None:
+        raise fail("--record goes with a target in this process (not yet with --beside: use radixtop record "
+                   "against its --url)", EXIT_USAGE)
     if beside and (fleet or close_policy != "free"):
         raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
                                                                         "close, --close-policy free)") + " yet",
@@ -125,13 +131,18 @@ def serve(
 
     def run_server(adapter, release) -> None:
         """Serve ``adapter`` until interrupted; errors become one line and an exit code."""
+        recording = None
         try:
+            if record is not None:
+                recording = start_recording(adapter, record)
             with exits(ValueError):
                 serve_http(adapter, host=host, port=port, token=token, audit_path=audit_log, read_token=read_token,
                            fleet=fleet_poll, sock=inherited, proof_key=proof_key.encode() if proof_key else None)
         except OSError as exc:
             raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
         finally:
+            if recording is not None:
+                recording()
             release()
 
     if sglang_url and capacity is not None:
@@ -180,6 +191,45 @@ def serve(
                             proof_key=proof_key)
     engine.start()
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
+
+
+def start_recording(adapter, path: Path):
+    """``radixtop record`` of ``adapter`` to ``path`` on a thread of its own, for as long as the
+    server runs; returns what stops it (and waits for its last lines). One line and exit 2 where
+    the file exists or the target keeps no history."""
+    import threading
+
+    from radixtop.adapters.errors import Unsupported
+    from radixtop.cli.record import _version
+    from radixtop.cli.recording import Recorder, create_private
+
+    try:
+        adapter.history(0, 0, 1)
+    except Unsupported as exc:
+        raise fail(f"--record: {exc.message}", EXIT_USAGE) from None
+    try:
+        out = create_private(path)
+    except FileExistsError:
+        raise fail(f"--record: {path} exists: a recording is never overwritten", EXIT_USAGE) from None
+    except OSError as exc:
+        raise fail(f"--record: cannot create {path}: {exc.strerror}", EXIT_USAGE) from None
+    recorder = Recorder(adapter, out, float("inf"))
+
+    def run() -> None:
+        try:
+            with out:
+                recorder.run(_version())
+        except Exception as exc:  # (a full disk, the engine gone): said once; serving goes on
+            typer.echo(f"radixtop: the recording to {path} stopped: {exc}", err=True)
+
+    thread = threading.Thread(target=run, name="radixtop-record", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        recorder.stop()
+        thread.join(timeout=10)
+
+    return stop
 
 
 def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, token: str | None,

@@ -18,6 +18,8 @@ What it costs the owner thread: a removal appends one small record (its tokens a
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
 from array import array
 from collections import deque
@@ -103,6 +105,11 @@ class CacheHistory:
         """What the kept nodes take: their tokens' bytes and ``GHOST_BYTES`` each."""
         self.removed_count = 0
         """Nodes recorded since the start (kept or dropped since)."""
+        self.served_count = 0
+        """Requests told since the start (kept or dropped since)."""
+        self.epoch = secrets.token_hex(6)
+        """This history's name: a journal read by sequence numbers (``page``) starts again where a
+        new history (a restart) has a new one."""
         self.since = clock()
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
@@ -162,6 +169,7 @@ class CacheHistory:
         now = self.clock()
         served = self._served
         served.append((now, session_id, prompt_tokens, cached_tokens))
+        self.served_count += 1
         if len(served) > MOST_SERVED or now - served[0][0] > self.most_age_s:
             while served and (len(served) > MOST_SERVED or now - served[0][0] > self.most_age_s):
                 self.served_since = max(self.served_since or 0.0, served.popleft()[0])
@@ -202,6 +210,17 @@ class CacheHistory:
         part of a session's ``why``, the rest read off it)."""
         return list(self._served) if self.served_since is not None else None
 
+    def page(self, after: int, limit: int, served_after: int = 0) -> tuple[list[Ghost], int, list[Any] | None, int]:
+        """The journal from a reader's place (the owner thread's part of ``radixtop record``): the
+        removed nodes numbered past ``after`` (the first removal is 1), at most ``limit``, and the
+        number of the first of them; the requests told past ``served_after`` (at most ``limit``; None
+        where none are told) and the number of their first. A first number past ``after + 1``: those
+        between were dropped (the bounds) before the reader came. Numbers are implicit: the journal
+        only appends at its end and drops at its start, so the n-th kept is ``count - len + n``."""
+        ghosts = _tail(self._ghosts, self.removed_count, after, limit)
+        served = None if self.served_since is None else _tail(self._served, self.served_count, served_after, limit)
+        return (ghosts[0], ghosts[1], None if served is None else served[0], 0 if served is None else served[1])
+
     def reaches_back_to(self) -> float:
         """The moment since which every removal is kept (``time.time()``)."""
         return self.since
@@ -239,6 +258,21 @@ class CacheHistory:
                     if same == ghost.length:
                         ends.setdefault(pos + same, set()).add(ghost.node_id)
         return _newest_first(found, cached)
+
+
+def _tail(kept: deque[Any], count: int, after: int, limit: int) -> tuple[list[Any], int]:
+    """Items numbered past ``after`` of a journal whose last is numbered ``count``: at most
+    ``limit``, and the first's number. Read from the nearer end (a deque's middle costs a walk)."""
+    first = count - len(kept) + 1
+    start = max(after + 1, first) - first  # (its index in ``kept``)
+    n = min(limit, len(kept) - start)
+    if n <= 0:
+        return [], count + 1
+    if start <= len(kept) - start:
+        items = list(itertools.islice(kept, start, start + n))
+    else:
+        items = list(itertools.islice(reversed(kept), len(kept) - start - n, len(kept) - start))[::-1]
+    return items, first + start
 
 
 def caused(history: CacheHistory | None, kind: str, **detail: Any) -> Any:

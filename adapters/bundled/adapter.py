@@ -10,6 +10,7 @@ from radixtop.adapters.base import (
     CacheAdapter,
     check_chain_limit,
     check_child_order,
+    check_history_read,
     check_page,
     check_paths,
     check_query,
@@ -27,6 +28,7 @@ from radixtop.adapters.errors import (
 )
 from radixtop.adapters.model import (
     FIRST_TOKENS,
+    MAX_HISTORY_PAGE,
     ROOT_ID,
     Bucket,
     Capabilities,
@@ -40,6 +42,7 @@ from radixtop.adapters.model import (
     ExportColumns,
     FlushResultView,
     Geometry,
+    HistoryPage,
     KeptNodeView,
     MatchView,
     NodeDetail,
@@ -54,7 +57,7 @@ from radixtop.adapters.model import (
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import answer_session, live_path, session_story, why_view
+from radixtop.adapters.owned.why import answer_session, history_page, journal_read, live_path, session_story, why_view
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import gc_paused
@@ -276,6 +279,16 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return session_story(s.cache.history)
 
         return answer_session(session_id, self._call(read), self.session)
+
+    def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
+        check_history_read(after, served_after, limit)
+
+        def read(s: Scheduler) -> tuple[Any, ...]:
+            if s.cache.history is None:
+                raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
+            return journal_read(s.cache.history, after, served_after, limit)
+
+        return history_page(self._call(read))
 
     def changes(self, since: int) -> Changes:
         if since < 0:

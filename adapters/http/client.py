@@ -41,6 +41,7 @@ from radixtop.adapters.http.wire import (
     evict_result_from_dict,
     export_row_from_dict,
     flush_result_from_dict,
+    history_page_from_dict,
     is_count,
     match_from_dict,
     node_detail_from_dict,
@@ -53,6 +54,7 @@ from radixtop.adapters.http.wire import (
     why_from_dict,
 )
 from radixtop.adapters.model import (
+    MAX_HISTORY_PAGE,
     AuditEntry,
     Capabilities,
     ChainView,
@@ -64,6 +66,7 @@ from radixtop.adapters.model import (
     EvictResultView,
     ExportColumns,
     FlushResultView,
+    HistoryPage,
     MatchView,
     NodeDetail,
     PathsView,
@@ -267,6 +270,10 @@ class RadixtopClient(CacheAdapter):
 
     def why_session(self, session_id: str) -> SessionWhyView:
         return self._get(lambda d: session_why_from_dict(d, session_id), "/v1/why", session=session_id)
+
+    def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
+        return self._get(lambda d: history_page_from_dict(d, after, served_after), "/v1/history", after=after,
+                         served_after=served_after, limit=limit)
 
     @staticmethod
     def _match_query(tokens: list[int]) -> str:

@@ -269,6 +269,40 @@ class SessionWhyOut(Schema):
     history_since: float
 
 
+class GhostOut(Schema):
+    seq: int
+    at: float
+    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    node_id: int
+    parent_id: int | None
+    tokens: list[int]
+    session_id: str | None
+    holders: list[str]
+    protected_tokens: int | None
+    capacity_tokens: int | None
+    who: str
+
+
+class ServedEntryOut(Schema):
+    seq: int
+    at: float
+    session_id: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class HistoryPageOut(Schema):
+    epoch: str = Field(description="The history's name: another one (the target restarted) numbers from 1 again")
+    removed: list[GhostOut]
+    removed_first: int = Field(description="The number of the first in removed (the next to come where empty); "
+                                           "past after + 1, those between were dropped by the history's bounds")
+    removed_count: int
+    served: list[ServedEntryOut] | None
+    served_first: int
+    served_count: int
+    history_since: float
+
+
 class ChangesOut(Schema):
     since: int
     version: int

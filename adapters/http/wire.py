@@ -27,6 +27,7 @@ from radixtop.adapters.model import (
     Diagnosis,
     EvictResultView,
     FlushResultView,
+    HistoryPage,
     MatchView,
     NodeDetail,
     PathsView,
@@ -241,6 +242,19 @@ def session_why_from_dict(d: dict[str, Any], session_id: str | None = None) -> S
     for loss in view.lost:
         if loss.tokens < loss.nodes or loss.nodes < 1 or loss.tokens > view.lost_tokens.get(loss.cause, 0):
             raise WireError(f"a loss of {loss.tokens} tokens in {loss.nodes} nodes: not an answer")
+    return view
+
+
+def history_page_from_dict(d: dict[str, Any], after: int, served_after: int) -> HistoryPage:
+    """A page of the journal, its numbers checked: in order, from past the reader's place, within
+    the count."""
+    view = from_wire(HistoryPage, d)
+    for what, items, first, count, place in (("removed", view.removed, view.removed_first, view.removed_count, after),
+                                             ("served", view.served or (), view.served_first, view.served_count,
+                                              served_after)):
+        seqs = [item.seq for item in items]
+        if seqs != list(range(first, first + len(seqs))) or (seqs and (first <= place or seqs[-1] > count)):
+            raise WireError(f"{what} numbered {seqs[:1]}..{seqs[-1:]} after {place} of {count}: not a page")
     return view
 
 

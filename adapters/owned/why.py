@@ -3,19 +3,24 @@ cached path read from the live tree, then what of the rest was cached before (is
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixtop.adapters.model import (
+    MAX_HISTORY_PAGE_TOKENS,
     MAX_LOSSES_SHOWN,
     MAX_SERVED_SHOWN,
+    GhostView,
+    HistoryPage,
     LossView,
     LostView,
+    ServedEntry,
     ServedView,
     SessionWhyView,
     WhyView,
 )
-from radixtop.gpu_backend.history import CacheHistory, Ghost, Lost
+from radixtop.gpu_backend.history import ROOT, CacheHistory, Ghost, Lost
 
 
 def lost_view(lost: Lost) -> LostView:
@@ -89,3 +94,27 @@ def answer_session(session_id: str, story: tuple[Any, ...], known: Callable[[str
     if not view.requests_kept and not view.lost:
         known(session_id)
     return view
+
+
+def journal_read(history: CacheHistory, after: int, served_after: int, limit: int) -> tuple[Any, ...]:
+    """The owner thread's part of a page of the journal: C-speed copies (``history_page``)."""
+    return (history.epoch, *history.page(after, limit, served_after), history.removed_count,
+            history.served_count, history.reaches_back_to())
+
+
+def history_page(read: tuple[Any, ...]) -> HistoryPage:
+    """A ``journal_read`` as a view, off the owner thread; its removals cut at
+    ``MAX_HISTORY_PAGE_TOKENS`` tokens (one node at least)."""
+    epoch, ghosts, first, served, served_first, count, served_count, since = read
+    views, tokens = [], 0
+    for seq, g in enumerate(ghosts, first):
+        tokens += g.length
+        if views and tokens > MAX_HISTORY_PAGE_TOKENS:
+            break
+        protected, capacity = g.pool if g.pool is not None else (None, None)
+        views.append(GhostView(seq, g.at, g.cause, g.node_id, None if g.parent_id == ROOT else g.parent_id,  # type: ignore[arg-type]
+                               tuple(array("q", g.tokens)), g.session_id, g.holders, protected, capacity, g.who))
+    return HistoryPage(
+        epoch, tuple(views), first, count,
+        None if served is None else tuple(ServedEntry(seq, *r) for seq, r in enumerate(served, served_first)),
+        served_first, served_count, since)

@@ -27,6 +27,7 @@ from radixtop.adapters.base import (
     CacheAdapter,
     check_chain_limit,
     check_child_order,
+    check_history_read,
     check_page,
     check_paths,
     check_query,
@@ -44,6 +45,7 @@ from radixtop.adapters.errors import (
 )
 from radixtop.adapters.model import (
     FIRST_TOKENS,
+    MAX_HISTORY_PAGE,
     ROOT_ID,
     Bucket,
     Capabilities,
@@ -56,6 +58,7 @@ from radixtop.adapters.model import (
     EvictResultView,
     FlushResultView,
     Geometry,
+    HistoryPage,
     KeptNodeView,
     MatchView,
     NodeDetail,
@@ -70,7 +73,7 @@ from radixtop.adapters.model import (
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only, smallest_in_steps
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import answer_session, live_path, session_story, why_view
+from radixtop.adapters.owned.why import answer_session, history_page, journal_read, live_path, session_story, why_view
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.roster import OpenSessions
@@ -556,6 +559,13 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             return super().why_session(session_id)
         self._need_tree()
         return answer_session(session_id, self._call(lambda: session_story(history)), self.session)
+
+    def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
+        history = getattr(self.cache, "history", None)
+        if history is None:
+            return super().history(after, served_after, limit)
+        check_history_read(after, served_after, limit)
+        return history_page(self._call(lambda: journal_read(history, after, served_after, limit)))
 
     def changes(self, since: int) -> Changes:
         raise Unsupported("SGLang keeps no change journal; read the pages again")

@@ -175,6 +175,21 @@ def test_a_sessions_story_with_figures_that_do_not_add_up_is_refused():
         session_why_from_dict(good, "t")
 
 
+def test_a_history_page_numbered_out_of_order_or_from_before_the_readers_place_is_refused():
+    from radixtop.adapters.http.wire import history_page_from_dict
+
+    ghost = {"seq": 5, "at": 1.0, "cause": "evicted", "node_id": 9, "parent_id": None, "tokens": [1, 2],
+             "session_id": None, "holders": [], "protected_tokens": 0, "capacity_tokens": 64, "who": ""}
+    good = {"epoch": "e", "removed": [ghost, {**ghost, "seq": 6}], "removed_first": 5, "removed_count": 6,
+            "served": None, "served_first": 1, "served_count": 0, "history_since": 0.0}
+    assert [g.seq for g in history_page_from_dict(good, 4, 0).removed] == [5, 6]
+    assert history_page_from_dict(good, 2, 0).removed_first == 5  # (3 and 4 dropped by the bounds: a gap)
+    for bad, after in (({"removed": [ghost, ghost]}, 4), ({}, 5), ({"removed_count": 5}, 4),
+                       ({"removed_first": 4}, 3), ({"removed": [{**ghost, "tokens": ["x"]}]}, 4)):
+        with pytest.raises(WireError):
+            history_page_from_dict({**good, **bad}, after, 0)
+
+
 def test_stats_floats_and_bools_are_checked():
     engine = build_engine()
     try:

@@ -10,6 +10,7 @@ radixtop wakes the scheduler for its requests.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -180,7 +181,7 @@ def test_evictions_equal_sglangs_counter(server, client, driven):
     assert st.evicted_tokens == m["sglang:evicted_tokens_total"]
 
 
-def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven):
+def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, tmp_path):
     """Issue 29 on the real server: a prompt served, then a flood of other prompts that makes
     SGLang evict for room; ``why`` names that eviction, with the pool's figures then. Kept in
     radixtop's process beside the scheduler (from the probe's records: 0.5.16's tree, 0.5.23's
@@ -207,6 +208,20 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven):
         assert lost.capacity_tokens == st.capacity_tokens and 0 <= lost.protected_tokens <= st.capacity_tokens
     print(f"\nradixtop why <a prompt of {w.query_tokens} tokens, then a flood> (sglang {VERSION}):")
     print("\n".join(why_lines(w, time.time())))
+    # radixtop record --kept: the same evictions in the journal, the prompt's tokens in them
+    path = tmp_path / "flood.jsonl"
+    done = subprocess.run([sys.executable, "-m", "radixtop.cli.main", "record", str(path), "--for", "0s", "--kept",
+                           "--url", server.admin_url], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RADIXTOP_TOKEN": server.token})
+    assert done.returncode == 0, done.stderr
+    removed = {r["node_id"]: r for r in (json.loads(line).get("removed") for line in path.read_text().splitlines()) if r}
+    for lost in w.lost:
+        ghost = removed[lost.node_id]
+        assert (ghost["cause"], ghost["at"]) == ("evicted", lost.at)
+        piece, held = prompt[lost.start:lost.end], ghost["tokens"]
+        assert any(held[i:i + len(piece)] == piece for i in range(len(held) - len(piece) + 1)), lost
+    assert "requests not told by this target" in done.stdout  # (beside: not in the probe's records)
+    print(done.stdout.strip())
 
 
 def test_prompt_and_cached_tokens_equal_sglangs_counters(server, client, driven):

@@ -22,6 +22,7 @@ from radixtop.adapters.base import (
     MAX_CHAIN,
     MAX_CONTAINS,
     MAX_DEPTH,
+    MAX_HISTORY_PAGE,
     MAX_PAGE,
     MAX_PATHS,
     MAX_READS,
@@ -47,6 +48,7 @@ from radixtop.adapters.http.schemas import (
     DiagnosisOut,
     EncodeOut,
     HealthOut,
+    HistoryPageOut,
     MatchOut,
     NodeDetailOut,
     PathsOut,
@@ -196,6 +198,18 @@ def why(adapter: Adapter, tokens: str = Query("", description="comma-separated t
             raise BadRequest("give tokens or session, not both")
         return json_response(call(adapter.why_session, session))
     return json_response(call(adapter.why, parse_tokens(tokens)))
+
+
+@router.get("/v1/history", response_model=HistoryPageOut,
+            summary="The history of the tree as a journal, from a reader's place: the nodes that left it, "
+                    "and sessions' requests (radixtop record)",
+            responses=documented(429, 422, 501, *TARGET_ERRORS))
+def history(adapter: Adapter,
+            after: int = Query(0, ge=0, le=MAX_ID, description="the last removal read (0: from the first kept)"),
+            served_after: int = Query(0, ge=0, le=MAX_ID, description="the last request read"),
+            limit: int = Query(MAX_HISTORY_PAGE, ge=1, le=MAX_HISTORY_PAGE,
+                               description=f"at most this many of each (1-{MAX_HISTORY_PAGE})")) -> Response:
+    return json_response(call(adapter.history, after, served_after, limit))
 
 
 @router.get("/v1/encode", response_model=EncodeOut,

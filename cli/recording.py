@@ -1,0 +1,360 @@
+"""A recording of a target's history (issue 29's flight recorder, written to disk): what
+``radixtop record`` and ``serve --record`` write, and ``radixtop diff`` reads.
+
+One JSON object a line (a file only its owner reads: it holds prompts' token ids):
+
+* ``{"recording": 1, "radixtop": VERSION, "target": NAME, "started_at": T, "capacity_tokens": N,
+  "bytes_per_token": N}``: the first line;
+* ``{"moment": {"at": T, "stats": {...}, "sessions": [...] | null}}``: the target's figures (its
+  ``Stats``) and its sessions with the most exclusive memory (at most ``MOMENT_SESSIONS``: id,
+  state, exclusive and shared bytes, tagged nodes, locked tokens), every ``--every`` seconds, and
+  at the start and the end;
+* ``{"removed": {...}}``: a node that left the tree (the history's ``GhostView``: when, why, its
+  tokens, its holders, the pool then, who);
+* ``{"served": {...}}``: a request of a session (when, its prompt's tokens, its hit);
+* ``{"gap": {"at": T, "reason": "..."}}``: what is missing from here back to the line before (the
+  target down, restarted, or the history's bounds dropped some before they were read);
+* ``{"end": {"at": T, "reason": "..."}}``: the last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from radixtop.adapters.base import CacheAdapter
+from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unsupported
+
+RECORDING = 1
+MOMENT_SESSIONS = 100
+"""Sessions a moment keeps: those with the most exclusive memory."""
+SESSION_FIELDS = ("id", "state", "exclusive_bytes", "shared_bytes", "tagged_nodes", "locked_tokens")
+POLL_S = 1.0
+"""Seconds between reads of the journal once caught up."""
+MAX_LINE = 64 << 20
+"""A recording's line is at most this long (a node's tokens as JSON); past it, the file is refused."""
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``2h`` as seconds (ValueError in one line otherwise)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:], None)
+    number = raw[:-1] if scale else raw
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 10m, 2h)") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 10m, 2h)")
+    return seconds
+
+
+def create_private(path: Path) -> IO[str]:
+    """``path`` created new, readable by its owner only (a recording holds prompts' token ids);
+    FileExistsError where it exists (a recording is never overwritten)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
+@dataclass
+class Recorded:
+    """What a recording run wrote, for its summary line."""
+
+    removed: int = 0
+    removed_tokens: int = 0
+    served: int | None = 0
+    """None: the target does not tell its requests."""
+    moments: int = 0
+    gaps: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+class Recorder:
+    """Reads ``adapter``'s journal from its place, writes each removal and request as it comes and
+    a moment every ``every`` seconds, until ``until`` (a ``clock()`` time), ``stop()`` or
+    ``max_bytes``. A target that goes down or restarts is a gap, and the recording goes on."""
+
+    def __init__(self, adapter: CacheAdapter, out: IO[str], until: float, every: float = 10.0,
+                 max_bytes: int = 256 << 20, kept: bool = False, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.adapter, self.out = adapter, out
+        self.until, self.every, self.max_bytes, self.kept = until, every, max_bytes, kept
+        self.clock, self.sleep = clock, sleep
+        self.done = Recorded()
+        self.written = 0
+        self._stopped = False
+        self._epoch: str | None = None
+        self._after = self._served_after = 0
+        self._down: str | None = None
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+        self.out.write(text)
+        self.written += len(text)
+
+    def run(self, version: str = "") -> Recorded:
+        stats = self.adapter.stats()
+        self._line({"recording": RECORDING, "radixtop": version, "target": stats.target, "started_at": time.time(),
+                    "capacity_tokens": stats.capacity_tokens, "bytes_per_token": stats.bytes_per_token})
+        first = self.adapter.history(0, 0, 1)  # (Unsupported here: nothing to record, said at once)
+        self._epoch = first.epoch
+        if not self.kept:
+            self._after, self._served_after = first.removed_count, first.served_count
+        self._moment()
+        next_moment = self.clock() + self.every
+        reason = "the time asked for is up"
+        try:
+            while not self._stopped:
+                caught_up = self._read()
+                if self.written > self.max_bytes:
+                    reason = f"the recording reached its bound ({self.max_bytes:,} bytes)"
+                    break
+                now = self.clock()
+                if now >= next_moment:
+                    self._moment()
+                    next_moment = now + self.every
+                if now >= self.until:
+                    break
+                if caught_up:
+                    self.sleep(min(POLL_S, max(0.0, self.until - now)))
+            else:
+                reason = "stopped"
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        except AdapterError as exc:  # (down and restarts are gaps: this is the target refusing)
+            reason = f"the target answered: {exc.message}"
+        self._moment()
+        self._line({"end": {"at": time.time(), "reason": reason}})
+        self.out.flush()
+        self.done.reason = reason
+        return self.done
+
+    def _gap(self, reason: str) -> None:
+        self.done.gaps.append(reason)
+        self._line({"gap": {"at": time.time(), "reason": reason}})
+
+    def _read(self) -> bool:
+        """One page of the journal written; True when it was the last for now."""
+        try:
+            page = self.adapter.history(self._after, self._served_after)
+        except (TargetUnreachable, TargetTimeout) as exc:
+            if self._down is None:
+                self._down = exc.message
+                self._gap(f"the target is down: {exc.message}")
+            return True
+        if self._down is not None:
+            self._down = None
+            self._line({"gap": {"at": time.time(), "reason": "the target is back"}})
+        if page.epoch != self._epoch:
+            self._epoch, self._after, self._served_after = page.epoch, 0, 0
+            self._gap("the target's history started again (a restart): what left meanwhile is not known")
+            return False
+        if page.removed and page.removed_first > self._after + 1:
+            self._gap(f"{page.removed_first - self._after - 1:,} removals were dropped by the target's history "
+                      "bounds before they were read")
+        for ghost in page.removed:
+            self._line({"removed": ghost.to_dict()})
+            self.done.removed += 1
+            self.done.removed_tokens += len(ghost.tokens)
+        if page.served is None:
+            self.done.served = None
+        for entry in page.served or ():
+            self._line({"served": entry.to_dict()})
+            self.done.served = (self.done.served or 0) + 1
+        if page.removed:
+            self._after = page.removed[-1].seq
+        if page.served:
+            self._served_after = page.served[-1].seq
+        return self._after >= page.removed_count and self._served_after >= page.served_count
+
+    def _moment(self) -> None:
+        try:
+            stats = self.adapter.stats()
+        except (TargetUnreachable, TargetTimeout):
+            return
+        try:
+            page = self.adapter.sessions("exclusive_bytes", 0, MOMENT_SESSIONS)
+            sessions: list[dict[str, Any]] | None = [
+                {name: getattr(row, name) for name in SESSION_FIELDS} for row in page.sessions]
+        except (Unsupported, TargetUnreachable, TargetTimeout):
+            sessions = None
+        except AdapterError:
+            sessions = None
+        self._line({"moment": {"at": time.time(), "stats": stats.to_dict(), "sessions": sessions}})
+        self.done.moments += 1
+
+
+# ----- reading one -----
+
+
+@dataclass
+class Recording:
+    path: Path
+    header: dict[str, Any]
+    moments: list[dict[str, Any]] = field(default_factory=list)
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    served: list[dict[str, Any]] = field(default_factory=list)
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+
+
+class RecordingError(ValueError):
+    pass
+
+
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    n = 0
+    while True:
+        line = stream.readline(MAX_LINE + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_LINE:
+            raise RecordingError(f"line {n}: longer than {MAX_LINE:,} bytes: not a recording")
+        yield n, line
+
+
+def read_recording(path: Path) -> Recording:
+    """A recording, every line checked: RecordingError in one line (its number) where one is not
+    a recording's."""
+    with open(path, "rb") as stream:
+        recording: Recording | None = None
+        for n, line in _lines(stream):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise RecordingError(f"{path}: line {n} is not JSON: not a recording") from None
+            if not isinstance(obj, dict) or len(obj) != 1 and recording is not None:
+                raise RecordingError(f"{path}: line {n} is not a recording's line")
+            if recording is None:
+                if obj.get("recording") != RECORDING:
+                    raise RecordingError(f"{path}: not a radixtop recording (its first line has no 'recording': 1)")
+                recording = Recording(path, obj)
+                continue
+            ((kind, value),) = obj.items()
+            if not isinstance(value, dict) or not _number(value.get("at")):
+                raise RecordingError(f"{path}: line {n}: a {kind!r} line without its moment ('at')")
+            if kind == "moment":
+                if not isinstance(value.get("stats"), dict):
+                    raise RecordingError(f"{path}: line {n}: a moment without its figures")
+                recording.moments.append(value)
+            elif kind == "removed":
+                if not isinstance(value.get("tokens"), list) or value.get("cause") not in CAUSES:
+                    raise RecordingError(f"{path}: line {n}: a removal without its tokens or cause")
+                recording.removed.append(value)
+            elif kind == "served":
+                recording.served.append(value)
+            elif kind == "gap":
+                recording.gaps.append(value)
+            elif kind == "end":
+                recording.end = value
+            else:
+                raise RecordingError(f"{path}: line {n}: unknown line {kind!r}")
+        if recording is None:
+            raise RecordingError(f"{path}: empty: not a recording")
+        if not recording.moments:
+            raise RecordingError(f"{path}: no moment recorded")
+        return recording
+
+
+CAUSES = ("evicted", "closed", "flushed", "evict_action")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+# ----- two moments compared -----
+
+FIGURES = ("available_tokens", "evictable_tokens", "protected_tokens", "unevictable_tokens", "node_count",
+           "open_sessions", "evicted_tokens", "freed_by_close_tokens", "prompt_tokens", "cached_tokens")
+"""The figures a diff compares (each moment's ``Stats``)."""
+TOP = 10
+
+
+def moment_at(recording: Recording, offset: float | None, last: bool) -> dict[str, Any]:
+    """The recording's last moment at or before ``offset`` seconds from its start (None: its first,
+    or its last where ``last``)."""
+    moments = recording.moments
+    if offset is None:
+        return moments[-1] if last else moments[0]
+    start = recording.header.get("started_at", moments[0]["at"])
+    at = start + offset
+    ends = recording.end["at"] if recording.end else moments[-1]["at"]
+    if at > ends:
+        raise RecordingError(f"{recording.path}: it ends {ends - start:.0f}s after its start, before {offset:g}s")
+    before = [m for m in moments if m["at"] <= at]
+    if not before:
+        raise RecordingError(f"{recording.path}: no moment by {offset:g}s from its start (its first is at "
+                             f"{moments[0]['at'] - recording.header.get('started_at', moments[0]['at']):.0f}s)")
+    return before[-1]
+
+
+def diff(a: Recording, b: Recording | None, start: float | None, stop: float | None) -> dict[str, Any]:
+    """From a moment of ``a`` to a later one (of ``b`` where given, else of ``a``): its figures
+    then and after, the sessions that grew, came and went, and what left the tree in between, by
+    cause and by session."""
+    m1 = moment_at(a, start, last=b is not None and start is None)
+    m2 = moment_at(b or a, stop, last=True)
+    t1, t2 = m1["at"], m2["at"]
+    if t2 < t1:
+        raise RecordingError("the second moment is before the first: give the earlier recording first")
+    figures = {}
+    for name in FIGURES:
+        x, y = m1["stats"].get(name), m2["stats"].get(name)
+        figures[name] = {"from": x, "to": y, "change": None if x is None or y is None else y - x}
+    s1 = {row["id"]: row for row in m1.get("sessions") or ()}
+    s2 = {row["id"]: row for row in m2.get("sessions") or ()}
+    sessions_known = m1.get("sessions") is not None and m2.get("sessions") is not None
+    grew = sorted(((sid, s2[sid]["exclusive_bytes"] - s1[sid]["exclusive_bytes"]) for sid in s1.keys() & s2.keys()),
+                  key=lambda item: (-abs(item[1]), item[0]))
+    removed = [r for r in _unique(a.removed + (b.removed if b else [])) if t1 < r["at"] <= t2]
+    by_cause: dict[str, dict[str, int]] = {}
+    by_session: dict[str, dict[str, int]] = {}
+    for r in removed:
+        n = len(r["tokens"])
+        cause = by_cause.setdefault(r["cause"], {"nodes": 0, "tokens": 0})
+        cause["nodes"] += 1
+        cause["tokens"] += n
+        owners = set(r.get("holders") or ())
+        if r["cause"] == "closed" and r.get("session_id"):
+            owners.add(r["session_id"])
+        for sid in owners:
+            mine = by_session.setdefault(sid, {})
+            mine[r["cause"]] = mine.get(r["cause"], 0) + n
+    gaps = [g for g in a.gaps + (b.gaps if b else []) if t1 < g["at"] <= t2]
+    if b is not None and a.end is not None and b.header.get("started_at", t2) > a.end["at"]:
+        gaps.append({"at": a.end["at"], "reason": "between the two recordings nothing was recorded"})
+    bpt = m2["stats"].get("bytes_per_token") or 0
+    return {
+        "from": t1, "to": t2, "bytes_per_token": bpt, "figures": figures,
+        "sessions": None if not sessions_known else {
+            "grew": [{"id": sid, "exclusive_bytes_change": change} for sid, change in grew if change][:TOP],
+            "new": sorted(s2.keys() - s1.keys())[:TOP], "gone": sorted(s1.keys() - s2.keys())[:TOP],
+            "new_count": len(s2.keys() - s1.keys()), "gone_count": len(s1.keys() - s2.keys())},
+        "left": {"nodes": len(removed), "tokens": sum(len(r["tokens"]) for r in removed), "by_cause": by_cause,
+                 "by_session": [{"id": sid, "tokens": sum(c.values()), "by_cause": c} for sid, c in
+                                sorted(by_session.items(), key=lambda item: (-sum(item[1].values()), item[0]))][:TOP]},
+        "gaps": [{"at": g["at"], "reason": g["reason"]} for g in gaps],
+    }
+
+
+def _unique(removed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Removals once each (two recordings of one run may overlap), by their moment and node."""
+    seen: set[tuple[Any, Any]] = set()
+    out = []
+    for r in removed:
+        key = (r["at"], r.get("node_id"))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out

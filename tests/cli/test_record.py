@@ -1,0 +1,189 @@
+"""``radixtop record`` and ``radixtop diff`` (issue 29's flight recorder on disk) against a real
+admin API server: what the engine did while it recorded is in the file, once each; a server that
+goes down and comes back as a new one is a gap, and the recording goes on; ``serve --record``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.adapters.http.server import create_app
+from radixtop.adapters.http.server.audit import AuditLog
+from radixtop.cli.main import app
+from tests.support.engines import build_engine
+from tests.support.live_server import free_port, running_server, wait_for_serve
+
+TOKEN = "record-test-token"
+
+
+def run(url: str, *args: str):
+    return CliRunner().invoke(app, list(args), env={"RADIXTOP_URL": url, "RADIXTOP_TOKEN": TOKEN})
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def of(kind: str, recorded: list[dict]) -> list[dict]:
+    return [line[kind] for line in recorded if kind in line]
+
+
+@pytest.fixture
+def engine():
+    e = build_engine()
+    yield e
+    e.stop()
+
+
+def test_a_recording_holds_each_removal_and_request_made_while_it_ran_once(engine, tmp_path):
+    path = tmp_path / "r.jsonl"
+    done: dict = {}
+
+    done["history"] = engine.call(lambda s: s.cache.history)
+
+    def act() -> None:
+        time.sleep(1.0)
+        done["close"] = engine.call(lambda s: s.close_session("a"))
+        done["evict"] = engine.call(lambda s: s.evict_asked(1 << 20, "the test"))
+        engine.call(lambda s: s.request("t1", [1, 2, 3, 4, 60], [61], "b"))
+
+    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
+        worker = threading.Thread(target=act)
+        worker.start()
+        result = run(url, "record", str(path), "--for", "3s", "--every", "1s")
+        worker.join()
+        assert result.exit_code == 0, result.output
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # (prompts' token ids)
+        again = run(url, "record", str(path), "--for", "1s")
+        assert again.exit_code == 2 and "never overwritten" in again.output
+        engine.call(lambda s: setattr(s.cache, "history", None))  # (a target that keeps none)
+        none = run(url, "record", str(tmp_path / "none.jsonl"), "--for", "1s")
+        assert none.exit_code == 1 and "keeps no history" in none.output and not (tmp_path / "none.jsonl").exists()
+        engine.call(lambda s: setattr(s.cache, "history", done["history"]))
+    recorded = lines(path)
+    assert recorded[0]["recording"] == 1 and recorded[0]["capacity_tokens"] == 256 and "end" in recorded[-1]
+    removed = of("removed", recorded)
+    assert [r["seq"] for r in removed] == list(range(removed[0]["seq"], removed[0]["seq"] + len(removed)))
+    by_cause: dict[str, int] = {}
+    for r in removed:
+        by_cause[r["cause"]] = by_cause.get(r["cause"], 0) + len(r["tokens"])
+    # (the close of "gone" before the recording started is not in it: from now on, by default)
+    assert by_cause == {"closed": done["close"].freed_tokens, "evict_action": done["evict"].num_tokens_evicted}
+    assert {r["session_id"] for r in removed if r["cause"] == "closed"} == {"a"}
+    assert of("served", recorded) == [{"seq": 7, "at": of("served", recorded)[0]["at"], "session_id": "b",
+                                       "prompt_tokens": 5, "cached_tokens": 4}]  # (6 sessioned before it)
+    assert len(of("moment", recorded)) >= 3 and not of("gap", recorded)
+    assert f"recorded {len(removed)} removals" in result.output and "the time asked for is up" in result.output
+
+    # diff: the figures from the first moment to the last, and what left in between, by cause and session
+    d = json.loads(run(url, "diff", str(path), "--json").stdout)
+    assert d["left"]["by_cause"] == {cause: {"nodes": sum(1 for r in removed if r["cause"] == cause), "tokens": n}
+                                     for cause, n in by_cause.items()}
+    assert d["figures"]["evicted_tokens"]["change"] == done["evict"].num_tokens_evicted
+    assert {row["id"]: row["by_cause"] for row in d["left"]["by_session"]}["a"]["closed"] == done["close"].freed_tokens
+    text = run(url, "diff", str(path)).stdout
+    assert f"left the tree: {sum(by_cause.values()):,} tokens" in text and "session a:" in text
+
+
+def test_kept_starts_with_what_the_history_already_holds_and_a_bound_that_dropped_some_is_a_gap(engine, tmp_path):
+    engine.call(lambda s: setattr(s.cache.history, "most_bytes", 0))  # keeps none: the next close drops all
+    engine.call(lambda s: s.close_session("b"))
+    engine.call(lambda s: setattr(s.cache.history, "most_bytes", 1 << 20))
+    engine.call(lambda s: s.evict_asked(1, "the test"))
+    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
+        path = tmp_path / "kept.jsonl"
+        assert run(url, "record", str(path), "--for", "0s", "--kept").exit_code == 0
+    recorded = lines(path)
+    # the closes of "gone" and "b" were dropped by the bound before the recording read them
+    assert [(r["cause"], r["seq"]) for r in of("removed", recorded)] == [("evict_action", 3)]
+    (gap,) = of("gap", recorded)
+    assert "dropped by the target's history bounds" in gap["reason"]
+
+
+def test_a_target_that_goes_down_and_comes_back_new_is_a_gap_and_the_recording_goes_on(tmp_path):
+    port = free_port()
+    path = tmp_path / "restart.jsonl"
+    first, second = build_engine(), build_engine()
+    up = threading.Event()
+    try:
+        def restart() -> None:
+            with running_server(create_app(BundledAdapter(first), TOKEN, AuditLog(None)), port=port):
+                up.set()
+                time.sleep(1.5)
+                first.call(lambda s: s.close_session("a"))
+                time.sleep(1.0)
+            time.sleep(1.5)  # down
+            with running_server(create_app(BundledAdapter(second), TOKEN, AuditLog(None)), port=port):
+                time.sleep(1.0)
+                second.call(lambda s: s.close_session("b"))
+                time.sleep(2.0)
+
+        server = threading.Thread(target=restart)
+        server.start()
+        assert up.wait(10)
+        result = run(f"http://127.0.0.1:{port}", "record", str(path), "--for", "6s", "--every", "1s", "--timeout", "1")
+        server.join()
+    finally:
+        first.stop()
+        second.stop()
+    assert result.exit_code == 0, result.output
+    recorded = lines(path)
+    reasons = [g["reason"] for g in of("gap", recorded)]
+    assert reasons[0].startswith("the target is down") and "the target is back" in reasons
+    assert any("started again (a restart)" in r for r in reasons), reasons
+    # both servers' closes are there; the second's whole history, numbered from 1 again (its setup
+    # closed "gone": the first's, from before the recording began, is not)
+    closes = [(r["session_id"], r["seq"]) for r in of("removed", recorded) if r["cause"] == "closed"]
+    assert [sid for sid, _ in closes] == ["a", "gone", "b"] and closes[1][1] == 1
+    assert "gap" in result.output
+
+
+def test_diff_of_two_recordings_and_a_file_that_is_not_one(engine, tmp_path):
+    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
+        a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        assert run(url, "record", str(a), "--for", "0s").exit_code == 0
+        engine.call(lambda s: s.close_session("b"))
+        assert run(url, "record", str(b), "--for", "0s", "--kept").exit_code == 0
+        d = json.loads(run(url, "diff", str(a), str(b), "--json").stdout)
+        # from a's end to b's: b's close (b keeps "gone"'s too, from before a: not in between)
+        assert d["left"]["by_cause"] == {"closed": {"nodes": 1, "tokens": 3}} and [g["reason"] for g in d["gaps"]] == [
+            "between the two recordings nothing was recorded"]
+        assert d["figures"]["open_sessions"]["change"] == -1
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"recording": 1}\n{"moment": {"at": "x"}}\n')
+        out = run(url, "diff", str(bad))
+        assert out.exit_code == 1 and "line 2" in out.output and "\n" not in out.output.strip()
+        assert run(url, "diff", str(a), "--from", "1h").exit_code == 1
+        assert run(url, "diff", str(a), "--from", "soon").exit_code == 2
+        assert run(url, "diff", str(tmp_path / "none.jsonl")).exit_code == 1
+
+
+def test_serve_record_writes_its_own_history_while_it_serves(tmp_path):
+    port, path = free_port(), tmp_path / "serve.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "radixtop.cli.main", "serve", "--port", str(port), "--record",
+                             str(path), "--arrival-rate", "40", "--sessions", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_serve(proc, f"http://127.0.0.1:{port}", "serve --record")
+        deadline = time.monotonic() + 60
+        while not path.exists() or '"served"' not in path.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "nothing recorded"
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    recorded = lines(path)
+    assert recorded[0]["recording"] == 1 and "end" in recorded[-1], out
+    assert of("served", recorded) and of("moment", recorded)
+    exists = subprocess.run([sys.executable, "-m", "radixtop.cli.main", "serve", "--port", str(free_port()),
+                             "--record", str(path)], capture_output=True, text=True, timeout=60)
+    assert exists.returncode == 2 and "never overwritten" in exists.stderr
