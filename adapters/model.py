@@ -433,6 +433,9 @@ class WhyView(_View):
     history_since: float
     """Every removal since this moment (seconds since the epoch) is kept; what left before it is
     not known."""
+    lost_unit: Literal["node", "block"] = "node"
+    """What a lost run's ``node_id`` names: a node of the tree, or (a KV-event stream's tree) a
+    block, by its hash."""
 
 
 @dataclass(frozen=True)

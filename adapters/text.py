@@ -225,7 +225,7 @@ def when(at: float, now: float) -> str:
     return f"{_time.strftime('%H:%M:%S', _time.localtime(at))} ({age(max(0.0, now - at))} ago)"
 
 
-def lost_line(lost: Any, now: float, end: int | None = None, nodes: int = 1) -> str:
+def lost_line(lost: Any, now: float, end: int | None = None, nodes: int = 1, unit: str = "node") -> str:
     """One ``LostView`` as a line: which tokens, and when and why they left (``end``, ``nodes``:
     the run it starts, of that many nodes gone the same way)."""
     end = lost.end if end is None else end
@@ -233,7 +233,10 @@ def lost_line(lost: Any, now: float, end: int | None = None, nodes: int = 1) -> 
     why = _left(lost, when(lost.at, now))
     held = f"; held by {', '.join(map(inert, lost.holders[:3]))}{'…' if len(lost.holders) > 3 else ''}" \
         if lost.holders else ""
-    what = f"node #{lost.node_id}" if nodes == 1 else f"{nodes} nodes from #{lost.node_id}"
+    if unit == "block":
+        what = f"block {lost.node_id:#x}" if nodes == 1 else f"{nodes} blocks from {lost.node_id:#x}"
+    else:
+        what = f"node #{lost.node_id}" if nodes == 1 else f"{nodes} nodes from #{lost.node_id}"
     return f"{span}: {what}, {why}{held}"
 
 
@@ -315,7 +318,7 @@ def why_lines(w: Any, now: float) -> list[str]:
     if w.cached_tokens >= w.query_tokens:
         return lines
     lines[0] += f"; the prompt leaves the cached path at token {w.diverges_at:,} ({where})"
-    lines.extend(lost_line(first, now, end, nodes) for first, end, nodes in _runs(w.lost))
+    lines.extend(lost_line(first, now, end, nodes, w.lost_unit) for first, end, nodes in _runs(w.lost))
     since = when(w.history_since, now)
     rest = w.query_tokens - w.cached_tokens - sum(lost.end - lost.start for lost in w.lost)
     if not w.lost:

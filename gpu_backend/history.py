@@ -245,7 +245,9 @@ class CacheHistory:
                 continue
             rest, first = q[pos << 3:], query[pos]
             for node_id in ids:
-                for ghost in self._under.get(_slot(node_id, first), ()):
+                # newest first: an id that left several times (a block's hash names its content,
+                # stored and removed again) answers with its last leaving
+                for ghost in reversed(self._under.get(_slot(node_id, first), ())):
                     if ghost.node_id in seen:
                         continue
                     same = _same_prefix(ghost.tokens, rest)

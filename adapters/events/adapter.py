@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from radixtop.adapters.base import (
     CacheAdapter,
     check_child_order,
+    check_history_read,
     check_page,
     check_paths,
     check_query,
@@ -39,6 +40,7 @@ from radixtop.adapters.events.block_tree import BlockNode, BlockTree
 from radixtop.adapters.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.model import (
     FIRST_TOKENS,
+    MAX_HISTORY_PAGE,
     MEDIUM_TIERS,
     ROOT_ID,
     Capabilities,
@@ -49,6 +51,7 @@ from radixtop.adapters.model import (
     EvictResultView,
     FlushResultView,
     Geometry,
+    HistoryPage,
     MatchView,
     NodeDetail,
     NodeView,
@@ -56,10 +59,14 @@ from radixtop.adapters.model import (
     SessionDetail,
     SessionsPage,
     SessionView,
+    SessionWhyView,
     Stats,
+    WhyView,
 )
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
+from radixtop.adapters.owned.why import answer_session, history_page, journal_read, session_story, why_view
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
+from radixtop.gpu_backend.history import CacheHistory
 from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.slices import run_to_end
 
@@ -141,7 +148,13 @@ class EventTreeAdapter(CacheAdapter):
         """Tokens each other tier holds, kept as its blocks come and go (a poll sums nothing)."""
         self.tokenizer = tokenizer
         self._lock = threading.Condition()
-        self._tree = BlockTree()
+        self._batch_ts: float | None = None
+        """The moment of the batch being applied (its ``ts``: when the engine made it), the
+        history's clock: a removal is kept at the time it happened, however late it is read."""
+        history = None
+        if self.removals_are is not None:
+            history = CacheHistory(clock=lambda: time.time() if self._batch_ts is None else self._batch_ts)
+        self._tree = BlockTree(history)
         self._counts: Counter[str] = Counter()
         self._unknown: Counter[str] = Counter()
         self._last_seq = -1
@@ -160,6 +173,13 @@ class EventTreeAdapter(CacheAdapter):
         self._orders: SessionOrders | None = None
         """The sessions in order, over the tree's ledger (made again when the tree is cleared)."""
 
+    removals_are: str | None = None
+    """Why a ``BlockRemoved`` happens where the stream's engine tells no other way (``history``'s
+    cause: vLLM's ``evicted``); None where it may mean several (SGLang's: an eviction for room or a
+    session's close): no history is kept, and ``why`` says so."""
+    no_history = ("SGLang's KV events do not say why a block left (an eviction for room or a session's close): "
+                  "radixtop keeps no history of this stream (run the plugin beside SGLang's scheduler for why)")
+
     source = "rebuilt from KV events"
     """How the tree is known, for the capabilities' reason."""
 
@@ -170,6 +190,8 @@ class EventTreeAdapter(CacheAdapter):
     def _restart(self) -> None:
         with self._lock:
             self._tree.clear(time.time())
+            if self._tree.history is not None:
+                self._tree.history.gap()  # (what left while the stream was away is not known)
             self._tiers.clear()
             self._tier_tokens.clear()
             self._counts["restarts"] += 1
@@ -215,6 +237,7 @@ class EventTreeAdapter(CacheAdapter):
 
     def _apply_decoded(self, seq: int, batch: Batch) -> None:
         with self._lock:
+            self._batch_ts = batch.ts
             for event in batch.events:
                 if not isinstance(event, Cleared) and event.medium not in (None, self.medium):
                     self._counts["skipped_medium_events"] += 1
@@ -439,6 +462,36 @@ class EventTreeAdapter(CacheAdapter):
         return MatchView(len(tokens), found.matched, found.node.id,
                          found.partial.id if found.partial is not None else None,
                          found.partial_tokens, found.matched * self.bytes_per_token)
+
+    def _history(self) -> CacheHistory:
+        history = self._tree.history
+        if history is None:
+            raise Unsupported(self.no_history)
+        return history
+
+    def why(self, tokens: list[int]) -> WhyView:
+        """Over the blocks that left the tree (each under its hash below its parent's): a prefix
+        cache reuses whole blocks only, so a lost run is whole blocks too."""
+        check_query(tokens)
+        with self._lock:
+            history = self._history()
+            tree = self._tree
+            found = tree.match(tuple(tokens))
+            live = tree.block_path(found)
+            return why_view(history, tokens, live, found.matched, found.node.id,
+                            None if found.partial is None else found.partial.id, found.partial_tokens,
+                            max(1, self._block_size), unit="block")
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        with self._lock:
+            story = session_story(self._history())
+        return answer_session(session_id, story, self.session)
+
+    def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
+        check_history_read(after, served_after, limit)
+        with self._lock:
+            read = journal_read(self._history(), after, served_after, limit)
+        return history_page(read)
 
     def changes(self, since: int) -> Changes:
         if since < 0:

@@ -11,6 +11,7 @@ from typing import Union
 from radixtop.adapters.events.figures import BlockLedger
 from radixtop.adapters.events.wire import BlockHash, Cleared, Event, Removed
 from radixtop.adapters.model import Changes
+from radixtop.gpu_backend.history import FLUSHED, ROOT, CacheHistory
 from radixtop.gpu_backend.owner.journal import JOURNAL_LIMIT, ChangeJournal
 from radixtop.gpu_backend.owner.shards import ShardedMap
 
@@ -116,11 +117,16 @@ class BlockTree:
     of its blocks, and ``holding`` counts, per session, the nodes it holds.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, history: CacheHistory | None = None) -> None:
         self.version = 0
         self._next_id = 1
         self._journal = ChangeJournal(JOURNAL_LIMIT)
         self.unknown_removes = 0
+        self.history = history
+        """The blocks that left the tree, when and why (``gpu_backend.history``: ``why``), each kept
+        under its hash (``block_id``) below its parent's: a block's hash names its content and its
+        whole prefix for all its life, as a node's id does in a radix tree. None where the stream
+        does not say why a block leaves."""
         self.clear(0.0)
 
     def clear(self, ts: float) -> None:
@@ -183,6 +189,8 @@ class BlockTree:
         The sessions' figures are settled at the next read, or by whoever applies a batch
         (``ledger.settle()``: what the batch moved, no more)."""
         if isinstance(event, Cleared):
+            if self.history is not None:
+                self._flushed()
             self.clear(ts)
             return 0
         group = event.group_idx
@@ -347,6 +355,10 @@ class BlockTree:
         for child in list(node.children.values()):
             self._detach(child)
         node.blocks.pop()
+        if self.history is not None:
+            parent = block.parent_key
+            self.history.removed(block_id(key), ROOT if parent is None else block_id(parent), block.tokens,
+                                 block.sessions)
         self._hold(node, block.sessions, -1)
         block.node = None
         self._resize(node, -n)
@@ -357,6 +369,50 @@ class BlockTree:
             self._touch(node.parent)
         return n
 
+    def _flushed(self) -> None:
+        """Every block in the tree left at once (``AllBlocksCleared``): told to the history as
+        flushed."""
+        assert self.history is not None
+        with self.history.cause(FLUSHED):
+            self._told_gone(self.root)
+
+    def _told_gone(self, top: BlockNode) -> None:
+        """Every block of ``top``'s subtree told to the history as gone now, the deepest first
+        (past its bound the leaves go, not the prefixes before them)."""
+        assert self.history is not None
+        order: list[BlockNode] = []
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        for node in reversed(order):
+            for block in reversed(node.blocks):
+                parent = block.parent_key
+                self.history.removed(block_id(block.key), ROOT if parent is None else block_id(parent),
+                                     block.tokens, block.sessions)
+
+    @staticmethod
+    def block_path(found: TreeMatch) -> list[tuple[int, int]]:
+        """``(block_id, end)`` of each block of a match's path (a ``why``'s live path): up from its
+        node, then its whole blocks in the node it ends inside."""
+        path: list[tuple[int, int]] = []
+        end = found.matched - found.partial_tokens
+        node: BlockNode | None = found.node
+        while node is not None:
+            for block in reversed(node.blocks):
+                path.append((block_id(block.key), end))
+                end -= len(block.tokens)
+            node = node.parent
+        path.reverse()
+        end = found.matched - found.partial_tokens
+        for block in found.partial.blocks if found.partial is not None else ():
+            end += len(block.tokens)
+            if end > found.matched:
+                break
+            path.append((block_id(block.key), end))
+        return path
+
     def _detach(self, top: BlockNode) -> None:
         """Take ``top``'s subtree out of the tree; its blocks wait for their parents."""
         self.ledger.detached(top)
@@ -365,6 +421,8 @@ class BlockTree:
         self._resize(parent, -top.subtree_tokens, own=False)
         self._touch(parent)
         stack = [top]
+        if self.history is not None:  # its blocks are out of every prompt's reach from now: lost with the block above
+            self._told_gone(top)
         while stack:
             node = stack.pop()
             del self.nodes[node.id]
@@ -443,3 +501,12 @@ class BlockTree:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+
+def block_id(key: BlockKey) -> int:
+    """A block's key as the history's int id: its hash (a digest's last 8 bytes, where the stream
+    sends bytes), mixed with its KV group where it has one (vLLM's hybrid models)."""
+    group, h = key if isinstance(key, tuple) else (None, key)
+    if isinstance(h, bytes):
+        h = int.from_bytes(h[-8:], "big")
+    return h if group is None else (h ^ (group * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1)

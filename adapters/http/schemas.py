@@ -235,6 +235,8 @@ class WhyOut(Schema):
     partial_tokens: int
     lost: list[LostOut]
     history_since: float
+    lost_unit: Literal["node", "block"] = Field("node", description="What a lost run's node_id names: a node "
+                                                "of the tree, or a block by its hash (a KV-event stream)")
 
 
 class ServedOut(Schema):

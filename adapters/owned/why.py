@@ -45,10 +45,11 @@ def live_path(node: Any, end: int, root: Any) -> list[tuple[int, int]]:
 
 
 def why_view(history: CacheHistory, tokens: Sequence[int], live: list[tuple[int, int]], cached: int,
-             node_id: int, partial_node_id: int | None, partial_tokens: int, page_size: int = 1) -> WhyView:
+             node_id: int, partial_node_id: int | None, partial_tokens: int, page_size: int = 1,
+             unit: str = "node") -> WhyView:
     lost = history.explain(tokens, live, cached, page_size)
     return WhyView(len(tokens), cached, cached, node_id, partial_node_id, partial_tokens,
-                   tuple(lost_view(one) for one in lost), history.reaches_back_to())
+                   tuple(lost_view(one) for one in lost), history.reaches_back_to(), unit)  # type: ignore[arg-type]
 
 
 def session_story(history: CacheHistory) -> tuple[list[Ghost], list[tuple[float, str, int, int]] | None,

@@ -41,6 +41,7 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.text import one_line
 from radixtop.adapters.vllm.server import DEV_MODE_HINT, Figures, VLLMServer, geometry_from
+from radixtop.gpu_backend.history import EVICTED
 
 MAX_NAME = 80
 """The most of the server's model name the target's name keeps."""
@@ -85,6 +86,10 @@ class VLLMAdapter(KVEventsAdapter):
             if self.server is not None:
                 self.server.close()
             raise
+
+    removals_are = EVICTED
+    """vLLM's prefix cache drops a cached block only when the pool hands it to another request (an
+    eviction for room; a reset is ``AllBlocksCleared``, told as flushed)."""
 
     def _local_geometry(self, model: dict[str, Any], figures: Figures) -> Geometry | None:
         """The geometry of the server's model folder (``/v1/models``' root), where this machine

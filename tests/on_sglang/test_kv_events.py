@@ -458,8 +458,9 @@ def test_the_adapter_module_loads_neither_torch_nor_textual():
     mods = loaded_modules("import radixtop.adapters.events.zmq")
     assert "zmq" in mods and not {"torch", "textual", "sglang"} & mods
     # of the backend, only its pure-Python machinery: the block tree's shards and journal, the
-    # sessions' orders and the close rules their rows are made with
-    pure = ("radixtop.gpu_backend.owner", "radixtop.gpu_backend.ledger", "radixtop.gpu_backend.session_rules")
+    # sessions' orders and the close rules their rows are made with, the history (issue 29)
+    pure = ("radixtop.gpu_backend.owner", "radixtop.gpu_backend.ledger", "radixtop.gpu_backend.session_rules",
+            "radixtop.gpu_backend.history")
     assert not {m for m in mods if m.startswith("radixtop.gpu_backend.") and not m.startswith(pure)}
 
 

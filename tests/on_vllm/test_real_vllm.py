@@ -134,6 +134,46 @@ def test_evictions_are_counted_from_block_removed(stream):
     assert adapter.diagnose().findings == ()  # idle, and the tree no bigger than the pool
 
 
+def test_why_names_the_eviction_that_took_a_prompts_blocks(stream):
+    """Issue 29 on vLLM: a prompt served, then a flood that evicts it; ``why`` names its blocks as
+    evicted (vLLM's ``BlockRemoved``), each run a block of its chain as the independent record saw
+    it stored, the blocks past the cached ones all accounted for."""
+    from radixtop.adapters.text import why_lines
+
+    server, record, adapter = stream
+    prompt = [(53 * j) % 400 + 500 for j in range(6 * BLOCK_SIZE)]
+    server.complete(prompt)
+    settle(adapter, record)
+    assert adapter.match(prompt).matched_tokens == len(prompt)
+    for i in range(15):
+        server.complete([(41 * i + 13 * j + 7) % 940 + 50 for j in range(104)])
+    settle(adapter, record)
+    w = adapter.why(prompt)
+    assert w.cached_tokens == adapter.match(prompt).matched_tokens < len(prompt)
+    chain, parent, removed = [], None, set()
+    for e in record.events():  # the prompt's blocks as vLLM stored them, and the blocks it removed
+        if e["type"] == "BlockStored":
+            parent_hash = e["parent_block_hash"]
+            for n, h in enumerate(e["block_hashes"]):
+                tokens = e["token_ids"][n * BLOCK_SIZE:(n + 1) * BLOCK_SIZE]
+                i = len(chain)
+                if i < 6 and parent_hash == parent and tokens == prompt[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]:
+                    chain.append(h)
+                    parent = h
+                parent_hash = h
+        elif e["type"] == "BlockRemoved":
+            removed.update(e["block_hashes"])
+    assert len(chain) == 6
+    lost_blocks = chain[w.cached_tokens // BLOCK_SIZE:]
+    assert [(x.start, x.end) for x in w.lost] == [(w.cached_tokens, len(prompt))] or \
+        sum(x.end - x.start for x in w.lost) == len(prompt) - w.cached_tokens
+    assert {x.node_id for x in w.lost} <= set(lost_blocks) and {x.cause for x in w.lost} == {"evicted"}
+    assert set(lost_blocks) & removed  # (the ones vLLM removed; those below them are out of reach with them)
+    assert "blocks from 0x" in "\n".join(why_lines(w, time.time()))  # (hashes, not the tree's node ids)
+    print(f"\nradixtop why <a prompt of {len(prompt)} tokens, then a flood> (vLLM):")
+    print("\n".join(why_lines(w, time.time())))
+
+
 def test_a_late_subscriber_catches_up_from_the_replay(stream):
     server, record, adapter = stream
     late = VLLMAdapter(server.events, server.replay, url=server.url)

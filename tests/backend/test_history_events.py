@@ -1,0 +1,108 @@
+"""The flight recorder on a KV-event stream (issue 29): the blocks that leave the tree a vLLM
+stream builds are kept under their hashes, and ``why`` is checked as on the bundled engine
+(``test_history.py``): after every batch the tree's own match says how many tokens of each prompt
+were cached; a token past what is cached at the end was lost at the batch after the last one that
+left it cached, evicted (vLLM's ``BlockRemoved``; its parent's, where vLLM evicted a parent
+first and its children can no longer be reached) or flushed (``AllBlocksCleared``). SGLang's
+stream, whose removals may be evictions or closes, keeps none and says so."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixtop.adapters.errors import Unsupported
+from radixtop.adapters.events.adapter import EventTreeAdapter
+from radixtop.adapters.events.wire import Batch, Cleared, Removed, Stored
+from radixtop.gpu_backend.history import EVICTED, FLUSHED
+from tests.backend.test_history import answered, expected
+
+BLOCK = 4
+
+
+class VLLMLike(EventTreeAdapter):
+    removals_are = EVICTED
+
+
+def stream(seed: int):
+    """Prompts over a few shared prefixes, stored block by block as vLLM stores them (only the
+    blocks not cached yet, under the last cached one), removals of any stored block (a parent
+    too), and now and then a reset; each op one batch of one event."""
+    rng = random.Random(seed)
+    heads = [[rng.randrange(1, 30) for _ in range(BLOCK * rng.randint(1, 3))] for _ in range(4)]
+    prompts = []
+    for _ in range(24):
+        tail = [rng.randrange(1, 30) for _ in range(BLOCK * rng.randint(1, 4) + rng.randrange(BLOCK))]
+        prompts.append(rng.choice(heads) + tail)
+    hashes: dict[tuple, int] = {}
+
+    def chain(prompt):
+        out, parent = [], None
+        for i in range(len(prompt) // BLOCK):
+            block = tuple(prompt[i * BLOCK:(i + 1) * BLOCK])
+            h = hashes.setdefault((parent, block), rng.getrandbits(64))
+            out.append((h, block))
+            parent = h
+        return out
+
+    ops = []
+    for _ in range(260):
+        roll = rng.random()
+        if roll < 0.55:
+            ops.append(("store", rng.choice(prompts), chain))
+        elif roll < 0.97:
+            ops.append(("remove", rng.random(), None))
+        else:
+            ops.append(("clear", None, None))
+    return prompts, ops
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_why_on_a_vllm_stream_names_the_batch_and_cause_that_removed_each_lost_token(seed):
+    prompts, ops = stream(seed)
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1, capacity_tokens=4096)
+    adapter._tree.history.since = 0
+    tree = adapter._tree
+    queries = sorted({tuple(p) for p in prompts})
+    cached: list[list[int]] = [[0] * len(queries)]
+    causes: list = [None]
+    for k, (op, arg, chain) in enumerate(ops, start=1):
+        if op == "store":
+            blocks = chain(arg)
+            have = 0
+            while have < len(blocks) and blocks[have][0] in tree.blocks:
+                have += 1
+            if have == len(blocks):
+                event = None
+            else:
+                new = blocks[have:]
+                event = Stored(tuple(h for h, _ in new), blocks[have - 1][0] if have else None,
+                               tuple(t for _, b in new for t in b), BLOCK)
+        elif op == "remove":
+            keys = list(tree.blocks.keys()) if hasattr(tree.blocks, "keys") else [b for b in tree.blocks]
+            event = Removed((sorted(keys)[int(arg * len(keys))],)) if keys else None
+        else:
+            event = Cleared()
+        if event is not None:
+            adapter.apply_batch(k, Batch(float(k), None, [event]))
+        else:
+            adapter.apply_batch(k, Batch(float(k), None, []))
+        causes.append((FLUSHED, None) if op == "clear" else (EVICTED, None))
+        cached.append([adapter.match(list(q)).matched_tokens for q in queries])
+    lost_any = 0
+    for i, q in enumerate(queries):
+        w = adapter.why(list(q))
+        assert w.cached_tokens == cached[-1][i]
+        assert answered(w) == expected(i, q, cached, causes), (i, q)
+        lost_any += len(w.lost)
+    assert lost_any and {c[0] for c in causes[1:]} >= {EVICTED}
+
+
+def test_sglangs_stream_keeps_no_history_and_says_why_in_one_line():
+    adapter = EventTreeAdapter(name="sglang", bytes_per_token=1)
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((1,), None, (5, 6), 2)]))
+    for read in (lambda: adapter.why([5, 6, 7]), lambda: adapter.why_session("s"), lambda: adapter.history()):
+        with pytest.raises(Unsupported) as refused:
+            read()
+        assert "do not say why a block left" in str(refused.value) and "\n" not in str(refused.value)
