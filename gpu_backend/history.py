@@ -217,9 +217,18 @@ class CacheHistory:
         where none are told) and the number of their first. A first number past ``after + 1``: those
         between were dropped (the bounds) before the reader came. Numbers are implicit: the journal
         only appends at its end and drops at its start, so the n-th kept is ``count - len + n``."""
-        ghosts = _tail(self._ghosts, self.removed_count, after, limit)
-        served = None if self.served_since is None else _tail(self._served, self.served_count, served_after, limit)
-        return (ghosts[0], ghosts[1], None if served is None else served[0], 0 if served is None else served[1])
+        ghosts, first = self.ghosts_after(after, limit)
+        served = self.requests_after(served_after, limit)
+        return ghosts, first, None if served is None else served[0], 0 if served is None else served[1]
+
+    def ghosts_after(self, after: int, limit: int) -> tuple[list[Ghost], int]:
+        """The removals numbered past ``after``, at most ``limit``, and the first one's number."""
+        return _tail(self._ghosts, self.removed_count, after, limit)
+
+    def requests_after(self, after: int, limit: int) -> tuple[list[tuple[float, str, int, int]], int] | None:
+        """The requests numbered past ``after``, at most ``limit``, and the first one's number; None
+        where the owner tells none."""
+        return None if self.served_since is None else _tail(self._served, self.served_count, after, limit)
 
     def reaches_back_to(self) -> float:
         """The moment since which every removal is kept (``time.time()``)."""

@@ -273,12 +273,12 @@ class BundledAdapter(OwnerReads, CacheAdapter):
         return self._call(read)
 
     def why_session(self, session_id: str) -> SessionWhyView:
-        def read(s: Scheduler) -> tuple[Any, ...]:
+        def read(s: Scheduler) -> Generator[None, None, tuple[Any, ...]]:
             if s.cache.history is None:
                 raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
-            return session_story(s.cache.history)
+            return (yield from session_story(s.cache.history))
 
-        return answer_session(session_id, self._call(read), self.session)
+        return answer_session(session_id, self._call_pass(read), self.session)
 
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
         check_history_read(after, served_after, limit)

@@ -483,8 +483,8 @@ class EventTreeAdapter(CacheAdapter):
                             max(1, self._block_size), unit="block")
 
     def why_session(self, session_id: str) -> SessionWhyView:
-        with self._lock:
-            story = session_story(self._history())
+        with self._lock:  # (radixtop's own thread: the stream's, not an engine's)
+            story = run_to_end(session_story(self._history()))
         return answer_session(session_id, story, self.session)
 
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:

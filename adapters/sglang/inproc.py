@@ -558,7 +558,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         if history is None:
             return super().why_session(session_id)
         self._need_tree()
-        return answer_session(session_id, self._call(lambda: session_story(history)), self.session)
+        return answer_session(session_id, self._call_pass(lambda: session_story(history)), self.session)
 
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
         history = getattr(self.cache, "history", None)

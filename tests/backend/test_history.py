@@ -16,6 +16,7 @@ import pytest
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED, GHOST_BYTES, CacheHistory
 from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.scheduler import Scheduler
 from radixtop.gpu_backend.traces.ops import Replayer, read_trace
 from tests.support.trace_gen import capacity_for, generate_trace
@@ -300,6 +301,7 @@ def test_why_for_a_session_gives_its_hits_and_each_loss_of_what_it_held_with_its
     adapter = BundledAdapter.__new__(BundledAdapter)
     adapter.name = "bundled"
     adapter._call = lambda fn, *a, **k: fn(s)
+    adapter._call_pass = lambda make: run_to_end(make(s))
     adapter.session = lambda sid: None
     replayer, rng = Replayer(s), random.Random(seed)
     served: dict[str, list[tuple[int, int, int]]] = {}
@@ -323,3 +325,31 @@ def test_why_for_a_session_gives_its_hits_and_each_loss_of_what_it_held_with_its
         assert [(r.at, r.prompt_tokens, r.cached_tokens) for r in v.requests] == served.get(sid, []), sid
         assert v.requests_kept == len(served.get(sid, []))
         losses.check(v, sid)
+
+
+def test_a_sessions_story_is_copied_in_slices_and_a_removal_between_two_is_read_once():
+    """``session_story`` copies the history a slice at a time (each one hold of the owner thread);
+    what the tree removes between two slices is read too, and what the bounds drop meanwhile is
+    gone: every removal read once, in order."""
+    from radixtop.adapters.owned.why import STORY_SLICE, session_story
+
+    h = CacheHistory(most_bytes=(2 * STORY_SLICE + 10) * (8 + GHOST_BYTES), clock=lambda: 1.0)
+    h.tells_requests()
+    for i in range(2 * STORY_SLICE + 5):
+        h.removed(i + 1, 0, [i + 1])
+        h.served(f"s{i % 3}", 10, 5)
+    story = session_story(h)
+    next(story)  # one slice copied
+    for i in range(2 * STORY_SLICE + 5, 2 * STORY_SLICE + 25):  # 20 more: the oldest 15 dropped
+        h.removed(i + 1, 0, [i + 1])
+    slices = 2
+    try:
+        while True:
+            next(story)
+            slices += 1
+    except StopIteration as done:
+        ghosts, requests, _, _ = done.value
+    ids = [g.node_id for g in ghosts]
+    assert ids == sorted(set(ids)) and ids[-1] == 2 * STORY_SLICE + 25 and ids[0] == 1  # (read before the drop)
+    assert set(range(STORY_SLICE + 1, 2 * STORY_SLICE + 26)) <= set(ids)
+    assert len(requests) == 2 * STORY_SLICE + 5 and slices >= 4
