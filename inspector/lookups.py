@@ -121,7 +121,8 @@ class Lookups:
             return "\n".join(session_why_lines(screen.poller.why_session(session_id), time.time()))
 
         return read_in_thread(screen, read, lambda report: screen.app.push_screen(
-            WhyScreen(report, "What did this session lose, and why?")), group="why", title="why")
+            WhyScreen(report, "What did this session lose, and why?", "escape, q or w closes · ↑ ↓ PgUp PgDn scroll · "
+                      "radixtop why --session prints the same")), group="why", title="why")
 
     # ----- a session's chains -----
 

@@ -200,7 +200,9 @@ class WhyScreen(_ReportScreen):
     report_id = "why-report"
     footer = "escape, q or w closes · ↑ ↓ PgUp PgDn scroll · radixtop why prints the same"
 
-    def __init__(self, text: str, heading: str = "") -> None:
+    def __init__(self, text: str, heading: str = "", footer: str = "") -> None:
         super().__init__(text)
         if heading:
             self.heading_text = heading
+        if footer:
+            self.footer = footer

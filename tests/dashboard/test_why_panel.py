@@ -81,3 +81,4 @@ async def test_w_on_the_sessions_table_tells_the_story_of_the_session_under_the_
         assert "session [b]evil[/b]?[2J: 2 requests" in shown and "\x1b" not in shown, shown
         assert "4 of 8 prompt tokens cached" in shown, shown  # (the second hit the first's 4)
         assert "evicted on request (the test)" in shown, shown
+        assert "why --session" in app.screen.footer

@@ -224,6 +224,37 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, t
     print(done.stdout.strip())
 
 
+def test_why_for_a_session_names_its_close(server, client, driven):
+    """Issue 29 on the real server: a session's story. Beside the scheduler, SGLang's records
+    carry no hits (``requests`` null, never an empty list); after radixtop's close, on 0.5.16 the
+    session lost exactly what the close freed, by its own close; on 0.5.23 a close only drops its
+    references and frees nothing."""
+    from radixtop.adapters.errors import Unsupported
+    from radixtop.adapters.text import session_why_lines
+
+    sid, history = f"story-{VERSION}-{server.options['place'][:6]}", fresh(40)
+    for _ in range(2):
+        history += fresh(20)
+        history += server.generate(history, max_new_tokens=8, session_id=sid).get("output_ids", [])
+    settle(server, client)
+    if server.options["place"] != "beside the scheduler":
+        with pytest.raises(Unsupported):
+            client.why_session(sid)
+        return
+    story = client.why_session(sid)
+    assert story.requests is None and story.requests_kept is None and story.lost == ()
+    result = client.close_session(sid)
+    settle(server, client)
+    story = client.why_session(sid)
+    if result.policy == "free":
+        assert result.freed_tokens > 0 and story.lost_tokens == {"closed": result.freed_tokens}
+        assert {(loss.cause, loss.session_id) for loss in story.lost} == {("closed", sid)}
+    else:
+        assert result.freed_tokens == 0 and story.lost_tokens == {}
+    print(f"\nradixtop why --session {sid} (sglang {VERSION}), after radixtop's close:")
+    print("\n".join(session_why_lines(story, time.time())))
+
+
 def test_prompt_and_cached_tokens_equal_sglangs_counters(server, client, driven):
     st, m = client.stats(), server.metrics()
     assert m["sglang:cached_tokens_total"] > 0  # the chats' later turns hit their history
