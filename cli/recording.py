@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from radixtop.adapters.base import CacheAdapter
-from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable, Unsupported
+from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
 
 RECORDING = 1
 MOMENT_SESSIONS = 100
@@ -177,17 +177,17 @@ class Recorder:
         return self._after >= page.removed_count and self._served_after >= page.served_count
 
     def _moment(self) -> None:
+        """The figures and the largest sessions now; nothing where the target cannot say (down, or
+        refusing: the recording's lines around say why)."""
         try:
             stats = self.adapter.stats()
-        except (TargetUnreachable, TargetTimeout):
+        except AdapterError:
             return
         try:
             page = self.adapter.sessions("exclusive_bytes", 0, MOMENT_SESSIONS)
             sessions: list[dict[str, Any]] | None = [
                 {name: getattr(row, name) for name in SESSION_FIELDS} for row in page.sessions]
-        except (Unsupported, TargetUnreachable, TargetTimeout):
-            sessions = None
-        except AdapterError:
+        except AdapterError:  # (Unsupported: a target without sessions)
             sessions = None
         self._line({"moment": {"at": time.time(), "stats": stats.to_dict(), "sessions": sessions}})
         self.done.moments += 1
