@@ -486,6 +486,8 @@ class SessionWhyView(_View):
     lost_tokens: dict[str, int]
     """Tokens of all its losses kept, by cause."""
     history_since: float
+    lost_unit: Literal["node", "block"] = "node"
+    """What a loss's ``node_id`` names (``WhyView.lost_unit``)."""
 
 
 MAX_SERVED_SHOWN = 200

@@ -233,11 +233,14 @@ def lost_line(lost: Any, now: float, end: int | None = None, nodes: int = 1, uni
     why = _left(lost, when(lost.at, now))
     held = f"; held by {', '.join(map(inert, lost.holders[:3]))}{'…' if len(lost.holders) > 3 else ''}" \
         if lost.holders else ""
+    return f"{span}: {_what(lost.node_id, nodes, unit)}, {why}{held}"
+
+
+def _what(node_id: int, nodes: int, unit: str) -> str:
+    """What left, in a line: a node by its id, or a block by its hash (a KV-event stream's)."""
     if unit == "block":
-        what = f"block {lost.node_id:#x}" if nodes == 1 else f"{nodes} blocks from {lost.node_id:#x}"
-    else:
-        what = f"node #{lost.node_id}" if nodes == 1 else f"{nodes} nodes from #{lost.node_id}"
-    return f"{span}: {what}, {why}{held}"
+        return f"block {node_id:#x}" if nodes == 1 else f"{nodes} blocks from {node_id:#x}"
+    return f"node #{node_id}" if nodes == 1 else f"{nodes} nodes from #{node_id}"
 
 
 def _left(gone: Any, moment: str) -> str:
@@ -287,7 +290,7 @@ def session_why_lines(v: Any, now: float) -> list[str]:
     if len(v.lost) > len(shown):
         lines.append(f"  ({len(v.lost) - len(shown):,} earlier losses not shown: --json)")
     for loss in shown:
-        what = f"node #{loss.node_id}" if loss.nodes == 1 else f"{loss.nodes} nodes from #{loss.node_id}"
+        what = _what(loss.node_id, loss.nodes, v.lost_unit)
         lines.append(f"  {loss.tokens:,} {'token' if loss.tokens == 1 else 'tokens'} ({what}), "
                      f"{_left(loss, when(loss.at, now))}")
     return lines

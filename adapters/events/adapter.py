@@ -485,7 +485,7 @@ class EventTreeAdapter(CacheAdapter):
     def why_session(self, session_id: str) -> SessionWhyView:
         with self._lock:  # (radixtop's own thread: the stream's, not an engine's)
             story = run_to_end(session_story(self._history()))
-        return answer_session(session_id, story, self.session)
+        return answer_session(session_id, story, self.session, unit="block")
 
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
         check_history_read(after, served_after, limit)

@@ -269,6 +269,8 @@ class SessionWhyOut(Schema):
                                             "left together, oldest first")
     lost_tokens: dict[str, int] = Field(description="Tokens of all its losses kept, by cause")
     history_since: float
+    lost_unit: Literal["node", "block"] = Field("node", description="What a loss's node_id names: a node, or a "
+                                                "block by its hash (a KV-event stream)")
 
 
 class GhostOut(Schema):

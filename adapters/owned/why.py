@@ -87,7 +87,7 @@ def session_story(history: CacheHistory) -> Generator[None, None, tuple[Any, ...
 
 
 def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[float, str, int, int]] | None,
-                     history_since: float, requests_since: float | None) -> SessionWhyView:
+                     history_since: float, requests_since: float | None, unit: str = "node") -> SessionWhyView:
     """``session_id``'s requests among ``requests`` and the ghosts it held (or its own close freed),
     a loss each group that left together (the same cause, closing session and asker, within a second of the first)."""
     served = None if requests is None else [r for r in requests if r[1] == session_id]
@@ -112,13 +112,14 @@ def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[
         None if served is None else len(served),
         None if served is None else sum(r[2] for r in served),
         None if served is None else sum(r[3] for r in served),
-        requests_since, tuple(losses[-MAX_LOSSES_SHOWN:]), by_cause, history_since)
+        requests_since, tuple(losses[-MAX_LOSSES_SHOWN:]), by_cause, history_since, unit)  # type: ignore[arg-type]
 
 
-def answer_session(session_id: str, story: tuple[Any, ...], known: Callable[[str], object]) -> SessionWhyView:
+def answer_session(session_id: str, story: tuple[Any, ...], known: Callable[[str], object],
+                   unit: str = "node") -> SessionWhyView:
     """``session_why_view`` of a ``session_story``; where it finds nothing of the session, ``known``
     (the target's ``session`` read) says whether the target knows it at all (UnknownSession)."""
-    view = session_why_view(session_id, *story)
+    view = session_why_view(session_id, *story, unit=unit)
     if not view.requests_kept and not view.lost:
         known(session_id)
     return view

@@ -106,3 +106,17 @@ def test_sglangs_stream_keeps_no_history_and_says_why_in_one_line():
         with pytest.raises(Unsupported) as refused:
             read()
         assert "do not say why a block left" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored():
+    from radixtop.adapters.text import session_why_lines
+
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1)
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), BLOCK, session_id="s")]))
+    adapter.apply_batch(1, Batch(2.0, None, [Stored((13,), 12, (9, 9, 9, 9), BLOCK, session_id="t")]))
+    adapter.apply_batch(2, Batch(3.0, None, [Removed((12,))]))  # (13, below it, out of reach with it)
+    s, t = adapter.why_session("s"), adapter.why_session("t")
+    assert [(x.at, x.cause, x.nodes, x.tokens, x.node_id) for x in s.lost] == [(3.0, "evicted", 1, 4, 12)]
+    assert [(x.nodes, x.tokens, x.node_id) for x in t.lost] == [(1, 4, 13)]
+    assert s.requests is None and s.lost_unit == "block"
+    assert "4 tokens (block 0xc), evicted for room" in "\n".join(session_why_lines(s, 3.0))
