@@ -17,6 +17,8 @@ from radixtop.cli.render import emit_json
 
 app = typer.Typer()
 
+POOL_FIGURES = ("available_tokens", "evictable_tokens", "protected_tokens", "unevictable_tokens")
+"""The figures of the pool, whose changes are memory (the others count tokens served or freed)."""
 CAUSE_WORDS = {"evicted": "evicted for room", "closed": "freed by closes", "flushed": "flushed",
                "evict_action": "evicted on request"}
 
@@ -125,7 +127,7 @@ def diff_lines(d: dict[str, Any]) -> list[str]:
             lines.append(f"  {name}: {_n(f['from'])} -> {_n(f['to'])}")
             continue
         extra = f" ({'+' if f['change'] >= 0 else '-'}{human_bytes(abs(f['change']) * bpt)})" \
-            if name.endswith("_tokens") and bpt and f["change"] else ""
+            if name in POOL_FIGURES and bpt and f["change"] else ""
         lines.append(f"  {name}: {f['from']:,} -> {f['to']:,} ({f['change']:+,}{extra})")
     s = d["sessions"]
     if s is None:

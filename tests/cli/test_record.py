@@ -92,6 +92,7 @@ def test_a_recording_holds_each_removal_and_request_made_while_it_ran_once(engin
     assert {row["id"]: row["by_cause"] for row in d["left"]["by_session"]}["a"]["closed"] == done["close"].freed_tokens
     text = run(url, "diff", str(path)).stdout
     assert f"left the tree: {sum(by_cause.values()):,} tokens" in text and "session a:" in text
+    assert "available_tokens: " in text and "B)" not in next(line for line in text.splitlines() if "prompt_tokens" in line)
 
 
 def test_kept_starts_with_what_the_history_already_holds_and_a_bound_that_dropped_some_is_a_gap(engine, tmp_path):
