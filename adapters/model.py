@@ -8,7 +8,7 @@ integers (a face formats them); times are ages in seconds relative to when the v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 CHILD_ORDERS: tuple[str, ...] = ("bytes", "recency", "tokens")
 SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "fair_share_bytes", "locked_tokens",
@@ -108,6 +108,10 @@ class Bucket(_View):
 
 
 POOL_STATES = ("available", "evictable", "protected", "session_held", "uncached")
+Cause = Literal["evicted", "closed", "flushed", "evict_action"]
+"""Why something left the tree (``gpu_backend.history``): the pool needed room, a session's close,
+a flush, an evict someone asked for."""
+CAUSES: tuple[str, ...] = get_args(Cause)
 """The pool's states in SGLang's words and its leak check's order: they add up to capacity."""
 
 
@@ -400,7 +404,7 @@ class LostView(_View):
 
     start: int
     end: int
-    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    cause: Cause
     """``evicted``: the pool needed room; ``closed``: a session's close freed it; ``flushed``;
     ``evict_action``: someone asked for an evict (``who``)."""
     at: float
@@ -454,7 +458,7 @@ class LossView(_View):
 
     at: float
     """When the first of them left (seconds since the epoch)."""
-    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    cause: Cause
     nodes: int
     tokens: int
     node_id: int
@@ -501,7 +505,7 @@ class GhostView(_View):
     seq: int
     """Its number in the journal (the first removal of the history is 1)."""
     at: float
-    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    cause: Cause
     node_id: int
     parent_id: int | None
     """None: it hung below the root."""

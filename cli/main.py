@@ -25,12 +25,10 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from radixtop.cli.render import installed_version
 
-        try:
-            typer.echo(f"radixtop {version('radixtop')}")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            typer.echo("radixtop (not installed: version unknown)")
+        found = installed_version()
+        typer.echo(f"radixtop {found}" if found else "radixtop (not installed: version unknown)")
         raise typer.Exit()
 
 

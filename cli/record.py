@@ -6,21 +6,19 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 
-from radixtop.adapters.text import human_bytes, inert
-from radixtop.cli.errors import EXIT_USAGE, fail
+from radixtop.adapters.text import CAUSE_WORDS, human_bytes, inert
+from radixtop.cli.errors import EXIT_USAGE, exit_code, fail
 from radixtop.cli.options import DEFAULT_URL, Json, Timeout, Token, Url
-from radixtop.cli.render import emit_json
+from radixtop.cli.render import emit_json, installed_version
 
 app = typer.Typer()
 
 POOL_FIGURES = ("available_tokens", "evictable_tokens", "protected_tokens", "unevictable_tokens")
 """The figures of the pool, whose changes are memory (the others count tokens served or freed)."""
-CAUSE_WORDS = {"evicted": "evicted for room", "closed": "freed by closes", "flushed": "flushed",
-               "evict_action": "evicted on request"}
 
 
 @app.command()
@@ -37,7 +35,7 @@ def record(
     why, its tokens, who held it), each session's request and its hit, and the figures and the
     sessions every --every; for `radixtop diff`. A target that goes down or restarts is a gap
     in the recording, which goes on. Ctrl-C ends it cleanly."""
-    from radixtop.cli.recording import Recorder, create_private, parse_duration
+    from radixtop.cli.recording import Recorder, parse_duration
     from radixtop.cli.targets import remote_target
 
     try:
@@ -47,18 +45,12 @@ def record(
     if every_s < 0.1:
         raise fail("--every must be at least 0.1s", EXIT_USAGE)
     with remote_target(url, token, timeout) as t:
-        t.history(0, 0, 1)  # (a target without a history says so in one line, before a file is made)
-        try:
-            out = create_private(file)
-        except FileExistsError:
-            raise fail(f"{file} exists: a recording is never overwritten", EXIT_USAGE) from None
-        except OSError as exc:
-            raise fail(f"cannot create {file}: {exc.strerror}") from None
+        out = new_recording(t, file)
         recorder = Recorder(t, out, time.monotonic() + seconds, every_s, max_mb << 20, kept)
         previous = signal.signal(signal.SIGTERM, lambda *_: recorder.stop())
         try:
             with out:
-                done = recorder.run(_version())
+                done = recorder.run(installed_version() or "")
         except OSError as exc:  # a full disk: what is written stays, a line says why it stopped
             raise fail(f"the recording {file} stopped: {exc.strerror}") from None
         finally:
@@ -69,13 +61,24 @@ def record(
                f"{done.moments} moments to {file} ({human_bytes(recorder.written)}); {done.reason}{gaps}")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def new_recording(adapter: Any, path: Path, option: str = "") -> IO[str]:
+    """``path`` made new for a recording of ``adapter`` (``create_private``), once the target says it
+    keeps a history; else one line (``option``: the option that named the file) and its exit code
+    (a target without a history: as every command refused by the target; the file: 2)."""
+    from radixtop.adapters.errors import Unsupported
+    from radixtop.cli.recording import create_private
 
+    where = f"{option}: " if option else ""
     try:
-        return version("radixtop")
-    except PackageNotFoundError:
-        return ""
+        adapter.history(0, 0, 1)
+    except Unsupported as exc:  # (before a file is made)
+        raise fail(f"{where}{exc.message}", exit_code(exc)) from None
+    try:
+        return create_private(path)
+    except FileExistsError:
+        raise fail(f"{where}{path} exists: a recording is never overwritten", EXIT_USAGE) from None
+    except OSError as exc:
+        raise fail(f"{where}cannot create {path}: {exc.strerror}", EXIT_USAGE) from None
 
 
 @app.command()

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
+from radixtop.adapters.model import CAUSES
 
 RECORDING = 1
 MOMENT_SESSIONS = 100
@@ -265,8 +266,6 @@ def read_recording(path: Path) -> Recording:
             raise RecordingError(f"{path}: no moment recorded")
         return recording
 
-
-CAUSES = ("evicted", "closed", "flushed", "evict_action")
 
 
 def _number(value: Any) -> bool:

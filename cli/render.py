@@ -37,3 +37,13 @@ def plain_console() -> Any:
             raise BrokenPipeError
 
     return PlainConsole(markup=False, highlight=False, emoji=False)
+
+
+def installed_version() -> str | None:
+    """radixtop's version as installed; None from a source tree never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("radixtop")
+    except PackageNotFoundError:
+        return None

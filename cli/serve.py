@@ -195,30 +195,21 @@ def serve(
 
 def start_recording(adapter, path: Path):
     """``radixtop record`` of ``adapter`` to ``path`` on a thread of its own, for as long as the
-    server runs; returns what stops it (and waits for its last lines). One line and exit 2 where
-    the file exists or the target keeps no history."""
+    server runs; returns what stops it (and waits for its last lines). One line and an exit where
+    the file exists or the target keeps no history (``record.new_recording``)."""
     import threading
 
-    from radixtop.adapters.errors import Unsupported
-    from radixtop.cli.record import _version
-    from radixtop.cli.recording import Recorder, create_private
+    from radixtop.cli.record import new_recording
+    from radixtop.cli.recording import Recorder
+    from radixtop.cli.render import installed_version
 
-    try:
-        adapter.history(0, 0, 1)
-    except Unsupported as exc:
-        raise fail(f"--record: {exc.message}", EXIT_USAGE) from None
-    try:
-        out = create_private(path)
-    except FileExistsError:
-        raise fail(f"--record: {path} exists: a recording is never overwritten", EXIT_USAGE) from None
-    except OSError as exc:
-        raise fail(f"--record: cannot create {path}: {exc.strerror}", EXIT_USAGE) from None
+    out = new_recording(adapter, path, "--record")
     recorder = Recorder(adapter, out, float("inf"))
 
     def run() -> None:
         try:
             with out:
-                recorder.run(_version())
+                recorder.run(installed_version() or "")
         except Exception as exc:  # (a full disk, the engine gone): said once; serving goes on
             typer.echo(f"radixtop: the recording to {path} stopped: {exc}", err=True)
 

@@ -356,9 +356,7 @@ class BlockTree:
             self._detach(child)
         node.blocks.pop()
         if self.history is not None:
-            parent = block.parent_key
-            self.history.removed(block_id(key), ROOT if parent is None else block_id(parent), block.tokens,
-                                 block.sessions)
+            self._told_removed(block)
         self._hold(node, block.sessions, -1)
         block.node = None
         self._resize(node, -n)
@@ -388,9 +386,14 @@ class BlockTree:
             stack.extend(node.children.values())
         for node in reversed(order):
             for block in reversed(node.blocks):
-                parent = block.parent_key
-                self.history.removed(block_id(block.key), ROOT if parent is None else block_id(parent),
-                                     block.tokens, block.sessions)
+                self._told_removed(block)
+
+    def _told_removed(self, block: _Block) -> None:
+        """``block`` left the tree now: told to the history, under its parent block (or the root)."""
+        assert self.history is not None
+        parent = block.parent_key
+        self.history.removed(block_id(block.key), ROOT if parent is None else block_id(parent), block.tokens,
+                             block.sessions)
 
     @staticmethod
     def block_path(found: TreeMatch) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar, Union
 
 from radixtop.adapters.errors import ERRORS_BY_CODE, AdapterError, BadRequest, Unauthorized
 from radixtop.adapters.model import (
+    CAUSES,
     AuditEntry,
     Capabilities,
     ChainView,
@@ -237,7 +238,7 @@ def session_why_from_dict(d: dict[str, Any], session_id: str | None = None) -> S
         for r in view.requests:
             if r.cached_tokens > r.prompt_tokens:
                 raise WireError(f"a request of {r.prompt_tokens} tokens with {r.cached_tokens} cached: not an answer")
-    if set(view.lost_tokens) - {"evicted", "closed", "flushed", "evict_action"}:
+    if set(view.lost_tokens) - set(CAUSES):
         raise WireError(f"lost tokens by unknown causes: {sorted(view.lost_tokens)}")
     for loss in view.lost:
         if loss.tokens < loss.nodes or loss.nodes < 1 or loss.tokens > view.lost_tokens.get(loss.cause, 0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from radixtop.adapters.model import (
@@ -63,27 +64,23 @@ def session_story(history: CacheHistory) -> Generator[None, None, tuple[Any, ...
     (a pass: C-speed copies of ``STORY_SLICE`` each, read from where the last stopped, by their
     numbers: what the bounds drop between two slices is gone, what comes is read too); the rest
     is done off it (``session_why_view``)."""
-    ghosts: list[Ghost] = []
+    ghosts = yield from _in_slices(history.ghosts_after)
+    requests = None if history.served_since is None else (yield from _in_slices(history.requests_after))
+    return ghosts, requests, history.reaches_back_to(), history.served_since
+
+
+def _in_slices(read_after: Callable[[int, int], Any]) -> Generator[None, None, list[Any]]:
+    """Every item of a journal (``read_after(after, limit)``: the items numbered past ``after`` and
+    the first one's number), ``STORY_SLICE`` a slice, a yield between two."""
+    items: list[Any] = []
     after = 0
     while True:
-        got, first = history.ghosts_after(after, STORY_SLICE)
-        ghosts.extend(got)
+        got, first = read_after(after, STORY_SLICE)
+        items.extend(got)
         if len(got) < STORY_SLICE:
-            break
+            return items
         after = first + len(got) - 1
         yield
-    requests: list[Any] | None = None
-    if history.served_since is not None:
-        requests, after = [], 0
-        while True:
-            told = history.requests_after(after, STORY_SLICE)
-            assert told is not None
-            requests.extend(told[0])
-            if len(told[0]) < STORY_SLICE:
-                break
-            after = told[1] + len(told[0]) - 1
-            yield
-    return ghosts, requests, history.reaches_back_to(), history.served_since
 
 
 def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[float, str, int, int]] | None,
@@ -100,8 +97,7 @@ def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[
         last = losses[-1] if losses else None
         if last is not None and (last.cause, last.session_id, last.who) == (g.cause, g.session_id, g.who) \
                 and g.at - last.at < 1.0:
-            losses[-1] = LossView(last.at, last.cause, last.nodes + 1, last.tokens + g.length, last.node_id,
-                                  last.session_id, last.protected_tokens, last.capacity_tokens, last.who)
+            losses[-1] = replace(last, nodes=last.nodes + 1, tokens=last.tokens + g.length)
             continue
         protected, capacity = g.pool if g.pool is not None else (None, None)
         losses.append(LossView(g.at, g.cause, 1, g.length, g.node_id, g.session_id,  # type: ignore[arg-type]
