@@ -45,6 +45,7 @@ from radixtop.adapters.model import (
     Stats,
     SubtreeRow,
     SubtreeView,
+    ThenView,
     WhyView,
 )
 
@@ -180,6 +181,12 @@ class CacheAdapter(ABC):
         removals numbered past ``after``, the requests past ``served_after``, ``limit`` each at most.
         Unsupported where the target keeps none."""
         raise Unsupported(f"{self.name} keeps no history of its tree: there is no journal to read")
+
+    def then(self, at: float) -> ThenView:
+        """The tree at moment ``at`` (seconds since the epoch), told from the tree now: what left
+        since and what was stored since. BadRequest before the history's reach (or in the future);
+        Unsupported where the target keeps none."""
+        raise Unsupported(f"{self.name} keeps no history of its tree: it can say what is cached now, not then")
 
     def encode(self, text: str) -> list[int]:
         """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search

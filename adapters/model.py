@@ -547,6 +547,56 @@ class HistoryPage(_View):
     history_since: float
 
 
+@dataclass(frozen=True)
+class BranchView(_View):
+    """A part of the tree that differs between a past moment and now: a node and the nodes below it
+    that differ with it (all left since, or all stored since)."""
+
+    node_id: int
+    """Its top node (a block's hash on a KV-event stream: ``ThenView.unit``)."""
+    parent_id: int | None
+    """What it hangs below (None: the root); a node that is in the tree both then and now."""
+    nodes: int
+    tokens: int
+    first_at: float
+    """When the first of it left (or was stored)."""
+    last_at: float
+    causes: dict[str, int]
+    """Its tokens by why they left (empty for what was stored since)."""
+    holders: tuple[str, ...]
+    """The sessions that held any of it when it left (the first ``MAX_BRANCH_HOLDERS``)."""
+
+
+@dataclass(frozen=True)
+class ThenView(_View):
+    """The tree at a past moment, told from the tree now: what left since and what was stored since
+    (``radixtop then``, the dashboard's timeline). Tokens are exact; a node split since shows as
+    the nodes it is now."""
+
+    at: float
+    tokens_then: int
+    tokens_now: int
+    left_tokens: int
+    """In the tree then, and not now (left since)."""
+    left_nodes: int
+    left_by_cause: dict[str, int]
+    left: tuple[BranchView, ...]
+    """The largest branches that left (``MAX_BRANCHES_SHOWN``), the largest first."""
+    left_branches: int
+    stored_tokens: int
+    """In the tree now, and not then (stored since)."""
+    stored_nodes: int
+    stored: tuple[BranchView, ...]
+    stored_branches: int
+    history_since: float
+    """The earliest moment a ``then`` can reach (every change since it is kept)."""
+    unit: Literal["node", "block"] = "node"
+
+
+MAX_BRANCHES_SHOWN = 50
+MAX_BRANCH_HOLDERS = 20
+
+
 MAX_HISTORY_PAGE = 2000
 """Removals (and requests) a page of the journal holds at most."""
 MAX_HISTORY_PAGE_TOKENS = 1 << 18

@@ -11,13 +11,19 @@ it was a child of, live or a ghost itself; ``explain`` walks a prompt down the l
 down the ghosts whose tokens continue it, and says which of its tokens past the cached ones were
 cached before, and why they left.
 
+It also keeps every change in order (``stored``, ``split``, and each removal: 32 bytes each, in
+columns), so that the tree at a past moment can be told from the tree now (``tree_then``): now,
+less what was stored since, plus what left since.
+
 What it costs the owner thread: a removal appends one small record (its tokens as the bytes of an
-``array('q')``, one copy); nothing on inserts, matches or locks. Bounded by the memory it keeps
-(``most_bytes``) and by age (``most_age_s``): the oldest ghosts go first.
+``array('q')``, one copy); a store appends four numbers to columns; nothing on matches or locks.
+Bounded by the memory it keeps (``most_bytes``, ``MOST_STORES``) and by age (``most_age_s``): the
+oldest go first.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import secrets
 import time
@@ -48,6 +54,12 @@ MOST_SERVED = 50_000
 """Requests of sessions kept at most (``served``: when, the session, its prompt's tokens and its
 hit; 158 B each measured by ``bench_history.py``, 7.5 MiB in all), the oldest dropped first; their
 age is bounded as the removed nodes' is."""
+STORE_CHUNK = 8192
+"""Stores a chunk of the stores' columns holds: the oldest chunk is dropped whole (no per-store
+work to bound them), and a read copies a chunk in one C-speed slice."""
+MOST_STORES = 1 << 20
+"""Stores kept at most (32 bytes each: 32 MiB), the oldest chunk dropped first; their age is bounded
+as the removed nodes' is."""
 
 
 @dataclass(slots=True)
@@ -114,6 +126,13 @@ class CacheHistory:
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
         self._cause: tuple[str, str | None, tuple[int, int] | None, str] = (EVICTED, None, None, "")
+        self._stores: deque[_Stores] = deque()
+        self.stored_count = 0
+        """Stores told since the start (kept or dropped since)."""
+        self._stores_first = 1
+        """The number of the oldest store kept."""
+        self.stores_since = self.since
+        """Every store after this moment is kept (``then`` reaches back no further)."""
         self._served: deque[tuple[float, str, int, int]] = deque()
         self.served_since: float | None = None
         """Every request of a session since this moment is kept (``served``); None where the owner
@@ -155,8 +174,44 @@ class CacheHistory:
         self.tokens += len(tokens) >> 3
         self.bytes += len(tokens) + GHOST_BYTES
         self.removed_count += 1
+        self._store(node_id, parent_id, 0, now)
         if self.bytes > self.most_bytes or now - self._ghosts[0].at > self.most_age_s:
             self._trim(now)
+
+    def stored(self, node_id: int, parent_id: int, tokens: int) -> None:
+        """Node ``node_id`` (a child of ``parent_id``, ``ROOT`` for the root) was stored now with
+        ``tokens`` tokens."""
+        self._store(node_id, parent_id, tokens)
+
+    def split(self, head_id: int, child_id: int, head_tokens: int) -> None:
+        """Node ``child_id`` was split now: its first ``head_tokens`` tokens are node ``head_id``'s
+        (new, above it). Its tokens were cached before: ``then`` counts the head as old as them."""
+        self._store(head_id, child_id, -head_tokens)
+
+    def _store(self, node_id: int, parent_id: int, tokens: int, now: float | None = None) -> None:
+        stores = self._stores
+        if now is None:
+            now = self.clock()
+        if not stores or len(stores[-1].at) >= STORE_CHUNK:
+            if stores and ((len(stores) + 1) * STORE_CHUNK > MOST_STORES or now - stores[0].at[-1] > self.most_age_s):
+                self._trim_stores(now)
+            stores.append(_Stores())
+        chunk = stores[-1]
+        chunk.at.append(now)
+        # (a block's hash is 64 bits unsigned: kept as its two's complement, read back by ``_id``)
+        chunk.ids.append(node_id if node_id < _SIGN else node_id - _WRAP)
+        chunk.other.append(parent_id if parent_id < _SIGN else parent_id - _WRAP)
+        chunk.tokens.append(tokens)
+        self.stored_count += 1
+
+    def _trim_stores(self, now: float) -> None:
+        """Whole chunks, the oldest first, until one more fits (checked when a chunk fills: a
+        store older than ``most_age_s`` may wait for its chunk's turn)."""
+        stores = self._stores
+        while stores and ((len(stores) + 1) * STORE_CHUNK > MOST_STORES or now - stores[0].at[-1] > self.most_age_s):
+            old = stores.popleft()
+            self._stores_first += len(old.at)
+            self.stores_since = max(self.stores_since, old.at[-1])
 
     def tells_requests(self) -> None:
         """The owner tells each request of a session (``served``) from now on."""
@@ -190,9 +245,10 @@ class CacheHistory:
                 del under[where]
 
     def gap(self) -> None:
-        """Removals before now may be missing (the tree came again whole after a gap): the history
-        is complete from now on only."""
+        """Removals and stores before now may be missing (the tree came again whole after a gap):
+        the history is complete from now on only."""
         self.since = max(self.since, self.clock())
+        self.stores_since = max(self.stores_since, self.since)
 
     # ----- reads -----
 
@@ -226,6 +282,46 @@ class CacheHistory:
     def reaches_back_to(self) -> float:
         """The moment since which every removal is kept (``time.time()``)."""
         return self.since
+
+    def then_reaches_back_to(self) -> float:
+        """The moment since which every removal and every store is kept: the earliest ``then``."""
+        return max(self.since, self.stores_since)
+
+    def first_after(self, at: float) -> tuple[int, int]:
+        """The numbers of the first removal and of the first store told after ``at`` (one past the
+        last where none is)."""
+        ghosts = self._ghosts
+        lo, hi = 0, len(ghosts)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if ghosts[mid].at > at:
+                hi = mid
+            else:
+                lo = mid + 1
+        removal = self.removed_count - len(ghosts) + 1 + lo
+        stores = self._stores
+        index = len(stores)
+        while index > 0 and stores[index - 1].at[0] > at:
+            index -= 1
+        if index == 0:
+            return removal, self._stores_first
+        chunk = stores[index - 1]
+        return removal, self._stores_first + (index - 1) * STORE_CHUNK + bisect.bisect_right(chunk.at, at)
+
+    def stores_from(self, number: int, limit: int) -> tuple[tuple[array, array, array, array], int] | None:
+        """The changes numbered from ``number`` (the first is 1), at most ``limit`` and within one
+        chunk, as copies of their columns (when; the node's id; its parent's, or for a split the
+        child's; its tokens: positive for a store, negative for a split's head, 0 for a removal),
+        and the number past them; None where ``number`` was dropped already."""
+        if number < self._stores_first:
+            return None
+        index, offset = divmod(number - self._stores_first, STORE_CHUNK)
+        if index >= len(self._stores):
+            return (array("d"), array("q"), array("q"), array("q")), number
+        chunk = self._stores[index]
+        end = min(len(chunk.at), offset + limit)
+        return ((chunk.at[offset:end], chunk.ids[offset:end], chunk.other[offset:end], chunk.tokens[offset:end]),
+                number + max(0, end - offset))
 
     def explain(self, query: Sequence[int], live: Sequence[tuple[int, int]], cached: int,
                 page_size: int = 1) -> list[Lost]:
@@ -262,6 +358,24 @@ class CacheHistory:
                     if same == ghost.length:
                         ends.setdefault(pos + same, set()).add(ghost.node_id)
         return _newest_first(found, cached)
+
+
+_SIGN, _WRAP = 1 << 63, 1 << 64
+
+
+def _id(kept: int) -> int:
+    """An id as the changes' columns keep it, as it was told (``ROOT`` is the one negative id)."""
+    return kept + _WRAP if kept < 0 and kept != ROOT else kept
+
+
+class _Stores:
+    """A chunk of the stores' columns: when, the node's id, its parent's id (a split's: the child
+    it was split from), its tokens (a split's head: negative)."""
+
+    __slots__ = ("at", "ids", "other", "tokens")
+
+    def __init__(self) -> None:
+        self.at, self.ids, self.other, self.tokens = array("d"), array("q"), array("q"), array("q")
 
 
 def _tail(kept: deque[Any], count: int, after: int, limit: int) -> tuple[list[Any], int]:
@@ -341,3 +455,66 @@ def _newest_first(found: list[tuple[int, int, Ghost]], cached: int) -> list[Lost
             merged.append(lost)
     return merged
 
+
+
+@dataclass(slots=True)
+class Then:
+    """The tree at a past moment, told from the tree now (``tree_then``)."""
+
+    left: list[Ghost]
+    """The nodes that were in the tree then and left since (each once: its leaving after then)."""
+    new: dict[int, tuple[int, int, float]]
+    """The nodes in the tree now that were not then: id -> (its parent's id, its tokens, when it
+    was stored)."""
+
+    @property
+    def left_tokens(self) -> int:
+        return sum(g.length for g in self.left)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(tokens for _, tokens, _ in self.new.values())
+
+
+def tree_then(changes: Iterable[tuple[array, array, array, array]], ghosts: Iterable[Ghost]) -> Then:
+    """What differs between the tree at a moment and the tree now, from every change since that
+    moment, in order (``stores_from``'s columns), and every removal's ghost since, in order.
+
+    A node was in the tree then when its first change since is a removal, or a split that made it
+    the head of a node that was (its tokens were cached then, as the node it was split from). It
+    is new when its first change since is a store, or a split of a node stored since. Off the
+    owner thread: a pass over the changes since then, not over the tree."""
+    first: dict[int, bool] = {}  # id -> its first change since was a store (not there then)
+    alive: dict[int, bool] = {}
+    parent: dict[int, int] = {}
+    length: dict[int, int] = {}
+    stored_at: dict[int, float] = {}
+    old_removals: set[int] = set()  # (index of the removal among the removals since)
+    heads_then: set[int] = set()  # split since from a node that was there then, not left yet
+    removal = 0
+    for at, ids, other, tokens in changes:
+        for t, kept_id, kept_up, n in zip(at, ids, other, tokens, strict=True):
+            node_id, up = _id(kept_id), _id(kept_up)
+            if n > 0:
+                first.setdefault(node_id, True)
+                alive[node_id], parent[node_id], length[node_id], stored_at[node_id] = True, up, n, t
+            elif n < 0:
+                new = up in first and up not in heads_then  # (split from a node stored since)
+                first.setdefault(node_id, new)
+                if not new:
+                    heads_then.add(node_id)
+                alive[node_id], length[node_id], stored_at[node_id] = True, -n, t
+                parent[node_id] = parent.get(up, 0)
+                parent[up] = node_id
+                if up in length:
+                    length[up] += n
+            else:
+                if node_id not in first or node_id in heads_then:
+                    first.setdefault(node_id, False)
+                    heads_then.discard(node_id)
+                    old_removals.add(removal)
+                alive[node_id] = False
+                removal += 1
+    left = [g for i, g in enumerate(ghosts) if i in old_removals]
+    new = {i: (parent[i], length[i], stored_at[i]) for i, was in first.items() if was and alive[i]}
+    return Then(left, new)

@@ -511,6 +511,8 @@ class RadixCache(SessionRadixCacheMixin):
         node.created_version = self.version
         if self.ledger is not None:
             self.ledger.added(node)
+        if self.history is not None:
+            self.history.stored(node.id, ROOT if parent is self.root_node else parent.id, len(key))
         return node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -538,6 +540,8 @@ class RadixCache(SessionRadixCacheMixin):
         head.created_version = self.version
         if self.ledger is not None:
             self.ledger.split(head, child)
+        if self.history is not None:
+            self.history.split(head.id, child.id, split_len)
         return head
 
     def _delete_leaf(self, node: TreeNode) -> None:

@@ -52,12 +52,22 @@ from radixtop.adapters.model import (
     SessionsPage,
     SessionWhyView,
     Stats,
+    ThenView,
     WhyView,
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import answer_session, history_page, journal_read, live_path, session_story, why_view
+from radixtop.adapters.owned.why import (
+    answer_session,
+    history_page,
+    journal_read,
+    live_path,
+    session_story,
+    then_pass,
+    then_view,
+    why_view,
+)
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.engine import Engine
 from radixtop.gpu_backend.owner.queue import gc_paused
@@ -289,6 +299,15 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return journal_read(s.cache.history, after, served_after, limit)
 
         return history_page(self._call(read))
+
+    def then(self, at: float) -> ThenView:
+        def read(s: Scheduler) -> Generator[None, None, tuple[Any, ...]]:
+            cache = s.cache
+            if cache.history is None:
+                raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
+            return (yield from then_pass(cache.history, at, cache.total_size))
+
+        return then_view(at, self._call_pass(read))
 
     def changes(self, since: int) -> Changes:
         if since < 0:

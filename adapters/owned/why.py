@@ -3,15 +3,20 @@ cached path read from the live tree, then what of the rest was cached before (is
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from radixtop.adapters.errors import BadRequest
 from radixtop.adapters.model import (
+    MAX_BRANCH_HOLDERS,
+    MAX_BRANCHES_SHOWN,
     MAX_HISTORY_PAGE_TOKENS,
     MAX_LOSSES_SHOWN,
     MAX_SERVED_SHOWN,
+    BranchView,
     GhostView,
     HistoryPage,
     LossView,
@@ -19,9 +24,10 @@ from radixtop.adapters.model import (
     ServedEntry,
     ServedView,
     SessionWhyView,
+    ThenView,
     WhyView,
 )
-from radixtop.gpu_backend.history import ROOT, CacheHistory, Ghost, Lost
+from radixtop.gpu_backend.history import ROOT, STORE_CHUNK, CacheHistory, Ghost, Lost, tree_then
 
 
 def lost_view(lost: Lost) -> LostView:
@@ -143,3 +149,84 @@ def history_page(read: tuple[Any, ...]) -> HistoryPage:
         epoch, tuple(views), first, count,
         None if served is None else tuple(ServedEntry(seq, *r) for seq, r in enumerate(served, served_first)),
         served_first, served_count, since)
+
+
+def then_pass(history: CacheHistory, at: float, tokens_now: Callable[[], int]) -> Generator[None, None, tuple[Any, ...]]:
+    """What the tree at ``at`` needs of the history, copied on the owner thread a slice at a time
+    (the removals since, ``STORY_SLICE`` a slice, and the changes since, a chunk a slice); the last
+    slice reads the tree's tokens now with both journals' ends (``then_view`` off it)."""
+    now = history.clock()
+    if at != at or at > now:
+        raise BadRequest(f"a moment to look back to, not {at!r}: it is {now:.3f} now")
+    reach = history.then_reaches_back_to()
+    if at < reach:
+        raise BadRequest(f"the history reaches back to {_clock(reach)} ({now - reach:,.0f}s ago) only: "
+                         "ask for a later moment")
+    removal, change = history.first_after(at)
+    ghosts: list[Ghost] = []
+    changes: list[Any] = []
+    while True:
+        got, first = history.ghosts_after(removal - 1, STORY_SLICE)
+        piece = history.stores_from(change, STORE_CHUNK)
+        if first > removal or piece is None:
+            raise BadRequest(f"the history dropped changes after {_clock(at)} while they were read (its "
+                             "bounds): ask for a later moment")
+        ghosts.extend(got)
+        removal += len(got)
+        changes.append(piece[0])
+        change = piece[1]
+        if removal > history.removed_count and change > history.stored_count:
+            return ghosts, changes, tokens_now(), reach
+        yield
+
+
+def then_view(at: float, read: tuple[Any, ...], unit: str = "node") -> ThenView:
+    """The tree at ``at`` from a ``then_pass`` (off the owner thread): its branches that left
+    since and that were stored since, the largest first."""
+    ghosts, changes, tokens_now, reach = read
+    diff = tree_then(changes, ghosts)
+    left_by: dict[int, Ghost] = {g.node_id: g for g in diff.left}
+    left = _branches({i: (g.parent_id, g.length, g.at) for i, g in left_by.items()}, left_by)
+    stored = _branches(diff.new, {})
+    by_cause: dict[str, int] = {}
+    for g in diff.left:
+        by_cause[g.cause] = by_cause.get(g.cause, 0) + g.length
+    left_tokens, stored_tokens = diff.left_tokens, diff.new_tokens
+    return ThenView(at, tokens_now - stored_tokens + left_tokens, tokens_now, left_tokens, len(diff.left),
+                    by_cause, tuple(left[:MAX_BRANCHES_SHOWN]), len(left), stored_tokens, len(diff.new),
+                    tuple(stored[:MAX_BRANCHES_SHOWN]), len(stored), reach, unit)  # type: ignore[arg-type]
+
+
+def _branches(nodes: dict[int, tuple[int, int, float]], ghosts: dict[int, Ghost]) -> list[BranchView]:
+    """``nodes`` (id -> its parent's id, its tokens, when) grouped by their top node (the first up
+    whose parent is not among them), the largest first."""
+    top: dict[int, int] = {}
+    for node_id in nodes:
+        path, up = [], node_id
+        while up in nodes and up not in top:
+            path.append(up)
+            up = nodes[up][0]
+        found = top.get(up, path[-1] if path else up)
+        for one in path:
+            top[one] = found
+    grown: dict[int, list[Any]] = {}
+    for node_id, (_, tokens, at) in nodes.items():
+        b = grown.get(top[node_id])
+        if b is None:
+            b = grown[top[node_id]] = [0, 0, at, at, {}, []]
+        b[0] += 1
+        b[1] += tokens
+        b[2], b[3] = min(b[2], at), max(b[3], at)
+        g = ghosts.get(node_id)
+        if g is not None:
+            b[4][g.cause] = b[4].get(g.cause, 0) + tokens
+            b[5].extend(h for h in g.holders if h not in b[5] and len(b[5]) < MAX_BRANCH_HOLDERS)
+    out = [BranchView(node_id, None if nodes[node_id][0] == ROOT else nodes[node_id][0], n, tokens, first, last,
+                      causes, tuple(holders))
+           for node_id, (n, tokens, first, last, causes, holders) in grown.items()]
+    out.sort(key=lambda b: (-b.tokens, b.first_at))
+    return out
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))

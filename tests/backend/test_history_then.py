@@ -1,0 +1,166 @@
+"""The tree at a past moment (``then``, issue 29's time travel), told from the tree now and the
+history's changes since, against an independent side: the tree's own walk at each moment, kept as
+it was (every cached token prefix then, and every node id)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixtop.adapters.bundled.adapter import BundledAdapter
+from radixtop.adapters.errors import BadRequest
+from radixtop.adapters.owned.why import then_pass
+from radixtop.gpu_backend.history import ROOT, STORE_CHUNK, CacheHistory, tree_then
+from radixtop.gpu_backend.kv_geometry import get_geometry
+from radixtop.gpu_backend.owner.slices import run_to_end
+from radixtop.gpu_backend.scheduler import Scheduler
+from radixtop.gpu_backend.traces.ops import Replayer, read_trace
+from tests.backend.test_history import tree_nodes
+from tests.support.trace_gen import capacity_for, generate_trace
+
+
+def prefixes(nodes) -> set[tuple[int, ...]]:
+    """Every cached token prefix of a tree (``tree_nodes``): a radix tree holds each once."""
+    out = set()
+    for path, own, _ in nodes.values():
+        out.update(path[:n] for n in range(len(path) - own + 1, len(path) + 1))
+    return out
+
+
+def bundled(s: Scheduler) -> BundledAdapter:
+    adapter = BundledAdapter.__new__(BundledAdapter)
+    adapter.name = "bundled"
+    adapter._call = lambda fn, *a, **k: fn(s)
+    adapter._call_pass = lambda make: run_to_end(make(s))
+    return adapter
+
+
+def run(seed: int, size: str, flush_every: int):
+    """The trace on a scheduler whose history's clock is the op's index; after each op, the tree's
+    own walk (``tree_nodes``)."""
+    lines = generate_trace(seed, n_ops=240, max_in_flight=4, vocab=60, abort_weight=2)
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False)
+    clock = [0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.stores_since = 0
+    replayer, rng = Replayer(s), random.Random(seed)
+    walks = [tree_nodes(s.cache.root_node)]
+    for op in read_trace(lines):
+        clock[0] += 1
+        if flush_every and rng.randrange(flush_every) == 0:
+            s.flush()
+        replayer.apply(op)
+        walks.append(tree_nodes(s.cache.root_node))
+    return s, walks
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("size,flush_every", [("small", 0), ("large", 0), ("small", 30)])
+def test_the_tree_then_is_the_tree_now_less_what_was_stored_since_plus_what_left_since(seed, size, flush_every):
+    """At every past moment: the nodes of the tree now that were there then, with the nodes that
+    left since, hold exactly the token prefixes the tree held then; every node then that is gone
+    now left since; and the answer's figures are those of the walks."""
+    s, walks = run(seed, size, flush_every)
+    h, adapter = s.cache.history, bundled(s)
+    now = walks[-1]
+    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
+    for k in range(0, len(walks), 7):
+        read = run_to_end(then_pass(h, k, s.cache.total_size))
+        ghosts, changes, tokens_now, _ = read
+        diff = tree_then(changes, ghosts)
+        left = {g.node_id: g for g in diff.left}
+        assert len(left) == len(diff.left), "a node left twice since then"
+        assert walks[k].keys() - now.keys() <= left.keys(), k  # (each node then, gone now, left since)
+        assert not left.keys() & now.keys()
+        assert diff.new.keys() <= now.keys() - walks[k].keys()
+
+        def path(node_id: int) -> tuple[int, ...]:
+            if node_id == ROOT:
+                return ()
+            if node_id in now:
+                return now[node_id][0]
+            g = left[node_id]
+            return path(g.parent_id) + tuple(int(t) for t in memoryview(g.tokens).cast("q"))
+
+        then = {i: v for i, v in now.items() if i not in diff.new}
+        then.update({i: (path(i), g.length, frozenset()) for i, g in left.items()})
+        assert prefixes(then) == prefixes(walks[k]), k
+        v = BundledAdapter.then(adapter, k)
+        assert (v.tokens_then, v.tokens_now) == (len(prefixes(walks[k])), len(prefixes(now))), k
+        assert tokens_now == v.tokens_now
+        assert v.left_tokens == sum(g.length for g in left.values()) and v.left_nodes == len(left)
+        assert v.stored_tokens == sum(now[i][1] for i in diff.new) and v.stored_nodes == len(diff.new)
+        assert sum(v.left_by_cause.values()) == v.left_tokens
+        assert sum(b.tokens for b in v.left) <= v.left_tokens and len(v.left) == min(50, v.left_branches)
+        if v.left_branches <= 50:
+            assert sum(b.tokens for b in v.left) == v.left_tokens
+            assert sum(b.nodes for b in v.left) == v.left_nodes
+        if v.stored_branches <= 50:
+            assert sum(b.tokens for b in v.stored) == v.stored_tokens
+        for b in v.left:  # (a branch hangs below a node there then and now, or the root)
+            assert b.parent_id is None or (b.parent_id in now and b.parent_id not in diff.new)
+            assert sum(b.causes.values()) == b.tokens
+        for b in v.stored:
+            assert b.parent_id is None or b.parent_id in now
+    assert BundledAdapter.then(adapter, len(walks) - 1).tokens_then == len(prefixes(now))
+
+
+def test_a_moment_before_the_historys_reach_or_to_come_is_refused_in_one_line():
+    h = CacheHistory(clock=lambda: 100.0)
+    h.since = h.stores_since = 50.0
+    for at in (49.0, 101.0, float("nan")):
+        with pytest.raises(BadRequest) as e:
+            run_to_end(then_pass(h, at, lambda: 0))
+        assert "\n" not in str(e.value)
+    assert run_to_end(then_pass(h, 50.0, lambda: 0))[2] == 0
+
+
+def test_the_changes_are_read_a_chunk_a_slice_and_what_comes_between_two_is_read_too():
+    """Each slice copies one chunk of the changes; stores told between two slices are read in a
+    later one, and the answer's figures agree with its last slice's."""
+    t = [0.0]
+    h = CacheHistory(clock=lambda: t[0], most_age_s=1e9)
+    h.since = h.stores_since = 0.0
+    for i in range(1, 3 * STORE_CHUNK):
+        t[0] = float(i)
+        h.stored(i, ROOT, 1)
+    live = [3 * STORE_CHUNK - 1]
+    story = then_pass(h, 0.5, lambda: live[0])
+    next(story)
+    for i in range(3 * STORE_CHUNK, 3 * STORE_CHUNK + 10):
+        t[0] = float(i)
+        h.stored(i, ROOT, 1)
+        live[0] += 1
+    slices = 1
+    try:
+        while True:
+            next(story)
+            slices += 1
+    except StopIteration as done:
+        ghosts, changes, tokens_now, _ = done.value
+    diff = tree_then(changes, ghosts)
+    assert slices >= 3 and len(diff.new) == live[0] == tokens_now
+
+
+def test_the_changes_are_bounded_whole_chunks_at_a_time_and_say_how_far_back_they_reach():
+    import radixtop.gpu_backend.history as history
+
+    t = [0.0]
+    h = CacheHistory(clock=lambda: t[0], most_age_s=1e9)
+    h.since = h.stores_since = 0.0
+    old = history.MOST_STORES
+    history.MOST_STORES = 4 * STORE_CHUNK
+    try:
+        for i in range(1, 10 * STORE_CHUNK):
+            t[0] = float(i)
+            h.stored(i, ROOT, 1)
+    finally:
+        history.MOST_STORES = old
+    assert len(h._stores) <= 4
+    assert h.then_reaches_back_to() >= 6 * STORE_CHUNK - 1
+    with pytest.raises(BadRequest):
+        run_to_end(then_pass(h, 10.0, lambda: 0))
+    read = run_to_end(then_pass(h, h.then_reaches_back_to(), lambda: 0))
+    assert len(tree_then(read[1], read[0]).new) == 10 * STORE_CHUNK - 1 - int(h.then_reaches_back_to())
