@@ -68,12 +68,22 @@ from radixtop.adapters.model import (
     SessionsPage,
     SessionWhyView,
     Stats,
+    ThenView,
     WhyView,
 )
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only, smallest_in_steps
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import answer_session, history_page, journal_read, live_path, session_story, why_view
+from radixtop.adapters.owned.why import (
+    answer_session,
+    history_page,
+    journal_read,
+    live_path,
+    session_story,
+    then_pass,
+    then_view,
+    why_view,
+)
 from radixtop.adapters.sglang.counters import kv_geometry, observe
 from radixtop.adapters.sglang.index import TreeIndex, install
 from radixtop.adapters.sglang.roster import OpenSessions
@@ -566,6 +576,17 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             return super().history(after, served_after, limit)
         check_history_read(after, served_after, limit)
         return history_page(self._call(lambda: journal_read(history, after, served_after, limit)))
+
+    def then(self, at: float) -> ThenView:
+        """Over radixtop's copy beside the scheduler, as ``why``: its history keeps the probe's
+        stores, splits and removals."""
+        history = getattr(self.cache, "history", None)
+        if history is None:
+            return super().then(at)
+        self._need_tree()
+        tree = self.tree
+        return then_view(at, self._call_pass(
+            lambda: then_pass(history, at, lambda: tree.evictable_size() + tree.protected_size())))
 
     def changes(self, since: int) -> Changes:
         raise Unsupported("SGLang keeps no change journal; read the pages again")

@@ -244,6 +244,7 @@ class RecordsCopy:
         elif kind == WHOLE:
             self.receiving = False
             self.wholes += 1
+            self.history.gap()  # (its nodes were stored before: the tree then is known from here)
         elif kind == SEEN:
             for sid, t in zip(record[1], record[2], strict=True):
                 self.session_seen(sid, t)
@@ -348,12 +349,14 @@ class MirrorCache(RecordsCopy):
         child.key = child.key[split_len:]
         new.parent.children[key.child_key(page)] = new  # type: ignore[union-attr]
         self.by_id[new_id] = new
+        self.history.split(new_id, child.id, split_len)
         return new
 
     def _insert_helper(self, parent: MirrorNode, node: MirrorNode) -> tuple[int, MirrorNode]:
         node.parent = parent
         parent.children[node.key.child_key(self.page_size)] = node
         self.by_id[node.id] = node
+        self.history.stored(node.id, ROOT if parent is self.root_node else parent.id, len(node.key))
         return 0, node
 
     def _delete_leaf(self, node: MirrorNode) -> None:

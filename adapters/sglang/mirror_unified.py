@@ -44,6 +44,7 @@ from radixtop.adapters.owned.records import (
 )
 from radixtop.adapters.sglang.mirror import MirrorError, MirrorKey, RecordsCopy
 from radixtop.adapters.sglang.records import FULL
+from radixtop.gpu_backend.history import ROOT
 
 TOMBSTONES = 8192
 """SGLang 0.5.23's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``."""
@@ -365,13 +366,16 @@ class MirrorUnifiedCache(RecordsCopy):
                 full.release_component_lock(node=node_of(record[1]), params=None)
             elif kind == ADD:
                 _, node_id, parent_id, tokens, extra, last_access, created, hits, lock_ref, session_ref, salt = record
-                core._add_new_node(node_of(parent_id), UnifiedMirrorNode(
+                parent = node_of(parent_id)
+                added = core._add_new_node(parent, UnifiedMirrorNode(
                     node_id, MirrorKey(self._tokens(node_id, tokens), extra, salt), last_access, created, hits,
                     lock_ref, session_ref))
+                self.history.stored(node_id, ROOT if parent is core.root_node else parent_id, len(added.key))
             elif kind == SPLIT:
                 _, new_id, child_id, split_len, last_access, child_access = record
                 child = node_of(child_id)
                 core._split_node(child.key, child, split_len, new_id, last_access, child_access)
+                self.history.split(new_id, child_id, split_len)
             elif kind == DELETE:  # (the unified tree frees nodes by eviction only: a close dereferences)
                 node = node_of(record[1])
                 parent = node.parent

@@ -67,43 +67,7 @@ def test_the_tree_then_is_the_tree_now_less_what_was_stored_since_plus_what_left
     now = walks[-1]
     assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
     for k in range(0, len(walks), 7):
-        read = run_to_end(then_pass(h, k, s.cache.total_size))
-        ghosts, changes, tokens_now, _ = read
-        diff = tree_then(changes, ghosts)
-        left = {g.node_id: g for g in diff.left}
-        assert len(left) == len(diff.left), "a node left twice since then"
-        assert walks[k].keys() - now.keys() <= left.keys(), k  # (each node then, gone now, left since)
-        assert not left.keys() & now.keys()
-        assert diff.new.keys() <= now.keys() - walks[k].keys()
-
-        def path(node_id: int) -> tuple[int, ...]:
-            if node_id == ROOT:
-                return ()
-            if node_id in now:
-                return now[node_id][0]
-            g = left[node_id]
-            return path(g.parent_id) + tuple(int(t) for t in memoryview(g.tokens).cast("q"))
-
-        then = {i: v for i, v in now.items() if i not in diff.new}
-        then.update({i: (path(i), g.length, frozenset()) for i, g in left.items()})
-        assert prefixes(then) == prefixes(walks[k]), k
-        v = BundledAdapter.then(adapter, k)
-        assert (v.tokens_then, v.tokens_now) == (len(prefixes(walks[k])), len(prefixes(now))), k
-        assert tokens_now == v.tokens_now
-        assert v.left_tokens == sum(g.length for g in left.values()) and v.left_nodes == len(left)
-        assert v.stored_tokens == sum(now[i][1] for i in diff.new) and v.stored_nodes == len(diff.new)
-        assert sum(v.left_by_cause.values()) == v.left_tokens
-        assert sum(b.tokens for b in v.left) <= v.left_tokens and len(v.left) == min(50, v.left_branches)
-        if v.left_branches <= 50:
-            assert sum(b.tokens for b in v.left) == v.left_tokens
-            assert sum(b.nodes for b in v.left) == v.left_nodes
-        if v.stored_branches <= 50:
-            assert sum(b.tokens for b in v.stored) == v.stored_tokens
-        for b in v.left:  # (a branch hangs below a node there then and now, or the root)
-            assert b.parent_id is None or (b.parent_id in now and b.parent_id not in diff.new)
-            assert sum(b.causes.values()) == b.tokens
-        for b in v.stored:
-            assert b.parent_id is None or b.parent_id in now
+        check_then(h, k, walks[k], now, s.cache.total_size, lambda k: BundledAdapter.then(adapter, k))
     assert BundledAdapter.then(adapter, len(walks) - 1).tokens_then == len(prefixes(now))
 
 
@@ -164,3 +128,45 @@ def test_the_changes_are_bounded_whole_chunks_at_a_time_and_say_how_far_back_the
         run_to_end(then_pass(h, 10.0, lambda: 0))
     read = run_to_end(then_pass(h, h.then_reaches_back_to(), lambda: 0))
     assert len(tree_then(read[1], read[0]).new) == 10 * STORE_CHUNK - 1 - int(h.then_reaches_back_to())
+
+
+def check_then(h: CacheHistory, k: float, walk_then, now, tokens_now_of, then_of) -> None:
+    """The history's changes since ``k`` against the tree's walks then and now (``tree_nodes``):
+    the nodes now that were there then, with the nodes that left since, hold exactly the token
+    prefixes the tree held then; every node then, gone now, left since; the answer's figures."""
+    ghosts, changes, tokens_now, _ = run_to_end(then_pass(h, k, tokens_now_of))
+    diff = tree_then(changes, ghosts)
+    left = {g.node_id: g for g in diff.left}
+    assert len(left) == len(diff.left), "a node left twice since then"
+    assert walk_then.keys() - now.keys() <= left.keys(), k  # (each node then, gone now, left since)
+    assert not left.keys() & now.keys()
+    assert diff.new.keys() <= now.keys() - walk_then.keys()
+
+    def path(node_id: int) -> tuple[int, ...]:
+        if node_id == ROOT:
+            return ()
+        if node_id in now:
+            return now[node_id][0]
+        g = left[node_id]
+        return path(g.parent_id) + tuple(int(t) for t in memoryview(g.tokens).cast("q"))
+
+    then = {i: v for i, v in now.items() if i not in diff.new}
+    then.update({i: (path(i), g.length, frozenset()) for i, g in left.items()})
+    assert prefixes(then) == prefixes(walk_then), k
+    v = then_of(k)
+    assert (v.tokens_then, v.tokens_now) == (len(prefixes(walk_then)), len(prefixes(now))), k
+    assert tokens_now == v.tokens_now
+    assert v.left_tokens == sum(g.length for g in left.values()) and v.left_nodes == len(left)
+    assert v.stored_tokens == sum(now[i][1] for i in diff.new) and v.stored_nodes == len(diff.new)
+    assert sum(v.left_by_cause.values()) == v.left_tokens
+    assert sum(b.tokens for b in v.left) <= v.left_tokens and len(v.left) == min(50, v.left_branches)
+    if v.left_branches <= 50:
+        assert sum(b.tokens for b in v.left) == v.left_tokens
+        assert sum(b.nodes for b in v.left) == v.left_nodes
+    if v.stored_branches <= 50:
+        assert sum(b.tokens for b in v.stored) == v.stored_tokens
+    for b in v.left:  # (a branch hangs below a node there then and now, or the root)
+        assert b.parent_id is None or (b.parent_id in now and b.parent_id not in diff.new)
+        assert sum(b.causes.values()) == b.tokens
+    for b in v.stored:
+        assert b.parent_id is None or b.parent_id in now

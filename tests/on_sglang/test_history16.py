@@ -81,3 +81,33 @@ def test_why_for_a_session_beside_sglang_gives_each_loss_of_what_it_held_with_it
         v = beside.why_session(sid)
         assert v.requests is None and v.requests_kept is None and v.cached_tokens is None
         losses.check(v, sid)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_tree_then_beside_sglang_is_its_tree_now_less_what_was_stored_since_plus_what_left(sgl, seed):
+    """``then`` over the copy at every past moment, against SGLang's own tree walked after each op
+    (``test_history_then.check_then``): the copy's history keeps the probe's stores, splits and
+    removals."""
+    from tests.backend.test_history_then import check_then
+
+    lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=3)
+    lines = [line for line in lines if json.loads(line)["op"] != "register"]
+    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, "small")
+    oracle = Oracle([], lambda q: 0, mirror, recorder)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    mirror.history.since = mirror.history.stores_since = 0  # (the snapshot's gap, on the test's clock)
+
+    def nodes():
+        return tree_nodes(cache.root_node, lambda node: list(node.key.token_ids))
+
+    walks = [nodes()]
+    for line_no, op in _parse(lines):
+        oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
+        walks.append(nodes())
+    now = walks[-1]
+    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
+    tree = beside.tree
+    for k in range(0, len(walks), 9):
+        check_then(mirror.history, k, walks[k], now, lambda: tree.evictable_size() + tree.protected_size(),
+                   beside.then)
