@@ -464,8 +464,8 @@ class Then:
     left: list[Ghost]
     """The nodes that were in the tree then and left since (each once: its leaving after then)."""
     new: dict[int, tuple[int, int, float]]
-    """The nodes in the tree now that were not then: id -> (its parent's id, its tokens, when it
-    was stored)."""
+    """The nodes in the tree now that were not then (or, a block stored again, whose life now
+    began since): id -> (its parent's id, its tokens, when it was stored)."""
 
     @property
     def left_tokens(self) -> int:
@@ -485,6 +485,7 @@ def tree_then(changes: Iterable[tuple[array, array, array, array]], ghosts: Iter
     is new when its first change since is a store, or a split of a node stored since. Off the
     owner thread: a pass over the changes since then, not over the tree."""
     first: dict[int, bool] = {}  # id -> its first change since was a store (not there then)
+    born_since: dict[int, bool] = {}  # id -> its life now began since (a block's hash: a life again)
     alive: dict[int, bool] = {}
     parent: dict[int, int] = {}
     length: dict[int, int] = {}
@@ -497,10 +498,12 @@ def tree_then(changes: Iterable[tuple[array, array, array, array]], ghosts: Iter
             node_id, up = _id(kept_id), _id(kept_up)
             if n > 0:
                 first.setdefault(node_id, True)
+                born_since[node_id] = True
                 alive[node_id], parent[node_id], length[node_id], stored_at[node_id] = True, up, n, t
             elif n < 0:
                 new = up in first and up not in heads_then  # (split from a node stored since)
                 first.setdefault(node_id, new)
+                born_since[node_id] = new
                 if not new:
                     heads_then.add(node_id)
                 alive[node_id], length[node_id], stored_at[node_id] = True, -n, t
@@ -516,5 +519,5 @@ def tree_then(changes: Iterable[tuple[array, array, array, array]], ghosts: Iter
                 alive[node_id] = False
                 removal += 1
     left = [g for i, g in enumerate(ghosts) if i in old_removals]
-    new = {i: (parent[i], length[i], stored_at[i]) for i, was in first.items() if was and alive[i]}
+    new = {i: (parent[i], length[i], stored_at[i]) for i, born in born_since.items() if born and alive[i]}
     return Then(left, new)

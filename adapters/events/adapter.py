@@ -61,10 +61,19 @@ from radixtop.adapters.model import (
     SessionView,
     SessionWhyView,
     Stats,
+    ThenView,
     WhyView,
 )
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
-from radixtop.adapters.owned.why import answer_session, history_page, journal_read, session_story, why_view
+from radixtop.adapters.owned.why import (
+    answer_session,
+    history_page,
+    journal_read,
+    session_story,
+    then_pass,
+    then_view,
+    why_view,
+)
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
 from radixtop.gpu_backend.history import CacheHistory
 from radixtop.gpu_backend.ledger import SessionOrders
@@ -492,6 +501,14 @@ class EventTreeAdapter(CacheAdapter):
         with self._lock:
             read = journal_read(self._history(), after, served_after, limit)
         return history_page(read)
+
+    def then(self, at: float) -> ThenView:
+        """The blocks in the tree at ``at`` told from those now: each block stored or back in reach
+        since, each that left since (radixtop's own thread: the stream's, not an engine's)."""
+        with self._lock:
+            tree = self._tree
+            read = run_to_end(then_pass(self._history(), at, lambda: tree.root.subtree_tokens))
+        return then_view(at, read, unit="block")
 
     def changes(self, since: int) -> Changes:
         if since < 0:

@@ -236,6 +236,8 @@ class BlockTree:
             block = known[key] = _Block(key, parent_key, tokens)
             block.node, block.sessions = node, sessions
             node.blocks.append(block)
+            if self.history is not None:
+                self._told_stored(block)
             added += len(tokens)
             taken += 1
             parent_key = key
@@ -291,6 +293,8 @@ class BlockTree:
             elif not parent.children:
                 parent.blocks.append(block)
                 block.node = parent
+                if self.history is not None:
+                    self._told_stored(block)
                 self._hold(parent, block.sessions, +1)
                 self._resize(parent, len(block.tokens), ts)
                 self._touch(parent)
@@ -299,6 +303,8 @@ class BlockTree:
         self._next_id += 1
         node.blocks.append(block)
         block.node = node
+        if self.history is not None:
+            self._told_stored(block)
         self._hold(node, block.sessions, +1)
         parent.children[block.key] = node
         self.nodes[node.id] = node
@@ -387,6 +393,12 @@ class BlockTree:
         for node in reversed(order):
             for block in reversed(node.blocks):
                 self._told_removed(block)
+
+    def _told_stored(self, block: _Block) -> None:
+        """``block`` joined the tree now (stored, or back in reach below a parent stored again)."""
+        assert self.history is not None
+        parent = block.parent_key
+        self.history.stored(block_id(block.key), ROOT if parent is None else block_id(parent), len(block.tokens))
 
     def _told_removed(self, block: _Block) -> None:
         """``block`` left the tree now: told to the history, under its parent block (or the root)."""

@@ -120,3 +120,56 @@ def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored(
     assert [(x.nodes, x.tokens, x.node_id) for x in t.lost] == [(1, 4, 13)]
     assert s.requests is None and s.lost_unit == "block"
     assert "4 tokens (block 0xc), evicted for room" in "\n".join(session_why_lines(s, 3.0))
+
+
+def block_walk(tree) -> dict[int, tuple[tuple[int, ...], int, frozenset[str]]]:
+    """Every block in a stream's tree now, by the history's id (``block_id``): its path's tokens
+    from the root, its own tokens' count (``test_history.tree_nodes``, a block a node)."""
+    from radixtop.adapters.events.block_tree import block_id
+
+    out, stack = {}, [(tree.root, ())]
+    while stack:
+        node, path = stack.pop()
+        for block in node.blocks:
+            path = path + tuple(block.tokens)
+            out[block_id(block.key)] = (path, len(block.tokens), frozenset())
+        stack.extend((child, path) for child in node.children.values())
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_since_plus_what_left(seed):
+    """``then`` at every past batch against the tree's own walk after it (``check_then``): blocks
+    stored, evicted (a parent first: its children out of reach with it, and back in reach when
+    it is stored again) and cleared."""
+    from tests.backend.test_history_then import check_then
+
+    prompts, ops = stream(seed)
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1, capacity_tokens=4096)
+    tree = adapter._tree
+    tree.history.since = tree.history.stores_since = 0
+    walks = [block_walk(tree)]
+    for k, (op, arg, chain) in enumerate(ops, start=1):
+        event = None
+        if op == "store":
+            blocks = chain(arg)
+            have = 0
+            while have < len(blocks) and blocks[have][0] in tree.blocks:
+                have += 1
+            if have < len(blocks):
+                new = blocks[have:]
+                event = Stored(tuple(h for h, _ in new), blocks[have - 1][0] if have else None,
+                               tuple(t for _, b in new for t in b), BLOCK)
+        elif op == "remove":
+            keys = sorted(tree.blocks.keys())
+            event = Removed((keys[int(arg * len(keys))],)) if keys else None
+        else:
+            event = Cleared()
+        adapter.apply_batch(k, Batch(float(k), None, [event] if event is not None else []))
+        walks.append(block_walk(tree))
+    now = walks[-1]
+    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
+    for k in range(0, len(walks), 11):
+        check_then(tree.history, k, walks[k], now, lambda: tree.root.subtree_tokens, adapter.then,
+                   units=lambda nodes: {path for path, _, _ in nodes.values()},  # (blocks whole: two may share tokens)
+                   lives=True)
