@@ -296,6 +296,51 @@ def session_why_lines(v: Any, now: float) -> list[str]:
     return lines
 
 
+BRANCHES_SHOWN = 8
+"""Branches of each side (left since, stored since) ``then_lines`` shows (``--json`` has up to
+``MAX_BRANCHES_SHOWN``)."""
+
+
+def then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[str]:
+    """A ``ThenView`` as lines: the tree's tokens then and now, what left since (by cause, its
+    largest branches) and what was stored since."""
+    lines = [f"the tree at {when(v.at, now)}: {v.tokens_then:,} tokens cached (now {v.tokens_now:,})"]
+    if not v.left_tokens and not v.stored_tokens:
+        lines.append("nothing stored or left since: the tree then is the tree now")
+        return lines
+    unit = "block" if v.unit == "block" else "node"
+    if v.left_tokens:
+        by_cause = ", ".join(f"{tokens:,} {CAUSE_WORDS[cause]}" for cause, tokens in
+                             sorted(v.left_by_cause.items(), key=lambda item: -item[1]))
+        lines.append(f"left since: {v.left_tokens:,} tokens in {v.left_nodes:,} {unit}s ({by_cause})")
+        for b in v.left[:shown]:
+            causes = ", ".join(CAUSE_WORDS[c] for c, _ in sorted(b.causes.items(), key=lambda item: -item[1]))
+            moment = when(b.first_at, now) if b.last_at - b.first_at < 1.0 else \
+                f"{when(b.first_at, now)} to {when(b.last_at, now)}"
+            held = f"; held by {', '.join(map(inert, b.holders[:3]))}{'…' if len(b.holders) > 3 else ''}" \
+                if b.holders else ""
+            lines.append(f"  {b.tokens:,} tokens ({_what(b.node_id, b.nodes, v.unit)}{_below(b, v.unit)}), "
+                         f"{causes} at {moment}{held}")
+        if v.left_branches > min(shown, len(v.left)):
+            lines.append(f"  ... {v.left_branches - min(shown, len(v.left)):,} more branches (--json)")
+    if v.stored_tokens:
+        lines.append(f"stored since: {v.stored_tokens:,} tokens in {v.stored_nodes:,} {unit}s")
+        for b in v.stored[:shown]:
+            moment = when(b.first_at, now) if b.last_at - b.first_at < 1.0 else \
+                f"{when(b.first_at, now)} to {when(b.last_at, now)}"
+            lines.append(f"  {b.tokens:,} tokens ({_what(b.node_id, b.nodes, v.unit)}{_below(b, v.unit)}), "
+                         f"stored at {moment}")
+        if v.stored_branches > min(shown, len(v.stored)):
+            lines.append(f"  ... {v.stored_branches - min(shown, len(v.stored)):,} more branches (--json)")
+    return lines
+
+
+def _below(b: Any, unit: str) -> str:
+    if b.parent_id is None:
+        return ", below the root"
+    return f", below block {b.parent_id:#x}" if unit == "block" else f", below #{b.parent_id}"
+
+
 def _runs(lost: Any) -> list[tuple[Any, int, int]]:
     """The lost tokens as runs gone the same way (one close, one eviction: the same cause, session
     and asker, each node next to the one before, within a second): ``(first, end, nodes)``."""

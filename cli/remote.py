@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -303,7 +304,6 @@ def why(
     """Why a prompt missed: how much of it is cached now, where it leaves the cached path, and
     what of the rest was cached before, when and why it left (evicted, a session's close, a
     flush, an evict someone asked for). With --session, a session's story instead."""
-    import time
 
     from radixtop.adapters.text import session_why_lines, why_lines
 
@@ -311,19 +311,68 @@ def why(
         raise fail("give the prompt's token ids, --text or --session, one of them", EXIT_USAGE)
     if session is not None:
         with remote_target(url, token, timeout) as t:
-            story = t.why_session(session)
-        if as_json:
-            return emit_json(story.to_dict())
-        for line in session_why_lines(story, time.time()):
-            typer.echo(line)
-        return None
+            return _answer(t.why_session(session), session_why_lines, as_json)
     ids = _parse_tokens(tokens) if tokens else None
     with remote_target(url, token, timeout) as t:
         w = t.why(ids if ids is not None else t.encode(text or ""))
+    return _answer(w, why_lines, as_json)
+
+
+def _answer(view: Any, lines_of: Callable[[Any, float], list[str]], as_json: bool) -> None:
+    """A view as JSON, or as its lines (``lines_of(view, now)``)."""
+    import time
+
     if as_json:
-        return emit_json(w.to_dict())
-    for line in why_lines(w, time.time()):
+        return emit_json(view.to_dict())
+    for line in lines_of(view, time.time()):
         typer.echo(line)
+    return None
+
+
+@app.command()
+def then(
+    moment: Annotated[str, typer.Argument(help="How long ago (90s, 10m, 2h) or a time of day today (14:03, "
+                                          "14:03:27; yesterday's where that is still to come).")],
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
+) -> None:
+    """The tree at a past moment, told from the tree now: what left since (when, why, whose) and
+    what was stored since, the largest branches first."""
+    import time
+
+    from radixtop.adapters.text import then_lines
+
+    try:
+        at = parse_moment(moment, time.time())
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    with remote_target(url, token, timeout) as t:
+        view = t.then(at)
+    return _answer(view, then_lines, as_json)
+
+
+def parse_moment(text: str, now: float) -> float:
+    """``90s``/``10m``/``2h`` ago, or ``HH:MM[:SS]`` today (local; yesterday's where it is still to
+    come), as seconds since the epoch; ValueError in one line otherwise."""
+    import time
+
+    from radixtop.cli.recording import parse_duration
+
+    raw = text.strip()
+    if ":" not in raw:
+        try:
+            return now - parse_duration(raw)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a moment (e.g. 90s, 10m, 2h ago, or 14:03:27 today)") from None
+    parts = raw.split(":")
+    try:
+        h, m, sec = (int(p) for p in (parts + ["0"])[:3]) if 2 <= len(parts) <= 3 else (-1, 0, 0)
+    except ValueError:
+        h, m, sec = -1, 0, 0
+    if not (0 <= h < 24 and 0 <= m < 60 and 0 <= sec < 60):
+        raise ValueError(f"{text!r} is not a moment (e.g. 90s, 10m, 2h ago, or 14:03:27 today)")
+    day = time.localtime(now)
+    at = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, h, m, sec, 0, 0, -1))
+    return at - 86400 if at > now else at
 
 
 def _parse_tokens(parts: list[str]) -> list[int]:

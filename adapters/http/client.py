@@ -51,6 +51,7 @@ from radixtop.adapters.http.wire import (
     sessions_page_from_dict,
     stats_from_dict,
     subtree_from_dict,
+    then_from_dict,
     why_from_dict,
 )
 from radixtop.adapters.model import (
@@ -75,6 +76,7 @@ from radixtop.adapters.model import (
     SessionWhyView,
     Stats,
     SubtreeView,
+    ThenView,
     WhyView,
 )
 
@@ -274,6 +276,9 @@ class RadixtopClient(CacheAdapter):
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
         return self._get(lambda d: history_page_from_dict(d, after, served_after), "/v1/history", after=after,
                          served_after=served_after, limit=limit)
+
+    def then(self, at: float) -> ThenView:
+        return self._get(then_from_dict, "/v1/then", at=repr(float(at)))
 
     @staticmethod
     def _match_query(tokens: list[int]) -> str:

@@ -307,6 +307,34 @@ class HistoryPageOut(Schema):
     history_since: float
 
 
+class BranchOut(Schema):
+    node_id: int
+    parent_id: int | None = Field(description="What it hangs below (null: the root), in the tree then and now")
+    nodes: int
+    tokens: int
+    first_at: float
+    last_at: float
+    causes: dict[str, int] = Field(description="Its tokens by why they left (empty for what was stored since)")
+    holders: list[str]
+
+
+class ThenOut(Schema):
+    at: float
+    tokens_then: int
+    tokens_now: int
+    left_tokens: int = Field(description="In the tree then, not now")
+    left_nodes: int
+    left_by_cause: dict[str, int]
+    left: list[BranchOut] = Field(description="The largest branches that left since, the largest first")
+    left_branches: int
+    stored_tokens: int = Field(description="In the tree now, not then")
+    stored_nodes: int
+    stored: list[BranchOut]
+    stored_branches: int
+    history_since: float = Field(description="The earliest moment a then can reach")
+    unit: Literal["node", "block"] = Field("node", description="What node_id names: a node, or a block by its hash")
+
+
 class ChangesOut(Schema):
     since: int
     version: int

@@ -37,6 +37,7 @@ from radixtop.adapters.model import (
     SessionWhyView,
     Stats,
     SubtreeView,
+    ThenView,
     WhyView,
 )
 
@@ -256,6 +257,24 @@ def history_page_from_dict(d: dict[str, Any], after: int, served_after: int) -> 
         seqs = [item.seq for item in items]
         if seqs != list(range(first, first + len(seqs))) or (seqs and (first <= place or seqs[-1] > count)):
             raise WireError(f"{what} numbered {seqs[:1]}..{seqs[-1:]} after {place} of {count}: not a page")
+    return view
+
+
+def then_from_dict(d: dict[str, Any]) -> ThenView:
+    """The tree at a moment, its figures checked: then = now - stored since + left since, the causes
+    known and summing to what left, no branch larger than its side."""
+    view = from_wire(ThenView, d)
+    if view.tokens_then != view.tokens_now - view.stored_tokens + view.left_tokens or min(
+            view.tokens_then, view.left_tokens, view.stored_tokens) < 0:
+        raise WireError(f"{view.tokens_then} tokens then, {view.tokens_now} now, {view.stored_tokens} stored and "
+                        f"{view.left_tokens} left since: they do not add up")
+    if set(view.left_by_cause) - set(CAUSES) or sum(view.left_by_cause.values()) != view.left_tokens:
+        raise WireError(f"left since by {sorted(view.left_by_cause)}: not {view.left_tokens} tokens by known causes")
+    for side, branches, count, tokens in (("left", view.left, view.left_branches, view.left_tokens),
+                                          ("stored", view.stored, view.stored_branches, view.stored_tokens)):
+        if len(branches) > count or sum(b.tokens for b in branches) > tokens or any(
+                b.nodes < 1 or b.tokens < b.nodes or b.last_at < b.first_at for b in branches):
+            raise WireError(f"{len(branches)} {side} branches of {count}, {tokens} tokens: not an answer")
     return view
 
 

@@ -190,6 +190,23 @@ def test_a_history_page_numbered_out_of_order_or_from_before_the_readers_place_i
             history_page_from_dict({**good, **bad}, after, 0)
 
 
+def test_a_then_whose_figures_do_not_add_up_is_refused():
+    from radixtop.adapters.http.wire import then_from_dict
+
+    branch = {"node_id": 4, "parent_id": None, "nodes": 2, "tokens": 9, "first_at": 1.0, "last_at": 1.5,
+              "causes": {"closed": 9}, "holders": ["s"]}
+    good = {"at": 1.0, "tokens_then": 20, "tokens_now": 15, "left_tokens": 9, "left_nodes": 2,
+            "left_by_cause": {"closed": 9}, "left": [branch], "left_branches": 1, "stored_tokens": 4,
+            "stored_nodes": 1, "stored": [{**branch, "tokens": 4, "nodes": 1, "causes": {}, "holders": []}],
+            "stored_branches": 1, "history_since": 0.5}
+    assert then_from_dict(good).left[0].tokens == 9
+    for bad in ({"tokens_then": 21}, {"left_by_cause": {"closed": 8}}, {"left_by_cause": {"magic": 9}},
+                {"left_branches": 0}, {"left": [{**branch, "tokens": 10}]}, {"left": [{**branch, "nodes": 0}]},
+                {"left": [{**branch, "last_at": 0.5}]}, {"stored_tokens": 3}, {"tokens_now": "many"}):
+        with pytest.raises(WireError):
+            then_from_dict({**good, **bad})
+
+
 def test_stats_floats_and_bools_are_checked():
     engine = build_engine()
     try:

@@ -200,6 +200,34 @@ def test_why_for_a_session_tells_its_hits_and_what_it_lost(server):
     assert run(server, "why", "1", "--session", "a").exit_code == 2
 
 
+def test_then_tells_the_tree_at_a_moment_from_what_left_since(fresh_server):
+    """``then`` (issue 29's time travel) against a real API server: a moment before a close and an
+    evict is the tree then, tokens for tokens (the stats read then); what left since is told by
+    cause; a moment before the history's reach, or not a moment, is one line, exit 2."""
+    import time
+
+    before = one_json(run(fresh_server, "stats", "--json"))
+    time.sleep(1.02 - time.time() % 1)  # (a second of its own: HH:MM:SS names a moment after the engine's ops)
+    at = int(time.time())
+    moment = time.strftime("%H:%M:%S", time.localtime(at))
+    closed = one_json(run(fresh_server, "close", "b", "--yes", "--json"))["results"][0]["freed_tokens"]
+    evicted = one_json(run(fresh_server, "evict", "2", "--yes", "--json"))["evicted_tokens"]
+    after = one_json(run(fresh_server, "stats", "--json"))
+    doc = one_json(run(fresh_server, "then", moment, "--json"))
+    assert doc["at"] == at and doc["unit"] == "node"
+    assert (doc["tokens_then"], doc["tokens_now"]) == (before["total_tokens"], after["total_tokens"])
+    assert doc["left_by_cause"] == {"closed": closed, "evict_action": evicted} and closed == 3
+    assert doc["stored_tokens"] == 0 and doc["stored"] == []
+    assert sum(b["tokens"] for b in doc["left"]) == doc["left_tokens"] == closed + evicted
+    out = run(fresh_server, "then", moment).stdout
+    assert f"the tree at {moment}" in out and f"{before['total_tokens']:,} tokens cached" in out
+    assert "freed by closes" in out and "evicted on request" in out
+    early = run(fresh_server, "then", "2h")
+    assert early.exit_code == 2 and "reaches back to" in early.stderr and len(early.stderr.splitlines()) == 1
+    assert run(fresh_server, "then", "soon").exit_code == 2
+    assert run(fresh_server, "then", "25:00").exit_code == 2
+
+
 def test_export_columns_to_a_file(server, tmp_path):
     from radixtop.adapters.http.wire import decode_export_columns
 

@@ -6,6 +6,7 @@ none) before any route runs: an unknown route, /openapi.json and the heavy reads
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
@@ -58,6 +59,7 @@ from radixtop.adapters.http.schemas import (
     SessionWhyOut,
     StatsOut,
     SubtreeOut,
+    ThenOut,
     WhyOut,
 )
 from radixtop.adapters.http.server.answers import ahead_of_reads, call, json_response, logger
@@ -210,6 +212,19 @@ def history(adapter: Adapter,
             limit: int = Query(MAX_HISTORY_PAGE, ge=1, le=MAX_HISTORY_PAGE,
                                description=f"at most this many of each (1-{MAX_HISTORY_PAGE})")) -> Response:
     return json_response(call(adapter.history, after, served_after, limit))
+
+
+@router.get("/v1/then", response_model=ThenOut,
+            summary="The tree at a past moment, told from the tree now: what left since (when, why, whose) and "
+                    "what was stored since",
+            responses=documented(429, 422, 501, *TARGET_ERRORS))
+def then(adapter: Adapter,
+         at: float | None = Query(None, allow_inf_nan=False, description="the moment, in seconds since the epoch"),
+         ago: float | None = Query(None, ge=0, allow_inf_nan=False,
+                                   description="the moment, as seconds before now (instead of at)")) -> Response:
+    if (at is None) == (ago is None):
+        raise BadRequest("give at or ago, one of them")
+    return json_response(call(adapter.then, at if at is not None else time.time() - ago))  # type: ignore[operator]
 
 
 @router.get("/v1/encode", response_model=EncodeOut,
