@@ -59,6 +59,7 @@ class CacheScreen(PolledScreen):
         Binding("slash", "search", "Search", id="app.search"),
         Binding("D", "doctor", "Leak doctor", show=False, id="app.doctor"),
         Binding("w", "why", "Why missed", show=False, id="app.why"),
+        Binding("T", "then", "Then: the tree at a past moment", show=False, id="app.then"),
         Binding("p", "pause", "Pause", id="app.pause"),
         Binding("q", "quit", "Quit", id="app.quit"),
         Binding("plus,equals_sign", "faster", "Faster", show=False, id="app.faster"),
@@ -410,6 +411,11 @@ class CacheScreen(PolledScreen):
 
     def action_why(self) -> None:
         self.lookups.ask_why()
+
+    def action_then(self) -> None:
+        from radixtop.inspector.timeline import TimelineScreen
+
+        self.app.push_screen(TimelineScreen(self.poller.then))
 
 
 def screen_bindings() -> list[BindingType]:

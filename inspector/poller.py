@@ -29,6 +29,7 @@ from radixtop.adapters.model import (
     SessionsPage,
     SessionWhyView,
     Stats,
+    ThenView,
     WhyView,
 )
 from radixtop.inspector.tree_ops import TreeOp
@@ -282,6 +283,10 @@ class Poller:
     def why_session(self, session_id: str) -> SessionWhyView:
         """A session's story: its requests' hits, what it held that left (``CacheAdapter.why_session``)."""
         return self.adapter.why_session(session_id)
+
+    def then(self, at: float) -> ThenView:
+        """The tree at ``at``, told from the tree now (``CacheAdapter.then``)."""
+        return self.adapter.then(at)
 
     def diagnose(self) -> Diagnosis:
         """The leak doctor's findings (``CacheAdapter.diagnose``)."""
