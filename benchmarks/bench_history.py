@@ -5,10 +5,15 @@ owner thread of a busy bundled engine.
    ``--key-tokens`` tokens (a tuple each, as the bundled cache's keys), timed with the GC off at
    the default bounds (64 MiB: the oldest dropped as it goes); the memory each kept one holds
    (``tracemalloc``, all 1M kept), and one ``explain`` of a 4,096-token prompt over them.
-2. **On the owner thread**: a generated multi-session trace on a tight pool (every allocation
-   evicts) replayed on two bundled ``Scheduler``s side by side, one keeping its history and one
-   not (``history=False``), in alternating chunks so a noisy neighbour slows both; the ratio of
-   their ``apply`` time, and the removals the history took.
+2. **Per million stores** (``stored``: a node's id, its parent's, its tokens, when; a removal
+   appends the same to the journal of changes): the time each and the memory each kept; and the
+   tree at a past moment (``then``) over a full journal of changes (``MOST_STORES``, a tenth of
+   them removals): the owner thread's part in slices (the longest one), and the rest off it.
+3. **On the owner thread**: a generated multi-session trace on a tight pool (every allocation
+   evicts) replayed on three bundled ``Scheduler``s side by side: one keeping its history, one
+   not (``history=False``), one keeping it without its journal of changes (what ``then`` adds);
+   in rotating chunks so a noisy neighbour slows all; the ratios of their ``apply`` time, and the
+   removals the history took.
 
     .venv/bin/python benchmarks/bench_history.py            # about a minute
 """
@@ -119,31 +124,91 @@ def reads_at_the_bounds(n: int) -> dict:
             "bytes_per_request_kept": held / MOST_SERVED, **best}
 
 
+def stores_and_then(n: int) -> dict:
+    from radixtop.adapters.owned.why import then_pass, then_view
+    from radixtop.gpu_backend.history import MOST_STORES, ROOT
+
+    history = CacheHistory()
+    gc.disable()
+    started = pc()
+    for i in range(n):
+        history.stored(i + 1, ROOT if i < 64 else i // 4, 8)
+    took = pc() - started
+    gc.enable()
+    tracemalloc.start()
+    kept = CacheHistory()
+    for i in range(min(n, MOST_STORES)):
+        kept.stored(i + 1, ROOT if i < 64 else i // 4, 8)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # a full journal: stores, then a tenth of them removed, the leaves first
+    rng = random.Random(3)
+    keys = [tuple(rng.randrange(1, 50_000) for _ in range(8)) for _ in range(1024)]
+    full = CacheHistory()
+    stores = MOST_STORES * 9 // 10
+    for i in range(stores // 2):
+        full.stored(i + 1, ROOT if i < 64 else i // 4, 8)
+    at = full.clock()  # (the moment asked for: half the stores before it; the removals all after)
+    for i in range(stores // 2, stores):
+        full.stored(i + 1, ROOT if i < 64 else i // 4, 8)
+    for i in range(stores // 2, stores // 2 - MOST_STORES // 10, -1):  # (the deepest first: leaves then)
+        full.removed(i, ROOT if i <= 64 else (i - 1) // 4, keys[i & 1023], None)
+    best = {"then_owner_ms": 1e9, "then_slice_ms": 1e9, "then_view_ms": 1e9}
+    for _ in range(3):
+        longest, owner, read_pass = 0.0, 0.0, then_pass(full, at, lambda: 0)
+        try:
+            while True:
+                began = pc()
+                next(read_pass)
+                owner += pc() - began
+                longest = max(longest, pc() - began)
+        except StopIteration as done:
+            owner += pc() - began
+            longest = max(longest, pc() - began)
+            read = done.value
+        began = pc()
+        view = then_view(at, read)
+        best["then_view_ms"] = min(best["then_view_ms"], (pc() - began) * 1e3)
+        best["then_owner_ms"] = min(best["then_owner_ms"], owner * 1e3)
+        best["then_slice_ms"] = min(best["then_slice_ms"], longest * 1e3)
+    return {"stores": n, "us_per_store": took / n * 1e6, "bytes_per_store_kept": held / min(n, MOST_STORES),
+            "then_changes": full.stored_count, "then_left": view.left_nodes, "then_stored": view.stored_nodes, **best}
+
+
 def on_the_owner(seeds: int, ops: int) -> dict:
-    times = {True: 0.0, False: 0.0}
+    """Three schedulers side by side: without the history, with it but without its journal of
+    changes (``_store`` stubbed: the removals and requests only), and with all of it."""
+    sides_of = ("without", "no_changes", "with")
+    times = dict.fromkeys(sides_of, 0.0)
     removals = ops_done = 0
     for seed in range(seeds):
         lines = generate_trace(seed, n_ops=ops, max_in_flight=8, vocab=2000)
         trace = list(read_trace(lines))
         cap = capacity_for(lines, "small")
-        sides = {on: Replayer(Scheduler(get_geometry("tiny"), cap, device="cpu", write_kv=False, history=on))
-                 for on in (True, False)}
+        sides = {}
+        for side in sides_of:
+            s = Scheduler(get_geometry("tiny"), cap, device="cpu", write_kv=False, history=side != "without")
+            if side == "no_changes":
+                s.cache.history._store = lambda *a: None  # type: ignore[method-assign]
+            sides[side] = Replayer(s)
         gc.disable()
+        order = list(sides_of)
         for start in range(0, len(trace), 200):
             chunk = trace[start : start + 200]
-            order = (True, False) if (start // 200) % 2 == 0 else (False, True)
-            for on in order:
-                replayer = sides[on]
+            order = order[1:] + order[:1]  # (each first in turn)
+            for side in order:
+                replayer = sides[side]
                 began = pc()
                 for op in chunk:
                     replayer.apply(op)
-                times[on] += pc() - began
+                times[side] += pc() - began
             gc.collect()
         gc.enable()
-        removals += sides[True].scheduler.cache.history.removed_count
+        removals += sides["with"].scheduler.cache.history.removed_count
         ops_done += len(trace)
-    return {"ops": ops_done, "removals": removals, "with_s": times[True], "without_s": times[False],
-            "ratio": times[True] / times[False]}
+    return {"ops": ops_done, "removals": removals, "with_s": times["with"], "without_s": times["without"],
+            "no_changes_s": times["no_changes"], "ratio": times["with"] / times["without"],
+            "changes_ratio": times["with"] / times["no_changes"]}
 
 
 def main() -> None:
@@ -165,11 +230,16 @@ def main() -> None:
         f"{reads['story_copy_ms']:.2f} ms on the owner thread in slices of at most {reads['story_slice_ms']:.2f} ms, "
         f"then {reads['story_view_ms']:.1f} ms off it; a page "
         f"of the journal {reads['page_ms']:.2f} ms")
+    stores = stores_and_then(args.removals)
+    log(f"  a store told {stores['us_per_store']:.2f} us, {stores['bytes_per_store_kept']:.0f} B kept; the tree then "
+        f"over {stores['then_changes']:,} changes: {stores['then_owner_ms']:.2f} ms on the owner thread in slices of "
+        f"at most {stores['then_slice_ms']:.2f} ms, then {stores['then_view_ms']:.0f} ms off it")
     rounds = []
     for r in range(args.rounds):
         one = on_the_owner(args.seeds, args.ops)
         log(f"  round {r + 1}: {one['ops']:,} ops, {one['removals']:,} removals: with {one['with_s']:.2f} s, "
-            f"without {one['without_s']:.2f} s: {one['ratio']:.3f}x")
+            f"without {one['without_s']:.2f} s: {one['ratio']:.3f}x; the journal of changes "
+            f"{one['changes_ratio']:.3f}x of the rest")
         rounds.append(one)
     ratio = statistics.median(r["ratio"] for r in rounds)
     table = "\n".join([
@@ -185,12 +255,21 @@ def main() -> None:
         f"{reads['kept_removals']:,} removals, {reads['kept_requests']:,} requests | {reads['story_copy_ms']:.2f} | "
         f"{reads['story_slice_ms']:.2f} | {reads['story_view_ms']:.1f} | {reads['page_ms']:.2f} |",
         "",
-        "| owner thread, tight pool | ops | removals | with history (s) | without (s) | ratio |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| a store told (us) | B kept each | the tree then over a full journal: changes | owner thread (ms) | "
+        "its longest slice (ms) | then off it (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {stores['us_per_store']:.2f} | {stores['bytes_per_store_kept']:.0f} | {stores['then_changes']:,} "
+        f"({stores['then_left']:,} left, {stores['then_stored']:,} stored since) | {stores['then_owner_ms']:.2f} | "
+        f"{stores['then_slice_ms']:.2f} | {stores['then_view_ms']:.0f} |",
+        "",
+        "| owner thread, tight pool | ops | removals | with history (s) | without (s) | ratio | "
+        "without its journal of changes (s) | the journal's share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| round {i + 1} | {r['ops']:,} | {r['removals']:,} | {r['with_s']:.2f} | {r['without_s']:.2f} | "
-          f"{r['ratio']:.3f}x |" for i, r in enumerate(rounds)),
+          f"{r['ratio']:.3f}x | {r['no_changes_s']:.2f} | {r['changes_ratio']:.3f}x |" for i, r in enumerate(rounds)),
     ])
-    finish(args.out, {"environment": environment(), "per_million": micro, "reads": reads, "rounds": rounds,
+    finish(args.out, {"environment": environment(), "per_million": micro, "reads": reads, "stores": stores,
+                      "rounds": rounds,
                       "median_ratio": ratio},
            table, f"median ratio with/without the history: {ratio:.3f}x")
 

@@ -127,6 +127,9 @@ class CacheHistory:
         bounds, or a gap (``gap``)."""
         self._cause: tuple[str, str | None, tuple[int, int] | None, str] = (EVICTED, None, None, "")
         self._stores: deque[_Stores] = deque()
+        self._chunk = _Stores()
+        """The chunk stores go to (full from the start: the first store makes one)."""
+        self._chunk.at.extend([0.0] * STORE_CHUNK)
         self.stored_count = 0
         """Stores told since the start (kept or dropped since)."""
         self._stores_first = 1
@@ -189,20 +192,24 @@ class CacheHistory:
         self._store(head_id, child_id, -head_tokens)
 
     def _store(self, node_id: int, parent_id: int, tokens: int, now: float | None = None) -> None:
-        stores = self._stores
         if now is None:
             now = self.clock()
-        if not stores or len(stores[-1].at) >= STORE_CHUNK:
-            if stores and ((len(stores) + 1) * STORE_CHUNK > MOST_STORES or now - stores[0].at[-1] > self.most_age_s):
-                self._trim_stores(now)
-            stores.append(_Stores())
-        chunk = stores[-1]
+        chunk = self._chunk
+        if len(chunk.at) >= STORE_CHUNK:
+            chunk = self._new_chunk(now)
         chunk.at.append(now)
         # (a block's hash is 64 bits unsigned: kept as its two's complement, read back by ``_id``)
-        chunk.ids.append(node_id if node_id < _SIGN else node_id - _WRAP)
-        chunk.other.append(parent_id if parent_id < _SIGN else parent_id - _WRAP)
-        chunk.tokens.append(tokens)
+        chunk.rest.extend((node_id if node_id < _SIGN else node_id - _WRAP,
+                           parent_id if parent_id < _SIGN else parent_id - _WRAP, tokens))
         self.stored_count += 1
+
+    def _new_chunk(self, now: float) -> _Stores:
+        stores = self._stores
+        if stores and ((len(stores) + 1) * STORE_CHUNK > MOST_STORES or now - stores[0].at[-1] > self.most_age_s):
+            self._trim_stores(now)
+        self._chunk = _Stores()
+        stores.append(self._chunk)
+        return self._chunk
 
     def _trim_stores(self, now: float) -> None:
         """Whole chunks, the oldest first, until one more fits (checked when a chunk fills: a
@@ -320,8 +327,8 @@ class CacheHistory:
             return (array("d"), array("q"), array("q"), array("q")), number
         chunk = self._stores[index]
         end = min(len(chunk.at), offset + limit)
-        return ((chunk.at[offset:end], chunk.ids[offset:end], chunk.other[offset:end], chunk.tokens[offset:end]),
-                number + max(0, end - offset))
+        rest = chunk.rest[3 * offset:3 * end]
+        return (chunk.at[offset:end], rest[0::3], rest[1::3], rest[2::3]), number + max(0, end - offset)
 
     def explain(self, query: Sequence[int], live: Sequence[tuple[int, int]], cached: int,
                 page_size: int = 1) -> list[Lost]:
@@ -369,13 +376,14 @@ def _id(kept: int) -> int:
 
 
 class _Stores:
-    """A chunk of the stores' columns: when, the node's id, its parent's id (a split's: the child
-    it was split from), its tokens (a split's head: negative)."""
+    """A chunk of the changes: when (``at``), then three numbers a change in ``rest``: the node's
+    id, its parent's id (a split's: the child it was split from), its tokens (a split's head:
+    negative; a removal: 0)."""
 
-    __slots__ = ("at", "ids", "other", "tokens")
+    __slots__ = ("at", "rest")
 
     def __init__(self) -> None:
-        self.at, self.ids, self.other, self.tokens = array("d"), array("q"), array("q"), array("q")
+        self.at, self.rest = array("d"), array("q")
 
 
 def _tail(kept: deque[Any], count: int, after: int, limit: int) -> tuple[list[Any], int]:

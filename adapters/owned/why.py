@@ -3,6 +3,7 @@ cached path read from the live tree, then what of the rest was cached before (is
 
 from __future__ import annotations
 
+import heapq
 import time
 from array import array
 from collections.abc import Callable, Generator, Sequence
@@ -186,20 +187,21 @@ def then_view(at: float, read: tuple[Any, ...], unit: str = "node") -> ThenView:
     ghosts, changes, tokens_now, reach = read
     diff = tree_then(changes, ghosts)
     left_by: dict[int, Ghost] = {g.node_id: g for g in diff.left}
-    left = _branches({i: (g.parent_id, g.length, g.at) for i, g in left_by.items()}, left_by)
-    stored = _branches(diff.new, {})
+    left, left_branches = _branches({i: (g.parent_id, g.length, g.at) for i, g in left_by.items()}, left_by)
+    stored, stored_branches = _branches(diff.new, {})
     by_cause: dict[str, int] = {}
     for g in diff.left:
         by_cause[g.cause] = by_cause.get(g.cause, 0) + g.length
     left_tokens, stored_tokens = diff.left_tokens, diff.new_tokens
     return ThenView(at, tokens_now - stored_tokens + left_tokens, tokens_now, left_tokens, len(diff.left),
-                    by_cause, tuple(left[:MAX_BRANCHES_SHOWN]), len(left), stored_tokens, len(diff.new),
-                    tuple(stored[:MAX_BRANCHES_SHOWN]), len(stored), reach, unit)  # type: ignore[arg-type]
+                    by_cause, tuple(left), left_branches, stored_tokens, len(diff.new), tuple(stored),
+                    stored_branches, reach, unit)  # type: ignore[arg-type]
 
 
-def _branches(nodes: dict[int, tuple[int, int, float]], ghosts: dict[int, Ghost]) -> list[BranchView]:
+def _branches(nodes: dict[int, tuple[int, int, float]], ghosts: dict[int, Ghost]) -> tuple[list[BranchView], int]:
     """``nodes`` (id -> its parent's id, its tokens, when) grouped by their top node (the first up
-    whose parent is not among them), the largest first."""
+    whose parent is not among them): the largest ``MAX_BRANCHES_SHOWN``, the largest first, and how
+    many there are."""
     top: dict[int, int] = {}
     for node_id in nodes:
         path, up = [], node_id
@@ -216,16 +218,22 @@ def _branches(nodes: dict[int, tuple[int, int, float]], ghosts: dict[int, Ghost]
             b = grown[top[node_id]] = [0, 0, at, at, {}, []]
         b[0] += 1
         b[1] += tokens
-        b[2], b[3] = min(b[2], at), max(b[3], at)
-        g = ghosts.get(node_id)
-        if g is not None:
+        if at < b[2]:
+            b[2] = at
+        elif at > b[3]:
+            b[3] = at
+        g = ghosts.get(node_id) if ghosts else None
+        if g is not None:  # (what left: its causes and holders)
             b[4][g.cause] = b[4].get(g.cause, 0) + tokens
-            b[5].extend(h for h in g.holders if h not in b[5] and len(b[5]) < MAX_BRANCH_HOLDERS)
-    out = [BranchView(node_id, None if nodes[node_id][0] == ROOT else nodes[node_id][0], n, tokens, first, last,
-                      causes, tuple(holders))
-           for node_id, (n, tokens, first, last, causes, holders) in grown.items()]
-    out.sort(key=lambda b: (-b.tokens, b.first_at))
-    return out
+            if g.holders and len(b[5]) < MAX_BRANCH_HOLDERS:
+                b[5].extend(h for h in g.holders if h not in b[5])
+    largest = heapq.nsmallest(MAX_BRANCHES_SHOWN, grown.items(), key=lambda item: (-item[1][1], item[1][2]))
+    shown = []
+    for node_id, (n, tokens, first, last, causes, holders) in largest:
+        parent = nodes[node_id][0]
+        shown.append(BranchView(node_id, None if parent == ROOT else parent, n, tokens, first, last, causes,
+                                tuple(holders[:MAX_BRANCH_HOLDERS])))
+    return shown, len(grown)
 
 
 def _clock(at: float) -> str:
