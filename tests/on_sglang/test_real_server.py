@@ -198,6 +198,7 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, t
     server.generate(prompt, max_new_tokens=4)
     settle(server, client)
     assert client.match(prompt).matched_tokens > 0
+    before, moment = client.stats(), time.time()
     flood(server)
     settle(server, client)
     st, w = client.stats(), client.why(prompt)
@@ -222,6 +223,15 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, t
         assert any(held[i:i + len(piece)] == piece for i in range(len(held) - len(piece) + 1)), lost
     assert "requests not told by this target" in done.stdout  # (beside: not in the probe's records)
     print(done.stdout.strip())
+    # radixtop then <the moment before the flood>: the tree then, what the flood evicted and stored
+    from radixtop.adapters.text import then_lines
+
+    v = client.then(moment)
+    assert (v.tokens_then, v.tokens_now) == (before.total_tokens, st.total_tokens)
+    assert v.left_by_cause.get("evicted", 0) >= sum(lost.end - lost.start for lost in w.lost) > 0
+    assert set(v.left_by_cause) == {"evicted"} and v.stored_tokens > 0
+    print(f"radixtop then <the moment before the flood> (sglang {VERSION}):")
+    print("\n".join(then_lines(v, time.time(), shown=3)))
 
 
 def test_why_for_a_session_names_its_close(server, client, driven):
