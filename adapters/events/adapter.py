@@ -164,6 +164,8 @@ class EventTreeAdapter(CacheAdapter):
         if self.removals_are is not None:
             history = CacheHistory(clock=lambda: time.time() if self._batch_ts is None else self._batch_ts)
         self._tree = BlockTree(history)
+        self._cause: Any = None
+        """The cause the source told for the removals being applied (``caused``), or None."""
         self._counts: Counter[str] = Counter()
         self._unknown: Counter[str] = Counter()
         self._last_seq = -1
@@ -215,6 +217,23 @@ class EventTreeAdapter(CacheAdapter):
         with self._lock:
             self._counts["missed_batches"] += n
             self._complete = False
+            if self._tree.history is not None:  # (what those batches removed is not known)
+                self._tree.history.gap()
+
+    def caused(self, cause: str, who: str = "") -> None:
+        """The removals applied from now on are for ``cause`` (an action radixtop asked of the
+        engine: ``evict_action``, ``flushed``), until a ``caused("")``: the stream's own again. The
+        source tells it in order among the batches (the probe's ``CAUSED`` frames)."""
+        with self._lock:
+            history = self._tree.history
+            if history is None:
+                return
+            if self._cause is not None:
+                self._cause.__exit__(None, None, None)
+                self._cause = None
+            if cause:
+                self._cause = history.cause(cause, who=who)
+                self._cause.__enter__()
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every

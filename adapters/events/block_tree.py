@@ -524,4 +524,5 @@ def block_id(key: BlockKey) -> int:
     group, h = key if isinstance(key, tuple) else (None, key)
     if isinstance(h, bytes):
         h = int.from_bytes(h[-8:], "big")
+    h &= (1 << 64) - 1  # (SGLang's Rust core hashes to a signed int: the same bits, unsigned)
     return h if group is None else (h ^ (group * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1)

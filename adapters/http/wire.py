@@ -19,6 +19,7 @@ from radixtop.adapters.errors import ERRORS_BY_CODE, AdapterError, BadRequest, U
 from radixtop.adapters.model import (
     CAUSES,
     AuditEntry,
+    BranchView,
     Capabilities,
     ChainView,
     Changes,
@@ -28,7 +29,10 @@ from radixtop.adapters.model import (
     Diagnosis,
     EvictResultView,
     FlushResultView,
+    GhostView,
     HistoryPage,
+    LossView,
+    LostView,
     MatchView,
     NodeDetail,
     PathsView,
@@ -83,6 +87,14 @@ def count(value: Any, what: str) -> int:
     """``value`` if it is a count (``is_count``), else WireError naming ``what``."""
     if not is_count(value):
         raise WireError(f"{what} is {_shown(value)}, not a count (a whole number from 0 to 2**63-1)")
+    return value
+
+
+def hash64(value: Any, what: str) -> int:
+    """``value`` if it is a whole number from 0 to 2**64-1 (a block's hash names what left a
+    KV-event stream's tree: ``block_id``), else WireError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise WireError(f"{what} is {_shown(value)}, not an id (a whole number from 0 to 2**64-1)")
     return value
 
 
@@ -149,6 +161,12 @@ def _convert(tp: Any, value: Any, what: str) -> Any:
     return value
 
 
+HASHED = {(LostView, "node_id"), (LossView, "node_id"), (GhostView, "node_id"), (GhostView, "parent_id"),
+          (BranchView, "node_id"), (BranchView, "parent_id")}
+"""The ids of what left a tree, or what differs in it: a node's, or on a KV-event stream a block's
+hash, 64 bits unsigned (``hash64``)."""
+
+
 def from_wire(cls: type[V], data: Any, what: str = "") -> V:
     """Rebuild a view of type ``cls`` (nested views and tuples included) from its dict.
 
@@ -161,7 +179,11 @@ def from_wire(cls: type[V], data: Any, what: str = "") -> V:
     kwargs: dict[str, Any] = {}
     for name, tp, required in _field_types(cls):
         if name in data:
-            kwargs[name] = _convert(tp, data[name], f"{what}.{name}" if what else name)
+            where = f"{what}.{name}" if what else name
+            if (cls, name) in HASHED and data[name] is not None:
+                kwargs[name] = hash64(data[name], where)
+            else:
+                kwargs[name] = _convert(tp, data[name], where)
         elif required:
             raise WireError(f"{cls.__name__} reply lacks {name!r}")
     return cls(**kwargs)

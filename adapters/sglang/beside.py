@@ -50,7 +50,7 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.owned.common import refuse_if_read_only
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
-from radixtop.adapters.sglang.probe import CALL, HELLO, MORE, REPLY
+from radixtop.adapters.sglang.probe import CALL, CAUSED, HELLO, MORE, REPLY
 from radixtop.adapters.text import load_tokenizer
 from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
@@ -80,8 +80,10 @@ def tree_of(info: dict[str, Any]) -> EventTreeAdapter:
             raise ValueError(f"the probe's hello has a bad {key!r}: {value!r}")
         return value
 
+    from radixtop.adapters.sglang.events.core import CoreTree
+
     name = info.get("name")
-    tree = EventTreeAdapter(name=str(name) if isinstance(name, str) and name else "sglang",
+    tree = CoreTree(name=str(name) if isinstance(name, str) and name else "sglang",
                             endpoint="the scheduler's probe", dp_rank=number("dp_rank"),
                             bytes_per_token=number("bytes_per_token"), capacity_tokens=number("capacity_tokens"))
     if number("missed"):  # started again: what the cache stored before is not in this tree
@@ -479,7 +481,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from radixtop.adapters.sglang.events.core import CoreEventsAdapter
 
-        handover = HandoverEvents(tree, end, on_gone=gone, on_other=calls.replied)
+        def other(frame: Frame) -> None:  # (in order among the events)
+            if frame.kind == CAUSED:
+                told = json.loads(frame.payload)
+                tree.caused(str(told.get("cause") or ""), str(told.get("who") or ""))
+            else:
+                calls.replied(frame)
+
+        handover = HandoverEvents(tree, end, on_gone=gone, on_other=other)
         sglang = RemoteSGLang(calls, tree.name, read_only, timeout)
         adapter = CoreEventsAdapter(sglang, handover, sync_timeout=timeout, synced=syncs.wait)  # type: ignore[arg-type]
     try:  # up and reading: the probe judges a hang by its own measure from now on (``probe.STARTING_S``)

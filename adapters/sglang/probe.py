@@ -37,6 +37,10 @@ REPLY = 4
 after the events the scheduler recorded before it (an action's own events included)."""
 RECORDS = 5
 """To radixtop's side: msgpack of a list of a Python core's change records (``adapters.sglang.records``)."""
+CAUSED = 7
+"""To radixtop's side (the Rust core's events): JSON ``{"cause", "who"}`` between the events, before
+those of an action radixtop asked for (``CAUSES``) and, with an empty cause, after them: its
+removals are told apart from SGLang's own evictions for room."""
 OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "state", "resync")
 """What radixtop's side may ask of SGLang itself: ``sync`` (nothing: its reply comes after every
 event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
@@ -631,6 +635,15 @@ class BesideProcess:
                     result = getattr(self.sglang, op)(**args)
                 finally:
                     records.append((CAUSE, "", ""))
+            elif op in CAUSES and isinstance(self.probe, EventsProbe):  # the Rust core: the same, as frames
+                self.probe.step()  # (the events before it are SGLang's own)
+                who = "radixtop's evict" if op == "evict" else "radixtop's flush"
+                end.send(CAUSED, json.dumps({"cause": CAUSES[op], "who": who}).encode())
+                try:
+                    result = getattr(self.sglang, op)(**args)
+                finally:
+                    self.probe.step()
+                    end.send(CAUSED, b'{"cause": "", "who": ""}')
             else:
                 sync = getattr(self.sglang, "sync", None) if op == "sync" else None
                 result = sync() if sync is not None else None if op == "sync" else getattr(self.sglang, op)(**args)

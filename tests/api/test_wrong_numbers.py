@@ -190,6 +190,34 @@ def test_a_history_page_numbered_out_of_order_or_from_before_the_readers_place_i
             history_page_from_dict({**good, **bad}, after, 0)
 
 
+def test_a_blocks_hash_of_64_bits_names_what_left_on_the_wire():
+    """On a KV-event stream a lost run, a ghost or a branch is named by its block's hash, 64 bits
+    unsigned (vLLM's digests; SGLang's Rust core's hashes as their bits): it crosses the wire as
+    it is; past 64 bits, negative or not a whole number, it is refused."""
+    from radixtop.adapters.http.wire import history_page_from_dict, then_from_dict, why_from_dict
+
+    big = (1 << 64) - 3
+    lost = {"start": 0, "end": 4, "cause": "evicted", "at": 1.0, "node_id": big, "session_id": None, "holders": [],
+            "protected_tokens": None, "capacity_tokens": None, "who": ""}
+    why = {"query_tokens": 4, "cached_tokens": 0, "diverges_at": 0, "node_id": 0, "partial_node_id": None,
+           "partial_tokens": 0, "lost": [lost], "history_since": 0.0, "lost_unit": "block"}
+    assert why_from_dict(why).lost[0].node_id == big
+    ghost = {"seq": 1, "at": 1.0, "cause": "evicted", "node_id": big, "parent_id": big - 1, "tokens": [1],
+             "session_id": None, "holders": [], "protected_tokens": None, "capacity_tokens": None, "who": ""}
+    page = {"epoch": "e", "removed": [ghost], "removed_first": 1, "removed_count": 1, "served": None,
+            "served_first": 1, "served_count": 0, "history_since": 0.0}
+    assert history_page_from_dict(page, 0, 0).removed[0].parent_id == big - 1
+    branch = {"node_id": big, "parent_id": big - 1, "nodes": 1, "tokens": 4, "first_at": 1.0, "last_at": 1.0,
+              "causes": {"evicted": 4}, "holders": []}
+    then = {"at": 1.0, "tokens_then": 4, "tokens_now": 0, "left_tokens": 4, "left_nodes": 1,
+            "left_by_cause": {"evicted": 4}, "left": [branch], "left_branches": 1, "stored_tokens": 0,
+            "stored_nodes": 0, "stored": [], "stored_branches": 0, "history_since": 0.5, "unit": "block"}
+    assert then_from_dict(then).left[0].node_id == big
+    for bad in (1 << 64, -1, 1.5, True):
+        with pytest.raises(WireError):
+            why_from_dict({**why, "lost": [{**lost, "node_id": bad}]})
+
+
 def test_a_then_whose_figures_do_not_add_up_is_refused():
     from radixtop.adapters.http.wire import then_from_dict
 

@@ -173,3 +173,12 @@ def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_sin
         check_then(tree.history, k, walks[k], now, lambda: tree.root.subtree_tokens, adapter.then,
                    units=lambda nodes: {path for path, _, _ in nodes.values()},  # (blocks whole: two may share tokens)
                    lives=True)
+
+
+def test_a_blocks_id_is_its_hash_as_64_bits_unsigned_whatever_sign_the_engine_gives_it():
+    """SGLang's Rust core hashes a block to a signed 64-bit int, vLLM to a digest: the history's id
+    is the same 64 bits, unsigned (what crosses the wire and shows as 0x...)."""
+    from radixtop.adapters.events.block_tree import block_id
+
+    assert block_id(-1) == (1 << 64) - 1 and block_id(5) == 5
+    assert block_id(b"\xff" * 8) == (1 << 64) - 1 and 0 <= block_id((3, -7)) < 1 << 64

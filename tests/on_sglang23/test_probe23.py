@@ -231,6 +231,63 @@ def test_radixtops_process_beside_serves_the_tree_and_sglangs_own_figures_and_ac
         beside.close()
 
 
+def test_why_on_the_rust_core_beside_names_sglangs_evictions_and_radixtops_evict_and_flush(sgl):
+    """Issue 29 on the Rust core (SGLang 0.5.23's default), radixtop beside the scheduler: the
+    history of the blocks that leave the tree kept from its KV events. A prompt SGLang evicted for
+    room is named so; one radixtop's evict took, as that evict (the probe tells its removals apart
+    in the frames); one its flush took, as the flush; ``then`` before the evict holds what the
+    evict took."""
+    import time
+
+    cache, pools = rust_cache(sgl, capacity=1024)
+    beside, client = started_beside(cache, 1024)
+    loop = SchedulerLoop(beside, cache, pools)
+    rng = random.Random(5)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(600, 900) for _ in range(n)]
+
+    try:
+        first = prompt(64)
+        loop.run(lambda: drive23.run_request(cache, pools, first, [1]))
+        loop.run(lambda: [drive23.run_request(cache, pools, prompt(100), [2]) for _ in range(30)])  # (a flood)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                w = client.why(first)
+                break
+            except Exception:
+                assert time.monotonic() < deadline and beside.child.poll() is None
+                time.sleep(0.1)
+        assert w.cached_tokens < len(first) and w.lost and {x.cause for x in w.lost} == {"evicted"}
+        assert w.lost_unit == "block" and sum(x.end - x.start for x in w.lost) == len(first) - w.cached_tokens
+        kept = prompt(48)
+        loop.run(lambda: drive23.run_request(cache, pools, kept, [3]))
+        assert client.match(kept).matched_tokens == len(kept)
+        moment = time.time()
+        time.sleep(0.01)
+        evicted = client.evict(1024).evicted_tokens
+        w = client.why(kept)
+        assert w.cached_tokens == 0 and {(x.cause, x.who) for x in w.lost} == {("evict_action", "radixtop's evict")}
+        v = client.then(moment)
+        assert v.left_by_cause == {"evict_action": evicted} and v.tokens_now == v.tokens_then - evicted
+        last = prompt(40)
+        loop.run(lambda: drive23.run_request(cache, pools, last, [4]))
+        client.flush()
+        assert {x.cause for x in client.why(last).lost} == {"flushed"}
+        loop.run(lambda: drive23.run_request(cache, pools, prompt(30), [5]))
+        assert client.match(last).matched_tokens == 0  # (read: what came before is in the tree)
+        after = time.time()
+        time.sleep(0.01)
+        loop.run(lambda: [drive23.run_request(cache, pools, prompt(100), [2]) for _ in range(12)])
+        assert {x.cause for x in client.why(last).lost} == {"flushed"}
+        assert set(client.then(after).left_by_cause) == {"evicted"}  # (after the flush, SGLang's own again)
+    finally:
+        loop.stop.set()
+        client.release()
+        beside.close()
+
+
 def heard(beside, timeout: float = 60) -> None:
     """Steps until radixtop's process said it is up (a process that hangs before that is judged by
     ``probe.STARTING_S``: its start takes seconds on a loaded machine)."""

@@ -13,13 +13,17 @@ import pytest
 
 from radixtop.adapters.http.client import RadixtopClient
 from tests.on_sglang.server import launch
-from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, flood, fresh, settle
+from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, PLACES, flood, fresh, settle
 
 
-@pytest.fixture(scope="module")
-def rust(tmp_path_factory):
+@pytest.fixture(scope="module", params=PLACES)
+def rust(request, tmp_path_factory):
+    """The server, radixtop in its scheduler's process and (issue 27) beside it: every test of
+    this module runs on each."""
+    env = {"RADIXTOP_BESIDE": ""} if request.param == "beside the scheduler" else {"RADIXTOP_BESIDE": "0"}
     srv = launch(tmp_path_factory.mktemp("sglang-rust"), sessions=False, sleep_on_idle=True,
-                 max_total_tokens=MAX_TOTAL_TOKENS)
+                 max_total_tokens=MAX_TOTAL_TOKENS, env=env)
+    srv.options["place"] = request.param
     client = RadixtopClient(srv.admin_url, token=srv.token, timeout=30)
     yield srv, client
     client.release()
@@ -108,3 +112,48 @@ def test_radixtop_stats_prints_unknown_not_zero(rust):
     nodes = client.stats().node_count  # the events' tree; the server is idle, nothing changes
     assert re.search(rf"(?m)(^| ){nodes:,} nodes", done.stdout), done.stdout
     assert "sessions open unknown" in done.stdout
+
+
+def test_why_on_the_default_core_names_sglangs_evictions_and_radixtops_flush(rust):
+    """Issue 29 on SGLang 0.5.23's defaults (the Rust core, radixtop beside the scheduler): the
+    history of the blocks that leave the tree, kept from the core's KV events. A prompt the flood
+    evicted is named as SGLang's eviction for room (a removal on the unified tree is one); one
+    radixtop's flush took, as the flush (the probe tells its removals apart); ``then`` before the
+    flood holds the tree as it was, tokens for tokens."""
+    import time
+
+    from radixtop.adapters.text import then_lines, why_lines
+
+    from radixtop.adapters.errors import Unsupported
+
+    server, client = rust
+    prompt = fresh(200)
+    if server.options["place"] != "beside the scheduler":  # (in SGLang's process: not yet, said in one line)
+        with pytest.raises(Unsupported) as refused:
+            client.why(prompt)
+        assert "\n" not in str(refused.value)
+        return
+    server.generate(prompt, max_new_tokens=4)
+    settle(server, client)
+    assert client.match(prompt).matched_tokens >= len(prompt) - 1
+    before, moment = client.node(0, 0, 1).node.subtree_tokens, time.time()
+    flood(server)
+    settle(server, client)
+    w = client.why(prompt)
+    assert w.lost_unit == "block" and w.cached_tokens < len(prompt)
+    assert w.lost and {x.cause for x in w.lost} == {"evicted"}
+    assert w.lost[0].start == w.cached_tokens and w.lost[-1].end >= len(prompt) - 1
+    v = client.then(moment)
+    assert (v.tokens_then, v.tokens_now) == (before, client.node(0, 0, 1).node.subtree_tokens)
+    assert set(v.left_by_cause) == {"evicted"} and v.stored_tokens > 0 and v.unit == "block"
+    print(f"\nradixtop why <a prompt of {w.query_tokens} tokens, then a flood> (sglang 0.5.23, the Rust core):")
+    print("\n".join(why_lines(w, time.time())))
+    print("radixtop then <the moment before the flood>:")
+    print("\n".join(then_lines(v, time.time(), shown=3)))
+    last = fresh(60)
+    server.generate(last, max_new_tokens=4)
+    settle(server, client)
+    client.flush()
+    settle(server, client)
+    gone = client.why(last)
+    assert gone.cached_tokens == 0 and {(x.cause, x.who) for x in gone.lost} == {("flushed", "radixtop's flush")}

@@ -32,6 +32,7 @@ from radixtop.adapters.errors import TargetTimeout, Unsupported
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.adapters.events.wire import batch_of
 from radixtop.adapters.model import (
+    MAX_HISTORY_PAGE,
     Capabilities,
     ChainView,
     Changes,
@@ -41,17 +42,32 @@ from radixtop.adapters.model import (
     Diagnosis,
     EvictResultView,
     FlushResultView,
+    HistoryPage,
     MatchView,
     NodeDetail,
     PathsView,
     SessionDetail,
     SessionsPage,
+    SessionWhyView,
     Stats,
     SubtreeView,
+    ThenView,
+    WhyView,
 )
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
+from radixtop.gpu_backend.history import EVICTED
 
 log = logging.getLogger("radixtop.sglang")
+
+
+class CoreTree(EventTreeAdapter):
+    """The Rust core's tree as radixtop's process beside the scheduler keeps it from the probe's
+    frames, with its history: on ``UnifiedRadixCache`` a block leaves the tree by eviction only (a
+    session's close drops references; the nodes go when evicted), so a ``BlockRemoved`` is an
+    eviction for room, unless the probe told the removals before it as an action radixtop asked
+    for (``probe.CAUSED``: an evict, a flush); ``AllBlocksCleared`` is a flush."""
+
+    removals_are = EVICTED
 
 PAUSE_S = 0.05
 """The applying thread's pause between turns while nobody reads (see ``CoreEvents._run``)."""
@@ -260,6 +276,18 @@ class CoreEventsAdapter(CacheAdapter):
 
     def changes(self, since: int) -> Changes:
         return self._read(lambda: self.events.changes(since))
+
+    def why(self, tokens: list[int]) -> WhyView:
+        return self._read(lambda: self.events.why(tokens))
+
+    def why_session(self, session_id: str) -> SessionWhyView:
+        return self._read(lambda: self.events.why_session(session_id))
+
+    def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
+        return self._read(lambda: self.events.history(after, served_after, limit))
+
+    def then(self, at: float) -> ThenView:
+        return self._read(lambda: self.events.then(at))
 
     def export(self) -> Iterator[dict[str, Any]]:
         self._sync()
