@@ -122,9 +122,8 @@ def test_why_on_the_default_core_names_sglangs_evictions_and_radixtops_flush(rus
     flood holds the tree as it was, tokens for tokens."""
     import time
 
-    from radixtop.adapters.text import then_lines, why_lines
-
     from radixtop.adapters.errors import Unsupported
+    from radixtop.adapters.text import then_lines, why_lines
 
     server, client = rust
     prompt = fresh(200)
