@@ -59,3 +59,20 @@ def refuse_if_read_only(adapter: Any, action: str) -> None:
     """ReadOnly (in ``errors.read_only``'s one wording) for ``action`` where ``adapter`` is read-only."""
     if adapter.read_only:
         raise read_only(adapter.name, action)
+
+
+ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def switch(value: str | None, name: str, default: bool) -> bool:
+    """An on/off setting (``name``, from the environment) as it is written: 1/true/yes/on, or
+    0/false/no/off, or ``default`` where it is unset or empty; anything else a ValueError in one
+    line (a misspelt ``RADIXTOP_READ_ONLY`` must not leave the actions on)."""
+    raw = (value or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ON:
+        return True
+    if raw in OFF:
+        return False
+    raise ValueError(f"{name} must be 1 (on) or 0 (off), not {raw[:40]!r}")

@@ -48,7 +48,7 @@ from radixtop.adapters.model import (
     Geometry,
     Stats,
 )
-from radixtop.adapters.owned.common import refuse_if_read_only
+from radixtop.adapters.owned.common import refuse_if_read_only, switch
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.probe import CALL, CAUSED, HELLO, MORE, REPLY
 from radixtop.adapters.text import load_tokenizer
@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # the CPU it takes for reads, on average (a flood of them waits, then is answered 429)
         cpu_share = parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
+        read_only = switch(os.environ.get("RADIXTOP_READ_ONLY"), "RADIXTOP_READ_ONLY", False)
     except ValueError as exc:
         print(f"radixtop beside: {exc}", file=sys.stderr)
         return 1
@@ -460,7 +461,6 @@ def main(argv: list[str] | None = None) -> int:
         calls.gone()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    read_only = os.environ.get("RADIXTOP_READ_ONLY", "").strip().lower() in ("1", "true", "yes", "on")
     syncs = Syncs(calls)  # (a sync's reply comes after every event recorded before it)
     if tree is None:  # a Python core: its tree copied here from the probe's records
         from radixtop.adapters.sglang.mirror import MirrorCache, MirrorLoop

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from radixtop.adapters.base import CacheAdapter
+from radixtop.adapters.owned.common import switch
 from radixtop.adapters.sglang.buckets import sglang_buckets
 from radixtop.adapters.sglang.doctor import running_requests, waiting_requests
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
@@ -197,10 +198,6 @@ def _discard_events(scheduler: Any) -> None:
         scheduler.tree_cache.take_events()
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def beside_wanted() -> bool:
     """``RADIXTOP_BESIDE``: 1 (unset: the default) radixtop's process beside the scheduler where the
     cache allows it; 0 in the scheduler's process; anything else a ValueError (the plugin says so
@@ -282,6 +279,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     if not os.environ.get("RADIXTOP_TOKEN") and not is_loopback(host):
         raise ValueError(f"refusing to serve radixtop on {host!r} without RADIXTOP_TOKEN")
     besides = beside_wanted()  # (its settings checked before a token is made up and written)
+    read_only = switch(os.environ.get("RADIXTOP_READ_ONLY"), "RADIXTOP_READ_ONLY", False)
     if besides:
         from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
 
@@ -294,7 +292,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     owner = OwnerQueue(f"the SGLang scheduler (DP rank {dp_rank})", wake=waker.wake if waker else None)
     options: dict[str, Any] = dict(
         name=f"sglang dp{dp_rank}" + (f" {model}" if model else ""),
-        model=model, read_only=_env_flag("RADIXTOP_READ_ONLY"),
+        model=model, read_only=read_only,
         timeout=float(os.environ.get("RADIXTOP_TIMEOUT", "10")),
         session_controller=getattr(scheduler, "session_controller", None), closer=lambda sid: _close(scheduler, sid),
         buckets=lambda: sglang_buckets(scheduler),

@@ -5,6 +5,9 @@ scheduler loop drains the plugin's queue through the hooked ``process_input_requ
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +15,7 @@ from typer.testing import CliRunner
 from radixtop.adapters.errors import TargetTimeout
 from tests.contract.suite import ContractSuite
 from tests.on_sglang.ref.plugin16 import TOKEN, load_plugin, plugin_target
+from tests.support.live_server import free_port
 
 
 @pytest.fixture
@@ -153,6 +157,30 @@ def test_a_place_radixtop_does_not_know_is_one_line(monkeypatch):
     monkeypatch.setenv("RADIXTOP_BESIDE", "maybe")
     with pytest.raises(ValueError, match="RADIXTOP_BESIDE must be 1 .* or 0"):
         beside_wanted()
+
+
+@pytest.mark.parametrize("value", ["ture", "read-only", "2"])
+def test_a_read_only_switch_radixtop_cannot_read_is_refused_not_taken_for_off(monkeypatch, value):
+    """``RADIXTOP_READ_ONLY`` misspelt must not leave the actions on: the plugin refuses to attach
+    (one line; SGLang goes on without radixtop), and radixtop's process beside says so and exits."""
+    from radixtop.adapters.sglang.plugin import attach
+
+    monkeypatch.setenv("RADIXTOP_READ_ONLY", value)
+    with pytest.raises(ValueError, match="RADIXTOP_READ_ONLY must be 1 .* or 0") as refused:
+        attach(object(), port=free_port())
+    assert "\n" not in str(refused.value)
+    done = subprocess.run([sys.executable, "-m", "radixtop.adapters.sglang.beside", "--handover-fd", "0",
+                           "--socket-fd", "0"], env={**os.environ, "RADIXTOP_READ_ONLY": value},
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and "RADIXTOP_READ_ONLY must be 1" in done.stderr
+
+
+@pytest.mark.parametrize("value, read_only", [(None, False), ("", False), ("1", True), ("on", True), ("0", False),
+                                              ("off", False)])
+def test_the_read_only_switch_reads_as_the_other_switches(monkeypatch, value, read_only):
+    from radixtop.adapters.owned.common import switch
+
+    assert switch(value, "RADIXTOP_READ_ONLY", False) is read_only
 
 
 def test_radixtop_runs_in_the_scheduler_when_its_process_beside_cannot_start(monkeypatch, caplog):
