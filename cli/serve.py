@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -31,6 +31,9 @@ from radixtop.cli.options import (
     VLLMUrl,
 )
 from radixtop.cli.targets import VLLMOptions, external_spec, open_target
+
+if TYPE_CHECKING:
+    import threading
 
 app = typer.Typer()
 
@@ -118,9 +121,6 @@ def serve(
     if beside and (kv_events or sglang_url or vllm_events or vllm_url):
         raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
                    EXIT_USAGE)
-    if beside and record is not None:
-        raise fail("--record goes with a target in this process (not yet with --beside: use radixtop record "
-                   "against its --url)", EXIT_USAGE)
     if beside and (fleet or close_policy != "free"):
         raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
                                                                         "close, --close-policy free)") + " yet",
@@ -188,7 +188,7 @@ def serve(
     if beside:
         return serve_beside(engine, name, demo_tokenizer is not None, host=host, port=port, token=token,
                             read_token=read_token, read_only=read_only, audit_log=audit_log, sock=inherited,
-                            proof_key=proof_key)
+                            proof_key=proof_key, record=record)
     engine.start()
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
 
@@ -224,11 +224,14 @@ def start_recording(adapter, path: Path):
 
 
 def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, token: str | None,
-                 read_token: str | None, read_only: bool, audit_log: Path | None, sock, proof_key: str | None) -> None:
+                 read_token: str | None, read_only: bool, audit_log: Path | None, sock, proof_key: str | None,
+                 record: Path | None = None) -> None:
     """The engine alone in this process, its probe on its thread; the tree's copy, its figures and the
     admin API in radixtop's process beside it (``adapters.sglang.beside``, as beside SGLang's
     scheduler: started again where it dies, stopped with this one). Until interrupted, or until the
-    engine or its probe fails (one line, exit 1)."""
+    engine or its probe fails (one line, exit 1). ``record``: the history (kept beside, from the
+    engine's records) recorded to that file from this process, read over the admin API as
+    ``radixtop record`` reads it, once radixtop's process answers."""
     import os
     import signal
     import threading
@@ -282,18 +285,40 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     if generated:
         typer.echo(f"API token (send as 'Authorization: Bearer <token>'): {token}", err=True)
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    recording = None
     try:
+        if record is not None:
+            recording = record_beside(base_url(host, listening.getsockname()[1]), token, record, stopping)
         while not stopping.wait(0.5) and engine.alive:
             pass
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if recording is not None:
+            recording()
         engine.on_step = None  # (no step of the probe, nor a start of the process beside, from now on)
         engine.stop(timeout=30)
         process.close()
     if failed or engine.error is not None:
         raise fail(f"radixtop serve stopped: {failed[0] if failed else engine._dead_reason()}", EXIT_REFUSED)
+
+
+def record_beside(url: str, token: str, path: Path, stopping: threading.Event) -> Callable[[], None] | None:
+    """``start_recording`` of radixtop's process beside, over its admin API at ``url``, once it answers
+    (its start takes seconds); None where this command stops first."""
+    from radixtop.adapters.errors import AdapterError
+    from radixtop.adapters.http.client import RadixtopClient
+
+    client = RadixtopClient(url, token=token, timeout=30)
+    while True:
+        try:
+            client.stats()
+            break
+        except AdapterError:
+            if stopping.wait(0.2):
+                return None
+    return start_recording(client, path)
 
 
 def inherited_socket(fd: int, host: str):

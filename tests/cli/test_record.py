@@ -188,3 +188,27 @@ def test_serve_record_writes_its_own_history_while_it_serves(tmp_path):
     exists = subprocess.run([sys.executable, "-m", "radixtop.cli.main", "serve", "--port", str(free_port()),
                              "--record", str(path)], capture_output=True, text=True, timeout=60)
     assert exists.returncode == 2 and "never overwritten" in exists.stderr
+
+
+def test_serve_beside_records_from_radixtops_process_while_the_engine_serves(tmp_path):
+    """``serve --beside --record``: the history is kept in radixtop's process beside the engine
+    (from the engine's records); the recording reads it there over the admin API, as ``radixtop
+    record`` would: removals (the demo's closes), moments, and its end on SIGTERM. The beside
+    history tells no requests' hits (null, not an empty list)."""
+    port, path = free_port(), tmp_path / "beside.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "radixtop.cli.main", "serve", "--beside", "--port", str(port),
+                             "--record", str(path), "--arrival-rate", "40", "--sessions", "30",
+                             "--never-closed", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_serve(proc, f"http://127.0.0.1:{port}", "serve --beside --record")
+        deadline = time.monotonic() + 90
+        while not path.exists() or '"removed"' not in path.read_text() or '"moment"' not in path.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "nothing recorded"
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    recorded = lines(path)
+    assert recorded[0]["recording"] == 1 and "end" in recorded[-1], out
+    assert of("removed", recorded) and of("moment", recorded) and not of("served", recorded)
