@@ -168,22 +168,31 @@ def test_diff_of_two_recordings_and_a_file_that_is_not_one(engine, tmp_path):
         assert run(url, "diff", str(tmp_path / "none.jsonl")).exit_code == 1
 
 
-def test_serve_record_writes_its_own_history_while_it_serves(tmp_path):
-    port, path = free_port(), tmp_path / "serve.jsonl"
+def served_and_recorded(path, args: list[str], needles: list[str]) -> list[dict]:
+    """``radixtop serve --record path`` (the demo, ``args`` more) as a real process, ended by SIGTERM
+    once the recording holds each of ``needles``; the recording's lines."""
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "radixtop.cli.main", "serve", "--port", str(port), "--record",
-                             str(path), "--arrival-rate", "40", "--sessions", "30"],
+                             str(path), "--arrival-rate", "40", "--sessions", "30", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_serve(proc, f"http://127.0.0.1:{port}", "serve --record")
-        deadline = time.monotonic() + 60
-        while not path.exists() or '"served"' not in path.read_text():
+        deadline = time.monotonic() + 90
+        while not path.exists() or not all(needle in path.read_text() for needle in needles):
             assert time.monotonic() < deadline and proc.poll() is None, "nothing recorded"
             time.sleep(0.2)
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=60)
     recorded = lines(path)
-    assert recorded[0]["recording"] == 1 and "end" in recorded[-1], out
+    assert recorded and "end" in recorded[-1], out
+    return recorded
+
+
+def test_serve_record_writes_its_own_history_while_it_serves(tmp_path):
+    path = tmp_path / "serve.jsonl"
+    recorded = served_and_recorded(path, [], ['"served"'])
+    assert recorded[0]["recording"] == 1 and "end" in recorded[-1]
     assert of("served", recorded) and of("moment", recorded)
     exists = subprocess.run([sys.executable, "-m", "radixtop.cli.main", "serve", "--port", str(free_port()),
                              "--record", str(path)], capture_output=True, text=True, timeout=60)
@@ -195,20 +204,7 @@ def test_serve_beside_records_from_radixtops_process_while_the_engine_serves(tmp
     (from the engine's records); the recording reads it there over the admin API, as ``radixtop
     record`` would: removals (the demo's closes), moments, and its end on SIGTERM. The beside
     history tells no requests' hits (null, not an empty list)."""
-    port, path = free_port(), tmp_path / "beside.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "radixtop.cli.main", "serve", "--beside", "--port", str(port),
-                             "--record", str(path), "--arrival-rate", "40", "--sessions", "30",
-                             "--never-closed", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for_serve(proc, f"http://127.0.0.1:{port}", "serve --beside --record")
-        deadline = time.monotonic() + 90
-        while not path.exists() or '"removed"' not in path.read_text() or '"moment"' not in path.read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "nothing recorded"
-            time.sleep(0.2)
-    finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=60)
-    recorded = lines(path)
-    assert recorded[0]["recording"] == 1 and "end" in recorded[-1], out
+    path = tmp_path / "beside.jsonl"
+    recorded = served_and_recorded(path, ["--beside", "--never-closed", "0"], ['"removed"', '"moment"'])
+    assert recorded[0]["recording"] == 1 and "end" in recorded[-1]
     assert of("removed", recorded) and of("moment", recorded) and not of("served", recorded)
