@@ -364,15 +364,16 @@ def parse_moment(text: str, now: float) -> float:
         except ValueError:
             raise ValueError(f"{text!r} is not a moment (e.g. 90s, 10m, 2h ago, or 14:03:27 today)") from None
     parts = raw.split(":")
-    try:
-        h, m, sec = (int(p) for p in (parts + ["0"])[:3]) if 2 <= len(parts) <= 3 else (-1, 0, 0)
-    except ValueError:
-        h, m, sec = -1, 0, 0
-    if not (0 <= h < 24 and 0 <= m < 60 and 0 <= sec < 60):
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() and len(p) <= 2 for p in parts):
+        raise ValueError(f"{text!r} is not a moment (e.g. 90s, 10m, 2h ago, or 14:03:27 today)")
+    h, m, sec = (int(p) for p in (parts + ["0"])[:3])
+    if not (h < 24 and m < 60 and sec < 60):
         raise ValueError(f"{text!r} is not a moment (e.g. 90s, 10m, 2h ago, or 14:03:27 today)")
     day = time.localtime(now)
     at = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, h, m, sec, 0, 0, -1))
-    return at - 86400 if at > now else at
+    if at > now:  # (yesterday's: the day before on the calendar, whatever its length in hours)
+        at = time.mktime((day.tm_year, day.tm_mon, day.tm_mday - 1, h, m, sec, 0, 0, -1))
+    return at
 
 
 def _parse_tokens(parts: list[str]) -> list[int]:

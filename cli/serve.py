@@ -288,7 +288,8 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     recording = None
     try:
         if record is not None:
-            recording = record_beside(base_url(host, listening.getsockname()[1]), token, record, stopping)
+            recording = record_beside(base_url(host, listening.getsockname()[1]), token, record, stopping,
+                                      lambda: engine.alive and not failed)
         while not stopping.wait(0.5) and engine.alive:
             pass
     except KeyboardInterrupt:
@@ -304,20 +305,25 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
         raise fail(f"radixtop serve stopped: {failed[0] if failed else engine._dead_reason()}", EXIT_REFUSED)
 
 
-def record_beside(url: str, token: str, path: Path, stopping: threading.Event) -> Callable[[], None] | None:
+def record_beside(url: str, token: str, path: Path, stopping: threading.Event,
+                  alive: Callable[[], bool]) -> Callable[[], None] | None:
     """``start_recording`` of radixtop's process beside, over its admin API at ``url``, once it answers
-    (its start takes seconds); None where this command stops first."""
-    from radixtop.adapters.errors import AdapterError
+    (its start takes seconds); None where this command stops, or the engine ends, first. An answer
+    that is not its start (a refused token) is one line and an exit."""
+    from radixtop.adapters.errors import TargetTimeout, TargetUnreachable
     from radixtop.adapters.http.client import RadixtopClient
+    from radixtop.cli.errors import exit_code
 
     client = RadixtopClient(url, token=token, timeout=30)
     while True:
         try:
             client.stats()
             break
-        except AdapterError:
-            if stopping.wait(0.2):
+        except (TargetUnreachable, TargetTimeout):
+            if stopping.wait(0.2) or not alive():
                 return None
+        except AdapterError as exc:
+            raise fail(f"--record: {exc.message}", exit_code(exc)) from None
     return start_recording(client, path)
 
 

@@ -133,6 +133,7 @@ class TimelineScreen(ModalScreen[None]):
     def refused(self, asked: int, message: str) -> None:
         if asked != self.asked:
             return
+        self.first_at = None  # (the next answer shows as it comes)
         self.query_one("#timeline-report", Static).update(message)
         self.app.notify(message, severity="error", title="then")
 
@@ -142,6 +143,7 @@ class TimelineScreen(ModalScreen[None]):
         self.query_one("#timeline-keys", Static).update(self.keys_line())
 
     def action_step(self, steps: int) -> None:
+        self.first_at = None  # (a key pressed before the first answer: the keys' moment it is)
         now = self.clock()
         at = min(now, self.at + steps * STEPS[self.step_index])
         if self.since is not None:
@@ -155,6 +157,7 @@ class TimelineScreen(ModalScreen[None]):
         self.render_strip()
 
     def action_now(self) -> None:
+        self.first_at = None
         self.at = self.clock()
         self.ask()
 

@@ -75,7 +75,7 @@ from radixtop.adapters.owned.why import (
     why_view,
 )
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
-from radixtop.gpu_backend.history import CacheHistory
+from radixtop.gpu_backend.history import CAUSES, CacheHistory
 from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.slices import run_to_end
 
@@ -201,8 +201,7 @@ class EventTreeAdapter(CacheAdapter):
     def _restart(self) -> None:
         with self._lock:
             self._tree.clear(time.time())
-            if self._tree.history is not None:
-                self._tree.history.gap()  # (what left while the stream was away is not known)
+            self._gap()  # (what left while the stream was away is not known)
             self._tiers.clear()
             self._tier_tokens.clear()
             self._counts["restarts"] += 1
@@ -217,8 +216,20 @@ class EventTreeAdapter(CacheAdapter):
         with self._lock:
             self._counts["missed_batches"] += n
             self._complete = False
-            if self._tree.history is not None:  # (what those batches removed is not known)
-                self._tree.history.gap()
+            self._gap()  # (what those batches removed is not known)
+
+    def _gap(self) -> None:
+        """The history is complete from now on only (the moment it is found: the wall clock's, not
+        the last batch's); a cause an action told ends here (its closing frame may be lost)."""
+        self._batch_ts = None
+        self._end_cause()
+        if self._tree.history is not None:
+            self._tree.history.gap()
+
+    def _end_cause(self) -> None:
+        if self._cause is not None:
+            self._cause.__exit__(None, None, None)
+            self._cause = None
 
     def caused(self, cause: str, who: str = "") -> None:
         """The removals applied from now on are for ``cause`` (an action radixtop asked of the
@@ -228,10 +239,8 @@ class EventTreeAdapter(CacheAdapter):
             history = self._tree.history
             if history is None:
                 return
-            if self._cause is not None:
-                self._cause.__exit__(None, None, None)
-                self._cause = None
-            if cause:
+            self._end_cause()
+            if cause in CAUSES:  # (anything else: the stream's own again)
                 self._cause = history.cause(cause, who=who)
                 self._cause.__enter__()
 

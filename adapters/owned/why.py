@@ -156,9 +156,9 @@ def then_pass(history: CacheHistory, at: float, tokens_now: Callable[[], int]) -
     """What the tree at ``at`` needs of the history, copied on the owner thread a slice at a time
     (the removals since, ``STORY_SLICE`` a slice, and the changes since, a chunk a slice); the last
     slice reads the tree's tokens now with both journals' ends (``then_view`` off it)."""
-    now = history.clock()
-    if at != at or at > max(now, time.time()) + 1.0:
-        raise BadRequest(f"a moment to look back to, not {at!r}: it is {max(now, time.time()):.3f} now")
+    now = max(history.clock(), time.time())  # (a stream's clock is its last batch's)
+    if at != at or at > now + 1.0:
+        raise BadRequest(f"a moment to look back to, not {at!r}: it is {now:.3f} now")
     reach = history.then_reaches_back_to()
     if at < reach:
         raise BadRequest(f"the history reaches back to {_clock(reach)} ({now - reach:,.0f}s ago) only: "

@@ -482,11 +482,16 @@ def main(argv: list[str] | None = None) -> int:
         from radixtop.adapters.sglang.events.core import CoreEventsAdapter
 
         def other(frame: Frame) -> None:  # (in order among the events)
-            if frame.kind == CAUSED:
-                told = json.loads(frame.payload)
-                tree.caused(str(told.get("cause") or ""), str(told.get("who") or ""))
-            else:
+            if frame.kind != CAUSED:
                 calls.replied(frame)
+                return
+            try:
+                told = json.loads(frame.payload)
+                cause, who = str(told.get("cause") or ""), str(told.get("who") or "")
+            except (ValueError, AttributeError):  # (never the hand-over's thread down for it)
+                log.warning("radixtop: a CAUSED frame that is not one: %r", bytes(frame.payload[:80]))
+                cause, who = "", ""
+            tree.caused(cause, who)
 
         handover = HandoverEvents(tree, end, on_gone=gone, on_other=other)
         sglang = RemoteSGLang(calls, tree.name, read_only, timeout)

@@ -182,3 +182,24 @@ def test_a_blocks_id_is_its_hash_as_64_bits_unsigned_whatever_sign_the_engine_gi
 
     assert block_id(-1) == (1 << 64) - 1 and block_id(5) == 5
     assert block_id(b"\xff" * 8) == (1 << 64) - 1 and 0 <= block_id((3, -7)) < 1 << 64
+
+
+def test_a_lost_frame_ends_the_cause_an_action_told_and_a_gap_is_when_it_is_found():
+    """A cause told for an action's removals (``caused``) ends where frames were lost (its closing
+    frame may be among them): the stream's own removals after are evictions again. A gap (frames
+    lost, the tree restarted) is at the moment it is found, not the last batch's: a moment before
+    it is out of reach."""
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1, capacity_tokens=4096)
+    tree = adapter._tree
+    adapter.apply_batch(1, Batch(100.0, None, [Stored((1, 2), None, (1, 2, 3, 4, 5, 6, 7, 8), BLOCK)]))
+    adapter.caused("evict_action", "radixtop's evict")
+    adapter.apply_batch(2, Batch(101.0, None, [Removed((2,))]))
+    adapter.missed(1)  # (the closing frame lost with others)
+    adapter.apply_batch(4, Batch(102.0, None, [Removed((1,))]))
+    assert [g.cause for g in tree.history.ghosts()] == ["evict_action", "evicted"]
+    adapter.caused("magic", "?")  # (a cause it does not know: the stream's own, and no thread down)
+    adapter.apply_batch(5, Batch(103.0, None, [Stored((3,), None, (9, 9, 9, 9), BLOCK), Removed((3,))]))
+    assert tree.history.ghosts()[-1].cause == "evicted"
+    import time as _time
+
+    assert tree.history.then_reaches_back_to() > 102.0 and tree.history.then_reaches_back_to() <= _time.time()

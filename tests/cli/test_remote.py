@@ -334,3 +334,26 @@ def test_large_evicts_flush_and_bulk_closes_need_the_value_typed_as_in_the_dashb
     assert code == 1 and "Type 2 to confirm" in out
     code, out = run_in_a_terminal(fresh_server, ["close", "a", "c"], "2")
     assert code == 0 and "closed a" in out and "closed c" in out, out
+
+
+def test_a_time_of_day_still_to_come_is_yesterdays_across_a_clock_change(monkeypatch):
+    """``then 14:00`` at 01:30 is yesterday's 14:00 on the clock, also on a day whose clocks
+    change (23 or 25 hours long); a time that is not one is one line (exit 2, above)."""
+    import time
+
+    from radixtop.cli.remote import parse_moment
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        for day in ((2024, 3, 10, 1, 30, 0), (2024, 11, 3, 0, 30, 0)):
+            now = time.mktime((*day, 0, 0, -1))
+            at = time.localtime(parse_moment("14:00", now))
+            assert (at.tm_mday, at.tm_hour, at.tm_min) == (day[2] - 1, 14, 0), day
+        assert parse_moment("90s", 1000.0) == 910.0
+        for bad in ("+5:00", "3:00:00:00", "14:60", "14:-1"):
+            with pytest.raises(ValueError):
+                parse_moment(bad, 1000.0)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
