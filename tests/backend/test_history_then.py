@@ -86,31 +86,34 @@ def test_a_moment_before_the_historys_reach_or_to_come_is_refused_in_one_line():
     assert run_to_end(then_pass(h, 50.0, lambda: 0))[2] == 0
 
 
-def test_the_changes_are_read_a_chunk_a_slice_and_what_comes_between_two_is_read_too():
-    """Each slice copies one chunk of the changes; stores told between two slices are read in a
-    later one, and the answer's figures agree with its last slice's."""
+def test_the_changes_are_read_a_few_chunks_a_slice_and_what_comes_between_two_is_read_too():
+    """Each slice copies at most ``CHUNKS_A_SLICE`` chunks of the changes; stores told between two
+    slices are read in a later one, and the answer's figures agree with its last slice's."""
+    from radixtop.adapters.owned.why import CHUNKS_A_SLICE
+
     t = [0.0]
     h = CacheHistory(clock=lambda: t[0], most_age_s=1e9)
     h.since = h.stores_since = 0.0
-    for i in range(1, 3 * STORE_CHUNK):
+    total = (2 * CHUNKS_A_SLICE + 1) * STORE_CHUNK
+    for i in range(1, total):
         t[0] = float(i)
         h.stored(i, ROOT, 1)
-    live = [3 * STORE_CHUNK - 1]
+    live = [total - 1]
     story = then_pass(h, 0.5, lambda: live[0])
-    next(story)
-    for i in range(3 * STORE_CHUNK, 3 * STORE_CHUNK + 10):
+    next(story)  # (the first slice: 4 chunks of the 9)
+    for i in range(total, total + 10):  # (the 9th chunk filled, a 10th begun)
         t[0] = float(i)
         h.stored(i, ROOT, 1)
         live[0] += 1
     slices = 1
     try:
         while True:
-            next(story)
             slices += 1
+            next(story)
     except StopIteration as done:
         ghosts, changes, tokens_now, _ = done.value
     diff = tree_then(changes, ghosts)
-    assert slices >= 3 and len(diff.new) == live[0] == tokens_now
+    assert slices == 3 and len(diff.new) == live[0] == tokens_now
 
 
 def test_the_changes_are_bounded_whole_chunks_at_a_time_and_say_how_far_back_they_reach():
