@@ -182,10 +182,10 @@ class CacheAdapter(ABC):
         Unsupported where the target keeps none."""
         raise Unsupported(f"{self.name} keeps no history of its tree: there is no journal to read")
 
-    def then(self, at: float) -> ThenView:
-        """The tree at moment ``at`` (seconds since the epoch), told from the tree now: what left
-        since and what was stored since. BadRequest before the history's reach (or in the future);
-        Unsupported where the target keeps none."""
+    def then(self, at: float | None = None) -> ThenView:
+        """The tree at moment ``at`` (seconds since the epoch; None: as far back as the history
+        reaches), told from the tree now: what left since and what was stored since. BadRequest
+        before the history's reach (or in the future); Unsupported where the target keeps none."""
         raise Unsupported(f"{self.name} keeps no history of its tree: it can say what is cached now, not then")
 
     def encode(self, text: str) -> list[int]:

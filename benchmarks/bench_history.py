@@ -167,7 +167,7 @@ def stores_and_then(n: int) -> dict:
             longest = max(longest, pc() - began)
             read = done.value
         began = pc()
-        view = then_view(at, read)
+        view = then_view(read)
         best["then_view_ms"] = min(best["then_view_ms"], (pc() - began) * 1e3)
         best["then_owner_ms"] = min(best["then_owner_ms"], owner * 1e3)
         best["then_slice_ms"] = min(best["then_slice_ms"], longest * 1e3)

@@ -331,8 +331,9 @@ def _answer(view: Any, lines_of: Callable[[Any, float], list[str]], as_json: boo
 
 @app.command()
 def then(
-    moment: Annotated[str, typer.Argument(help="How long ago (90s, 10m, 2h) or a time of day today (14:03, "
-                                          "14:03:27; yesterday's where that is still to come).")],
+    moment: Annotated[str | None, typer.Argument(help="How long ago (90s, 10m, 2h) or a time of day today (14:03, "
+                                                 "14:03:27; yesterday's where that is still to come); none: as far "
+                                                 "back as the target's history reaches.")] = None,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """The tree at a past moment, told from the tree now: what left since (when, why, whose) and
@@ -342,7 +343,7 @@ def then(
     from radixtop.adapters.text import then_lines
 
     try:
-        at = parse_moment(moment, time.time())
+        at = None if moment is None else parse_moment(moment, time.time())
     except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     with remote_target(url, token, timeout) as t:

@@ -300,14 +300,14 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
         return history_page(self._call(read))
 
-    def then(self, at: float) -> ThenView:
+    def then(self, at: float | None = None) -> ThenView:
         def read(s: Scheduler) -> Generator[None, None, tuple[Any, ...]]:
             cache = s.cache
             if cache.history is None:
                 raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
             return (yield from then_pass(cache.history, at, cache.total_size))
 
-        return then_view(at, self._call_pass(read))
+        return then_view(self._call_pass(read))
 
     def changes(self, since: int) -> Changes:
         if since < 0:

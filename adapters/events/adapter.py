@@ -530,13 +530,13 @@ class EventTreeAdapter(CacheAdapter):
             read = journal_read(self._history(), after, served_after, limit)
         return history_page(read)
 
-    def then(self, at: float) -> ThenView:
+    def then(self, at: float | None = None) -> ThenView:
         """The blocks in the tree at ``at`` told from those now: each block stored or back in reach
         since, each that left since (radixtop's own thread: the stream's, not an engine's)."""
         with self._lock:
             tree = self._tree
             read = run_to_end(then_pass(self._history(), at, lambda: tree.root.subtree_tokens))
-        return then_view(at, read, unit="block")
+        return then_view(read, unit="block")
 
     def changes(self, since: int) -> Changes:
         if since < 0:

@@ -277,7 +277,9 @@ class RadixtopClient(CacheAdapter):
         return self._get(lambda d: history_page_from_dict(d, after, served_after), "/v1/history", after=after,
                          served_after=served_after, limit=limit)
 
-    def then(self, at: float) -> ThenView:
+    def then(self, at: float | None = None) -> ThenView:
+        if at is None:
+            return self._get(then_from_dict, "/v1/then")
         return self._get(then_from_dict, "/v1/then", at=repr(float(at)))
 
     @staticmethod

@@ -156,11 +156,14 @@ CHUNKS_A_SLICE = 4
 """Chunks of changes a slice of ``then_pass`` copies at most (8,192 changes each: about 0.1 ms)."""
 
 
-def then_pass(history: CacheHistory, at: float, tokens_now: Callable[[], int]) -> Generator[None, None, tuple[Any, ...]]:
+def then_pass(history: CacheHistory, at: float | None,
+              tokens_now: Callable[[], int]) -> Generator[None, None, tuple[Any, ...]]:
     """What the tree at ``at`` needs of the history, copied on the owner thread a slice at a time
     (the removals since, ``STORY_SLICE`` a slice, and the changes since, a chunk a slice); the last
     slice reads the tree's tokens now with both journals' ends (``then_view`` off it)."""
     now = max(history.clock(), time.time())  # (a stream's clock is its last batch's)
+    if at is None:  # (as far back as the history reaches)
+        at = history.then_reaches_back_to()
     if at != at or at > now + 1.0:
         raise BadRequest(f"a moment to look back to, not {at!r}: it is {now:.3f} now")
     reach = history.then_reaches_back_to()
@@ -187,14 +190,14 @@ def then_pass(history: CacheHistory, at: float, tokens_now: Callable[[], int]) -
             if change > history.stored_count:
                 break
         if removal > history.removed_count and change > history.stored_count:
-            return ghosts, changes, tokens_now(), reach
+            return ghosts, changes, tokens_now(), reach, at
         yield
 
 
-def then_view(at: float, read: tuple[Any, ...], unit: str = "node") -> ThenView:
-    """The tree at ``at`` from a ``then_pass`` (off the owner thread): its branches that left
+def then_view(read: tuple[Any, ...], unit: str = "node") -> ThenView:
+    """The tree at the moment of a ``then_pass`` (off the owner thread): its branches that left
     since and that were stored since, the largest first."""
-    ghosts, changes, tokens_now, reach = read
+    ghosts, changes, tokens_now, reach, at = read
     diff = tree_then(changes, ghosts)
     left_by: dict[int, Ghost] = {g.node_id: g for g in diff.left}
     left, left_branches = _branches({i: (g.parent_id, g.length, g.at) for i, g in left_by.items()}, left_by)

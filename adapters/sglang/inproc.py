@@ -577,7 +577,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         check_history_read(after, served_after, limit)
         return history_page(self._call(lambda: journal_read(history, after, served_after, limit)))
 
-    def then(self, at: float) -> ThenView:
+    def then(self, at: float | None = None) -> ThenView:
         """Over radixtop's copy beside the scheduler, as ``why``: its history keeps the probe's
         stores, splits and removals."""
         history = getattr(self.cache, "history", None)
@@ -585,7 +585,7 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             return super().then(at)
         self._need_tree()
         tree = self.tree
-        return then_view(at, self._call_pass(
+        return then_view(self._call_pass(
             lambda: then_pass(history, at, lambda: tree.evictable_size() + tree.protected_size())))
 
     def changes(self, since: int) -> Changes:

@@ -84,6 +84,7 @@ def test_a_moment_before_the_historys_reach_or_to_come_is_refused_in_one_line():
             run_to_end(then_pass(h, at, lambda: 0))
         assert "\n" not in str(e.value)
     assert run_to_end(then_pass(h, 50.0, lambda: 0))[2] == 0
+    assert run_to_end(then_pass(h, None, lambda: 0))[4] == 50.0  # (none asked: as far back as it reaches)
 
 
 def test_the_changes_are_read_a_few_chunks_a_slice_and_what_comes_between_two_is_read_too():
@@ -111,7 +112,7 @@ def test_the_changes_are_read_a_few_chunks_a_slice_and_what_comes_between_two_is
             slices += 1
             next(story)
     except StopIteration as done:
-        ghosts, changes, tokens_now, _ = done.value
+        ghosts, changes, tokens_now, _, _ = done.value
     diff = tree_then(changes, ghosts)
     assert slices == 3 and len(diff.new) == live[0] == tokens_now
 
@@ -145,7 +146,7 @@ def check_then(h: CacheHistory, k: float, walk_then, now, tokens_now_of, then_of
     prefixes the tree held then (``units``: a block tree's blocks, whole); every node then, gone
     now, left since; the answer's figures. ``lives``: an id may come again (a block's hash),
     so one that left since may be in the tree now again, as another life."""
-    ghosts, changes, tokens_now, _ = run_to_end(then_pass(h, k, tokens_now_of))
+    ghosts, changes, tokens_now, _, _ = run_to_end(then_pass(h, k, tokens_now_of))
     diff = tree_then(changes, ghosts)
     left = {g.node_id: g for g in diff.left}
     assert len(left) == len(diff.left), "a node left twice since then"

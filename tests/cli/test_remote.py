@@ -222,6 +222,8 @@ def test_then_tells_the_tree_at_a_moment_from_what_left_since(fresh_server):
     out = run(fresh_server, "then", moment).stdout
     assert f"the tree at {moment}" in out and f"{before['total_tokens']:,} tokens cached" in out
     assert "freed by closes" in out and "evicted on request" in out
+    first = one_json(run(fresh_server, "then", "--json"))  # (none asked: as far back as the history reaches)
+    assert first["at"] == first["history_since"] and first["tokens_then"] == 0  # (before the engine's first op)
     early = run(fresh_server, "then", "2h")
     assert early.exit_code == 2 and "reaches back to" in early.stderr and len(early.stderr.splitlines()) == 1
     assert run(fresh_server, "then", "soon").exit_code == 2

@@ -219,12 +219,13 @@ def history(adapter: Adapter,
                     "what was stored since",
             responses=documented(429, 422, 501, *TARGET_ERRORS))
 def then(adapter: Adapter,
-         at: float | None = Query(None, allow_inf_nan=False, description="the moment, in seconds since the epoch"),
+         at: float | None = Query(None, allow_inf_nan=False, description="the moment, in seconds since the epoch "
+                                  "(neither at nor ago: as far back as the history reaches)"),
          ago: float | None = Query(None, ge=0, allow_inf_nan=False,
                                    description="the moment, as seconds before now (instead of at)")) -> Response:
-    if (at is None) == (ago is None):
-        raise BadRequest("give at or ago, one of them")
-    return json_response(call(adapter.then, at if at is not None else time.time() - ago))  # type: ignore[operator]
+    if at is not None and ago is not None:
+        raise BadRequest("give at or ago, not both")
+    return json_response(call(adapter.then, time.time() - ago if ago is not None else at))
 
 
 @router.get("/v1/encode", response_model=EncodeOut,

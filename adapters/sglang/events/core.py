@@ -286,7 +286,7 @@ class CoreEventsAdapter(CacheAdapter):
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
         return self._read(lambda: self.events.history(after, served_after, limit))
 
-    def then(self, at: float) -> ThenView:
+    def then(self, at: float | None = None) -> ThenView:
         return self._read(lambda: self.events.then(at))
 
     def export(self) -> Iterator[dict[str, Any]]:
