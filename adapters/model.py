@@ -8,7 +8,7 @@ integers (a face formats them); times are ages in seconds relative to when the v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 CHILD_ORDERS: tuple[str, ...] = ("bytes", "recency", "tokens")
 SESSION_ORDERS: tuple[str, ...] = ("exclusive_bytes", "shared_bytes", "fair_share_bytes", "locked_tokens",
@@ -108,6 +108,10 @@ class Bucket(_View):
 
 
 POOL_STATES = ("available", "evictable", "protected", "session_held", "uncached")
+HASH = "hash64"
+NodeOrBlock = Annotated[int, HASH]
+"""What left a tree, or differs in it: a node's id, or on a KV-event stream a block's hash, 64 bits
+unsigned (the wire takes it up to 2**64-1, where a count stops at 2**63-1)."""
 Cause = Literal["evicted", "closed", "flushed", "evict_action"]
 """Why something left the tree (``gpu_backend.history``): the pool needed room, a session's close,
 a flush, an evict someone asked for."""
@@ -409,7 +413,7 @@ class LostView(_View):
     ``evict_action``: someone asked for an evict (``who``)."""
     at: float
     """When it left (seconds since the epoch)."""
-    node_id: int
+    node_id: NodeOrBlock
     session_id: str | None
     """The session whose close freed it (``closed``)."""
     holders: tuple[str, ...]
@@ -461,7 +465,7 @@ class LossView(_View):
     cause: Cause
     nodes: int
     tokens: int
-    node_id: int
+    node_id: NodeOrBlock
     """The first of them."""
     session_id: str | None
     """The session whose close freed them (``closed``): this one or another it shared them with."""
@@ -506,8 +510,8 @@ class GhostView(_View):
     """Its number in the journal (the first removal of the history is 1)."""
     at: float
     cause: Cause
-    node_id: int
-    parent_id: int | None
+    node_id: NodeOrBlock
+    parent_id: NodeOrBlock | None
     """None: it hung below the root."""
     tokens: tuple[int, ...]
     session_id: str | None
@@ -552,9 +556,9 @@ class BranchView(_View):
     """A part of the tree that differs between a past moment and now: a node and the nodes below it
     that differ with it (all left since, or all stored since)."""
 
-    node_id: int
+    node_id: NodeOrBlock
     """Its top node (a block's hash on a KV-event stream: ``ThenView.unit``)."""
-    parent_id: int | None
+    parent_id: NodeOrBlock | None
     """What it hangs below (None: the root); a node that is in the tree both then and now."""
     nodes: int
     tokens: int

@@ -126,10 +126,10 @@ class CacheHistory:
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
         self._cause: tuple[str, str | None, tuple[int, int] | None, str] = (EVICTED, None, None, "")
+        self._told: _Cause | None = None
         self._stores: deque[_Stores] = deque()
-        self._chunk = _Stores()
-        """The chunk stores go to (full from the start: the first store makes one)."""
-        self._chunk.at.extend([0.0] * STORE_CHUNK)
+        self._chunk: _Stores | None = None
+        """The chunk stores go to (the first store makes one)."""
         self.stored_count = 0
         """Stores told since the start (kept or dropped since)."""
         self._stores_first = 1
@@ -150,6 +150,23 @@ class CacheHistory:
         if kind not in CAUSES:
             raise ValueError(f"unknown cause {kind!r}")
         return _Cause(self, (kind, session_id, pool, who))
+
+    def told(self, cause: str, who: str = "") -> None:
+        """A cause told in order among the changes (a copy's records, a stream's frames): the
+        removals from now on are for ``cause`` (an action asked of the owner: ``evict_action``,
+        ``flushed``) until the next ``told``; ``""`` or a cause it does not know, the owner's own
+        again. A gap ends it too (its closing word may be among what was lost)."""
+        if self._told is not None:
+            self._told.__exit__(None, None, None)
+            self._told = None
+        if cause in CAUSES:
+            self._told = self.cause(cause, who=str(who))
+            self._told.__enter__()
+
+    @property
+    def telling(self) -> bool:
+        """A cause is told now (``told``)."""
+        return self._told is not None
 
     def removed(self, node_id: int, parent_id: int, key: Sequence[int] | bytes,
                 holders: Iterable[str] | None = None) -> None:
@@ -195,7 +212,7 @@ class CacheHistory:
         if now is None:
             now = self.clock()
         chunk = self._chunk
-        if len(chunk.at) >= STORE_CHUNK:
+        if chunk is None or len(chunk.at) >= STORE_CHUNK:
             chunk = self._new_chunk(now)
         chunk.at.append(now)
         # (a block's hash is 64 bits unsigned: kept as its two's complement, read back by ``_id``)
@@ -256,6 +273,7 @@ class CacheHistory:
         the history is complete from now on only."""
         self.since = max(self.since, self.clock())
         self.stores_since = max(self.stores_since, self.since)
+        self.told("")
 
     # ----- reads -----
 

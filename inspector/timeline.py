@@ -17,30 +17,26 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from radixtop.adapters.errors import AdapterError
+from radixtop.adapters.text import age
 
 STEPS = (1.0, 10.0, 60.0, 600.0, 3600.0)
 """The step sizes ``+`` and ``-`` go through (seconds)."""
-
-
-def step_words(seconds: float) -> str:
-    return f"{seconds / 3600:g}h" if seconds >= 3600 else f"{seconds / 60:g}m" if seconds >= 60 else f"{seconds:g}s"
 
 
 def strip(at: float, since: float | None, now: float, width: int) -> Text:
     """One line: the history's reach on the left, now on the right, the moment marked between."""
     left = time.strftime("%H:%M:%S", time.localtime(since)) if since is not None else "?"
     inner = max(width - len(left) - len("now") - 4, 3)
-    ruler = ["─"] * inner
-    if since is not None and now > since:
-        ruler[min(inner - 1, max(0, round((at - since) / (now - since) * (inner - 1))))] = "●"
     line = Text()
     line.append(left, style="dim")
     line.append(" ├")
-    spot = "".join(ruler).find("●")
-    line.append("".join(ruler[:spot]) if spot >= 0 else "".join(ruler))
-    if spot >= 0:
+    if since is not None and now > since:
+        spot = min(inner - 1, max(0, round((at - since) / (now - since) * (inner - 1))))
+        line.append("─" * spot)
         line.append("●", style="bold yellow")
-        line.append("".join(ruler[spot + 1:]))
+        line.append("─" * (inner - spot - 1))
+    else:
+        line.append("─" * inner)
     line.append("┤ ")
     line.append("now", style="dim")
     return line
@@ -97,7 +93,7 @@ class TimelineScreen(ModalScreen[None]):
         self.ask()
 
     def keys_line(self) -> str:
-        return (f"[ ] step {step_words(STEPS[self.step_index])} · {{ }} ×10 · + - step size · n now · "
+        return (f"[ ] step {age(STEPS[self.step_index])} · {{ }} ×10 · + - step size · n now · "
                 "esc closes · radixtop then")
 
     def ask(self) -> None:

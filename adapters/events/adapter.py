@@ -75,7 +75,7 @@ from radixtop.adapters.owned.why import (
     why_view,
 )
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
-from radixtop.gpu_backend.history import CAUSES, CacheHistory
+from radixtop.gpu_backend.history import CacheHistory
 from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.slices import run_to_end
 
@@ -164,8 +164,6 @@ class EventTreeAdapter(CacheAdapter):
         if self.removals_are is not None:
             history = CacheHistory(clock=lambda: time.time() if self._batch_ts is None else self._batch_ts)
         self._tree = BlockTree(history)
-        self._cause: Any = None
-        """The cause the source told for the removals being applied (``caused``), or None."""
         self._counts: Counter[str] = Counter()
         self._unknown: Counter[str] = Counter()
         self._last_seq = -1
@@ -220,29 +218,18 @@ class EventTreeAdapter(CacheAdapter):
 
     def _gap(self) -> None:
         """The history is complete from now on only (the moment it is found: the wall clock's, not
-        the last batch's); a cause an action told ends here (its closing frame may be lost)."""
+        the last batch's; a cause told ends with it)."""
         self._batch_ts = None
-        self._end_cause()
         if self._tree.history is not None:
             self._tree.history.gap()
 
-    def _end_cause(self) -> None:
-        if self._cause is not None:
-            self._cause.__exit__(None, None, None)
-            self._cause = None
-
     def caused(self, cause: str, who: str = "") -> None:
         """The removals applied from now on are for ``cause`` (an action radixtop asked of the
-        engine: ``evict_action``, ``flushed``), until a ``caused("")``: the stream's own again. The
-        source tells it in order among the batches (the probe's ``CAUSED`` frames)."""
+        engine), until the next: the source tells it in order among the batches (the probe's
+        ``CAUSED`` frames; ``CacheHistory.told``)."""
         with self._lock:
-            history = self._tree.history
-            if history is None:
-                return
-            self._end_cause()
-            if cause in CAUSES:  # (anything else: the stream's own again)
-                self._cause = history.cause(cause, who=who)
-                self._cause.__enter__()
+            if self._tree.history is not None:
+                self._tree.history.told(cause, who)
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every

@@ -13,13 +13,13 @@ import types
 import typing
 from collections.abc import Iterator
 from functools import cache
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from radixtop.adapters.errors import ERRORS_BY_CODE, AdapterError, BadRequest, Unauthorized
 from radixtop.adapters.model import (
     CAUSES,
+    HASH,
     AuditEntry,
-    BranchView,
     Capabilities,
     ChainView,
     Changes,
@@ -29,10 +29,7 @@ from radixtop.adapters.model import (
     Diagnosis,
     EvictResultView,
     FlushResultView,
-    GhostView,
     HistoryPage,
-    LossView,
-    LostView,
     MatchView,
     NodeDetail,
     PathsView,
@@ -91,8 +88,8 @@ def count(value: Any, what: str) -> int:
 
 
 def hash64(value: Any, what: str) -> int:
-    """``value`` if it is a whole number from 0 to 2**64-1 (a block's hash names what left a
-    KV-event stream's tree: ``block_id``), else WireError naming ``what``."""
+    """``value`` if it is a whole number from 0 to 2**64-1 (``model.NodeOrBlock``: a block's hash
+    names what left a KV-event stream's tree), else WireError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
         raise WireError(f"{what} is {_shown(value)}, not an id (a whole number from 0 to 2**64-1)")
     return value
@@ -112,7 +109,7 @@ def _shown(value: Any) -> str:
 
 @cache
 def _field_types(cls: type) -> tuple[tuple[str, Any, bool], ...]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     return tuple(
         (f.name, hints[f.name],
          f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
@@ -131,6 +128,9 @@ def _convert(tp: Any, value: Any, what: str) -> Any:
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _convert(inner[0], value, what) if len(inner) == 1 else value
+    if origin is Annotated:
+        base, *marks = typing.get_args(tp)
+        return hash64(value, what) if HASH in marks else _convert(base, value, what)
     if dataclasses.is_dataclass(tp):
         return from_wire(tp, value, what)
     if origin is tuple:
@@ -161,12 +161,6 @@ def _convert(tp: Any, value: Any, what: str) -> Any:
     return value
 
 
-HASHED = {(LostView, "node_id"), (LossView, "node_id"), (GhostView, "node_id"), (GhostView, "parent_id"),
-          (BranchView, "node_id"), (BranchView, "parent_id")}
-"""The ids of what left a tree, or what differs in it: a node's, or on a KV-event stream a block's
-hash, 64 bits unsigned (``hash64``)."""
-
-
 def from_wire(cls: type[V], data: Any, what: str = "") -> V:
     """Rebuild a view of type ``cls`` (nested views and tuples included) from its dict.
 
@@ -179,11 +173,7 @@ def from_wire(cls: type[V], data: Any, what: str = "") -> V:
     kwargs: dict[str, Any] = {}
     for name, tp, required in _field_types(cls):
         if name in data:
-            where = f"{what}.{name}" if what else name
-            if (cls, name) in HASHED and data[name] is not None:
-                kwargs[name] = hash64(data[name], where)
-            else:
-                kwargs[name] = _convert(tp, data[name], where)
+            kwargs[name] = _convert(tp, data[name], f"{what}.{name}" if what else name)
         elif required:
             raise WireError(f"{cls.__name__} reply lacks {name!r}")
     return cls(**kwargs)

@@ -49,7 +49,7 @@ from radixtop.adapters.owned.records import (
     UNLOCK,
     WHOLE,
 )
-from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED, ROOT, CacheHistory
+from radixtop.gpu_backend.history import CLOSED, EVICTED, FLUSHED, ROOT, CacheHistory
 
 TOMBSTONES = 8192
 """SGLang 0.5.16's ``_CLOSED_SESSION_TOMBSTONE_LIMIT``: closed ids it remembers, oldest dropped first."""
@@ -141,7 +141,6 @@ class RecordsCopy:
         self.history = CacheHistory()
         """What left SGLang's tree, when and why (``gpu_backend.history``: ``why``), kept here
         from the records: nothing of it in the scheduler."""
-        self._cause: Any = None
         """The cause a ``CAUSE`` record set (an action the probe ran), entered until the next one."""
 
     marks = TAG
@@ -240,7 +239,7 @@ class RecordsCopy:
         elif kind == PART:
             self._parts.setdefault(record[1], []).append(record[2])
         elif kind == CAUSE:
-            self._caused(record[1], record[2])
+            self.history.told(record[1], record[2])  # (an action the probe ran, or "": the tree's own)
         elif kind == WHOLE:
             self.receiving = False
             self.wholes += 1
@@ -258,16 +257,6 @@ class RecordsCopy:
             return False
         return True
 
-    def _caused(self, cause: str, who: str) -> None:
-        """A ``CAUSE`` record: the removals up to the next one are for ``cause`` (an action the
-        probe ran), or the tree's own again (``""``)."""
-        if self._cause is not None:
-            self._cause.__exit__(None, None, None)
-            self._cause = None
-        if cause in (FLUSHED, EVICT_ACTION):
-            self._cause = self.history.cause(cause, who=str(who))
-            self._cause.__enter__()
-
     def _gone(self, node: Any, parent: Any, holders: Any = None) -> None:
         """``node`` (a child of ``parent``) left SGLang's tree: told to the history."""
         self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, node.key.token_ids.tobytes(),
@@ -276,7 +265,7 @@ class RecordsCopy:
     def _evicting(self) -> Any:
         """Removals not told otherwise (by a close, or a ``CAUSE``): SGLang's own evictions for room,
         with the pool's locked tokens then."""
-        if self._cause is not None:
+        if self.history.telling:
             return contextlib.nullcontext()
         size = self.token_to_kv_pool_allocator.size  # (0 until the pool is known)
         return self.history.cause(EVICTED, pool=(self.protected_size(), size) if size else None)

@@ -256,6 +256,15 @@ def tree_nodes(root, tokens=lambda node: list(node.key)) -> dict[int, tuple[tupl
     return out
 
 
+def bundled(s: Scheduler) -> BundledAdapter:
+    """The bundled adapter over ``s`` with its calls run here, at once (no engine thread)."""
+    adapter = BundledAdapter.__new__(BundledAdapter)
+    adapter.name = "bundled"
+    adapter._call = lambda fn, *a, **k: fn(s)
+    adapter._call_pass = lambda make: run_to_end(make(s))
+    return adapter
+
+
 class SessionLosses:
     """The independent side of each session's losses: op by op, the nodes in the tree before it and
     not after it that the session held before it (or that its own close freed), with the tokens of
@@ -298,10 +307,7 @@ def test_why_for_a_session_gives_its_hits_and_each_loss_of_what_it_held_with_its
     h = s.cache.history
     h.clock = lambda: clock[0]
     h.since = h.served_since = 0
-    adapter = BundledAdapter.__new__(BundledAdapter)
-    adapter.name = "bundled"
-    adapter._call = lambda fn, *a, **k: fn(s)
-    adapter._call_pass = lambda make: run_to_end(make(s))
+    adapter = bundled(s)
     adapter.session = lambda sid: None
     replayer, rng = Replayer(s), random.Random(seed)
     served: dict[str, list[tuple[int, int, int]]] = {}

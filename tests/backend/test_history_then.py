@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.errors import BadRequest
 from radixtop.adapters.owned.why import then_pass
 from radixtop.gpu_backend.history import ROOT, STORE_CHUNK, CacheHistory, tree_then
@@ -17,7 +16,7 @@ from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.scheduler import Scheduler
 from radixtop.gpu_backend.traces.ops import Replayer, read_trace
-from tests.backend.test_history import tree_nodes
+from tests.backend.test_history import bundled, tree_nodes
 from tests.support.trace_gen import capacity_for, generate_trace
 
 
@@ -31,14 +30,6 @@ def prefixes(nodes) -> set[tuple[int, ...]]:
 
 def tokens(nodes) -> int:
     return sum(own for _, own, _ in nodes.values())
-
-
-def bundled(s: Scheduler) -> BundledAdapter:
-    adapter = BundledAdapter.__new__(BundledAdapter)
-    adapter.name = "bundled"
-    adapter._call = lambda fn, *a, **k: fn(s)
-    adapter._call_pass = lambda make: run_to_end(make(s))
-    return adapter
 
 
 def run(seed: int, size: str, flush_every: int):
@@ -68,12 +59,9 @@ def test_the_tree_then_is_the_tree_now_less_what_was_stored_since_plus_what_left
     left since, hold exactly the token prefixes the tree held then; every node then that is gone
     now left since; and the answer's figures are those of the walks."""
     s, walks = run(seed, size, flush_every)
-    h, adapter = s.cache.history, bundled(s)
-    now = walks[-1]
-    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
-    for k in range(0, len(walks), 7):
-        check_then(h, k, walks[k], now, s.cache.total_size, lambda k: BundledAdapter.then(adapter, k))
-    assert BundledAdapter.then(adapter, len(walks) - 1).tokens_then == len(prefixes(now))
+    adapter = bundled(s)
+    check_walks(s.cache.history, walks, s.cache.total_size, adapter.then, every=7)
+    assert adapter.then(len(walks) - 1).tokens_then == len(prefixes(walks[-1]))
 
 
 def test_a_moment_before_the_historys_reach_or_to_come_is_refused_in_one_line():
@@ -137,6 +125,20 @@ def test_the_changes_are_bounded_whole_chunks_at_a_time_and_say_how_far_back_the
         run_to_end(then_pass(h, 10.0, lambda: 0))
     read = run_to_end(then_pass(h, h.then_reaches_back_to(), lambda: 0))
     assert len(tree_then(read[1], read[0]).new) == 10 * STORE_CHUNK - 1 - int(h.then_reaches_back_to())
+
+
+def check_walks(h: CacheHistory, walks, tokens_now_of, then_of, every: int, **how) -> None:
+    """``check_then`` at every ``every``-th moment of ``walks`` (the tree's walk after each op, the
+    history's clock the op's index), against the last."""
+    now = walks[-1]
+    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
+    for k in range(0, len(walks), every):
+        check_then(h, k, walks[k], now, tokens_now_of, then_of, **how)
+
+
+def sglang_nodes(cache):
+    """``tree_nodes`` of SGLang's own tree (its keys' token ids)."""
+    return tree_nodes(cache.root_node, lambda node: list(node.key.token_ids))
 
 
 def check_then(h: CacheHistory, k: float, walk_then, now, tokens_now_of, then_of, units=prefixes,

@@ -13,7 +13,8 @@ import pytest
 from radixtop.adapters.owned.records import CAUSE
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED
-from tests.backend.test_history import Oracle, SessionLosses, tree_nodes
+from tests.backend.test_history import Oracle, SessionLosses
+from tests.backend.test_history_then import check_walks, sglang_nodes
 from tests.on_sglang.ref.replay_sglang import _parse, import_sglang
 from tests.on_sglang.test_mirror16 import recorded, wire
 from tests.support.trace_gen import generate_trace
@@ -60,21 +61,12 @@ def test_why_for_a_session_beside_sglang_gives_each_loss_of_what_it_held_with_it
     """A session's losses over the copy, against SGLang's own tree op by op (``SessionLosses``:
     the nodes that left it that the session held, SGLang's own ``session_ids``); its requests'
     hits are not in the probe's records: not known (None), never an empty list."""
-    lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=3)
-    lines = [line for line in lines if json.loads(line)["op"] != "register"]
-    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, "small")
-    oracle = Oracle([], lambda q: 0, mirror, recorder)
-    mirror.apply(wire(recorder.snapshot()))
-    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    lines, replayer, cache, inproc, mirror, oracle, beside = copied(sgl, seed)
     losses = SessionLosses()
-
-    def nodes():
-        return tree_nodes(cache.root_node, lambda node: list(node.key.token_ids))
-
     for line_no, op in _parse(lines):
-        before = nodes()
+        before = sglang_nodes(cache)
         oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
-        losses.step(oracle.clock, before, nodes(), lambda q: inproc.match(q).matched_tokens,
+        losses.step(oracle.clock, before, sglang_nodes(cache), lambda q: inproc.match(q).matched_tokens,
                     *((CLOSED, op["session"]) if op["op"] == "close" else (EVICTED, None)))
     assert any(losses.lost.values()), "nothing any session held was lost: the test proves nothing"
     for sid in sorted(losses.lost):
@@ -88,26 +80,22 @@ def test_the_tree_then_beside_sglang_is_its_tree_now_less_what_was_stored_since_
     """``then`` over the copy at every past moment, against SGLang's own tree walked after each op
     (``test_history_then.check_then``): the copy's history keeps the probe's stores, splits and
     removals."""
-    from tests.backend.test_history_then import check_then
+    lines, replayer, cache, inproc, mirror, oracle, beside = copied(sgl, seed)
+    mirror.history.since = mirror.history.stores_since = 0  # (the snapshot's gap, on the test's clock)
+    walks = [sglang_nodes(cache)]
+    for line_no, op in _parse(lines):
+        oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
+        walks.append(sglang_nodes(cache))
+    tree = beside.tree
+    check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9)
 
+
+def copied(sgl, seed: int):
+    """A generated trace (no ``register``: no path of 0.5.16's) on SGLang's real cache, recorded,
+    and radixtop's copy of it beside (its history's clock the oracle's op index)."""
     lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=3)
     lines = [line for line in lines if json.loads(line)["op"] != "register"]
     replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, "small")
     oracle = Oracle([], lambda q: 0, mirror, recorder)
     mirror.apply(wire(recorder.snapshot()))
-    beside = SGLangInProcessAdapter(mirror, model="tiny")
-    mirror.history.since = mirror.history.stores_since = 0  # (the snapshot's gap, on the test's clock)
-
-    def nodes():
-        return tree_nodes(cache.root_node, lambda node: list(node.key.token_ids))
-
-    walks = [nodes()]
-    for line_no, op in _parse(lines):
-        oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
-        walks.append(nodes())
-    now = walks[-1]
-    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
-    tree = beside.tree
-    for k in range(0, len(walks), 9):
-        check_then(mirror.history, k, walks[k], now, lambda: tree.evictable_size() + tree.protected_size(),
-                   beside.then)
+    return lines, replayer, cache, inproc, mirror, oracle, SGLangInProcessAdapter(mirror, model="tiny")

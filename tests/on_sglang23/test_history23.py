@@ -78,8 +78,7 @@ def test_why_beside_the_unified_tree_names_the_op_and_cause_that_removed_each_lo
 def test_the_tree_then_beside_the_unified_tree_is_its_tree_now_less_what_was_stored_since_plus_what_left(seed):
     """``then`` over the copy at every past moment, against SGLang's own unified tree walked after
     each op (``test_history_then.check_then``)."""
-    from tests.backend.test_history import tree_nodes
-    from tests.backend.test_history_then import check_then
+    from tests.backend.test_history_then import check_walks, sglang_nodes
 
     rng = random.Random(seed)
     cache, pools = drive23.build_unified_cache23(400, 1, tree_core_backend="python", enable_session_radix_cache=True)
@@ -91,11 +90,8 @@ def test_the_tree_then_beside_the_unified_tree_is_its_tree_now_less_what_was_sto
     oracle = Oracle([], lambda q: 0, mirror, recorder)
     mirror.history.since = mirror.history.stores_since = 0  # (the snapshot's gap, on the test's clock)
 
-    def nodes():
-        return tree_nodes(cache.root_node, lambda node: list(node.key.token_ids))
-
     running: list = []
-    walks = [nodes()]
+    walks = [sglang_nodes(cache)]
     for _ in range(220):
         roll = rng.random()
         tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
@@ -111,10 +107,6 @@ def test_the_tree_then_beside_the_unified_tree_is_its_tree_now_less_what_was_sto
             oracle.step(lambda req=req: drive23.finish_request(cache, pools, req, [rng.randrange(2, 60)]), None)
         else:
             oracle.step(lambda: drive23.evict(cache, rng.randint(1, 60)), None)
-        walks.append(nodes())
-    now = walks[-1]
-    assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
+        walks.append(sglang_nodes(cache))
     tree = beside.tree
-    for k in range(0, len(walks), 9):
-        check_then(mirror.history, k, walks[k], now, lambda: tree.evictable_size() + tree.protected_size(),
-                   beside.then)
+    check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9)
