@@ -108,6 +108,7 @@ class Bucket(_View):
 
 
 POOL_STATES = ("available", "evictable", "protected", "session_held", "uncached")
+"""The pool's states in SGLang's words and its leak check's order: they add up to capacity."""
 HASH = "hash64"
 NodeOrBlock = Annotated[int, HASH]
 """What left a tree, or differs in it: a node's id, or on a KV-event stream a block's hash, 64 bits
@@ -116,7 +117,8 @@ Cause = Literal["evicted", "closed", "flushed", "evict_action"]
 """Why something left the tree (``gpu_backend.history``): the pool needed room, a session's close,
 a flush, an evict someone asked for."""
 CAUSES: tuple[str, ...] = get_args(Cause)
-"""The pool's states in SGLang's words and its leak check's order: they add up to capacity."""
+ServedOp = Literal["begin", "finish", "abort", "close", "register", "evict", "flush"]
+"""The engine's ops a history keeps (``ServedEntry``): radixtop's trace ops, a replay's input."""
 
 
 @dataclass(frozen=True)
@@ -523,13 +525,22 @@ class GhostView(_View):
 
 @dataclass(frozen=True)
 class ServedEntry(_View):
-    """A request of a session, as the history keeps it (the journal's ``served``)."""
+    """An op of the engine's, as the history keeps it (the journal's ``served``): a request's
+    ``begin`` (its session, its prompt's tokens and its hit), ``finish`` or ``abort``; a session's
+    ``close`` or ``register``; an ``evict`` (``asked_tokens``) or ``flush`` someone asked for. With
+    its token ids (a begin's prompt, a finish's output) while the history keeps them: a recording
+    of them replays the server's own traffic (``radixtop replay --format recording``)."""
 
     seq: int
     at: float
-    session_id: str
+    session_id: str | None
     prompt_tokens: int
     cached_tokens: int
+    op: ServedOp = "begin"
+    request_id: str | None = None
+    tokens: tuple[int, ...] | None = None
+    """None: none (an op without) or no longer kept (the history's bounds)."""
+    asked_tokens: int = 0
 
 
 @dataclass(frozen=True)

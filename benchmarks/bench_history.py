@@ -27,12 +27,15 @@ import statistics
 import sys
 import time
 import tracemalloc
+from array import array
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 HERE = Path(__file__).resolve().parent
+PROMPT, OUTPUT = 800, 200
+"""A request's tokens in the reads at the bounds: its prompt, its output."""
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
@@ -86,17 +89,20 @@ def reads_at_the_bounds(n: int) -> dict:
     history.tells_requests()
     for i in range(n):
         history.removed(i + 1, i // 4, keys[i & 1023], (f"s{i % 5000}",))
+    prompt, output = [rng.randrange(1, 150_000) for _ in range(PROMPT)], [rng.randrange(1, 150_000) for _ in range(OUTPUT)]
     gc.disable()
     started = pc()
-    for i in range(n):
-        history.served(f"s{i % 5000}", 800, 700)
-    told_us = (pc() - started) / n * 1e6
+    for i in range(n // 2):  # a request: its begin (its prompt copied, as the engine tells it) and its finish
+        history.served(f"s{i % 5000}", PROMPT, 700, f"r{i}", array("q", prompt))
+        history.did("finish", f"s{i % 5000}", f"r{i}", array("q", output))
+    told_us = (pc() - started) / (n // 2) * 1e6
     gc.enable()
     tracemalloc.start()
     served = CacheHistory()
     served.tells_requests()
-    for i in range(MOST_SERVED):
-        served.served(f"s{i % 5000}", 800, 700)
+    for i in range(MOST_SERVED // 2):
+        served.served(f"s{i % 5000}", PROMPT, 700, f"r{i}", array("q", prompt))
+        served.did("finish", f"s{i % 5000}", f"r{i}", array("q", output))
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     best = {"story_copy_ms": 1e9, "story_slice_ms": 1e9, "story_view_ms": 1e9, "page_ms": 1e9}
@@ -120,8 +126,9 @@ def reads_at_the_bounds(n: int) -> dict:
         best["story_copy_ms"] = min(best["story_copy_ms"], (copied - started) * 1e3)
         best["story_view_ms"] = min(best["story_view_ms"], (viewed - copied) * 1e3)
         best["page_ms"] = min(best["page_ms"], (paged - viewed) * 1e3)
-    return {"kept_removals": len(history), "kept_requests": len(history._served), "us_per_request_told": told_us,
-            "bytes_per_request_kept": held / MOST_SERVED, **best}
+    return {"kept_removals": len(history), "kept_ops": len(history._served), "us_per_request_told": told_us,
+            "prompt_tokens": PROMPT, "output_tokens": OUTPUT, "kept_tokens": served.served_tokens,
+            "mib_ops_kept": held / (1 << 20), **best}
 
 
 def stores_and_then(n: int) -> dict:
@@ -225,8 +232,10 @@ def main() -> None:
     log(f"  {micro['us_per_removal']:.2f} us a removal; {micro['mib_kept']:.1f} MiB for {micro['kept']:,} kept "
         f"({micro['bytes_per_removal']:.0f} B each); explain of a 4,096-token prompt {micro['explain_ms']:.2f} ms")
     reads = reads_at_the_bounds(args.removals)
-    log(f"  a request told {reads['us_per_request_told']:.2f} us, {reads['bytes_per_request_kept']:.0f} B kept; at the "
-        f"bounds ({reads['kept_removals']:,} removals, {reads['kept_requests']:,} requests kept): a session's why "
+    log(f"  a request told ({reads['prompt_tokens']}-token prompt, {reads['output_tokens']}-token output: its begin "
+        f"and finish with their tokens) {reads['us_per_request_told']:.2f} us; {reads['mib_ops_kept']:.1f} MiB at the "
+        f"ops' bounds ({reads['kept_tokens']:,} tokens kept); at the "
+        f"bounds ({reads['kept_removals']:,} removals, {reads['kept_ops']:,} ops kept): a session's why "
         f"{reads['story_copy_ms']:.2f} ms on the owner thread in slices of at most {reads['story_slice_ms']:.2f} ms, "
         f"then {reads['story_view_ms']:.1f} ms off it; a page "
         f"of the journal {reads['page_ms']:.2f} ms")
@@ -248,11 +257,12 @@ def main() -> None:
         f"| {micro['key_tokens']}-token keys | {micro['us_per_removal']:.2f} | {micro['mib_kept']:.1f} "
         f"({micro['bytes_per_removal']:.0f}) | {micro['explain_ms']:.2f} ms |",
         "",
-        "| a request told (us) | B kept each | kept at the bounds | a session's why: owner thread (ms) | "
+        f"| a request told, {reads['prompt_tokens']}+{reads['output_tokens']} tokens (us) | MiB at the ops' bounds | "
+        "kept at the bounds | a session's why: owner thread (ms) | "
         "its longest slice (ms) | then off it (ms) | a journal page of 2,000 (ms) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {reads['us_per_request_told']:.2f} | {reads['bytes_per_request_kept']:.0f} | "
-        f"{reads['kept_removals']:,} removals, {reads['kept_requests']:,} requests | {reads['story_copy_ms']:.2f} | "
+        f"| {reads['us_per_request_told']:.2f} | {reads['mib_ops_kept']:.1f} | "
+        f"{reads['kept_removals']:,} removals, {reads['kept_ops']:,} ops | {reads['story_copy_ms']:.2f} | "
         f"{reads['story_slice_ms']:.2f} | {reads['story_view_ms']:.1f} | {reads['page_ms']:.2f} |",
         "",
         "| a store told (us) | B kept each | the tree then over a full journal: changes | owner thread (ms) | "

@@ -4,14 +4,17 @@
 One JSON object a line (a file only its owner reads: it holds prompts' token ids):
 
 * ``{"recording": 1, "radixtop": VERSION, "target": NAME, "started_at": T, "capacity_tokens": N,
-  "bytes_per_token": N}``: the first line;
+  "bytes_per_token": N, "geometry": {...}}``: the first line;
 * ``{"moment": {"at": T, "stats": {...}, "sessions": [...] | null}}``: the target's figures (its
   ``Stats``) and its sessions with the most exclusive memory (at most ``MOMENT_SESSIONS``: id,
   state, exclusive and shared bytes, tagged nodes, locked tokens), every ``--every`` seconds, and
   at the start and the end;
 * ``{"removed": {...}}``: a node that left the tree (the history's ``GhostView``: when, why, its
   tokens, its holders, the pool then, who);
-* ``{"served": {...}}``: a request of a session (when, its prompt's tokens, its hit);
+* ``{"served": {...}}``: an op of the engine's (``ServedEntry``): a request's begin (when, its
+  session, its prompt's tokens and its hit), finish or abort, a session's close or register, an
+  evict or flush asked; with its token ids (a begin's prompt, a finish's output), so that
+  ``radixtop replay --format recording`` replays the server's own traffic;
 * ``{"gap": {"at": T, "reason": "..."}}``: what is missing from here back to the line before (the
   target down, restarted, or the history's bounds dropped some before they were read);
 * ``{"end": {"at": T, "reason": "..."}}``: the last line.
@@ -29,7 +32,8 @@ from typing import IO, Any
 
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
-from radixtop.adapters.model import CAUSES
+from radixtop.adapters.http.wire import WireError, from_wire
+from radixtop.adapters.model import CAUSES, ServedEntry
 
 RECORDING = 1
 MOMENT_SESSIONS = 100
@@ -105,7 +109,8 @@ class Recorder:
     def run(self, version: str = "") -> Recorded:
         stats = self.adapter.stats()
         self._line({"recording": RECORDING, "radixtop": version, "target": stats.target, "started_at": time.time(),
-                    "capacity_tokens": stats.capacity_tokens, "bytes_per_token": stats.bytes_per_token})
+                    "capacity_tokens": stats.capacity_tokens, "bytes_per_token": stats.bytes_per_token,
+                    "geometry": stats.geometry.to_dict()})
         first = self.adapter.history(0, 0, 1)  # (Unsupported here: nothing to record, said at once)
         self._epoch = first.epoch
         if not self.kept:
@@ -168,9 +173,12 @@ class Recorder:
             self.done.removed_tokens += len(ghost.tokens)
         if page.served is None:
             self.done.served = None
+        elif page.served and page.served_first > self._served_after + 1:
+            self._gap(f"{page.served_first - self._served_after - 1:,} ops of the engine were dropped by the target's "
+                      "history bounds before they were read")
         for entry in page.served or ():
             self._line({"served": entry.to_dict()})
-            self.done.served = (self.done.served or 0) + 1
+            self.done.served = (self.done.served or 0) + (entry.op == "begin")
         if page.removed:
             self._after = page.removed[-1].seq
         if page.served:
@@ -203,7 +211,9 @@ class Recording:
     header: dict[str, Any]
     moments: list[dict[str, Any]] = field(default_factory=list)
     removed: list[dict[str, Any]] = field(default_factory=list)
-    served: list[dict[str, Any]] = field(default_factory=list)
+    served: list[ServedEntry] = field(default_factory=list)
+    served_lines: list[int] = field(default_factory=list)
+    """The line of each of ``served`` in the file."""
     gaps: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] | None = None
 
@@ -222,6 +232,20 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
         if len(line) > MAX_LINE:
             raise RecordingError(f"line {n}: longer than {MAX_LINE:,} bytes: not a recording")
         yield n, line
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """A recording's first line: RecordingError where it is not one."""
+    with open(path, "rb") as stream:
+        for _, line in _lines(stream):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(obj, dict) and obj.get("recording") == RECORDING:
+                return obj
+            break
+    raise RecordingError(f"{path}: not a radixtop recording (its first line has no 'recording': 1)")
 
 
 def read_recording(path: Path) -> Recording:
@@ -253,7 +277,11 @@ def read_recording(path: Path) -> Recording:
                     raise RecordingError(f"{path}: line {n}: a removal without its tokens or cause")
                 recording.removed.append(value)
             elif kind == "served":
-                recording.served.append(value)
+                try:
+                    recording.served.append(from_wire(ServedEntry, value, "the op"))
+                except WireError as exc:
+                    raise RecordingError(f"{path}: line {n}: {exc.message}") from None
+                recording.served_lines.append(n)
             elif kind == "gap":
                 recording.gaps.append(value)
             elif kind == "end":
@@ -357,3 +385,98 @@ def _unique(removed: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(r)
     return out
+
+
+# ----- its traffic as a trace -----
+
+
+@dataclass
+class RecordedTraffic:
+    """A recording's ops of the engine as radixtop's trace ops (``replay --format recording``),
+    and what of them could not be replayed."""
+
+    ops: list[Any]
+    """``Op``s, in the engine's order."""
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """The hits the engine served them with (the requests replayed)."""
+    began_before: int = 0
+    """Requests that finished or aborted in the recording but began before it: left out."""
+    without_tokens: int = 0
+    """Requests whose tokens the target's history no longer held when they were read: left out."""
+    tokens_at_start: int | None = 0
+    """The tree's tokens when the recording's first op ran (a replay starts from an empty tree);
+    None: unknown (``--kept``: ops from before its first moment)."""
+    gaps: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+def recorded_traffic(recording: Recording) -> RecordedTraffic:
+    """The engine's ops in ``recording`` as trace ops: each request whose begin the recording holds
+    with its prompt (and its finish with its output); a session's close and register; an evict or
+    flush someone asked for. RecordingError where it holds none (a target that does not tell them)."""
+    from radixtop.gpu_backend.traces.ops import Op
+
+    if not recording.served:
+        raise RecordingError(f"{recording.path}: no requests recorded (the target does not tell them: "
+                             "radixtop's own engine does; SGLang's and KV-event targets do not yet)")
+    first = recording.moments[0]
+    traffic = RecordedTraffic([], tokens_at_start=None if recording.served[0].at < first["at"]
+                              else first["stats"].get("total_tokens") or 0, gaps=len(recording.gaps))
+    ops, begun, left_out = traffic.ops, {}, set()
+    last: dict[str, list[int]] = {}
+    """Each session's last request's prompt and output: what its next one may reuse."""
+    for n, entry in zip(recording.served_lines, recording.served, strict=True):
+        op, rid, tokens, sid = entry.op, entry.request_id, entry.tokens, entry.session_id
+        if op == "begin":
+            if rid is None or tokens is None:
+                traffic.without_tokens += 1
+                left_out.add(rid)
+                continue
+            prompt = list(tokens)
+            begun[rid] = (sid, prompt)
+            reuse = 0 if sid not in last else _common_prefix(prompt, last[sid])
+            ops.append(Op(n, "begin", {"id": rid, "input": prompt, "session": sid, "reuse": reuse}))
+            traffic.requests += 1
+            traffic.prompt_tokens += entry.prompt_tokens
+            traffic.cached_tokens += entry.cached_tokens
+        elif op in ("finish", "abort"):
+            if rid not in begun:
+                traffic.began_before += rid not in left_out
+                continue
+            began, prompt = begun.pop(rid)
+            if op == "finish" and tokens is not None:
+                ops.append(Op(n, "finish", {"id": rid, "output": list(tokens)}))
+                if began is not None:
+                    last[began] = prompt + list(tokens)
+            else:  # (its output no longer held: it runs no further, as an abort)
+                traffic.without_tokens += op == "finish"
+                ops.append(Op(n, "abort", {"id": rid}))
+        elif op in ("close", "register") and isinstance(sid, str) and sid:
+            ops.append(Op(n, op, {"session": sid}))
+        elif op == "evict":
+            ops.append(Op(n, "evict", {"tokens": entry.asked_tokens}))
+        elif op == "flush":
+            ops.append(Op(n, "flush", {}))
+    if not traffic.requests and traffic.without_tokens:
+        raise RecordingError(f"{recording.path}: its requests have no tokens (SGLang's are told with their hits "
+                             "only; radixtop's own engine tells them whole): nothing to replay")
+    return traffic
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # (a[:low] == b[:low], a[:high] != b[:high])
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low

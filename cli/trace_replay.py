@@ -33,6 +33,17 @@ def load_ops(trace: Path, fmt: str, scale: int):
         return {"format": fmt, "ops": len(ops)}, lambda: iter(ops)
     if str(trace) == "-":
         raise ValueError(f"--format {fmt} reads a file or directory, not stdin")
+    if fmt == "recording":
+        if scale != 1:
+            raise ValueError("--scale goes with --format mooncake or kv-cache-tester (a recording has its tokens)")
+        from radixtop.cli.recording import read_recording, recorded_traffic
+
+        traffic = recorded_traffic(read_recording(trace))
+        served = {"requests": traffic.requests, "prompt_tokens": traffic.prompt_tokens,
+                  "cached_tokens": traffic.cached_tokens, "hit_rate": traffic.hit_rate,
+                  "began_before": traffic.began_before, "without_tokens": traffic.without_tokens,
+                  "tokens_at_start": traffic.tokens_at_start, "gaps": traffic.gaps}
+        return {"format": fmt, "ops": len(traffic.ops), "as_served": served}, lambda: iter(traffic.ops)
     parsed = load_trace(trace, fmt)
     block = scaled_block(parsed.block_size, scale)
     info = {"format": fmt, "requests": len(parsed.requests), "sessions": parsed.sessions,
@@ -59,6 +70,23 @@ def model_note(geometry) -> str:
 def _describe(info: dict[str, Any], geometry) -> str:
     if info["format"] == "radixtop":
         return f"radixtop trace, {info['ops']:,} ops; bytes as {model_note(geometry)}"
+    if info["format"] == "recording":
+        served = info["as_served"]
+        lines = [f"a recording of a server's own traffic: {served['requests']:,} requests, served with a hit rate "
+                 f"of {_pct(served['hit_rate'])} ({served['cached_tokens']:,} / {served['prompt_tokens']:,} "
+                 f"tokens); bytes as {model_note(geometry)}"]
+        if served["tokens_at_start"] is None:
+            lines.append("the recording holds requests from before its first moment (--kept): the tree then is not "
+                         "known, and a replay starts from an empty tree")
+        elif served["tokens_at_start"]:
+            lines.append(f"the tree held {served['tokens_at_start']:,} tokens when the recording began: a replay "
+                         "starts from an empty tree, so its first requests hit less than they were served")
+        if served["began_before"] or served["without_tokens"]:
+            lines.append(f"left out: {served['began_before']:,} requests that began before the recording, "
+                         f"{served['without_tokens']:,} whose tokens the server no longer held when read")
+        if served["gaps"]:
+            lines.append(f"the recording has {served['gaps']:,} gaps: what happened in them is not replayed")
+        return "\n".join(lines)
     return (f"{info['format']} trace: {info['requests']:,} requests in {info['sessions']:,} sessions over "
             f"{info['duration_s']:,.0f} s; {info['block_size']}-token blocks at scale {info['scale']} "
             f"= {info['block_tokens']} tokens; bytes as {model_note(geometry)}")

@@ -15,10 +15,15 @@ It also keeps every change in order (``stored``, ``split``, and each removal: 32
 columns), so that the tree at a past moment can be told from the tree now (``tree_then``): now,
 less what was stored since, plus what left since.
 
+Where the owner tells them (radixtop's own engine), it keeps the engine's ops too (``did``: a
+request's begin with its prompt and its hit, its finish with its output, an abort, a session's close
+or register, an evict or flush asked): a session's hits over time, and what a recording replays.
+
 What it costs the owner thread: a removal appends one small record (its tokens as the bytes of an
-``array('q')``, one copy); a store appends four numbers to columns; nothing on matches or locks.
-Bounded by the memory it keeps (``most_bytes``, ``MOST_STORES``) and by age (``most_age_s``): the
-oldest go first.
+``array('q')``, one copy); a store appends four numbers to columns; an op, a small list (a begin's
+prompt and a finish's output copied once into an ``array('q')`` by the engine); nothing on matches
+or locks. Bounded by the memory it keeps (``most_bytes``, ``MOST_STORES``, ``MOST_SERVED``,
+``MOST_SERVED_TOKENS``) and by age (``most_age_s``): the oldest go first.
 """
 
 from __future__ import annotations
@@ -50,10 +55,19 @@ GHOST_BYTES = 380
 ``benchmarks/bench_history.py``, 439 B a node of 8 tokens, their 64 bytes in it)."""
 MOST_AGE_S = 3600.0
 """Seconds a removed node is kept at most."""
-MOST_SERVED = 50_000
-"""Requests of sessions kept at most (``served``: when, the session, its prompt's tokens and its
-hit; 158 B each measured by ``bench_history.py``, 7.5 MiB in all), the oldest dropped first; their
-age is bounded as the removed nodes' is."""
+MOST_SERVED = 100_000
+"""The engine's ops kept at most (``served``, ``did``: a request's begin with its session, prompt
+and hit, its finish or abort; a session's close or register; an evict or flush asked), the oldest
+dropped first; their age is bounded as the removed nodes' is. A request is two (its begin and its
+finish): 50,000 requests."""
+MOST_SERVED_TOKENS = 1 << 22
+"""Token ids the ops keep at most (a begin's prompt, a finish's output, as ``array('q')``: 8 bytes
+each, 32 MiB), the oldest dropped first: their ops stay, without them. What ``radixtop record``
+writes for a replay of the server's own traffic (``replay --format recording``); a recording
+reads the journal every second, far inside this bound."""
+BEGIN, FINISH, ABORT, CLOSE, REGISTER, EVICT, FLUSH = "begin", "finish", "abort", "close", "register", "evict", "flush"
+OPS = (BEGIN, FINISH, ABORT, CLOSE, REGISTER, EVICT, FLUSH)
+"""The engine's ops the journal keeps (``did``): radixtop's trace ops, a replay's input."""
 STORE_CHUNK = 8192
 """Stores a chunk of the stores' columns holds: the oldest chunk is dropped whole (no per-store
 work to bound them), and a read copies a chunk in one C-speed slice."""
@@ -118,7 +132,7 @@ class CacheHistory:
         self.removed_count = 0
         """Nodes recorded since the start (kept or dropped since)."""
         self.served_count = 0
-        """Requests told since the start (kept or dropped since)."""
+        """Ops told since the start (kept or dropped since)."""
         self.epoch = secrets.token_hex(6)
         """This history's name: a journal read by sequence numbers (``page``) starts again where a
         new history (a restart) has a new one."""
@@ -136,10 +150,18 @@ class CacheHistory:
         """The number of the oldest store kept."""
         self.stores_since = self.since
         """Every store after this moment is kept (``then`` reaches back no further)."""
-        self._served: deque[tuple[float, str, int, int]] = deque()
+        self._served: deque[list[Any]] = deque()
+        """The ops (``did``): ``[at, session_id, prompt_tokens, cached_tokens, op, request_id, tokens,
+        asked_tokens]`` each (a list: its tokens are dropped in place, ``MOST_SERVED_TOKENS``)."""
+        self._tokened: deque[list[Any]] = deque()
+        """The ops of ``_served`` that still have their tokens, oldest first."""
+        self.served_tokens = 0
+        """Token ids the ops keep."""
         self.served_since: float | None = None
-        """Every request of a session since this moment is kept (``served``); None where the owner
-        does not tell its requests (radixtop's copy beside SGLang: its records have no hits)."""
+        """Every op since this moment is kept (``served``, ``did``); None where the owner does not
+        tell its ops (radixtop's copy beside SGLang: its records have no requests)."""
+        self.tokens_since: float | None = None
+        """Every op since this moment has its tokens (``MOST_SERVED_TOKENS``)."""
 
     # ----- what the owner thread tells it -----
 
@@ -238,19 +260,41 @@ class CacheHistory:
             self.stores_since = max(self.stores_since, old.at[-1])
 
     def tells_requests(self) -> None:
-        """The owner tells each request of a session (``served``) from now on."""
+        """The owner tells its ops (``served``, ``did``) from now on."""
         if self.served_since is None:
-            self.served_since = self.clock()
+            self.served_since = self.tokens_since = self.clock()
 
-    def served(self, session_id: str, prompt_tokens: int, cached_tokens: int) -> None:
-        """A request of ``session_id`` began now, ``cached_tokens`` of its ``prompt_tokens`` a
-        hit (a session's hits over time: ``why`` for a session)."""
+    def served(self, session_id: str | None, prompt_tokens: int, cached_tokens: int, request_id: str | None = None,
+               tokens: array | None = None) -> None:
+        """A request began now, ``cached_tokens`` of its ``prompt_tokens`` a hit (a session's hits
+        over time: ``why`` for a session); ``tokens``, its prompt (a replay's)."""
+        self.did(BEGIN, session_id, request_id, tokens, prompt_tokens, cached_tokens)
+
+    def did(self, op: str, session_id: str | None = None, request_id: str | None = None, tokens: array | None = None,
+            prompt_tokens: int = 0, cached_tokens: int = 0, asked_tokens: int = 0) -> None:
+        """The engine did ``op`` now (``OPS``): ``tokens`` a begin's prompt or a finish's output
+        (kept, not copied), ``asked_tokens`` an evict's."""
         now = self.clock()
+        entry = [now, session_id, prompt_tokens, cached_tokens, op, request_id, tokens, asked_tokens]
         served = self._served
-        served.append((now, session_id, prompt_tokens, cached_tokens))
+        served.append(entry)
         self.served_count += 1
+        tokened = self._tokened
+        if tokens is not None:
+            tokened.append(entry)
+            self.served_tokens += len(tokens)
+            while self.served_tokens > MOST_SERVED_TOKENS:
+                self._untoken(tokened.popleft())
         while len(served) > MOST_SERVED or now - served[0][0] > self.most_age_s:
-            self.served_since = max(self.served_since or 0.0, served.popleft()[0])
+            old = served.popleft()
+            self.served_since = max(self.served_since or 0.0, old[0])
+            if old[6] is not None:  # (the oldest with tokens, as ``_tokened`` is in order)
+                self._untoken(tokened.popleft())
+
+    def _untoken(self, entry: list[Any]) -> None:
+        self.served_tokens -= len(entry[6])
+        entry[6] = None
+        self.tokens_since = max(self.tokens_since or 0.0, entry[0])
 
     def _trim(self, now: float) -> None:
         ghosts, under = self._ghosts, self._under
@@ -299,10 +343,13 @@ class CacheHistory:
         """The removals numbered past ``after``, at most ``limit``, and the first one's number."""
         return _tail(self._ghosts, self.removed_count, after, limit)
 
-    def requests_after(self, after: int, limit: int) -> tuple[list[tuple[float, str, int, int]], int] | None:
-        """The requests numbered past ``after``, at most ``limit``, and the first one's number; None
-        where the owner tells none."""
-        return None if self.served_since is None else _tail(self._served, self.served_count, after, limit)
+    def requests_after(self, after: int, limit: int) -> tuple[list[tuple[Any, ...]], int] | None:
+        """The ops numbered past ``after`` (``did``'s, as tuples), at most ``limit``, and the first
+        one's number; None where the owner tells none."""
+        if self.served_since is None:
+            return None
+        entries, first = _tail(self._served, self.served_count, after, limit)
+        return [tuple(e) for e in entries], first
 
     def reaches_back_to(self) -> float:
         """The moment since which every removal is kept (``time.time()``)."""

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import itertools
 import time
+from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from radixtop.gpu_backend.history import EVICT_ACTION, EVICTED, FLUSHED, caused
+from radixtop.gpu_backend.history import (
+    ABORT,
+    BEGIN,
+    CLOSE,
+    EVICT,
+    EVICT_ACTION,
+    EVICTED,
+    FINISH,
+    FLUSH,
+    FLUSHED,
+    REGISTER,
+    caused,
+)
 from radixtop.gpu_backend.kv_geometry import KVGeometry
 from radixtop.gpu_backend.kv_pool import KVPool
 from radixtop.gpu_backend.ledger import SessionOrders
@@ -81,8 +95,13 @@ class Scheduler:
             history=history,
             **kwargs,
         )
+        self.told: Callable[..., None] | None = None
+        """Who is told each op of the engine (``CacheHistory.did``'s arguments): the cache's history
+        (a session's hits over time, what a recording replays), or radixtop's process beside the
+        engine through the change records (``BundledRecorder.op``); None: nobody."""
         if self.cache.history is not None:
             self.cache.history.tells_requests()  # (``begin``: a session's hits over time)
+            self.told = self.cache.history.did
         self.running: dict[str, Req] = {}
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -134,8 +153,8 @@ class Scheduler:
         self._touch_session(session_id)
         self.prompt_tokens += len(input_ids)
         self.cached_tokens += match.prefix_len
-        if session_id is not None and self.cache.history is not None:
-            self.cache.history.served(session_id, len(input_ids), match.prefix_len)
+        if self.told is not None:
+            self.told(BEGIN, session_id, rid, array("q", req.input_ids), len(input_ids), match.prefix_len)
         return match.prefix_len
 
     def finish(self, rid: str, output_ids: list[int]) -> None:
@@ -154,6 +173,8 @@ class Scheduler:
         del self.running[rid]
         self.cache.cache_finished_req(req)
         self._touch_session(req.session_id)
+        if self.told is not None:
+            self.told(FINISH, req.session_id, rid, array("q", req.output_ids))
 
     def abort(self, rid: str) -> None:
         """Drop a running request without caching it: free its own slots and unlock its path,
@@ -163,6 +184,8 @@ class Scheduler:
             raise UnknownRequestError(f"request {rid!r} is not running")
         req.output_ids = []  # outputs get slots only at finish: the input is all it holds
         self.cache.cache_finished_req(req, is_insert=False)
+        if self.told is not None:
+            self.told(ABORT, req.session_id, rid)
 
     def request(self, rid: str, input_ids: list[int], output_ids: list[int], session_id: str | None = None) -> int:
         hit = self.begin(rid, input_ids, session_id)
@@ -193,6 +216,8 @@ class Scheduler:
         self.closes += 1
         self.freed_by_close_tokens += result.freed_tokens
         self._touch_session(session_id)
+        if self.told is not None:
+            self.told(CLOSE, session_id)
         if self.orders is not None:
             for sid in oldest:  # open again, or no longer listed
                 self.orders.dirty(sid)
@@ -204,18 +229,26 @@ class Scheduler:
         if was_closed and session_id in self.session_activity:
             self.open_session_count += 1  # reopened
         self._touch_session(session_id)
+        if self.told is not None:
+            self.told(REGISTER, session_id)
 
     def flush(self) -> EvictResult:
         """Free everything that is not locked (the engine never stops, so unlike SGLang's
         flush_cache this does not wait for an idle server: running requests keep their paths)."""
         with self._cause(FLUSHED):
-            return self.evict(self.cache.evictable_size())
+            result = self.evict(self.cache.evictable_size())
+        if self.told is not None:
+            self.told(FLUSH)
+        return result
 
     def evict_asked(self, num_tokens: int, who: str) -> EvictResult:
         """An evict someone asked for (``who``: an operator through the admin API, a trace's op),
         not the pool's need: so the cache's history says."""
         with self._cause(EVICT_ACTION, who=who):
-            return self.evict(num_tokens)
+            result = self.evict(num_tokens)
+        if self.told is not None:
+            self.told(EVICT, asked_tokens=num_tokens)
+        return result
 
     def _cause(self, kind: str, **detail: Any) -> Any:
         return caused(self.cache.history, kind, **detail)

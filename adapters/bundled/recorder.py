@@ -24,6 +24,7 @@ from radixtop.adapters.owned.records import (
     EVICT,
     LOCK,
     NODE,
+    OP,
     OPENED,
     OPENS,
     RECORDER,
@@ -157,6 +158,14 @@ class BundledRecorder(_Recorder):
         self._wrap(scheduler, "_touch_session", touched)
         self._wrap(scheduler, "_prune_sessions", pruned)
         opened.update(dict.fromkeys(scheduler.open_session_ids()))
+        told = scheduler.told  # (the engine's own history, where it keeps one: told too)
+        scheduler.told = self.op if told is None else lambda *a, **k: (told(*a, **k), self.op(*a, **k))
+
+    def op(self, op: str, session_id: str | None = None, request_id: str | None = None, tokens: array | None = None,
+           prompt_tokens: int = 0, cached_tokens: int = 0, asked_tokens: int = 0) -> None:
+        """An op of the engine's (``Scheduler.told``), for the history beside it (``OP``)."""
+        self.records.append((OP, op, session_id, request_id, None if tokens is None else tokens.tobytes(),
+                             prompt_tokens, cached_tokens, asked_tokens))
 
     def _closing(self, session_id: Any) -> None:
         closed = self.cache._closed_session_ids  # (the oldest tombstone, which this close may push out)

@@ -76,6 +76,12 @@ CAUSE = 29
 """``(CAUSE, cause, who)``: the removals after it, up to the next ``CAUSE``, are for ``cause``
 (``gpu_backend.history``: ``flushed``, ``evict_action``; ``""``: back to the tree's own, an
 eviction for room or a close); the probe brackets the actions it runs with them."""
+OP = 30
+"""``(OP, op, session_id, request_id, tokens, prompt_tokens, cached_tokens, asked_tokens)``: an op of
+radixtop's own engine (``gpu_backend.history.OPS``: a request's begin with its prompt's token ids as
+the bytes of an ``array('q')`` and its hit, its finish with its output's, an abort, a session's
+close or register, an evict or flush asked), for the history beside it (``CacheHistory.did``: a
+session's hits over time, what a recording replays)."""
 PIECE = 4096
 """Sessions a ``TOMBS``, ``GENS``, ``OPENS`` or ``SEEN`` record at most."""
 FLOOR = 256

@@ -28,7 +28,7 @@ from radixtop.adapters.model import (
     ThenView,
     WhyView,
 )
-from radixtop.gpu_backend.history import ROOT, STORE_CHUNK, CacheHistory, Ghost, Lost, tree_then
+from radixtop.gpu_backend.history import BEGIN, ROOT, STORE_CHUNK, CacheHistory, Ghost, Lost, tree_then
 
 
 def lost_view(lost: Lost) -> LostView:
@@ -90,11 +90,11 @@ def _in_slices(read_after: Callable[[int, int], Any]) -> Generator[None, None, l
         yield
 
 
-def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[float, str, int, int]] | None,
+def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[Any, ...]] | None,
                      history_since: float, requests_since: float | None, unit: str = "node") -> SessionWhyView:
     """``session_id``'s requests among ``requests`` and the ghosts it held (or its own close freed),
     a loss each group that left together (the same cause, closing session and asker, within a second of the first)."""
-    served = None if requests is None else [r for r in requests if r[1] == session_id]
+    served = None if requests is None else [r for r in requests if r[1] == session_id and r[4] == BEGIN]
     losses: list[LossView] = []
     by_cause: dict[str, int] = {}
     for g in ghosts:
@@ -111,7 +111,7 @@ def session_why_view(session_id: str, ghosts: list[Ghost], requests: list[tuple[
                                protected, capacity, g.who))
     return SessionWhyView(
         session_id,
-        None if served is None else tuple(ServedView(at, n, hit) for at, _, n, hit in served[-MAX_SERVED_SHOWN:]),
+        None if served is None else tuple(ServedView(r[0], r[2], r[3]) for r in served[-MAX_SERVED_SHOWN:]),
         None if served is None else len(served),
         None if served is None else sum(r[2] for r in served),
         None if served is None else sum(r[3] for r in served),
@@ -136,7 +136,7 @@ def journal_read(history: CacheHistory, after: int, served_after: int, limit: in
 
 def history_page(read: tuple[Any, ...]) -> HistoryPage:
     """A ``journal_read`` as a view, off the owner thread; its removals cut at
-    ``MAX_HISTORY_PAGE_TOKENS`` tokens (one node at least)."""
+    ``MAX_HISTORY_PAGE_TOKENS`` tokens (one node at least), its ops too (one op at least)."""
     epoch, ghosts, first, served, served_first, count, served_count, since = read
     views, tokens = [], 0
     for seq, g in enumerate(ghosts, first):
@@ -146,10 +146,20 @@ def history_page(read: tuple[Any, ...]) -> HistoryPage:
         protected, capacity = g.pool if g.pool is not None else (None, None)
         views.append(GhostView(seq, g.at, g.cause, g.node_id, None if g.parent_id == ROOT else g.parent_id,  # type: ignore[arg-type]
                                tuple(array("q", g.tokens)), g.session_id, g.holders, protected, capacity, g.who))
-    return HistoryPage(
-        epoch, tuple(views), first, count,
-        None if served is None else tuple(ServedEntry(seq, *r) for seq, r in enumerate(served, served_first)),
-        served_first, served_count, since)
+    entries, tokens = [], 0
+    for seq, r in enumerate(served or (), served_first):
+        tokens += 0 if r[6] is None else len(r[6])
+        if entries and tokens > MAX_HISTORY_PAGE_TOKENS:
+            break
+        entries.append(_entry(seq, *r))
+    return HistoryPage(epoch, tuple(views), first, count, None if served is None else tuple(entries),
+                       served_first, served_count, since)
+
+
+def _entry(seq: int, at: float, session_id: str | None, prompt: int, cached: int, op: str, request_id: str | None,
+           tokens: array | None, asked: int) -> ServedEntry:
+    return ServedEntry(seq, at, session_id, prompt, cached, op, request_id,  # type: ignore[arg-type]
+                       None if tokens is None else tuple(tokens), asked)
 
 
 CHUNKS_A_SLICE = 4

@@ -475,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         shape = MirrorUnifiedCache if info.get("tree") == "unified" else MirrorCache
         mirror = shape(page_size=int(info.get("page_size") or 1), sessions=bool(info.get("sessions")))
         mirror.token_to_kv_pool_allocator.size = int(info.get("capacity_tokens") or 0)  # (the pool's, fixed)
+        if info.get("ops") is True:  # (radixtop's own engine: its requests come as OP records)
+            mirror.history.tells_requests()
         handover: Any = MirrorLoop(mirror, end, on_other=calls.replied, on_gone=gone, on_diverged=resync)
         adapter: Any = MirrorAdapter(mirror, handover, calls, syncs, info, read_only, timeout)
         handover.start()

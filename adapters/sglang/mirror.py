@@ -36,6 +36,7 @@ from radixtop.adapters.owned.records import (
     EVICT,
     LOCK,
     NODE,
+    OP,
     OPENED,
     OPENS,
     PART,
@@ -240,6 +241,10 @@ class RecordsCopy:
             self._parts.setdefault(record[1], []).append(record[2])
         elif kind == CAUSE:
             self.history.told(record[1], record[2])  # (an action the probe ran, or "": the tree's own)
+        elif kind == OP:  # (radixtop's own engine: its requests, closes and actions)
+            tokens = record[4]
+            self.history.did(record[1], record[2], record[3], None if tokens is None else array("q", tokens),
+                             record[5], record[6], record[7])
         elif kind == WHOLE:
             self.receiving = False
             self.wholes += 1

@@ -353,7 +353,8 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
         direct: Any = CoreOps(cache, options["name"], options["closer"], options["buckets"],
                               options["running_requests"], options["waiting_requests"], options["model"])
         more = {"tree": "unified" if hasattr(cache, "tree_core") else "radix", "page_size": tree.page_size,
-                "sessions": tree.policy is not None, "geometry": dataclasses.asdict(direct.geometry)}
+                "sessions": tree.policy is not None, "geometry": dataclasses.asdict(direct.geometry),
+                "ops": True}  # (each request given back, as an OP record: ``records.hook_requests``)
     else:
         publisher = getattr(scheduler, "kv_events_publisher", None)
         if not records_events(cache) or getattr(publisher, "enable_kv_cache_events", False):

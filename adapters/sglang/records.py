@@ -33,6 +33,7 @@ from radixtop.adapters.owned.records import (  # (the records' vocabulary, as SG
     MARK,
     MATCHED,
     NODE,
+    OP,
     RECORDER,
     RELEASED,
     RESET,
@@ -104,6 +105,30 @@ def _cannot_record_unified(cache: Any) -> str | None:
 def recorder_for(cache: Any, controller: Any = None) -> _Recorder:
     """The recorder of ``cache`` (``can_record`` said it can follow it)."""
     return UnifiedRecorder(cache, controller) if hasattr(cache, "tree_core") else ChangeRecorder(cache, controller)
+
+
+HEALTH_CHECK = "HEALTH_CHECK"
+"""``sglang.srt.constants.HEALTH_CHECK_RID_PREFIX``: /health's own requests, which SGLang leaves out
+of its counters (``counters.HEALTH_CHECK``): left out here too."""
+
+
+def hook_requests(recorder: _Recorder, cache: Any) -> None:
+    """Each request SGLang gives back finished (``on_release``, 0.5.17+; 0.5.16's
+    ``cache_finished_req``) as an ``OP`` record: its session, its prompt's tokens and its hit
+    (``req.cached_tokens``, SGLang's own figure), for a session's hits over time beside. Counts only:
+    its token ids would cost the scheduler a copy a request (about 10 us for 1,200 tokens), so a
+    recording of SGLang holds no tokens to replay."""
+    name = "on_release" if callable(getattr(cache, "on_release", None)) else "cache_finished_req"
+
+    def released(result: Any, req: Any, *a: Any, **k: Any) -> None:
+        done, rid = getattr(req, "finished", None), str(getattr(req, "rid", ""))
+        if (not callable(done) or done()) and not rid.startswith(HEALTH_CHECK):
+            sid = getattr(req, "session_id", None)
+            recorder.records.append((OP, "begin", None if sid is None else str(sid), rid, None,
+                                     len(getattr(req, "origin_input_ids", ()) or ()),
+                                     int(getattr(req, "cached_tokens", 0) or 0), 0))
+
+    recorder._wrap(cache, name, released)
 
 
 FULL = 0
@@ -203,6 +228,7 @@ class ChangeRecorder(_Recorder):
         wrap(cache, "inc_lock_ref", self._locked(LOCK))
         wrap(cache, "dec_lock_ref", self._locked(UNLOCK))
         wrap(cache, "_tag_session_leaf", tag)
+        hook_requests(self, cache)
 
 
 class UnifiedRecorder(_Recorder):
@@ -352,6 +378,7 @@ class UnifiedRecorder(_Recorder):
             wrap(refs, "open_radix_session",
                  lambda result, sid, *a, **k: records().append((GEN, sid, result)) if not self._inside else None)
             self._composite(refs, "reset", lambda *a, **k: (FORGET,))
+        hook_requests(self, self.cache)
 
     def _composite(self, owner: Any, name: str, record: Callable[..., tuple],
                    touches: Callable[..., Any] | None = None) -> None:

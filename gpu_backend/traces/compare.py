@@ -191,8 +191,10 @@ class FiguresReplayer:
             elif op.op == "register":
                 s.register_session(f["session"])
                 result = {}
-            else:
+            elif op.op == "evict":
                 result = {"evicted_tokens": s.evict_asked(f["tokens"], "the trace").num_tokens_evicted}
+            else:
+                result = {"evicted_tokens": s.flush().num_tokens_evicted}
         except (UnknownRequestError, ValueError) as exc:
             raise TraceError(op.line_no, str(exc)) from None
         fig.ops_s += time.perf_counter() - start

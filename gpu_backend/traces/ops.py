@@ -1,4 +1,4 @@
-"""Traces: JSON-lines ops (begin, finish, abort, request, close, register, evict), parsing and replay."""
+"""Traces: JSON-lines ops (begin, finish, abort, request, close, register, evict, flush), parsing and replay."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import IO, Any
 from radixtop.gpu_backend.kv_geometry import KVGeometry, get_geometry
 from radixtop.gpu_backend.scheduler import OutOfSlotsError, Scheduler, UnknownRequestError
 
-OPS = ("begin", "finish", "abort", "request", "close", "register", "evict")
+OPS = ("begin", "finish", "abort", "request", "close", "register", "evict", "flush")
 MAX_TOKEN_ID = 2**63 - 1  # token ids and counts are int64 everywhere past the trace (pool, API, export)
 MAX_LINE_BYTES = 16 * 2**20
 """The longest op line read: a 1M-token prompt is about 8 MB of JSON. A longer line is refused
@@ -165,8 +165,10 @@ class Replayer:
             elif op.op == "register":
                 s.register_session(f["session"])
                 result = {"op": "register"}
-            else:
+            elif op.op == "evict":
                 result = {"op": "evict", "evicted_tokens": s.evict_asked(f["tokens"], "the trace").num_tokens_evicted}
+            else:
+                result = {"op": "flush", "evicted_tokens": s.flush().num_tokens_evicted}
         except (UnknownRequestError, OutOfSlotsError, ValueError) as exc:
             raise TraceError(op.line_no, str(exc)) from None
         self.results.append(result)

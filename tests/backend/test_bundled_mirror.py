@@ -14,7 +14,7 @@ import time
 import pytest
 
 from radixtop.adapters.bundled.recorder import BundledRecorder
-from radixtop.adapters.owned.records import BEGIN, NODE, REOPENED, WHOLE, Walk
+from radixtop.adapters.owned.records import BEGIN, NODE, OP, REOPENED, WHOLE, Walk
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.adapters.sglang.mirror import MirrorCache
 from radixtop.gpu_backend.kv_geometry import get_geometry
@@ -69,6 +69,7 @@ def test_the_mirror_follows_every_operation_of_the_bundled_cache(seed, size):
     cache = scheduler.cache
     recorder = BundledRecorder(cache, scheduler)
     mirror = MirrorCache(page_size=1)
+    mirror.history.tells_requests()  # (as the process beside does where the engine says it tells its ops)
     mirror.apply(wire(recorder.snapshot()))
     beside = adapter_over(mirror, scheduler)
     replayer = Replayer(scheduler)
@@ -81,7 +82,10 @@ def test_the_mirror_follows_every_operation_of_the_bundled_cache(seed, size):
         check_same(cache, mirror)
         check_kept(mirror, beside)
         check_figures(scheduler, beside)
-    assert len(kinds) >= 8, kinds
+        # the engine's ops, as its own history keeps them and as the history beside does (from OP records)
+        assert [e[1:] for e in mirror.history.requests_after(0, 10**6)[0]] == [
+            e[1:] for e in cache.history.requests_after(0, 10**6)[0]]
+    assert OP in kinds and len(kinds) >= 8, kinds
     assert REOPENED in kinds or not any(json.loads(line)["op"] == "register" for line in lines)
     cache.reset()  # (its tombstones gone: the sessions the engine still knows are open again)
     mirror.apply(wire(recorder.take()))

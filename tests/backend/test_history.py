@@ -359,3 +359,40 @@ def test_a_sessions_story_is_copied_in_slices_and_a_removal_between_two_is_read_
     assert ids == sorted(set(ids)) and ids[-1] == 2 * STORY_SLICE + 25 and ids[0] == 1  # (read before the drop)
     assert set(range(STORY_SLICE + 1, 2 * STORY_SLICE + 26)) <= set(ids)
     assert len(requests) == 2 * STORY_SLICE + 5 and slices >= 4
+
+
+def test_the_ops_keep_their_tokens_within_their_bound_and_stay_without_them_past_it(monkeypatch):
+    """The engine's ops (``did``) keep a begin's prompt and a finish's output while their tokens fit
+    ``MOST_SERVED_TOKENS``; past it the oldest lose their tokens (not their place: a session's hits
+    over time stay) and ``tokens_since`` says from when each op has them; the count bound drops
+    whole ops, their tokens with them."""
+    from array import array
+
+    import radixtop.gpu_backend.history as history
+
+    monkeypatch.setattr(history, "MOST_SERVED_TOKENS", 10)
+    monkeypatch.setattr(history, "MOST_SERVED", 5)
+    clock = [0.0]
+    h = CacheHistory(clock=lambda: clock[0])
+    h.tells_requests()
+    for i in range(3):
+        clock[0] += 1
+        h.served("s", 4, i, f"r{i}", array("q", [i] * 4))
+    clock[0] += 1
+    h.did("close", "s")
+    ops, first = h.requests_after(0, 10)
+    assert first == 1 and [(op[4], op[5], None if op[6] is None else list(op[6])) for op in ops] == [
+        ("begin", "r0", None), ("begin", "r1", [1] * 4), ("begin", "r2", [2] * 4), ("close", None, None)]
+    assert h.served_tokens == 8 and h.tokens_since == 1.0
+    clock[0] += 1
+    h.did("finish", "s", "r2", array("q", [9] * 3))  # 11 tokens: r1's go
+    clock[0] += 1
+    h.did("evict", asked_tokens=7)  # 6 ops: r0's begin goes whole
+    ops, first = h.requests_after(0, 10)
+    assert first == 2 and [(op[4], None if op[6] is None else len(op[6]), op[7]) for op in ops] == [
+        ("begin", None, 0), ("begin", 4, 0), ("close", None, 0), ("finish", 3, 0), ("evict", None, 7)]
+    assert h.served_tokens == 7 and h.tokens_since == 2.0 and h.served_since == 1.0
+    for _ in range(3):  # the count bound drops r1's and r2's begins (r2's with its tokens) and the close
+        clock[0] += 1
+        h.did("register", "t")
+    assert h.served_tokens == 3 and len(h._tokened) == 1 and h._tokened[0][4] == "finish"

@@ -79,8 +79,13 @@ def test_a_recording_holds_each_removal_and_request_made_while_it_ran_once(engin
     # (the close of "gone" before the recording started is not in it: from now on, by default)
     assert by_cause == {"closed": done["close"].freed_tokens, "evict_action": done["evict"].num_tokens_evicted}
     assert {r["session_id"] for r in removed if r["cause"] == "closed"} == {"a"}
-    assert of("served", recorded) == [{"seq": 7, "at": of("served", recorded)[0]["at"], "session_id": "b",
-                                       "prompt_tokens": 5, "cached_tokens": 4}]  # (6 sessioned before it)
+    # the engine's ops while it ran, in order: what a replay of the recording applies
+    served = of("served", recorded)
+    assert [(e["op"], e["session_id"], e["request_id"], e["tokens"], e["asked_tokens"]) for e in served] == [
+        ("close", "a", None, None, 0), ("evict", None, None, None, 1 << 20),
+        ("begin", "b", "t1", [1, 2, 3, 4, 60], 0), ("finish", "b", "t1", [61], 0)]
+    assert (served[2]["prompt_tokens"], served[2]["cached_tokens"]) == (5, 4)
+    assert [e["seq"] for e in served] == list(range(served[0]["seq"], served[0]["seq"] + 4))
     assert len(of("moment", recorded)) >= 3 and not of("gap", recorded)
     assert f"recorded {len(removed)} removals" in result.output and "the time asked for is up" in result.output
 
@@ -202,9 +207,14 @@ def test_serve_record_writes_its_own_history_while_it_serves(tmp_path):
 def test_serve_beside_records_from_radixtops_process_while_the_engine_serves(tmp_path):
     """``serve --beside --record``: the history is kept in radixtop's process beside the engine
     (from the engine's records); the recording reads it there over the admin API, as ``radixtop
-    record`` would: removals (the demo's closes), moments, and its end on SIGTERM. The beside
-    history tells no requests' hits (null, not an empty list)."""
+    record`` would: removals (the demo's closes), moments, the engine's requests with their tokens
+    (told beside as ``OP`` records: what a replay of it needs), and its end on SIGTERM."""
     path = tmp_path / "beside.jsonl"
-    recorded = served_and_recorded(path, ["--beside", "--never-closed", "0"], ['"removed"', '"moment"'])
+    recorded = served_and_recorded(path, ["--beside", "--never-closed", "0"],
+                                   ['"removed"', '"moment"', '"op":"finish"'])
     assert recorded[0]["recording"] == 1 and "end" in recorded[-1]
-    assert of("removed", recorded) and of("moment", recorded) and not of("served", recorded)
+    assert of("removed", recorded) and of("moment", recorded)
+    served = of("served", recorded)
+    begins = [e for e in served if e["op"] == "begin"]
+    assert begins and all(len(e["tokens"]) == e["prompt_tokens"] and e["request_id"] for e in begins)
+    assert {e["op"] for e in served} >= {"begin", "finish", "close"}

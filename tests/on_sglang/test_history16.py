@@ -60,18 +60,31 @@ def test_why_beside_sglang_names_the_op_and_cause_that_removed_each_lost_token(s
 def test_why_for_a_session_beside_sglang_gives_each_loss_of_what_it_held_with_its_cause(sgl, seed):
     """A session's losses over the copy, against SGLang's own tree op by op (``SessionLosses``:
     the nodes that left it that the session held, SGLang's own ``session_ids``); its requests'
-    hits are not in the probe's records: not known (None), never an empty list."""
+    hits, from the probe's ``OP`` record of each request SGLang gives back finished (not an
+    aborted one), are the hits SGLang's cache gave them (``req.cached_tokens``), in the order
+    they finished."""
     lines, replayer, cache, inproc, mirror, oracle, beside = copied(sgl, seed)
+    mirror.history.tells_requests()  # (as the process beside does where the probe says it tells them)
     losses = SessionLosses()
+    running: dict[str, tuple[str, int, int]] = {}
+    served: dict[str, list[tuple[int, int]]] = {}
     for line_no, op in _parse(lines):
         before = sglang_nodes(cache)
-        oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
+        result: dict = {}
+        oracle.step(lambda line_no=line_no, op=op: result.update(replayer.apply(line_no, op)), None)
+        if op["op"] in ("begin", "request") and op.get("session"):
+            running[op.get("id", "")] = (op["session"], len(op["input"]), result["hit"])
+        if op["op"] in ("finish", "request") and op.get("id", "") in running:
+            sid, prompt, hit = running.pop(op.get("id", ""))
+            served.setdefault(sid, []).append((prompt, hit))
         losses.step(oracle.clock, before, sglang_nodes(cache), lambda q: inproc.match(q).matched_tokens,
                     *((CLOSED, op["session"]) if op["op"] == "close" else (EVICTED, None)))
     assert any(losses.lost.values()), "nothing any session held was lost: the test proves nothing"
-    for sid in sorted(losses.lost):
+    assert any(hit for hits in served.values() for _, hit in hits), "no hit: the test proves nothing"
+    for sid in sorted(set(losses.lost) | set(served)):
         v = beside.why_session(sid)
-        assert v.requests is None and v.requests_kept is None and v.cached_tokens is None
+        assert [(r.prompt_tokens, r.cached_tokens) for r in v.requests] == served.get(sid, []), sid
+        assert v.requests_kept == len(served.get(sid, [])) and v.cached_tokens == sum(h for _, h in served.get(sid, []))
         losses.check(v, sid)
 
 

@@ -110,3 +110,41 @@ def test_the_tree_then_beside_the_unified_tree_is_its_tree_now_less_what_was_sto
         walks.append(sglang_nodes(cache))
     tree = beside.tree
     check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_sessions_hits_beside_the_unified_tree_are_the_requests_sglang_gave_back_finished(seed):
+    """Each request SGLang gives back finished (``on_release``) is an ``OP`` record of the probe's;
+    beside, a session's story lists its requests' hits as SGLang's ``Req.cached_tokens`` gave them,
+    in the order they ended: an aborted one too (``FINISH_ABORT``: it was served its hit; a
+    retracted one, not finished, comes back and is told once it ends)."""
+    rng = random.Random(seed)
+    cache, pools = drive23.build_unified_cache23(400, 1, tree_core_backend="python", enable_session_radix_cache=True)
+    recorder = recorder_for(cache)
+    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
+    mirror.history.tells_requests()  # (as the process beside does where the probe says it tells them)
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    stories = {f"s{k}": [100 + k] for k in range(3)}
+    served: dict[str, list[tuple[int, int]]] = {}
+    running: list = []
+    for _ in range(60):
+        sid = rng.choice(sorted(stories))
+        if rng.random() < 0.6 or not running:
+            try:
+                running.append((sid, drive23.begin_request(cache, pools, stories[sid], session_id=sid)))
+            except RuntimeError:
+                pass
+        else:
+            sid, req = running.pop(rng.randrange(len(running)))
+            abort = rng.random() < 0.2
+            output = [rng.randrange(2, 60) for _ in range(3)]
+            drive23.finish_request(cache, pools, req, output, abort=abort)
+            served.setdefault(sid, []).append((len(req.origin_input_ids), req.cached_tokens))
+            if not abort:
+                stories[sid] = list(req.origin_input_ids) + output[:-1] + [rng.randrange(2, 60)]
+        mirror.apply(wire(recorder.take()))
+    assert any(hit for hits in served.values() for _, hit in hits), "no hit: the test proves nothing"
+    for sid in stories:
+        v = beside.why_session(sid)
+        assert [(r.prompt_tokens, r.cached_tokens) for r in v.requests] == served.get(sid, []), sid

@@ -319,6 +319,7 @@ def begin_request(cache, pools: Pools, input_ids: Sequence[int], *, session_id: 
         req.session_generation = cache.ensure_session_generation(session_id)
     req.init_next_round_input(cache)  # match_kv_cache
     req.lock = cache.lock(req.last_node)  # PrefillAdder._commit_prefill_admission
+    req.cached_tokens = req.prefix_len  # ScheduleBatch.prepare_for_extend: pre_len - already_computed (0)
     if pools.req_to_token_pool.alloc([req]) is None:
         raise RuntimeError("ReqToTokenPool is full (raise max_running)")
     prefix = cache.prefix_device_indices(req)

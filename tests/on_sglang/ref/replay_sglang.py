@@ -161,6 +161,12 @@ class _Req:
         self.prefix_indices = None
         self.cache_protected_len = 0
         self.last_node = None
+        self.cached_tokens = 0
+        """Its prompt's tokens served from the cache (SGLang sets it at its prefill)."""
+        self.finished_reason: str | None = None
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
 
 
 def _parse(lines: Iterable[str]) -> list[tuple[int, dict]]:
@@ -265,7 +271,7 @@ class SGLangReplayer:
         prefix = match.device_indices
         req.prefix_indices = prefix
         req.last_node = match.last_device_node
-        req.cache_protected_len = len(prefix)
+        req.cache_protected_len = req.cached_tokens = len(prefix)
         self.cache.inc_lock_ref(req.last_node)
         if self.req_to_token_pool.alloc([req]) is None:
             raise RuntimeError("ReqToTokenPool is full (sized from the trace: a bug here)")
@@ -286,6 +292,7 @@ class SGLangReplayer:
         if total > start:
             more = self._alloc(total - start)
             self.req_to_token_pool.write((req.req_pool_idx, slice(start, total)), more)
+        req.finished_reason = "length"
         self.cache.cache_finished_req(req, kv_len_to_handle=total)
         self.req_to_token_pool.free(req)
 
