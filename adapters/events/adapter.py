@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import json
 import logging
 import threading
 import time
@@ -230,6 +231,29 @@ class EventTreeAdapter(CacheAdapter):
         with self._lock:
             if self._tree.history is not None:
                 self._tree.history.told(cause, who)
+
+    def tells_requests(self) -> None:
+        """The source tells the engine's requests from now on (``served``)."""
+        with self._lock:
+            if self._tree.history is not None:
+                self._tree.history.tells_requests()
+
+    def served(self, payload: bytes) -> None:
+        """The requests the engine gave back (a ``probe.SERVED`` frame: JSON ``[[session_id, rid,
+        prompt_tokens, cached_tokens], ...]``), told to the history (a session's hits over time);
+        a frame that is not one is logged and dropped, never the applying thread down for it."""
+        try:
+            told = json.loads(payload)
+            rows = [(None if sid is None else str(sid), str(rid), int(prompt), int(cached))
+                    for sid, rid, prompt, cached in told]
+        except (ValueError, TypeError):
+            log.warning("radixtop: a SERVED frame that is not one: %r", bytes(payload[:80]))
+            return
+        with self._lock:
+            history = self._tree.history
+            if history is not None and history.served_since is not None:
+                for sid, rid, prompt, cached in rows:
+                    history.served(sid, max(0, prompt), max(0, cached), rid)
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every

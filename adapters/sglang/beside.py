@@ -50,7 +50,7 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.owned.common import refuse_if_read_only, switch
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
-from radixtop.adapters.sglang.probe import CALL, CAUSED, HELLO, MORE, REPLY
+from radixtop.adapters.sglang.probe import CALL, CAUSED, HELLO, MORE, REPLY, SERVED
 from radixtop.adapters.text import load_tokenizer
 from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
@@ -483,7 +483,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from radixtop.adapters.sglang.events.core import CoreEventsAdapter
 
+        if info.get("ops") is True:  # (``probe.SERVED`` frames: SGLang's requests)
+            tree.tells_requests()
+
         def other(frame: Frame) -> None:  # (in order among the events)
+            if frame.kind == SERVED:
+                tree.served(frame.payload)
+                return
             if frame.kind != CAUSED:
                 calls.replied(frame)
                 return

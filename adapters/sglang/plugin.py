@@ -362,7 +362,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
                      "KV-event publisher; radixtop stays in the scheduler's process here")
             return None
         direct = SGLangInProcessAdapter(cache, None, **options)
-        more = {}
+        more = {"ops": True} if callable(getattr(cache, "on_release", None)) else {}  # (``probe.SERVED``)
     from radixtop.adapters.http.server import check_token_strength
 
     check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)

@@ -15,6 +15,7 @@ Frames from the probe: ``HELLO`` first, then ``EVENTS`` (one encoded batch each)
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
 from radixtop.adapters.owned.records import CAUSE, Walk, split_long
+from radixtop.adapters.sglang.records import released_request
 from radixtop.gpu_backend.history import EVICT_ACTION, FLUSHED
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
@@ -41,6 +43,12 @@ CAUSED = 7
 """To radixtop's side (the Rust core's events): JSON ``{"cause", "who"}`` between the events, before
 those of an action radixtop asked for (``CAUSES``) and, with an empty cause, after them: its
 removals are told apart from SGLang's own evictions for room."""
+SERVED = 8
+"""To radixtop's side (the Rust core's events): JSON ``[[session_id, rid, prompt_tokens,
+cached_tokens], ...]``, the requests SGLang gave back since the last (``records.released_request``),
+after that step's events: a session's hits over time beside."""
+SERVED_A_FRAME = 1024
+"""Requests a ``SERVED`` frame holds at most."""
 OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "state", "resync")
 """What radixtop's side may ask of SGLang itself: ``sync`` (nothing: its reply comes after every
 event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
@@ -79,9 +87,33 @@ class EventsProbe:
         self._encode = msgspec.msgpack.Encoder().encode
         self.batches = 0
         """Batches numbered so far (each one frame, whether it went or was dropped)."""
+        self.served: list[tuple] = []
+        """The requests SGLang gave back since the last step (``SERVED``)."""
+        self._hook_served(cache)
+
+    def _hook_served(self, cache: Any) -> None:
+        """SGLang's ``on_release`` wrapped on the instance: each request it gives back told
+        (``released_request``: four numbers appended), whatever that raises kept out of SGLang's call."""
+        original = getattr(cache, "on_release", None)
+        if not callable(original):
+            return
+
+        @functools.wraps(original)
+        def released(req: Any, *a: Any, **k: Any) -> Any:
+            result = original(req, *a, **k)
+            try:
+                told = released_request(req)
+                if told is not None:
+                    self.served.append(told)
+            except Exception:  # (never SGLang's call down for it)
+                pass
+            return result
+
+        cache.on_release = released
 
     def step(self) -> None:
-        """Once a scheduler loop: what waited in the backlog first, then what the core recorded."""
+        """Once a scheduler loop: what waited in the backlog first, then what the core recorded,
+        then the requests given back."""
         end = self.end
         if end.held:
             end.flush()
@@ -90,8 +122,24 @@ class EventsProbe:
             if end.down:  # nobody to send to: numbered and dropped, not encoded
                 self.batches += 1
                 end.skip()
-                return
-            self._send(time.time(), events)
+            else:
+                self._send(time.time(), events)
+        if self.served:
+            served, self.served = self.served, []
+            if not end.down:  # (a frame the socket cannot take is dropped: those requests are not told)
+                for at in range(0, len(served), SERVED_A_FRAME):
+                    self._send_served(served[at:at + SERVED_A_FRAME])
+
+    def _send_served(self, rows: list[tuple]) -> None:
+        """``rows`` in a ``SERVED`` frame, in halves where over a frame; a request alone over one
+        (an id of a megabyte) is not told."""
+        payload = json.dumps(rows).encode()
+        if len(payload) <= self.end.frame_max:
+            self.end.send(SERVED, payload)
+        elif len(rows) > 1:
+            half = len(rows) // 2
+            self._send_served(rows[:half])
+            self._send_served(rows[half:])
 
     def _send(self, ts: float, events: list[Any]) -> None:
         payload = self._encode(self._batch(ts=ts, events=events))

@@ -112,23 +112,37 @@ HEALTH_CHECK = "HEALTH_CHECK"
 of its counters (``counters.HEALTH_CHECK``): left out here too."""
 
 
+def released_request(req: Any) -> tuple[str | None, str, int, int] | None:
+    """A request SGLang gives back, as the history tells it (its session, its id, its prompt's
+    tokens and its hit: ``req.cached_tokens``, SGLang's own figure); None where it is not one to
+    tell: not finished (retracted: it comes back), or /health's own."""
+    done, rid = getattr(req, "finished", None), str(getattr(req, "rid", ""))
+    if (callable(done) and not done()) or rid.startswith(HEALTH_CHECK):
+        return None
+    sid = getattr(req, "session_id", None)
+    return (None if sid is None else str(sid), rid, len(getattr(req, "origin_input_ids", ()) or ()),
+            int(getattr(req, "cached_tokens", 0) or 0))
+
+
+def release_method(cache: Any) -> str:
+    """The method SGLang gives each request back through: ``on_release`` (0.5.17+), else 0.5.16's
+    ``cache_finished_req``."""
+    return "on_release" if callable(getattr(cache, "on_release", None)) else "cache_finished_req"
+
+
 def hook_requests(recorder: _Recorder, cache: Any) -> None:
-    """Each request SGLang gives back finished (``on_release``, 0.5.17+; 0.5.16's
-    ``cache_finished_req``) as an ``OP`` record: its session, its prompt's tokens and its hit
-    (``req.cached_tokens``, SGLang's own figure), for a session's hits over time beside. Counts only:
+    """Each request SGLang gives back finished (``released_request``) as an ``OP`` record: its
+    session, its prompt's tokens and its hit, for a session's hits over time beside. Counts only:
     its token ids would cost the scheduler a copy a request (about 10 us for 1,200 tokens), so a
     recording of SGLang holds no tokens to replay."""
-    name = "on_release" if callable(getattr(cache, "on_release", None)) else "cache_finished_req"
 
     def released(result: Any, req: Any, *a: Any, **k: Any) -> None:
-        done, rid = getattr(req, "finished", None), str(getattr(req, "rid", ""))
-        if (not callable(done) or done()) and not rid.startswith(HEALTH_CHECK):
-            sid = getattr(req, "session_id", None)
-            recorder.records.append((OP, "begin", None if sid is None else str(sid), rid, None,
-                                     len(getattr(req, "origin_input_ids", ()) or ()),
-                                     int(getattr(req, "cached_tokens", 0) or 0), 0))
+        told = released_request(req)
+        if told is not None:
+            sid, rid, prompt, cached = told
+            recorder.records.append((OP, "begin", sid, rid, None, prompt, cached, 0))
 
-    recorder._wrap(cache, name, released)
+    recorder._wrap(cache, release_method(cache), released)
 
 
 FULL = 0

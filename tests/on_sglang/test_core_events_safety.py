@@ -99,3 +99,41 @@ def test_the_capabilities_say_each_thing_once():
     assert caps.tree and caps.sessions and caps.evict
     assert caps.reason.count("sessions are those whose requests stored each block") == 1, caps.reason
     assert caps.reason.count("the tree may be incomplete") == 1 and "no event batch" not in caps.reason
+
+
+def test_requests_given_back_cross_in_frames_that_fit_and_a_served_frame_never_harms_the_tree():
+    """The probe's ``SERVED`` frames: rows over a frame go in halves (a socket's frames may be as
+    small as 1 KB), a request alone over one (an id of a megabyte) is not told, and never raises
+    into the scheduler's step; beside, a frame that is not one is dropped and the requests of one
+    that is are told to the history."""
+    import json
+
+    from radixtop.adapters.sglang.probe import SERVED, EventsProbe
+
+    sent: list = []
+
+    class End:
+        frame_max = 200
+
+        def send(self, kind: int, payload: bytes) -> bool:
+            assert len(payload) <= self.frame_max
+            sent.append((kind, json.loads(payload)))
+            return True
+
+    probe = EventsProbe.__new__(EventsProbe)
+    probe.end = End()
+    rows = [("s", f"r{i}", 10, i) for i in range(20)] + [("x" * 500, "big", 1, 0), (None, "last", 3, 1)]
+    probe._send_served(rows)
+    assert {kind for kind, _ in sent} == {SERVED} and len(sent) > 2
+    assert [row for _, batch in sent for row in batch] == [list(r) for r in rows if r[1] != "big"]
+
+    from radixtop.adapters.sglang.events.core import CoreTree
+
+    tree = CoreTree(name="beside")
+    tree.tells_requests()
+    tree.served(b"not json")
+    tree.served(b'[["s", 1]]')
+    tree.served(json.dumps(sent[0][1]).encode())
+    page = tree.history(0, 0)
+    assert [(e.session_id, e.request_id, e.prompt_tokens, e.cached_tokens) for e in page.served] == [
+        tuple(r) for r in sent[0][1]]

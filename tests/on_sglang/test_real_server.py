@@ -235,24 +235,29 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, t
 
 
 def test_why_for_a_session_names_its_close(server, client, driven):
-    """Issue 29 on the real server: a session's story. Beside the scheduler, SGLang's records
-    carry no hits (``requests`` null, never an empty list); after radixtop's close, on 0.5.16 the
-    session lost exactly what the close freed, by its own close; on 0.5.23 a close only drops its
-    references and frees nothing."""
+    """Issue 29 on the real server: a session's story. Beside the scheduler, its requests' hits
+    are SGLang's own (each request's ``meta_info``: its prompt's tokens and its cached ones, as the
+    probe tells each request SGLang gives back); after radixtop's close, on 0.5.16 the session lost
+    exactly what the close freed, by its own close; on 0.5.23 a close only drops its references
+    and frees nothing."""
     from radixtop.adapters.errors import Unsupported
     from radixtop.adapters.text import session_why_lines
 
     sid, history = f"story-{VERSION}-{server.options['place'][:6]}", fresh(40)
-    for _ in range(2):
+    served = []
+    for _ in range(3):
         history += fresh(20)
-        history += server.generate(history, max_new_tokens=8, session_id=sid).get("output_ids", [])
+        reply = server.generate(history, max_new_tokens=8, session_id=sid)
+        served.append((reply["meta_info"]["prompt_tokens"], reply["meta_info"]["cached_tokens"]))
+        history += reply.get("output_ids", [])
     settle(server, client)
     if server.options["place"] != "beside the scheduler":
         with pytest.raises(Unsupported):
             client.why_session(sid)
         return
     story = client.why_session(sid)
-    assert story.requests is None and story.requests_kept is None and story.lost == ()
+    assert [(r.prompt_tokens, r.cached_tokens) for r in story.requests] == served and story.lost == ()
+    assert served[-1][1] > 0  # (its later turns hit its history)
     result = client.close_session(sid)
     settle(server, client)
     story = client.why_session(sid)

@@ -161,8 +161,9 @@ def test_radixtops_process_killed_mid_stream_leaves_the_scheduler_serving(sgl):
         probe.end.close()
 
 
-def started_beside(cache, capacity: int, **kwargs):
-    """radixtop's process beside this "scheduler", as the plugin starts it: ``(BesideProcess, client)``."""
+def started_beside(cache, capacity: int, info: dict | None = None, **kwargs):
+    """radixtop's process beside this "scheduler", as the plugin starts it: ``(BesideProcess, client)``
+    (``info``: more of the plugin's hello, as its ``ops``)."""
     from radixtop.adapters.http.client import RadixtopClient
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
@@ -175,7 +176,7 @@ def started_beside(cache, capacity: int, **kwargs):
     sglang = SGLangInProcessAdapter(cache, name="sglang dp0 (test)")  # no owner queue: the loop's thread is the scheduler's
     beside = BesideProcess(
         cache, listening, "127.0.0.1",
-        {"name": "sglang dp0 (test)", "dp_rank": 0, "bytes_per_token": 64, "capacity_tokens": capacity},
+        {"name": "sglang dp0 (test)", "dp_rank": 0, "bytes_per_token": 64, "capacity_tokens": capacity, **(info or {})},
         {**os.environ, "RADIXTOP_TOKEN": token}, sglang=sglang, **kwargs)
     return beside, RadixtopClient(f"http://127.0.0.1:{port}", token=token, timeout=30)
 
@@ -282,6 +283,49 @@ def test_why_on_the_rust_core_beside_names_sglangs_evictions_and_radixtops_evict
         loop.run(lambda: [drive23.run_request(cache, pools, prompt(100), [2]) for _ in range(12)])
         assert {x.cause for x in client.why(last).lost} == {"flushed"}
         assert set(client.then(after).left_by_cause) == {"evicted"}  # (after the flush, SGLang's own again)
+    finally:
+        loop.stop.set()
+        client.release()
+        beside.close()
+
+
+def test_a_sessions_hits_on_the_rust_core_beside_are_the_requests_sglang_gave_back(sgl):
+    """Each request SGLang's ``on_release`` gives back finished (its session, its prompt's tokens
+    and ``Req.cached_tokens``) crosses in a ``SERVED`` frame after that step's events; beside, a
+    session's story lists its requests' hits as SGLang gave them, in order; an aborted one too
+    (served its hit), /health's own not."""
+    import time
+
+    cache, pools = rust_cache(sgl, capacity=1024)
+    beside, client = started_beside(cache, 1024, {"ops": True})
+    loop = SchedulerLoop(beside, cache, pools)
+    rng = random.Random(3)
+    history = [rng.randrange(600, 900) for _ in range(40)]
+    served = []
+    try:
+        for turn in range(4):
+            prompt = history + [rng.randrange(600, 900) for _ in range(10)]
+
+            def turn_of(prompt=prompt, abort=turn == 2):
+                req = drive23.begin_request(cache, pools, prompt, session_id="chat")
+                drive23.finish_request(cache, pools, req, [5, 6], abort=abort)
+                return len(prompt), req.cached_tokens
+
+            served.append(loop.run(turn_of))
+            history = prompt + [5]
+        loop.run(lambda: drive23.run_request(cache, pools, history, [7], rid="HEALTH_CHECK_1"))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                story = client.why_session("chat")
+                if story.requests_kept == len(served):
+                    break
+            except Exception:
+                pass
+            assert time.monotonic() < deadline and beside.child.poll() is None
+            time.sleep(0.1)
+        assert [(r.prompt_tokens, r.cached_tokens) for r in story.requests] == served
+        assert served[-1][1] > 0 and story.prompt_tokens == sum(p for p, _ in served)
     finally:
         loop.stop.set()
         client.release()

@@ -35,18 +35,20 @@ class SchedulerLoop:
             self.error = exc
             time.sleep(0)
 
-    def run(self, fn, timeout: float = 60) -> None:
-        """``fn`` on the loop's thread, waited for."""
+    def run(self, fn, timeout: float = 60):
+        """``fn`` on the loop's thread, waited for; what it returned."""
         done = threading.Event()
+        result: list = []
 
         def job() -> None:
             try:
-                fn()
+                result.append(fn())
             finally:
                 done.set()
 
         self.work.put(job)
         assert done.wait(timeout) and self.error is None, self.error
+        return result[0] if result else None
 
     def close(self) -> None:
         self.stop.set()
