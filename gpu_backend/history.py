@@ -21,8 +21,8 @@ or register, an evict or flush asked): a session's hits over time, and what a re
 
 What it costs the owner thread: a removal appends one small record (its tokens as the bytes of an
 ``array('q')``, one copy); a store appends four numbers to columns; an op, a small list (a begin's
-prompt and a finish's output copied once into an ``array('q')`` by the engine); nothing on matches
-or locks. Bounded by the memory it keeps (``most_bytes``, ``MOST_STORES``, ``MOST_SERVED``,
+prompt and a finish's output kept as the engine's own lists, not copied); nothing on matches or
+locks. Bounded by the memory it keeps (``most_bytes``, ``MOST_STORES``, ``MOST_SERVED``,
 ``MOST_SERVED_TOKENS``) and by age (``most_age_s``): the oldest go first.
 """
 
@@ -60,11 +60,12 @@ MOST_SERVED = 100_000
 and hit, its finish or abort; a session's close or register; an evict or flush asked), the oldest
 dropped first; their age is bounded as the removed nodes' is. A request is two (its begin and its
 finish): 50,000 requests."""
-MOST_SERVED_TOKENS = 1 << 22
-"""Token ids the ops keep at most (a begin's prompt, a finish's output, as ``array('q')``: 8 bytes
-each, 32 MiB), the oldest dropped first: their ops stay, without them. What ``radixtop record``
-writes for a replay of the server's own traffic (``replay --format recording``); a recording
-reads the journal every second, far inside this bound."""
+MOST_SERVED_TOKENS = 1 << 20
+"""Token ids the ops keep at most (a begin's prompt, a finish's output: the engine's own lists,
+kept, not copied: 8 bytes a token and the ids' int objects, up to 36 MiB), the oldest dropped
+first: their ops stay, without them. What ``radixtop record`` writes for a replay of the server's
+own traffic (``replay --format recording``); a recording reads the journal every second, far
+inside this bound."""
 BEGIN, FINISH, ABORT, CLOSE, REGISTER, EVICT, FLUSH = "begin", "finish", "abort", "close", "register", "evict", "flush"
 OPS = (BEGIN, FINISH, ABORT, CLOSE, REGISTER, EVICT, FLUSH)
 """The engine's ops the journal keeps (``did``): radixtop's trace ops, a replay's input."""
@@ -265,15 +266,16 @@ class CacheHistory:
             self.served_since = self.tokens_since = self.clock()
 
     def served(self, session_id: str | None, prompt_tokens: int, cached_tokens: int, request_id: str | None = None,
-               tokens: array | None = None) -> None:
+               tokens: Sequence[int] | None = None) -> None:
         """A request began now, ``cached_tokens`` of its ``prompt_tokens`` a hit (a session's hits
         over time: ``why`` for a session); ``tokens``, its prompt (a replay's)."""
         self.did(BEGIN, session_id, request_id, tokens, prompt_tokens, cached_tokens)
 
-    def did(self, op: str, session_id: str | None = None, request_id: str | None = None, tokens: array | None = None,
-            prompt_tokens: int = 0, cached_tokens: int = 0, asked_tokens: int = 0) -> None:
+    def did(self, op: str, session_id: str | None = None, request_id: str | None = None,
+            tokens: Sequence[int] | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
+            asked_tokens: int = 0) -> None:
         """The engine did ``op`` now (``OPS``): ``tokens`` a begin's prompt or a finish's output
-        (kept, not copied), ``asked_tokens`` an evict's."""
+        (kept, not copied: the engine never changes them after), ``asked_tokens`` an evict's."""
         now = self.clock()
         entry = [now, session_id, prompt_tokens, cached_tokens, op, request_id, tokens, asked_tokens]
         served = self._served
@@ -343,13 +345,11 @@ class CacheHistory:
         """The removals numbered past ``after``, at most ``limit``, and the first one's number."""
         return _tail(self._ghosts, self.removed_count, after, limit)
 
-    def requests_after(self, after: int, limit: int) -> tuple[list[tuple[Any, ...]], int] | None:
-        """The ops numbered past ``after`` (``did``'s, as tuples), at most ``limit``, and the first
-        one's number; None where the owner tells none."""
-        if self.served_since is None:
-            return None
-        entries, first = _tail(self._served, self.served_count, after, limit)
-        return [tuple(e) for e in entries], first
+    def requests_after(self, after: int, limit: int) -> tuple[list[list[Any]], int] | None:
+        """The ops numbered past ``after`` (``did``'s: read them, never change them; an op's tokens
+        may go to None meanwhile, the bound), at most ``limit``, and the first one's number; None
+        where the owner tells none."""
+        return None if self.served_since is None else _tail(self._served, self.served_count, after, limit)
 
     def reaches_back_to(self) -> float:
         """The moment since which every removal is kept (``time.time()``)."""

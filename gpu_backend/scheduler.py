@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -154,7 +153,7 @@ class Scheduler:
         self.prompt_tokens += len(input_ids)
         self.cached_tokens += match.prefix_len
         if self.told is not None:
-            self.told(BEGIN, session_id, rid, array("q", req.input_ids), len(input_ids), match.prefix_len)
+            self.told(BEGIN, session_id, rid, req.input_ids, len(input_ids), match.prefix_len)  # (its own list)
         return match.prefix_len
 
     def finish(self, rid: str, output_ids: list[int]) -> None:
@@ -174,7 +173,7 @@ class Scheduler:
         self.cache.cache_finished_req(req)
         self._touch_session(req.session_id)
         if self.told is not None:
-            self.told(FINISH, req.session_id, rid, array("q", req.output_ids))
+            self.told(FINISH, req.session_id, rid, req.output_ids)
 
     def abort(self, rid: str) -> None:
         """Drop a running request without caching it: free its own slots and unlock its path,

@@ -161,10 +161,12 @@ class BundledRecorder(_Recorder):
         told = scheduler.told  # (the engine's own history, where it keeps one: told too)
         scheduler.told = self.op if told is None else lambda *a, **k: (told(*a, **k), self.op(*a, **k))
 
-    def op(self, op: str, session_id: str | None = None, request_id: str | None = None, tokens: array | None = None,
-           prompt_tokens: int = 0, cached_tokens: int = 0, asked_tokens: int = 0) -> None:
-        """An op of the engine's (``Scheduler.told``), for the history beside it (``OP``)."""
-        self.records.append((OP, op, session_id, request_id, None if tokens is None else tokens.tobytes(),
+    def op(self, op: str, session_id: str | None = None, request_id: str | None = None,
+           tokens: list[int] | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
+           asked_tokens: int = 0) -> None:
+        """An op of the engine's (``Scheduler.told``), for the history beside it (``OP``: its tokens
+        as the bytes of an ``array('q')``, as a node's are sent)."""
+        self.records.append((OP, op, session_id, request_id, None if tokens is None else array("q", tokens).tobytes(),
                              prompt_tokens, cached_tokens, asked_tokens))
 
     def _closing(self, session_id: Any) -> None:

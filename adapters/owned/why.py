@@ -157,7 +157,7 @@ def history_page(read: tuple[Any, ...]) -> HistoryPage:
 
 
 def _entry(seq: int, at: float, session_id: str | None, prompt: int, cached: int, op: str, request_id: str | None,
-           tokens: array | None, asked: int) -> ServedEntry:
+           tokens: Sequence[int] | None, asked: int) -> ServedEntry:
     return ServedEntry(seq, at, session_id, prompt, cached, op, request_id,  # type: ignore[arg-type]
                        None if tokens is None else tuple(tokens), asked)
 
