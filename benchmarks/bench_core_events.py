@@ -122,7 +122,7 @@ def run_block(capacity: int, requests, mode: str) -> dict:
         step = probe.step
 
         def last() -> int:
-            return probe.batches - 1
+            return probe.events_seq  # (the frames of requests given back are numbered too)
 
         def finish() -> int:
             assert probe.end.dropped == 0, f"{probe.end.dropped} frames dropped"

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 import logging
 import threading
 import time
+from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -125,6 +125,15 @@ class StreamStatus:
 def _no_locks(view: SessionView) -> SessionView:
     """A session as the events tell it: its locked tokens unknown (no lock is in them)."""
     return dataclasses.replace(view, locked_tokens=None)
+
+
+def _ids(tokens: Any) -> array | None:
+    """Token ids sent as the bytes of an ``array('q')`` (None: not sent)."""
+    if tokens is None:
+        return None
+    if not isinstance(tokens, bytes) or len(tokens) % 8:
+        raise ValueError("token ids that are not an array('q')'s bytes")
+    return array("q", tokens)
 
 
 class EventTreeAdapter(CacheAdapter):
@@ -239,21 +248,26 @@ class EventTreeAdapter(CacheAdapter):
                 self._tree.history.tells_requests()
 
     def served(self, payload: bytes) -> None:
-        """The requests the engine gave back (a ``probe.SERVED`` frame: JSON ``[[session_id, rid,
-        prompt_tokens, cached_tokens], ...]``), told to the history (a session's hits over time);
-        a frame that is not one is logged and dropped, never the applying thread down for it."""
+        """The requests the engine gave back (a ``probe.SERVED`` frame: msgpack of ``[[session_id,
+        rid, prompt_tokens, cached_tokens, "finish" | "abort", prompt_ids, output_ids], ...]``),
+        told to the history: each one's begin (its hit) and its finish or abort, with their token
+        ids where they came. A frame that is not one is logged and dropped, never the applying
+        thread down for it."""
+        import msgspec
+
         try:
-            told = json.loads(payload)
-            rows = [(None if sid is None else str(sid), str(rid), int(prompt), int(cached))
-                    for sid, rid, prompt, cached in told]
-        except (ValueError, TypeError):
+            rows = [(None if sid is None else str(sid), str(rid), max(0, int(prompt)), max(0, int(cached)),
+                     "abort" if how == "abort" else "finish", _ids(prompt_ids), _ids(output_ids))
+                    for sid, rid, prompt, cached, how, prompt_ids, output_ids in msgspec.msgpack.decode(payload)]
+        except (ValueError, TypeError, msgspec.DecodeError):
             log.warning("radixtop: a SERVED frame that is not one: %r", bytes(payload[:80]))
             return
         with self._lock:
             history = self._tree.history
             if history is not None and history.served_since is not None:
-                for sid, rid, prompt, cached in rows:
-                    history.served(sid, max(0, prompt), max(0, cached), rid)
+                for sid, rid, prompt, cached, how, prompt_ids, output_ids in rows:
+                    history.served(sid, prompt, cached, rid, prompt_ids)
+                    history.did(how, sid, rid, output_ids)
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every

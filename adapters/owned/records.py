@@ -435,7 +435,8 @@ def split_long(record: tuple, most: int) -> list[tuple]:
     """A record over ``most`` bytes as several, each under it, applied in order to the same end:
     an ``ADD``'s tokens as ``PART`` records and the ``ADD`` with the last part; an eviction's or a
     close's deleted ids over several ``EVICT`` or ``CLOSE`` records (a close's first drops the
-    session from every node it held, the rest delete); any other record as it is."""
+    session from every node it held, the rest delete); an ``OP`` whose tokens are over it without
+    them; any other record as it is."""
     kind = record[0]
     if kind in (TOMBS, GENS, OPENS, SEEN):
         size = sum(len(str(sid)) + 12 for sid in record[1])  # (msgpack: a string's bytes and a few more, a generation)
@@ -449,6 +450,8 @@ def split_long(record: tuple, most: int) -> list[tuple]:
         if len(ids) <= step:
             return [record]
         return [(*record[:-1], ids[i : i + step]) for i in range(0, len(ids), step)]
+    if kind == OP:  # (its tokens over a frame: told without them)
+        return [record] if len(record[4] or b"") <= most else [(*record[:4], None, *record[5:])]
     tokens = record[3] if kind == ADD or kind == NODE else b""
     if len(tokens) <= most:
         return [record]

@@ -44,9 +44,11 @@ CAUSED = 7
 those of an action radixtop asked for (``CAUSES``) and, with an empty cause, after them: its
 removals are told apart from SGLang's own evictions for room."""
 SERVED = 8
-"""To radixtop's side (the Rust core's events): JSON ``[[session_id, rid, prompt_tokens,
-cached_tokens], ...]``, the requests SGLang gave back since the last (``records.released_request``),
-after that step's events: a session's hits over time beside."""
+"""To radixtop's side (the Rust core's events): msgpack of ``[[session_id, rid, prompt_tokens,
+cached_tokens, "finish" | "abort", prompt_ids, output_ids], ...]``, the requests SGLang gave back
+since the last (``records.released_request``; their token ids as the bytes of an ``array('q')``,
+null where they would not fit a frame), after that step's events: a session's hits over time
+beside, and what a recording replays."""
 SERVED_A_FRAME = 1024
 """Requests a ``SERVED`` frame holds at most."""
 OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "state", "resync")
@@ -89,6 +91,9 @@ class EventsProbe:
         """Batches numbered so far (each one frame, whether it went or was dropped)."""
         self.served: list[tuple] = []
         """The requests SGLang gave back since the last step (``SERVED``)."""
+        self.events_seq = -1
+        """The frame number of the last batch of events numbered (other frames are numbered too:
+        a ``SERVED``, a ``CAUSED``, a reply)."""
         self._hook_served(cache)
 
     def _hook_served(self, cache: Any) -> None:
@@ -121,6 +126,7 @@ class EventsProbe:
         if events:
             if end.down:  # nobody to send to: numbered and dropped, not encoded
                 self.batches += 1
+                self.events_seq = end.seq
                 end.skip()
             else:
                 self._send(time.time(), events)
@@ -132,14 +138,16 @@ class EventsProbe:
 
     def _send_served(self, rows: list[tuple]) -> None:
         """``rows`` in a ``SERVED`` frame, in halves where over a frame; a request alone over one
-        (an id of a megabyte) is not told."""
-        payload = json.dumps(rows).encode()
+        without its token ids, and not told where it still is (an id of a megabyte)."""
+        payload = self._encode(rows)
         if len(payload) <= self.end.frame_max:
             self.end.send(SERVED, payload)
         elif len(rows) > 1:
             half = len(rows) // 2
             self._send_served(rows[:half])
             self._send_served(rows[half:])
+        elif rows[0][5] is not None or rows[0][6] is not None:
+            self._send_served([(*rows[0][:5], None, None)])
 
     def _send(self, ts: float, events: list[Any]) -> None:
         payload = self._encode(self._batch(ts=ts, events=events))
@@ -150,6 +158,7 @@ class EventsProbe:
             self._send(ts, events[half:])
             return
         self.batches += 1
+        self.events_seq = self.end.seq
         if len(payload) > most:  # one event over the frame: numbered, dropped, seen as lost
             self.end.skip()
             return

@@ -112,16 +112,26 @@ HEALTH_CHECK = "HEALTH_CHECK"
 of its counters (``counters.HEALTH_CHECK``): left out here too."""
 
 
-def released_request(req: Any) -> tuple[str | None, str, int, int] | None:
-    """A request SGLang gives back, as the history tells it (its session, its id, its prompt's
-    tokens and its hit: ``req.cached_tokens``, SGLang's own figure); None where it is not one to
+def released_request(req: Any) -> tuple[str | None, str, int, int, str, bytes | None, bytes | None] | None:
+    """A request SGLang gives back, as the history tells it: its session, its id, its prompt's
+    tokens and its hit (``req.cached_tokens``, SGLang's own figure), how it ended (``finish``, or
+    ``abort``: ``FINISH_ABORT``, nothing of it cached), its prompt's token ids and its output's as
+    the bytes of SGLang's own ``array('q')`` (one copy each, a memcpy); None where it is not one to
     tell: not finished (retracted: it comes back), or /health's own."""
     done, rid = getattr(req, "finished", None), str(getattr(req, "rid", ""))
     if (callable(done) and not done()) or rid.startswith(HEALTH_CHECK):
         return None
     sid = getattr(req, "session_id", None)
-    return (None if sid is None else str(sid), rid, len(getattr(req, "origin_input_ids", ()) or ()),
-            int(getattr(req, "cached_tokens", 0) or 0))
+    prompt = getattr(req, "origin_input_ids", None) or ()
+    aborted = type(getattr(req, "finished_reason", None)).__name__ == "FINISH_ABORT"
+    return (None if sid is None else str(sid), rid, len(prompt), int(getattr(req, "cached_tokens", 0) or 0),
+            "abort" if aborted else "finish", _token_bytes(prompt),
+            None if aborted else _token_bytes(getattr(req, "output_ids", None) or ()))
+
+
+def _token_bytes(ids: Any) -> bytes:
+    """Token ids as the bytes of an ``array('q')`` (SGLang keeps a request's so: one copy)."""
+    return ids.tobytes() if isinstance(ids, array) and ids.typecode == "q" else array("q", ids).tobytes()
 
 
 def release_method(cache: Any) -> str:
@@ -131,16 +141,16 @@ def release_method(cache: Any) -> str:
 
 
 def hook_requests(recorder: _Recorder, cache: Any) -> None:
-    """Each request SGLang gives back finished (``released_request``) as an ``OP`` record: its
-    session, its prompt's tokens and its hit, for a session's hits over time beside. Counts only:
-    its token ids would cost the scheduler a copy a request (about 10 us for 1,200 tokens), so a
-    recording of SGLang holds no tokens to replay."""
+    """Each request SGLang gives back finished (``released_request``) as two ``OP`` records: its
+    begin (its session, its prompt's token ids, its hit: a session's hits over time beside) and its
+    finish (its output's token ids) or abort, both at its end: what a recording replays."""
 
     def released(result: Any, req: Any, *a: Any, **k: Any) -> None:
         told = released_request(req)
         if told is not None:
-            sid, rid, prompt, cached = told
-            recorder.records.append((OP, "begin", sid, rid, None, prompt, cached, 0))
+            sid, rid, prompt, cached, how, prompt_ids, output_ids = told
+            recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
+            recorder.records.append((OP, how, sid, rid, output_ids, 0, 0, 0))
 
     recorder._wrap(cache, release_method(cache), released)
 

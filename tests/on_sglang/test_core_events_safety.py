@@ -103,37 +103,47 @@ def test_the_capabilities_say_each_thing_once():
 
 def test_requests_given_back_cross_in_frames_that_fit_and_a_served_frame_never_harms_the_tree():
     """The probe's ``SERVED`` frames: rows over a frame go in halves (a socket's frames may be as
-    small as 1 KB), a request alone over one (an id of a megabyte) is not told, and never raises
-    into the scheduler's step; beside, a frame that is not one is dropped and the requests of one
-    that is are told to the history."""
-    import json
+    small as 1 KB), a request alone over one goes without its token ids, and one over it even so
+    (an id of a kilobyte here) is not told; nothing raises into the scheduler's step. Beside, a
+    frame that is not one is dropped, and each request of one that is is told to the history: its
+    begin with its prompt's ids and its hit, its finish with its output's (or its abort)."""
+    from array import array
 
+    import msgspec
+
+    from radixtop.adapters.sglang.events.core import CoreTree
     from radixtop.adapters.sglang.probe import SERVED, EventsProbe
 
     sent: list = []
 
     class End:
-        frame_max = 200
+        frame_max = 300
 
         def send(self, kind: int, payload: bytes) -> bool:
             assert len(payload) <= self.frame_max
-            sent.append((kind, json.loads(payload)))
+            sent.append((kind, msgspec.msgpack.decode(payload)))
             return True
 
-    probe = EventsProbe.__new__(EventsProbe)
-    probe.end = End()
-    rows = [("s", f"r{i}", 10, i) for i in range(20)] + [("x" * 500, "big", 1, 0), (None, "last", 3, 1)]
-    probe._send_served(rows)
-    assert {kind for kind, _ in sent} == {SERVED} and len(sent) > 2
-    assert [row for _, batch in sent for row in batch] == [list(r) for r in rows if r[1] != "big"]
+    def ids(*tokens: int) -> bytes:
+        return array("q", tokens).tobytes()
 
-    from radixtop.adapters.sglang.events.core import CoreTree
+    probe = EventsProbe.__new__(EventsProbe)
+    probe.end, probe._encode = End(), msgspec.msgpack.Encoder().encode
+    rows = [("s", f"r{i}", 2, i % 2, "finish", ids(1, 2), ids(3)) for i in range(12)]
+    rows += [("s", "long", 40, 0, "finish", ids(*range(40)), ids(9)), ("x" * 1000, "big", 1, 0, "abort", ids(1), None),
+             (None, "last", 3, 1, "abort", ids(4, 5, 6), None)]
+    probe._send_served(rows)
+    told = [tuple(row) for kind, batch in sent for row in batch]
+    assert {kind for kind, _ in sent} == {SERVED} and len(sent) > 2
+    assert told == [*rows[:12], ("s", "long", 40, 0, "finish", None, None), rows[-1]]
 
     tree = CoreTree(name="beside")
     tree.tells_requests()
-    tree.served(b"not json")
-    tree.served(b'[["s", 1]]')
-    tree.served(json.dumps(sent[0][1]).encode())
-    page = tree.history(0, 0)
-    assert [(e.session_id, e.request_id, e.prompt_tokens, e.cached_tokens) for e in page.served] == [
-        tuple(r) for r in sent[0][1]]
+    tree.served(b"not msgpack")
+    tree.served(msgspec.msgpack.encode([["s", 1]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", b"odd", None]]))
+    tree.served(msgspec.msgpack.encode([rows[0], rows[-1]]))
+    ops = [(e.op, e.session_id, e.request_id, e.prompt_tokens, e.cached_tokens, e.tokens)
+           for e in tree.history(0, 0).served]
+    assert ops == [("begin", "s", "r0", 2, 0, (1, 2)), ("finish", "s", "r0", 0, 0, (3,)),
+                   ("begin", None, "last", 3, 1, (4, 5, 6)), ("abort", None, "last", 0, 0, None)]

@@ -66,17 +66,20 @@ def test_why_for_a_session_beside_sglang_gives_each_loss_of_what_it_held_with_it
     lines, replayer, cache, inproc, mirror, oracle, beside = copied(sgl, seed)
     mirror.history.tells_requests()  # (as the process beside does where the probe says it tells them)
     losses = SessionLosses()
-    running: dict[str, tuple[str, int, int]] = {}
+    running: dict[str, tuple[str | None, list[int], int]] = {}
     served: dict[str, list[tuple[int, int]]] = {}
+    finished: list[tuple] = []
     for line_no, op in _parse(lines):
         before = sglang_nodes(cache)
         result: dict = {}
         oracle.step(lambda line_no=line_no, op=op: result.update(replayer.apply(line_no, op)), None)
-        if op["op"] in ("begin", "request") and op.get("session"):
-            running[op.get("id", "")] = (op["session"], len(op["input"]), result["hit"])
+        if op["op"] in ("begin", "request"):
+            running[op.get("id", "")] = (op.get("session"), op["input"], result["hit"])
         if op["op"] in ("finish", "request") and op.get("id", "") in running:
             sid, prompt, hit = running.pop(op.get("id", ""))
-            served.setdefault(sid, []).append((prompt, hit))
+            finished.append((sid, prompt, hit, op["output"]))
+            if sid is not None:
+                served.setdefault(sid, []).append((len(prompt), hit))
         losses.step(oracle.clock, before, sglang_nodes(cache), lambda q: inproc.match(q).matched_tokens,
                     *((CLOSED, op["session"]) if op["op"] == "close" else (EVICTED, None)))
     assert any(losses.lost.values()), "nothing any session held was lost: the test proves nothing"
@@ -86,6 +89,10 @@ def test_why_for_a_session_beside_sglang_gives_each_loss_of_what_it_held_with_it
         assert [(r.prompt_tokens, r.cached_tokens) for r in v.requests] == served.get(sid, []), sid
         assert v.requests_kept == len(served.get(sid, [])) and v.cached_tokens == sum(h for _, h in served.get(sid, []))
         losses.check(v, sid)
+    # each request as the journal beside keeps it: its begin with its prompt and hit, its finish with its output
+    ops = [(e[4], e[1], e[2], e[3], list(e[6] or ())) for e in mirror.history.requests_after(0, 10**6)[0]]
+    assert ops == [step for sid, prompt, hit, output in finished
+                   for step in (("begin", sid, len(prompt), hit, prompt), ("finish", sid, 0, 0, output))]
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -270,6 +270,51 @@ def test_why_for_a_session_names_its_close(server, client, driven):
     print("\n".join(session_why_lines(story, time.time())))
 
 
+def test_a_recording_of_sglangs_own_traffic_replays_on_other_pools(server, client, driven, tmp_path):
+    """Issue 29's what-if on the real server: ``radixtop record`` over the plugin's admin API while
+    sessions chat; each request SGLang served is in the file with its reply's figures (prompt and
+    cached tokens), its prompt's token ids and its output's; ``radixtop replay --format recording``
+    replays them on the recording's own pool and on a larger one. (SGLang's requests are told at
+    their end: a replay runs them one after another, so it is not held to SGLang's hits.)"""
+    if server.options["place"] != "beside the scheduler":  # (in SGLang's process: no history there)
+        return
+    path = tmp_path / "sglang.jsonl"
+    env = {"RADIXTOP_URL": server.admin_url, "RADIXTOP_TOKEN": server.token, "PATH": "/usr/bin:/bin"}
+    recording = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", "record", str(path), "--for", "8s",
+                                  "--every", "1s"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)  # (it reads the journal from its start on)
+    sent = []
+    history = {f"rec{k}": fresh(40) for k in range(2)}
+    for _ in range(3):
+        for sid in history:
+            history[sid] = history[sid] + fresh(20)
+            reply = server.generate(history[sid], max_new_tokens=8, session_id=sid)
+            sent.append((sid, list(history[sid]), reply["output_ids"], reply["meta_info"]["cached_tokens"]))
+            history[sid] += reply["output_ids"]
+    out, _ = recording.communicate(timeout=120)
+    assert recording.returncode == 0, out
+    served = [line["served"] for line in map(json.loads, path.read_text().splitlines()) if "served" in line]
+    mine = [e for e in served if e["session_id"] in history]
+    assert [(e["op"], e["session_id"], e["tokens"]) for e in mine] == [
+        step for sid, prompt, output, _ in sent for step in (("begin", sid, prompt), ("finish", sid, output))]
+    assert [e["cached_tokens"] for e in mine if e["op"] == "begin"] == [hit for *_, hit in sent]
+    assert sent[-1][3] > 0  # (a session's later turns hit its history)
+    runs = {}
+    for capacity in (MAX_TOTAL_TOKENS, 65536):
+        done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "replay", "--format", "recording",
+                               str(path), "--capacity", str(capacity), "--json"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        runs[capacity] = doc["runs"][0]
+    assert doc["trace"]["as_served"]["requests"] == len([e for e in served if e["op"] == "begin"])
+    assert runs[MAX_TOTAL_TOKENS]["prompt_tokens"] == sum(e["prompt_tokens"] for e in served if e["op"] == "begin")
+    assert runs[65536]["cached_tokens"] >= runs[MAX_TOTAL_TOKENS]["cached_tokens"] > 0
+    print(f"\nradixtop replay --format recording (sglang {VERSION}): as served {doc['trace']['as_served']['hit_rate']:.1%}, "
+          f"replayed on {MAX_TOTAL_TOKENS:,} tokens {runs[MAX_TOTAL_TOKENS]['hit_rate']:.1%}, "
+          f"on 65,536 {runs[65536]['hit_rate']:.1%}")
+
+
 def test_prompt_and_cached_tokens_equal_sglangs_counters(server, client, driven):
     st, m = client.stats(), server.metrics()
     assert m["sglang:cached_tokens_total"] > 0  # the chats' later turns hit their history

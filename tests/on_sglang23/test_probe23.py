@@ -77,7 +77,7 @@ def test_the_tree_beside_equals_sglangs_cached_tokens_through_the_handover(sgl):
             drive23.run_request(cache, pools, tokens, output)
             probe.step()
         assert probe.batches > 10 and probe.end.dropped == 0
-        assert tree.wait_for_seq(probe.batches - 1, 30)
+        assert tree.wait_for_seq(probe.events_seq, 30)  # (the frames of requests given back are numbered too)
         cached = cache.evictable_size() + cache.protected_size()
         assert tree.node(ROOT_ID).node.subtree_tokens == cached > 0
         st = tree.status()
@@ -107,7 +107,7 @@ def test_a_stalled_mirror_costs_the_scheduler_nothing_and_is_told_what_it_missed
         for tokens, output in requests(5, 20):
             drive23.run_request(cache, pools, tokens, output)
             probe.step()
-        assert tree.wait_for_seq(probe.batches - 1, 30)
+        assert tree.wait_for_seq(probe.events_seq, 30)  # (the frames of requests given back are numbered too)
         st = tree.status()
         assert not st.complete and st.missed_batches == probe.end.dropped
     finally:

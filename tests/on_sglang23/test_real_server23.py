@@ -159,9 +159,10 @@ def test_why_on_the_default_core_names_sglangs_evictions_and_radixtops_flush(rus
 
 
 def test_each_request_sglang_gives_back_is_in_the_history_with_its_own_figures(rust):
-    """Beside the Rust core, each request SGLang gives back (``on_release``) crosses as a
-    ``SERVED`` frame: the history's journal holds it with SGLang's own figures (its reply's
-    ``meta_info``: prompt tokens, cached tokens), in order, /health's own not among them."""
+    """Beside the Rust core, each request SGLang gives back (``on_release``) crosses in a
+    ``SERVED`` frame: the history's journal holds its begin with SGLang's own figures (its reply's
+    ``meta_info``: prompt tokens, cached tokens) and its prompt's token ids, and its finish with its
+    output's, in order, /health's own not among them."""
     from radixtop.adapters.errors import Unsupported
 
     server, client = rust
@@ -171,12 +172,14 @@ def test_each_request_sglang_gives_back_is_in_the_history_with_its_own_figures(r
         return
     settle(server, client)
     before = client.history(0, 0, 1).served_count
-    shared, replies = fresh(80), []
+    shared, sent = fresh(80), []
     for _ in range(3):
-        meta = server.generate(shared + fresh(10), max_new_tokens=4)["meta_info"]
-        replies.append((meta["prompt_tokens"], meta["cached_tokens"]))
+        prompt = shared + fresh(10)
+        reply = server.generate(prompt, max_new_tokens=4)
+        sent.append((prompt, reply["output_ids"], reply["meta_info"]["prompt_tokens"], reply["meta_info"]["cached_tokens"]))
     assert server.get("/health").status_code == 200
     settle(server, client)
     page = client.history(0, before)
-    assert [(e.op, e.prompt_tokens, e.cached_tokens) for e in page.served] == [("begin", *r) for r in replies]
-    assert replies[-1][1] > 0  # (the later ones hit the shared prefix)
+    assert [(e.op, e.prompt_tokens, e.cached_tokens, list(e.tokens or ())) for e in page.served] == [
+        step for prompt, output, n, hit in sent for step in (("begin", n, hit, prompt), ("finish", 0, 0, output))]
+    assert sent[-1][3] > 0  # (the later ones hit the shared prefix)
