@@ -583,6 +583,27 @@ class BranchView(_View):
 
 
 @dataclass(frozen=True)
+class SessionThenView(_View):
+    """A session at a past moment (``ThenView.sessions``), from the history's ops up to it (its
+    requests since the ops reach back to) and the nodes that left since."""
+
+    session_id: str
+    state: Literal["open", "closed"]
+    """Closed then: its last op by then was its close."""
+    requests: int
+    """Its requests begun by then (since ``ThenView.sessions_since``)."""
+    prompt_tokens: int
+    cached_tokens: int
+    last_at: float
+    """Its last op by then."""
+    last_prompt_tokens: int
+    """Its last request's by then (0: none)."""
+    last_cached_tokens: int
+    lost_since_tokens: int
+    """Tokens that left since that it held when they left (or its own close freed)."""
+
+
+@dataclass(frozen=True)
 class ThenView(_View):
     """The tree at a past moment, told from the tree now: what left since and what was stored since
     (``radixtop then``, the dashboard's timeline). Tokens are exact; a node split since shows as
@@ -606,9 +627,19 @@ class ThenView(_View):
     history_since: float
     """The earliest moment a ``then`` can reach (every change since it is kept)."""
     unit: Literal["node", "block"] = "node"
+    sessions: tuple[SessionThenView, ...] | None = None
+    """The sessions active by then (an op of theirs since ``sessions_since``), the most recently
+    active first (``MAX_SESSIONS_THEN``); None where the target does not tell its requests."""
+    sessions_active: int | None = None
+    """How many there are."""
+    sessions_open: int | None = None
+    """Of them, open then."""
+    sessions_since: float | None = None
+    """The moment since which the ops are kept (a session's requests before it are not counted)."""
 
 
 MAX_BRANCHES_SHOWN = 50
+MAX_SESSIONS_THEN = 50
 MAX_BRANCH_HOLDERS = 20
 
 

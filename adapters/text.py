@@ -301,13 +301,14 @@ BRANCHES_SHOWN = 8
 ``MAX_BRANCHES_SHOWN``)."""
 
 
-def then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[str]:
+def then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN, sessions_shown: int | None = None) -> list[str]:
     """A ``ThenView`` as lines: the tree's tokens then and now, what left since (by cause, its
-    largest branches) and what was stored since."""
+    largest branches), what was stored since, and the sessions then (``sessions_shown`` of them,
+    ``shown`` where not given)."""
     lines = [f"the tree at {when(v.at, now)}: {v.tokens_then:,} tokens cached (now {v.tokens_now:,})"]
     if not v.left_tokens and not v.stored_tokens:
         lines.append("nothing stored or left since: the tree then is the tree now")
-        return lines
+        return lines + sessions_then_lines(v, now, shown if sessions_shown is None else sessions_shown)
     unit = "block" if v.unit == "block" else "node"
     if v.left_tokens:
         by_cause = ", ".join(f"{tokens:,} {CAUSE_WORDS[cause]}" for cause, tokens in
@@ -332,6 +333,27 @@ def then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[str]:
                          f"stored at {moment}")
         if v.stored_branches > min(shown, len(v.stored)):
             lines.append(f"  ... {v.stored_branches - min(shown, len(v.stored)):,} more branches (--json)")
+    lines.extend(sessions_then_lines(v, now, shown if sessions_shown is None else sessions_shown))
+    return lines
+
+
+def sessions_then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[str]:
+    """The sessions of a ``ThenView`` as lines (none where the target does not tell its requests)."""
+    if v.sessions is None:
+        return []
+    if not v.sessions:
+        return [f"sessions then: none had a request since {when(v.sessions_since, now)}"]
+    lines = [f"sessions then: {v.sessions_active:,} with a request since {when(v.sessions_since, now)} "
+             f"({v.sessions_open:,} open); the most recently active:"]
+    for x in v.sessions[:shown]:
+        hits = f"{x.cached_tokens:,} of {x.prompt_tokens:,} prompt tokens cached" + (
+            f" ({x.cached_tokens / x.prompt_tokens:.0%})" if x.prompt_tokens else "")
+        last = f"; its last {x.last_cached_tokens:,}/{x.last_prompt_tokens:,}" if x.requests else ""
+        lost = f"; {x.lost_since_tokens:,} tokens it held left since" if x.lost_since_tokens else ""
+        lines.append(f"  {inert(x.session_id)} ({x.state}, last active {age(v.at - x.last_at)} before): {x.requests:,} request{'s' * (x.requests != 1)}, "
+                     f"{hits}{last}{lost}")
+    if v.sessions_active > min(shown, len(v.sessions)):
+        lines.append(f"  ... {v.sessions_active - min(shown, len(v.sessions)):,} more (--json)")
     return lines
 
 

@@ -123,7 +123,7 @@ class TimelineScreen(ModalScreen[None]):
                 self.at = at
                 self.ask()
                 return
-        self.query_one("#timeline-report", Static).update("\n".join(then_lines(view, self.clock(), shown=20)))
+        self.query_one("#timeline-report", Static).update("\n".join(then_lines(view, self.clock(), shown=5, sessions_shown=20)))
         self.render_strip()
 
     def refused(self, asked: int, message: str) -> None:

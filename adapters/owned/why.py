@@ -17,6 +17,7 @@ from radixtop.adapters.model import (
     MAX_HISTORY_PAGE_TOKENS,
     MAX_LOSSES_SHOWN,
     MAX_SERVED_SHOWN,
+    MAX_SESSIONS_THEN,
     BranchView,
     GhostView,
     HistoryPage,
@@ -24,11 +25,23 @@ from radixtop.adapters.model import (
     LostView,
     ServedEntry,
     ServedView,
+    SessionThenView,
     SessionWhyView,
     ThenView,
     WhyView,
 )
-from radixtop.gpu_backend.history import BEGIN, ROOT, STORE_CHUNK, CacheHistory, Ghost, Lost, tree_then
+from radixtop.gpu_backend.history import (
+    BEGIN,
+    CLOSE,
+    CLOSED,
+    REGISTER,
+    ROOT,
+    STORE_CHUNK,
+    CacheHistory,
+    Ghost,
+    Lost,
+    tree_then,
+)
 
 
 def lost_view(lost: Lost) -> LostView:
@@ -180,6 +193,10 @@ def then_pass(history: CacheHistory, at: float | None,
     if at < reach:
         raise BadRequest(f"the history reaches back to {_clock(reach)} ({now - reach:,.0f}s ago) only: "
                          "ask for a later moment")
+    ops, ops_since = None, history.served_since
+    if ops_since is not None:  # (the sessions then: their ops up to the moment)
+        ops = yield from _in_slices(history.requests_after)
+        yield
     removal, change = history.first_after(at)
     ghosts: list[Ghost] = []
     changes: list[Any] = []
@@ -200,14 +217,14 @@ def then_pass(history: CacheHistory, at: float | None,
             if change > history.stored_count:
                 break
         if removal > history.removed_count and change > history.stored_count:
-            return ghosts, changes, tokens_now(), reach, at
+            return ghosts, changes, tokens_now(), reach, at, ops, ops_since
         yield
 
 
 def then_view(read: tuple[Any, ...], unit: str = "node") -> ThenView:
     """The tree at the moment of a ``then_pass`` (off the owner thread): its branches that left
     since and that were stored since, the largest first."""
-    ghosts, changes, tokens_now, reach, at = read
+    ghosts, changes, tokens_now, reach, at, ops, ops_since = read
     diff = tree_then(changes, ghosts)
     left_by: dict[int, Ghost] = {g.node_id: g for g in diff.left}
     left, left_branches = _branches({i: (g.parent_id, g.length, g.at) for i, g in left_by.items()}, left_by)
@@ -216,9 +233,51 @@ def then_view(read: tuple[Any, ...], unit: str = "node") -> ThenView:
     for g in diff.left:
         by_cause[g.cause] = by_cause.get(g.cause, 0) + g.length
     left_tokens, stored_tokens = diff.left_tokens, diff.new_tokens
+    sessions, open_then = (None, None) if ops is None else sessions_then(ops, ghosts, at)
     return ThenView(at, tokens_now - stored_tokens + left_tokens, tokens_now, left_tokens, len(diff.left),
                     by_cause, tuple(left), left_branches, stored_tokens, len(diff.new), tuple(stored),
-                    stored_branches, reach, unit)  # type: ignore[arg-type]
+                    stored_branches, reach, unit,  # type: ignore[arg-type]
+                    None if sessions is None else tuple(sessions[:MAX_SESSIONS_THEN]),
+                    None if sessions is None else len(sessions), open_then, ops_since)
+
+
+def sessions_then(ops: list[Any], ghosts: list[Ghost], at: float) -> tuple[list[SessionThenView], int]:
+    """The sessions with an op by ``at`` as they were then (their requests, open or closed), what
+    each held that left since, the most recently active first; and how many were open then."""
+    state: dict[str, list[Any]] = {}  # sid -> [closed, requests, prompt, cached, last_at, last prompt, last hit]
+    for op in ops:
+        if op[0] > at:
+            break
+        sid = op[1]
+        if sid is None:
+            continue
+        s = state.get(sid)
+        if s is None:
+            s = state[sid] = [False, 0, 0, 0, op[0], 0, 0]
+        s[4] = op[0]
+        kind = op[4]
+        if kind == CLOSE:
+            s[0] = True
+        elif kind == BEGIN:
+            s[0] = False
+            s[1] += 1
+            s[2] += op[2]
+            s[3] += op[3]
+            s[5], s[6] = op[2], op[3]
+        elif kind == REGISTER:
+            s[0] = False
+    lost: dict[str, int] = {}
+    for g in ghosts:  # (the removals since the moment)
+        owners = set(g.holders)
+        if g.cause == CLOSED and g.session_id is not None:
+            owners.add(g.session_id)
+        for sid in owners:
+            if sid in state:
+                lost[sid] = lost.get(sid, 0) + g.length
+    views = [SessionThenView(sid, "closed" if s[0] else "open", s[1], s[2], s[3], s[4], s[5], s[6], lost.get(sid, 0))
+             for sid, s in state.items()]
+    views.sort(key=lambda v: (-v.last_at, v.session_id))
+    return views, sum(1 for s in state.values() if not s[0])
 
 
 def _branches(nodes: dict[int, tuple[int, int, float]], ghosts: dict[int, Ghost]) -> tuple[list[BranchView], int]:

@@ -100,7 +100,7 @@ def test_the_changes_are_read_a_few_chunks_a_slice_and_what_comes_between_two_is
             slices += 1
             next(story)
     except StopIteration as done:
-        ghosts, changes, tokens_now, _, _ = done.value
+        ghosts, changes, tokens_now, *_ = done.value
     diff = tree_then(changes, ghosts)
     assert slices == 3 and len(diff.new) == live[0] == tokens_now
 
@@ -148,7 +148,7 @@ def check_then(h: CacheHistory, k: float, walk_then, now, tokens_now_of, then_of
     prefixes the tree held then (``units``: a block tree's blocks, whole); every node then, gone
     now, left since; the answer's figures. ``lives``: an id may come again (a block's hash),
     so one that left since may be in the tree now again, as another life."""
-    ghosts, changes, tokens_now, _, _ = run_to_end(then_pass(h, k, tokens_now_of))
+    ghosts, changes, tokens_now, *_ = run_to_end(then_pass(h, k, tokens_now_of))
     diff = tree_then(changes, ghosts)
     left = {g.node_id: g for g in diff.left}
     assert len(left) == len(diff.left), "a node left twice since then"
@@ -189,3 +189,59 @@ def check_then(h: CacheHistory, k: float, walk_then, now, tokens_now_of, then_of
         assert sum(b.causes.values()) == b.tokens
     for b in v.stored:
         assert b.parent_id is None or b.parent_id in now
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_sessions_then_are_their_requests_and_closes_up_to_the_moment(seed):
+    """``then``'s sessions at every past moment, against the trace's own ops up to it: each
+    session with an op by then, its requests begun by then with their prompts and hits (the
+    scheduler's answers), its last request, closed or open then; what each held that left since
+    is what the removals since name it in; the most recently active first."""
+    lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=2)
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, "small"), device="cpu", write_kv=False)
+    clock = [0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.stores_since = h.served_since = 0
+    replayer, seen = Replayer(s), []
+    for op in read_trace(lines):
+        clock[0] += 1
+        seen.append((clock[0], op, replayer.apply(op)))
+    adapter = bundled(s)
+    for k in range(0, clock[0] + 1, 9):
+        expect: dict[str, dict] = {}
+        session_of: dict[str, str | None] = {}  # (a request's finish or abort is its session's op too)
+        for at, op, result in seen:
+            if op.op == "begin":
+                session_of[op.fields["id"]] = op.fields.get("session")
+            sid = session_of.get(op.fields["id"]) if op.op in ("finish", "abort") else op.fields.get("session")
+            if at > k or sid is None:
+                continue
+            e = expect.setdefault(sid, {"closed": False, "requests": 0, "prompt": 0, "cached": 0, "last": (0, 0)})
+            e["at"] = at
+            if op.op == "close":
+                e["closed"] = True
+            elif op.op in ("begin", "request"):
+                e["closed"] = False
+                e["requests"] += 1
+                e["prompt"] += len(op.fields["input"])
+                e["cached"] += result["hit"]
+                e["last"] = (len(op.fields["input"]), result["hit"])
+            elif op.op == "register":
+                e["closed"] = False
+        v = adapter.then(float(k))
+        assert v.sessions_active == len(expect) and v.sessions_since == 0, k
+        assert v.sessions_open == sum(1 for e in expect.values() if not e["closed"]), k
+        got = {x.session_id: x for x in v.sessions}
+        assert len(got) == min(len(expect), 50)
+        assert [x.last_at for x in v.sessions] == sorted((x.last_at for x in v.sessions), reverse=True)
+        left = [g for g in h.ghosts() if g.at > k]
+        for sid, x in got.items():
+            e = expect[sid]
+            assert (x.state, x.requests, x.prompt_tokens, x.cached_tokens, x.last_at) == (
+                "closed" if e["closed"] else "open", e["requests"], e["prompt"], e["cached"], e["at"]), (k, sid)
+            assert (x.last_prompt_tokens, x.last_cached_tokens) == e["last"], (k, sid)
+            assert x.lost_since_tokens == sum(g.length for g in left if sid in g.holders or
+                                              (g.cause == "closed" and g.session_id == sid)), (k, sid)
+    assert any(x.lost_since_tokens for k in range(0, clock[0], 9) for x in adapter.then(float(k)).sessions or ()), \
+        "nothing any session held left: the test proves nothing"

@@ -219,9 +219,19 @@ def test_then_tells_the_tree_at_a_moment_from_what_left_since(fresh_server):
     assert doc["left_by_cause"] == {"closed": closed, "evict_action": evicted} and closed == 3
     assert doc["stored_tokens"] == 0 and doc["stored"] == []
     assert sum(b["tokens"] for b in doc["left"]) == doc["left_tokens"] == closed + evicted
+    # the sessions then: b open (its close came after), "gone" closed; what b held left since
+    sessions = {x["session_id"]: x for x in doc["sessions"]}
+    assert doc["sessions_active"] == len(sessions) == 5 and doc["sessions_open"] == 4
+    assert (sessions["b"]["state"], sessions["b"]["requests"], sessions["b"]["prompt_tokens"]) == ("open", 1, 5)
+    assert sessions["b"]["lost_since_tokens"] >= closed and sessions["gone"]["state"] == "closed"
+    assert sessions["a"]["requests"] == 2  # (its first turn was the engine's first request: its hits are its second's)
+    assert sessions["a"]["cached_tokens"] == sessions["a"]["last_cached_tokens"] > 0
     out = run(fresh_server, "then", moment).stdout
     assert f"the tree at {moment}" in out and f"{before['total_tokens']:,} tokens cached" in out
     assert "freed by closes" in out and "evicted on request" in out
+    assert "sessions then: 5 with a request since" in out and "(4 open)" in out
+    later = {x["session_id"]: x for x in one_json(run(fresh_server, "then", "0s", "--json"))["sessions"]}
+    assert later["b"]["state"] == "closed"
     first = one_json(run(fresh_server, "then", "--json"))  # (none asked: as far back as the history reaches)
     assert first["at"] == first["history_since"] and first["tokens_then"] == 0  # (before the engine's first op)
     early = run(fresh_server, "then", "2h")
