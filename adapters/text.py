@@ -342,8 +342,8 @@ def sessions_then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list
     if v.sessions is None:
         return []
     if not v.sessions:
-        return [f"sessions then: none had a request since {when(v.sessions_since, now)}"]
-    lines = [f"sessions then: {v.sessions_active:,} with a request since {when(v.sessions_since, now)} "
+        return [f"sessions then: none active since {when(v.sessions_since, now)}"]
+    lines = [f"sessions then: {v.sessions_active:,} active since {when(v.sessions_since, now)} "
              f"({v.sessions_open:,} open); the most recently active:"]
     for x in v.sessions[:shown]:
         hits = f"{x.cached_tokens:,} of {x.prompt_tokens:,} prompt tokens cached" + (

@@ -214,6 +214,8 @@ class Recording:
     served: list[ServedEntry] = field(default_factory=list)
     served_lines: list[int] = field(default_factory=list)
     """The line of each of ``served`` in the file."""
+    gap_lines: list[int] = field(default_factory=list)
+    """The line of each of ``gaps``."""
     gaps: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] | None = None
 
@@ -284,6 +286,7 @@ def read_recording(path: Path) -> Recording:
                 recording.served_lines.append(n)
             elif kind == "gap":
                 recording.gaps.append(value)
+                recording.gap_lines.append(n)
             elif kind == "end":
                 recording.end = value
             else:
@@ -409,6 +412,8 @@ class RecordedTraffic:
     """The tree's tokens when the recording's first op ran (a replay starts from an empty tree);
     None: unknown (``--kept``: ops from before its first moment)."""
     gaps: int = 0
+    cut_by_gaps: int = 0
+    """Requests begun before a gap whose end is in it: aborted at the gap (their slots given back)."""
 
     @property
     def hit_rate(self) -> float | None:
@@ -418,26 +423,42 @@ class RecordedTraffic:
 def recorded_traffic(recording: Recording) -> RecordedTraffic:
     """The engine's ops in ``recording`` as trace ops: each request whose begin the recording holds
     with its prompt (and its finish with its output); a session's close and register; an evict or
-    flush someone asked for. RecordingError where it holds none (a target that does not tell them)."""
+    flush someone asked for. At a gap, the requests still running are aborted (what became of them
+    is not known; a restart's request ids may come again after it). RecordingError where it holds
+    none (a KV-event stream tells no requests)."""
     from radixtop.gpu_backend.traces.ops import Op
 
     if not recording.served:
-        raise RecordingError(f"{recording.path}: no requests recorded (the target does not tell them: "
-                             "radixtop's own engine does; SGLang's and KV-event targets do not yet)")
+        raise RecordingError(f"{recording.path}: no requests recorded (the target does not tell them: a KV-event "
+                             "stream's events carry none)")
     first = recording.moments[0]
+    at_start = first["stats"].get("total_tokens")
     traffic = RecordedTraffic([], tokens_at_start=None if recording.served[0].at < first["at"]
-                              else first["stats"].get("total_tokens") or 0, gaps=len(recording.gaps))
+                              else at_start if isinstance(at_start, int) and at_start >= 0 else 0,
+                              gaps=len(recording.gaps))
     ops, begun, left_out = traffic.ops, {}, set()
     last: dict[str, list[int]] = {}
     """Each session's last request's prompt and output: what its next one may reuse."""
+    gaps, epoch = iter(recording.gap_lines), 0
+    gap = next(gaps, None)
     for n, entry in zip(recording.served_lines, recording.served, strict=True):
-        op, rid, tokens, sid = entry.op, entry.request_id, entry.tokens, entry.session_id
+        while gap is not None and gap < n:  # (the requests running at a gap: aborted there)
+            for rid in begun:
+                ops.append(Op(gap, "abort", {"id": rid}))
+            traffic.cut_by_gaps += len(begun)
+            begun.clear()
+            epoch += 1
+            gap = next(gaps, None)
+        op, tokens, sid = entry.op, entry.tokens, entry.session_id or None
+        rid = None if not entry.request_id else entry.request_id if not epoch else f"{epoch}/{entry.request_id}"
         if op == "begin":
             if rid is None or tokens is None:
                 traffic.without_tokens += 1
                 left_out.add(rid)
                 continue
             prompt = list(tokens)
+            if rid in begun:  # (an id again while it ran: the first never ended in the recording)
+                ops.append(Op(n, "abort", {"id": rid}))
             begun[rid] = (sid, prompt)
             reuse = 0 if sid not in last else _common_prefix(prompt, last[sid])
             ops.append(Op(n, "begin", {"id": rid, "input": prompt, "session": sid, "reuse": reuse}))
@@ -463,8 +484,8 @@ def recorded_traffic(recording: Recording) -> RecordedTraffic:
         elif op == "flush":
             ops.append(Op(n, "flush", {}))
     if not traffic.requests and traffic.without_tokens:
-        raise RecordingError(f"{recording.path}: its requests have no tokens (SGLang's are told with their hits "
-                             "only; radixtop's own engine tells them whole): nothing to replay")
+        raise RecordingError(f"{recording.path}: its requests have no token ids (the target's history no longer "
+                             "held them when they were read, or they were too long for a frame): nothing to replay")
     return traffic
 
 

@@ -111,7 +111,11 @@ def recording_settings(path: Path, capacity: str | None, page_size: int | None,
         else:
             geometry = KVGeometry(str(given["name"]), int(given["num_layers"]), int(given["num_kv_heads"]),
                                   int(given["head_dim"]), str(given["dtype"]), page)
-    except (KeyError, TypeError, ValueError) as exc:
+        if max(geometry.num_layers, geometry.num_kv_heads) > 4096 or geometry.head_dim > 65536 \
+                or geometry.page_size > 1 << 20:
+            raise ValueError(f"{geometry.num_layers} layers, {geometry.num_kv_heads} KV heads of "
+                             f"{geometry.head_dim}, pages of {geometry.page_size}")
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise RecordingError(f"{path}: its first line's KV geometry is not one a replay can use ({exc}); "
                              "give --model") from None
     if capacity is None and isinstance(header.get("capacity_tokens"), int) and header["capacity_tokens"] > 0:

@@ -42,7 +42,8 @@ def load_ops(trace: Path, fmt: str, scale: int):
         served = {"requests": traffic.requests, "prompt_tokens": traffic.prompt_tokens,
                   "cached_tokens": traffic.cached_tokens, "hit_rate": traffic.hit_rate,
                   "began_before": traffic.began_before, "without_tokens": traffic.without_tokens,
-                  "tokens_at_start": traffic.tokens_at_start, "gaps": traffic.gaps}
+                  "tokens_at_start": traffic.tokens_at_start, "gaps": traffic.gaps,
+                  "cut_by_gaps": traffic.cut_by_gaps}
         return {"format": fmt, "ops": len(traffic.ops), "as_served": served}, lambda: iter(traffic.ops)
     parsed = load_trace(trace, fmt)
     block = scaled_block(parsed.block_size, scale)
@@ -85,7 +86,8 @@ def _describe(info: dict[str, Any], geometry) -> str:
             lines.append(f"left out: {served['began_before']:,} requests that began before the recording, "
                          f"{served['without_tokens']:,} whose tokens the server no longer held when read")
         if served["gaps"]:
-            lines.append(f"the recording has {served['gaps']:,} gaps: what happened in them is not replayed")
+            lines.append(f"the recording has {served['gaps']:,} gaps: what happened in them is not replayed "
+                         f"({served['cut_by_gaps']:,} requests running at a gap aborted there)")
         return "\n".join(lines)
     return (f"{info['format']} trace: {info['requests']:,} requests in {info['sessions']:,} sessions over "
             f"{info['duration_s']:,.0f} s; {info['block_size']}-token blocks at scale {info['scale']} "

@@ -15,9 +15,10 @@ It also keeps every change in order (``stored``, ``split``, and each removal: 32
 columns), so that the tree at a past moment can be told from the tree now (``tree_then``): now,
 less what was stored since, plus what left since.
 
-Where the owner tells them (radixtop's own engine), it keeps the engine's ops too (``did``: a
-request's begin with its prompt and its hit, its finish with its output, an abort, a session's close
-or register, an evict or flush asked): a session's hits over time, and what a recording replays.
+Where the owner tells them (radixtop's own engine; SGLang beside its scheduler: its requests and
+closes), it keeps the engine's ops too (``did``: a request's begin with its prompt and its hit, its
+finish with its output, an abort, a session's close or register, an evict or flush asked): a
+session's hits over time, and what a recording replays.
 
 What it costs the owner thread: a removal appends one small record (its tokens as the bytes of an
 ``array('q')``, one copy); a store appends four numbers to columns; an op, a small list (a begin's
@@ -160,7 +161,7 @@ class CacheHistory:
         """Token ids the ops keep."""
         self.served_since: float | None = None
         """Every op since this moment is kept (``served``, ``did``); None where the owner does not
-        tell its ops (radixtop's copy beside SGLang: its records have no requests)."""
+        tell its ops (a KV-event stream: its events carry no requests)."""
         self.tokens_since: float | None = None
         """Every op since this moment has its tokens (``MOST_SERVED_TOKENS``)."""
 
@@ -266,17 +267,18 @@ class CacheHistory:
             self.served_since = self.tokens_since = self.clock()
 
     def served(self, session_id: str | None, prompt_tokens: int, cached_tokens: int, request_id: str | None = None,
-               tokens: Sequence[int] | None = None) -> None:
-        """A request began now, ``cached_tokens`` of its ``prompt_tokens`` a hit (a session's hits
-        over time: ``why`` for a session); ``tokens``, its prompt (a replay's)."""
-        self.did(BEGIN, session_id, request_id, tokens, prompt_tokens, cached_tokens)
+               tokens: Sequence[int] | None = None, at: float | None = None) -> None:
+        """A request began now (or ``at``), ``cached_tokens`` of its ``prompt_tokens`` a hit (a
+        session's hits over time: ``why`` for a session); ``tokens``, its prompt (a replay's)."""
+        self.did(BEGIN, session_id, request_id, tokens, prompt_tokens, cached_tokens, at=at)
 
     def did(self, op: str, session_id: str | None = None, request_id: str | None = None,
             tokens: Sequence[int] | None = None, prompt_tokens: int = 0, cached_tokens: int = 0,
-            asked_tokens: int = 0) -> None:
-        """The engine did ``op`` now (``OPS``): ``tokens`` a begin's prompt or a finish's output
-        (kept, not copied: the engine never changes them after), ``asked_tokens`` an evict's."""
-        now = self.clock()
+            asked_tokens: int = 0, at: float | None = None) -> None:
+        """The engine did ``op`` now (or ``at``, where the engine said when: a frame read later):
+        ``tokens`` a begin's prompt or a finish's output (kept, not copied: the engine never changes
+        them after), ``asked_tokens`` an evict's."""
+        now = self.clock() if at is None else at
         entry = [now, session_id, prompt_tokens, cached_tokens, op, request_id, tokens, asked_tokens]
         served = self._served
         served.append(entry)

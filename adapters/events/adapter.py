@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
 import threading
 import time
 from array import array
@@ -249,25 +250,27 @@ class EventTreeAdapter(CacheAdapter):
 
     def served(self, payload: bytes) -> None:
         """The requests the engine gave back (a ``probe.SERVED`` frame: msgpack of ``[[session_id,
-        rid, prompt_tokens, cached_tokens, "finish" | "abort", prompt_ids, output_ids], ...]``),
-        told to the history: each one's begin (its hit) and its finish or abort, with their token
-        ids where they came. A frame that is not one is logged and dropped, never the applying
-        thread down for it."""
+        rid, prompt_tokens, cached_tokens, "finish" | "abort", prompt_ids, output_ids, at], ...]``),
+        told to the history at the moment the engine gave each back: its begin (its hit) and its
+        finish or abort, with their token ids where they came. A frame that is not one is logged
+        and dropped, never the applying thread down for it."""
         import msgspec
 
         try:
             rows = [(None if sid is None else str(sid), str(rid), max(0, int(prompt)), max(0, int(cached)),
-                     "abort" if how == "abort" else "finish", _ids(prompt_ids), _ids(output_ids))
-                    for sid, rid, prompt, cached, how, prompt_ids, output_ids in msgspec.msgpack.decode(payload)]
-        except (ValueError, TypeError, msgspec.DecodeError):
+                     "abort" if how == "abort" else "finish", _ids(prompt_ids), _ids(output_ids), float(at))
+                    for sid, rid, prompt, cached, how, prompt_ids, output_ids, at in msgspec.msgpack.decode(payload)]
+            if any(not math.isfinite(row[7]) or max(row[2], row[3]) >> 63 for row in rows):  # (a count is int64)
+                raise ValueError("a moment or a count that is not one")
+        except Exception:  # (anything: never the applying thread down for a frame)
             log.warning("radixtop: a SERVED frame that is not one: %r", bytes(payload[:80]))
             return
         with self._lock:
             history = self._tree.history
             if history is not None and history.served_since is not None:
-                for sid, rid, prompt, cached, how, prompt_ids, output_ids in rows:
-                    history.served(sid, prompt, cached, rid, prompt_ids)
-                    history.did(how, sid, rid, output_ids)
+                for sid, rid, prompt, cached, how, prompt_ids, output_ids, at in rows:
+                    history.served(sid, prompt, cached, rid, prompt_ids, at=at)
+                    history.did(how, sid, rid, output_ids, at=at)
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every

@@ -288,7 +288,8 @@ def then_from_dict(d: dict[str, Any]) -> ThenView:
                 b.nodes < 1 or b.tokens < b.nodes or b.last_at < b.first_at for b in branches):
             raise WireError(f"{len(branches)} {side} branches of {count}, {tokens} tokens: not an answer")
     if view.sessions is not None and (
-            view.sessions_active is None or view.sessions_open is None or len(view.sessions) > view.sessions_active
+            view.sessions_active is None or view.sessions_open is None or view.sessions_since is None
+            or len(view.sessions) > view.sessions_active
             or view.sessions_open > view.sessions_active
             or any(x.cached_tokens > x.prompt_tokens or x.last_cached_tokens > x.last_prompt_tokens
                    or x.last_at > view.at for x in view.sessions)):

@@ -161,10 +161,11 @@ def history_page(read: tuple[Any, ...]) -> HistoryPage:
                                tuple(array("q", g.tokens)), g.session_id, g.holders, protected, capacity, g.who))
     entries, tokens = [], 0
     for seq, r in enumerate(served or (), served_first):
-        tokens += 0 if r[6] is None else len(r[6])
+        ids = r[6]  # (read once: the owner thread may drop an op's tokens meanwhile, the bound)
+        tokens += 0 if ids is None else len(ids)
         if entries and tokens > MAX_HISTORY_PAGE_TOKENS:
             break
-        entries.append(_entry(seq, *r))
+        entries.append(_entry(seq, *r[:6], ids, r[7]))
     return HistoryPage(epoch, tuple(views), first, count, None if served is None else tuple(entries),
                        served_first, served_count, since)
 

@@ -241,10 +241,10 @@ class RecordsCopy:
             self._parts.setdefault(record[1], []).append(record[2])
         elif kind == CAUSE:
             self.history.told(record[1], record[2])  # (an action the probe ran, or "": the tree's own)
-        elif kind == OP:  # (radixtop's own engine: its requests, closes and actions)
+        elif kind == OP:  # (the engine's requests, closes and actions: radixtop's own, or SGLang's requests and closes)
             tokens = record[4]
-            self.history.did(record[1], record[2], record[3], None if tokens is None else array("q", tokens),
-                             record[5], record[6], record[7])
+            ids = array("q", tokens) if isinstance(tokens, bytes) and not len(tokens) % 8 else None
+            self.history.did(record[1], record[2], record[3], ids, record[5], record[6], record[7])
         elif kind == WHOLE:
             self.receiving = False
             self.wholes += 1

@@ -45,10 +45,11 @@ those of an action radixtop asked for (``CAUSES``) and, with an empty cause, aft
 removals are told apart from SGLang's own evictions for room."""
 SERVED = 8
 """To radixtop's side (the Rust core's events): msgpack of ``[[session_id, rid, prompt_tokens,
-cached_tokens, "finish" | "abort", prompt_ids, output_ids], ...]``, the requests SGLang gave back
-since the last (``records.released_request``; their token ids as the bytes of an ``array('q')``,
-null where they would not fit a frame), after that step's events: a session's hits over time
-beside, and what a recording replays."""
+cached_tokens, "finish" | "abort", prompt_ids, output_ids, at], ...]``, the requests SGLang gave
+back since the last (``records.released_request``; their token ids as the bytes of an
+``array('q')``, null where they would not fit a frame or the socket is behind; ``at``: when SGLang
+gave it back), after that step's events: a session's hits over time beside, and what a recording
+replays."""
 SERVED_A_FRAME = 1024
 """Requests a ``SERVED`` frame holds at most."""
 OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "state", "resync")
@@ -98,7 +99,7 @@ class EventsProbe:
 
     def _hook_served(self, cache: Any) -> None:
         """SGLang's ``on_release`` wrapped on the instance: each request it gives back told
-        (``released_request``: four numbers appended), whatever that raises kept out of SGLang's call."""
+        (``released_request``, and when: a row appended), whatever that raises kept out of SGLang's call."""
         original = getattr(cache, "on_release", None)
         if not callable(original):
             return
@@ -109,7 +110,7 @@ class EventsProbe:
             try:
                 told = released_request(req)
                 if told is not None:
-                    self.served.append(told)
+                    self.served.append((*told, time.time()))
             except Exception:  # (never SGLang's call down for it)
                 pass
             return result
@@ -138,7 +139,11 @@ class EventsProbe:
 
     def _send_served(self, rows: list[tuple]) -> None:
         """``rows`` in a ``SERVED`` frame, in halves where over a frame; a request alone over one
-        without its token ids, and not told where it still is (an id of a megabyte)."""
+        without its token ids, and not told where it still is (an id of a megabyte). While the
+        socket is behind (frames wait in the backlog) the rows go without their ids: a frame the
+        backlog cannot take is a gap in the tree's events, and requests' ids are not worth one."""
+        if self.end.held:
+            rows = [(*row[:5], None, None, row[7]) for row in rows]
         payload = self._encode(rows)
         if len(payload) <= self.end.frame_max:
             self.end.send(SERVED, payload)
@@ -147,7 +152,7 @@ class EventsProbe:
             self._send_served(rows[:half])
             self._send_served(rows[half:])
         elif rows[0][5] is not None or rows[0][6] is not None:
-            self._send_served([(*rows[0][:5], None, None)])
+            self._send_served([(*rows[0][:5], None, None, rows[0][7])])
 
     def _send(self, ts: float, events: list[Any]) -> None:
         payload = self._encode(self._batch(ts=ts, events=events))

@@ -140,19 +140,41 @@ def release_method(cache: Any) -> str:
     return "on_release" if callable(getattr(cache, "on_release", None)) else "cache_finished_req"
 
 
-def hook_requests(recorder: _Recorder, cache: Any) -> None:
+def hook_requests(recorder: _Recorder, cache: Any, closer: Any = None) -> None:
     """Each request SGLang gives back finished (``released_request``) as two ``OP`` records: its
     begin (its session, its prompt's token ids, its hit: a session's hits over time beside) and its
-    finish (its output's token ids) or abort, both at its end: what a recording replays."""
+    finish (its output's token ids) or abort, both at its end: what a recording replays; and each
+    session's close (``closer.release_radix_session``: the cache's on 0.5.16, its session tracker's
+    on 0.5.23), whoever asked for it. What cannot be told (a request SGLang holds oddly) is not
+    told, and never stops the tree's records (``_failed``)."""
 
     def released(result: Any, req: Any, *a: Any, **k: Any) -> None:
-        told = released_request(req)
+        try:
+            told = released_request(req)
+        except Exception as exc:  # (a request of another shape: not told, the tree's copy goes on)
+            _not_told(exc)
+            return
         if told is not None:
             sid, rid, prompt, cached, how, prompt_ids, output_ids = told
             recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
             recorder.records.append((OP, how, sid, rid, output_ids, 0, 0, 0))
 
+    def closed(result: Any, session_id: Any, *a: Any, **k: Any) -> None:
+        recorder.records.append((OP, "close", str(session_id), None, None, 0, 0, 0))
+
     recorder._wrap(cache, release_method(cache), released)
+    if closer is not None:
+        recorder._wrap(closer, "release_radix_session", closed)
+
+
+_said: list[str] = []
+
+
+def _not_told(exc: Exception) -> None:
+    if not _said:  # (once: a log line a request would flood the server's log)
+        _said.append(type(exc).__name__)
+        log.warning("radixtop: a request SGLang gave back cannot be told (%s: %s); such requests are left "
+                    "out of the history", type(exc).__name__, exc)
 
 
 FULL = 0
@@ -252,7 +274,7 @@ class ChangeRecorder(_Recorder):
         wrap(cache, "inc_lock_ref", self._locked(LOCK))
         wrap(cache, "dec_lock_ref", self._locked(UNLOCK))
         wrap(cache, "_tag_session_leaf", tag)
-        hook_requests(self, cache)
+        hook_requests(self, cache, cache if callable(getattr(cache, "release_radix_session", None)) else None)
 
 
 class UnifiedRecorder(_Recorder):
@@ -402,7 +424,7 @@ class UnifiedRecorder(_Recorder):
             wrap(refs, "open_radix_session",
                  lambda result, sid, *a, **k: records().append((GEN, sid, result)) if not self._inside else None)
             self._composite(refs, "reset", lambda *a, **k: (FORGET,))
-        hook_requests(self, self.cache)
+        hook_requests(self, self.cache, refs)
 
     def _composite(self, owner: Any, name: str, record: Callable[..., tuple],
                    touches: Callable[..., Any] | None = None) -> None:

@@ -233,6 +233,16 @@ def test_a_then_whose_figures_do_not_add_up_is_refused():
                 {"left": [{**branch, "last_at": 0.5}]}, {"stored_tokens": 3}, {"tokens_now": "many"}):
         with pytest.raises(WireError):
             then_from_dict({**good, **bad})
+    # the sessions then: their counts and each one's figures agree, or the answer is refused
+    session = {"session_id": "s", "state": "open", "requests": 2, "prompt_tokens": 10, "cached_tokens": 4,
+               "last_at": 0.9, "last_prompt_tokens": 6, "last_cached_tokens": 4, "lost_since_tokens": 9}
+    sessions = {"sessions": [session], "sessions_active": 1, "sessions_open": 1, "sessions_since": 0.5}
+    assert then_from_dict({**good, **sessions}).sessions[0].state == "open"
+    for bad in ({"sessions_since": None}, {"sessions_active": 0}, {"sessions_open": 2},
+                {"sessions": [{**session, "cached_tokens": 11}]}, {"sessions": [{**session, "last_at": 1.5}]},
+                {"sessions": [{**session, "state": "ajar"}]}):
+        with pytest.raises(WireError):
+            then_from_dict({**good, **sessions, **bad})
 
 
 def test_stats_floats_and_bools_are_checked():

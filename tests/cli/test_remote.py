@@ -229,7 +229,7 @@ def test_then_tells_the_tree_at_a_moment_from_what_left_since(fresh_server):
     out = run(fresh_server, "then", moment).stdout
     assert f"the tree at {moment}" in out and f"{before['total_tokens']:,} tokens cached" in out
     assert "freed by closes" in out and "evicted on request" in out
-    assert "sessions then: 5 with a request since" in out and "(4 open)" in out
+    assert "sessions then: 5 active since" in out and "(4 open)" in out
     later = {x["session_id"]: x for x in one_json(run(fresh_server, "then", "0s", "--json"))["sessions"]}
     assert later["b"]["state"] == "closed"
     first = one_json(run(fresh_server, "then", "--json"))  # (none asked: as far back as the history reaches)

@@ -166,6 +166,17 @@ def test_what_a_recording_cannot_replay_is_said(recorded, tmp_path):
         "trace"]["as_served"]["tokens_at_start"] is None
     assert "the tree then is not known" in said(run("replay", "--format", "recording", str(kept)))
 
+    # a gap (the target down, or restarted: its request ids may come again): the requests running
+    # there are aborted at it, and the replay goes on
+    gapped = tmp_path / "gap.jsonl"
+    gap = '{"gap": {"at": %s, "reason": "the target is down"}}' % json.loads(text[first_begin])["served"]["at"]
+    gapped.write_text("\n".join([*text[:first_begin + 1], gap, *text[first_begin + 1:]]) + "\n")
+    out = run("replay", "--format", "recording", str(gapped), "--json")
+    assert out.exit_code == 0, out.output
+    served = json.loads(out.stdout)["trace"]["as_served"]
+    assert served["gaps"] == 1 and served["cut_by_gaps"] == 1 and served["began_before"] == 1
+    assert "1 requests running at a gap aborted there" in said(run("replay", "--format", "recording", str(gapped)))
+
     # a target that told no requests (radixtop beside SGLang): one line, not an empty replay
     bare = tmp_path / "bare.jsonl"
     bare.write_text("\n".join(line for line in text if '"served"' not in line) + "\n")

@@ -118,6 +118,7 @@ def test_requests_given_back_cross_in_frames_that_fit_and_a_served_frame_never_h
 
     class End:
         frame_max = 300
+        held = 0
 
         def send(self, kind: int, payload: bytes) -> bool:
             assert len(payload) <= self.frame_max
@@ -129,21 +130,67 @@ def test_requests_given_back_cross_in_frames_that_fit_and_a_served_frame_never_h
 
     probe = EventsProbe.__new__(EventsProbe)
     probe.end, probe._encode = End(), msgspec.msgpack.Encoder().encode
-    rows = [("s", f"r{i}", 2, i % 2, "finish", ids(1, 2), ids(3)) for i in range(12)]
-    rows += [("s", "long", 40, 0, "finish", ids(*range(40)), ids(9)), ("x" * 1000, "big", 1, 0, "abort", ids(1), None),
-             (None, "last", 3, 1, "abort", ids(4, 5, 6), None)]
+    rows = [("s", f"r{i}", 2, i % 2, "finish", ids(1, 2), ids(3), 100.0 + i) for i in range(12)]
+    rows += [("s", "long", 40, 0, "finish", ids(*range(40)), ids(9), 120.0),
+             ("x" * 1000, "big", 1, 0, "abort", ids(1), None, 121.0), (None, "last", 3, 1, "abort", ids(4, 5, 6), None, 122.0)]
     probe._send_served(rows)
     told = [tuple(row) for kind, batch in sent for row in batch]
     assert {kind for kind, _ in sent} == {SERVED} and len(sent) > 2
-    assert told == [*rows[:12], ("s", "long", 40, 0, "finish", None, None), rows[-1]]
+    assert told == [*rows[:12], ("s", "long", 40, 0, "finish", None, None, 120.0), rows[-1]]
+    sent.clear()
+    probe.end.held = 1  # the socket behind (frames wait): the rows go without their ids
+    probe._send_served(rows[:2])
+    assert [tuple(row) for _, batch in sent for row in batch] == [(*row[:5], None, None, row[7]) for row in rows[:2]]
 
     tree = CoreTree(name="beside")
     tree.tells_requests()
     tree.served(b"not msgpack")
     tree.served(msgspec.msgpack.encode([["s", 1]]))
-    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", b"odd", None]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", b"odd", None, 1.0]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2**64 - 1, 1, "finish", None, None, 1.0]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", None, None, float("inf")]]))
     tree.served(msgspec.msgpack.encode([rows[0], rows[-1]]))
-    ops = [(e.op, e.session_id, e.request_id, e.prompt_tokens, e.cached_tokens, e.tokens)
+    ops = [(e.op, e.session_id, e.request_id, e.prompt_tokens, e.cached_tokens, e.tokens, e.at)
            for e in tree.history(0, 0).served]
-    assert ops == [("begin", "s", "r0", 2, 0, (1, 2)), ("finish", "s", "r0", 0, 0, (3,)),
-                   ("begin", None, "last", 3, 1, (4, 5, 6)), ("abort", None, "last", 0, 0, None)]
+    assert ops == [("begin", "s", "r0", 2, 0, (1, 2), 100.0), ("finish", "s", "r0", 0, 0, (3,), 100.0),
+                   ("begin", None, "last", 3, 1, (4, 5, 6), 122.0), ("abort", None, "last", 0, 0, None, 122.0)]
+
+
+def test_a_request_that_cannot_be_told_never_stops_the_trees_records():
+    """The Python cores' probe tells each request SGLang gives back, and each close, as ``OP``
+    records; a request of another shape (its ``finished`` raises) is left out, once logged, and
+    the recorder goes on (a hook's failure would stop the tree's copy: ``_failed``)."""
+    from array import array
+
+    from radixtop.adapters.owned.records import OP, _Recorder
+    from radixtop.adapters.sglang.records import hook_requests
+
+    class Cache:
+        def cache_finished_req(self, req, *a, **k):
+            return None
+
+        def release_radix_session(self, sid):
+            return 0
+
+    class Odd:
+        rid = "odd"
+
+        def finished(self):
+            raise RuntimeError("a request of another shape")
+
+    class Done:
+        rid, session_id, cached_tokens, finished_reason = "r1", "s", 2, None
+        origin_input_ids, output_ids = array("q", [1, 2, 3]), array("q", [4])
+
+        def finished(self):
+            return True
+
+    recorder, cache = _Recorder(), Cache()
+    hook_requests(recorder, cache, cache)
+    cache.cache_finished_req(Odd())
+    cache.cache_finished_req(Done())
+    cache.release_radix_session("s")
+    assert recorder.failed is None
+    assert recorder.records == [(OP, "begin", "s", "r1", array("q", [1, 2, 3]).tobytes(), 3, 2, 0),
+                                (OP, "finish", "s", "r1", array("q", [4]).tobytes(), 0, 0, 0),
+                                (OP, "close", "s", None, None, 0, 0, 0)]
