@@ -290,9 +290,14 @@ class GhostOut(Schema):
 class ServedEntryOut(Schema):
     seq: int
     at: float
-    session_id: str
-    prompt_tokens: int
-    cached_tokens: int
+    session_id: str | None
+    prompt_tokens: int = Field(description="A begin's: its prompt's tokens")
+    cached_tokens: int = Field(description="A begin's: its prompt's tokens served from the cache")
+    op: Literal["begin", "finish", "abort", "close", "register", "evict", "flush"] = "begin"
+    request_id: str | None = None
+    tokens: list[int] | None = Field(None, description="A begin's prompt, a finish's output (null: none, or no "
+                                                       "longer kept)")
+    asked_tokens: int = Field(0, description="An evict's")
 
 
 class HistoryPageOut(Schema):
@@ -318,6 +323,18 @@ class BranchOut(Schema):
     holders: list[str]
 
 
+class SessionThenOut(Schema):
+    session_id: str
+    state: Literal["open", "closed"]
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    last_at: float
+    last_prompt_tokens: int
+    last_cached_tokens: int
+    lost_since_tokens: int = Field(description="Tokens it held that left since")
+
+
 class ThenOut(Schema):
     at: float
     tokens_then: int
@@ -333,6 +350,11 @@ class ThenOut(Schema):
     stored_branches: int
     history_since: float = Field(description="The earliest moment a then can reach")
     unit: Literal["node", "block"] = Field("node", description="What node_id names: a node, or a block by its hash")
+    sessions: list[SessionThenOut] | None = Field(None, description="The sessions active by then, the most recently "
+                                                              "active first (null: the target tells no requests)")
+    sessions_active: int | None = None
+    sessions_open: int | None = None
+    sessions_since: float | None = Field(None, description="Since when the ops are kept")
 
 
 class ChangesOut(Schema):

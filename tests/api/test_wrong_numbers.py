@@ -315,3 +315,18 @@ def test_a_columnar_export_header_with_a_wrong_number_is_a_wire_error(field, val
     assert decode_export_columns(json.dumps(header).encode() + b"\n{}").node_count == 0
     with pytest.raises(WireError, match=field):
         decode_export_columns(json.dumps({**header, field: value}).encode() + b"\n{}")
+
+
+def test_the_api_schemas_of_the_history_have_every_field_of_its_views():
+    """The OpenAPI schema of the history's answers (``schemas.py``) names every field of the views
+    the server sends (a field the model gained and the schema did not is an answer that violates
+    the schema: the fuzzer's finding)."""
+    import dataclasses
+
+    from radixtop.adapters.http import schemas
+    from radixtop.adapters.model import GhostView, HistoryPage, ServedEntry, SessionThenView, ThenView
+
+    for view, out in ((ServedEntry, schemas.ServedEntryOut), (HistoryPage, schemas.HistoryPageOut),
+                      (GhostView, schemas.GhostOut), (ThenView, schemas.ThenOut),
+                      (SessionThenView, schemas.SessionThenOut)):
+        assert {f.name for f in dataclasses.fields(view)} <= set(out.model_fields), (view.__name__, out.__name__)

@@ -221,7 +221,10 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, t
         assert (ghost["cause"], ghost["at"]) == ("evicted", lost.at)
         piece, held = prompt[lost.start:lost.end], ghost["tokens"]
         assert any(held[i:i + len(piece)] == piece for i in range(len(held) - len(piece) + 1)), lost
-    assert "requests not told by this target" in done.stdout  # (beside: not in the probe's records)
+    # (--kept: the requests the history holds, the flood's 60 among them, each told as SGLang gave it back)
+    begins = [e for e in (json.loads(line).get("served") for line in path.read_text().splitlines()) if e and
+              e["op"] == "begin"]
+    assert len(begins) >= 60 and f"{len(begins):,} requests" in done.stdout
     print(done.stdout.strip())
     # radixtop then <the moment before the flood>: the tree then, what the flood evicted and stored
     from radixtop.adapters.text import then_lines
