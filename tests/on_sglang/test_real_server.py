@@ -296,6 +296,7 @@ def test_a_recording_of_sglangs_own_traffic_replays_on_other_pools(server, clien
             history[sid] += reply["output_ids"]
     out, _ = recording.communicate(timeout=120)
     assert recording.returncode == 0, out
+    settle(server, client)  # (the next tests read SGLang's gauges: republished once it idles)
     served = [line["served"] for line in map(json.loads, path.read_text().splitlines()) if "served" in line]
     mine = [e for e in served if e["session_id"] in history]
     assert [(e["op"], e["session_id"], e["tokens"]) for e in mine] == [
