@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -39,11 +40,8 @@ def load_ops(trace: Path, fmt: str, scale: int):
         from radixtop.cli.recording import read_recording, recorded_traffic
 
         traffic = recorded_traffic(read_recording(trace))
-        served = {"requests": traffic.requests, "prompt_tokens": traffic.prompt_tokens,
-                  "cached_tokens": traffic.cached_tokens, "hit_rate": traffic.hit_rate,
-                  "began_before": traffic.began_before, "without_tokens": traffic.without_tokens,
-                  "tokens_at_start": traffic.tokens_at_start, "gaps": traffic.gaps,
-                  "cut_by_gaps": traffic.cut_by_gaps}
+        served = {f.name: getattr(traffic, f.name) for f in dataclasses.fields(traffic) if f.name != "ops"}
+        served["hit_rate"] = traffic.hit_rate
         return {"format": fmt, "ops": len(traffic.ops), "as_served": served}, lambda: iter(traffic.ops)
     parsed = load_trace(trace, fmt)
     block = scaled_block(parsed.block_size, scale)

@@ -21,7 +21,6 @@ import logging
 import math
 import threading
 import time
-from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -66,6 +65,7 @@ from radixtop.adapters.model import (
     ThenView,
     WhyView,
 )
+from radixtop.adapters.owned.records import ids_of
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
 from radixtop.adapters.owned.why import (
     answer_session,
@@ -126,15 +126,6 @@ class StreamStatus:
 def _no_locks(view: SessionView) -> SessionView:
     """A session as the events tell it: its locked tokens unknown (no lock is in them)."""
     return dataclasses.replace(view, locked_tokens=None)
-
-
-def _ids(tokens: Any) -> array | None:
-    """Token ids sent as the bytes of an ``array('q')`` (None: not sent)."""
-    if tokens is None:
-        return None
-    if not isinstance(tokens, bytes) or len(tokens) % 8:
-        raise ValueError("token ids that are not an array('q')'s bytes")
-    return array("q", tokens)
 
 
 class EventTreeAdapter(CacheAdapter):
@@ -258,7 +249,7 @@ class EventTreeAdapter(CacheAdapter):
 
         try:
             rows = [(None if sid is None else str(sid), str(rid), max(0, int(prompt)), max(0, int(cached)),
-                     "abort" if how == "abort" else "finish", _ids(prompt_ids), _ids(output_ids), float(at))
+                     "abort" if how == "abort" else "finish", ids_of(prompt_ids), ids_of(output_ids), float(at))
                     for sid, rid, prompt, cached, how, prompt_ids, output_ids, at in msgspec.msgpack.decode(payload)]
             if any(not math.isfinite(row[7]) or max(row[2], row[3]) >> 63 for row in rows):  # (a count is int64)
                 raise ValueError("a moment or a count that is not one")

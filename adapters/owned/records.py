@@ -59,6 +59,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,16 @@ radixtop's own engine (``gpu_backend.history.OPS``: a request's begin with its p
 the bytes of an ``array('q')`` and its hit, its finish with its output's, an abort, a session's
 close or register, an evict or flush asked), for the history beside it (``CacheHistory.did``: a
 session's hits over time, what a recording replays)."""
+def ids_of(tokens: Any) -> array | None:
+    """Token ids sent as the bytes of an ``array('q')`` (an ``OP`` record's, a ``probe.SERVED``
+    frame's); None: none sent. ValueError: bytes that are not an ``array('q')``'s."""
+    if tokens is None:
+        return None
+    if not isinstance(tokens, bytes) or len(tokens) % 8:
+        raise ValueError("token ids that are not an array('q')'s bytes")
+    return array("q", tokens)
+
+
 PIECE = 4096
 """Sessions a ``TOMBS``, ``GENS``, ``OPENS`` or ``SEEN`` record at most."""
 FLOOR = 256

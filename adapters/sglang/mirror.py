@@ -49,6 +49,7 @@ from radixtop.adapters.owned.records import (
     TOUCH,
     UNLOCK,
     WHOLE,
+    ids_of,
 )
 from radixtop.gpu_backend.history import CLOSED, EVICTED, FLUSHED, ROOT, CacheHistory
 
@@ -242,8 +243,10 @@ class RecordsCopy:
         elif kind == CAUSE:
             self.history.told(record[1], record[2])  # (an action the probe ran, or "": the tree's own)
         elif kind == OP:  # (the engine's requests, closes and actions: radixtop's own, or SGLang's requests and closes)
-            tokens = record[4]
-            ids = array("q", tokens) if isinstance(tokens, bytes) and not len(tokens) % 8 else None
+            try:
+                ids = ids_of(record[4])
+            except ValueError:  # (told without them: the op is the history's all the same)
+                ids = None
             self.history.did(record[1], record[2], record[3], ids, record[5], record[6], record[7])
         elif kind == WHOLE:
             self.receiving = False

@@ -53,10 +53,7 @@ log = logging.getLogger("radixtop.sglang")
 
 def tokens_of(key: Any) -> bytes:
     """A key's token ids as the bytes of an ``array('q')`` (SGLang 0.5.16 keeps them so: one copy)."""
-    ids = key.raw_token_ids() if hasattr(key, "raw_token_ids") else key.token_ids
-    if not isinstance(ids, array) or ids.typecode != "q":
-        ids = array("q", ids)
-    return ids.tobytes()
+    return _token_bytes(key.raw_token_ids() if hasattr(key, "raw_token_ids") else key.token_ids)
 
 
 def can_record(cache: Any) -> str | None:
