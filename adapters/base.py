@@ -188,6 +188,14 @@ class CacheAdapter(ABC):
         before the history's reach (or in the future); Unsupported where the target keeps none."""
         raise Unsupported(f"{self.name} keeps no history of its tree: it can say what is cached now, not then")
 
+    def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
+        """A page of ``node_id``'s children in the tree at moment ``at`` (None: as far back as the
+        history reaches), the largest subtree then first: those still in the tree now with their
+        figures then, and those that left since (``NodeView.left_at``: when, why and whose).
+        UnknownNode where the node was not in the tree then; Unsupported where the target keeps
+        no history."""
+        raise Unsupported(f"{self.name} keeps no history of its tree: it can say what is cached now, not then")
+
     def encode(self, text: str) -> list[int]:
         """``text`` as the target's tokenizer makes it token ids (what ``match`` takes: a search
         by text); Unsupported where the target has no tokenizer (it shows ids, not text). An

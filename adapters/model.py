@@ -226,8 +226,9 @@ class Stats(_View):
 class NodeView(_View):
     """One node as a row of the tree (what a page of children returns)."""
 
-    id: int
-    parent_id: int | None
+    id: NodeOrBlock
+    """Its id; in the tree at a past moment of a KV-event stream, its block's (``then_children``)."""
+    parent_id: NodeOrBlock | None
     depth: int
     tokens: int
     first_tokens: tuple[int, ...]
@@ -246,6 +247,13 @@ class NodeView(_View):
     tiers: tuple[str, ...] | None = None
     """The storage tiers that hold the node's KV (``TIERS``: GPU, host, disk, external); None:
     the target cannot tell."""
+    left_at: float | None = None
+    """In the tree at a past moment (``CacheAdapter.then_children``): when this node left since
+    (None: it is in the tree now)."""
+    left_cause: Literal["evicted", "closed", "flushed", "evict_action"] | None = None
+    """Why it left: an eviction under pressure, a session's close, a flush, an operator's evict."""
+    left_by: str | None = None
+    """The session whose close freed it, or who asked for the flush or the evict."""
 
 
 @dataclass(frozen=True)
@@ -270,7 +278,7 @@ class NodeDetail(_View):
 
 @dataclass(frozen=True)
 class ChildrenPage(_View):
-    parent_id: int
+    parent_id: NodeOrBlock
     offset: int
     limit: int
     total: int

@@ -4,6 +4,7 @@ previews, hostile text made inert, a diagnosis as lines (JSON keeps the plain va
 from __future__ import annotations
 
 import unicodedata
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from radixtop.adapters.model import POOL_STATES
@@ -255,6 +256,26 @@ def _left(gone: Any, moment: str) -> str:
     pool = (f", the pool {gone.protected_tokens / gone.capacity_tokens:.0%} locked by running requests"
             if gone.protected_tokens is not None and gone.capacity_tokens else "")
     return f"evicted for room at {moment}{pool}"
+
+
+def node_left(n: Any, now: float) -> str:
+    """A node of the tree at a past moment that left since (``NodeView.left_at``), as words: why
+    and when; '' for a node still in the tree."""
+    if n.left_at is None:
+        return ""
+    gone = _Gone(n.left_cause, n.left_by, n.left_by)
+    return _left(gone, when(n.left_at, now))
+
+
+@dataclass(frozen=True)
+class _Gone:
+    """A node's leaving as ``_left`` reads it (no pool told)."""
+
+    cause: str | None
+    session_id: str | None
+    who: str | None
+    protected_tokens: None = None
+    capacity_tokens: None = None
 
 
 CAUSE_WORDS = {"evicted": "evicted for room", "closed": "freed by closes", "flushed": "flushed",

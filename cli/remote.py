@@ -86,10 +86,15 @@ def tree(
     min_bytes: Annotated[int, typer.Option(min=0, help="Hide subtrees smaller than this.")] = 0,
     order: Annotated[str, typer.Option(help="bytes, recency or tokens.")] = "bytes",
     session: Annotated[str | None, typer.Option(help="Show only the chains this session holds.")] = None,
+    at: Annotated[str | None, typer.Option("--at", help="The tree at a past moment (90s, 10m, 2h ago, or 14:03:27 "
+                                           "today), from the target's history: what was cached then, the "
+                                           "nodes that left since marked with when and why.")] = None,
     url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0, as_json: Json = False,
 ) -> None:
     """The tree as people read it: largest subtrees first, paged."""
     start = _node_id(node)
+    if at is not None:
+        return _tree_then(start, at, depth, limit, min_bytes, order, session, url, token, timeout, as_json)
     with remote_target(url, token, timeout) as t:
         if session is not None:
             doc = _session_tree(t, session)
@@ -118,6 +123,61 @@ def tree(
     rich_tree = Tree(label)
     build(rich_tree, doc)
     plain_console().print(rich_tree)
+
+
+def _tree_then(start: int, moment: str, depth: int, limit: int, min_bytes: int, order: str, session: str | None,
+               url: str | None, token: str | None, timeout: float, as_json: bool) -> None:
+    """``tree --at``: the tree at a past moment, a page of children a node (``then_children``)."""
+    import time
+
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from radixtop.adapters.text import node_left, when
+
+    if session is not None or order != "bytes":
+        raise fail("--at shows the whole tree then, the largest subtree first: without --session or --order",
+                   EXIT_USAGE)
+    try:
+        at = parse_moment(moment, time.time())
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+
+    with remote_target(url, token, timeout) as t:
+        def walk(node_id: int, level: int) -> dict:
+            page = t.then_children(at, node_id, 0, limit)
+            kids = [c for c in page.children if c.subtree_bytes >= min_bytes]
+            return {"node_id": node_id, "more": page.total - len(kids),
+                    "children": [{"node": c, **(walk(c.id, level + 1) if level + 1 < depth and c.num_children
+                                                  else {"children": [], "more": c.num_children})} for c in kids]}
+
+        doc = walk(start, 0)
+    tokens = sum(c["node"].subtree_tokens for c in doc["children"])
+    if as_json:
+        def plain(d: dict) -> dict:
+            return {"node": d["node"].to_dict(), "more": d["more"], "children": [plain(c) for c in d["children"]]}
+
+        return emit_json({"at": at, "node_id": start, "subtree_tokens": tokens, "more": doc["more"],
+                          "children": [plain(c) for c in doc["children"]]})
+    now = time.time()
+    label = Text.assemble(("root" if start == ROOT_ID else f"#{start}", "bold"),
+                          f" at {when(at, now)} · {tokens:,} tokens below then",
+                          (" · holders, locks and hits then are not kept: shown for the nodes that left", "dim"))
+
+    def build(parent: Tree, d: dict) -> None:
+        for child in d["children"]:
+            n = child["node"]
+            text = _node_label(n)
+            if n.left_at is not None:
+                text.append(f" · left: {node_left(n, now)}", style="yellow")
+            build(parent.add(text), child)
+        if d.get("more"):
+            parent.add(Text(f"… {d['more']} more", style="dim"))
+
+    rich_tree = Tree(label)
+    build(rich_tree, doc)
+    plain_console().print(rich_tree)
+    return None
 
 
 def _node_id(text: str) -> int:

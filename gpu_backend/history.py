@@ -558,41 +558,64 @@ def tree_then(changes: Iterable[tuple[array, array, array, array]], ghosts: Iter
     A node was in the tree then when its first change since is a removal, or a split that made it
     the head of a node that was (its tokens were cached then, as the node it was split from). It
     is new when its first change since is a store, or a split of a node stored since. Off the
-    owner thread: a pass over the changes since then, not over the tree."""
-    first: dict[int, bool] = {}  # id -> its first change since was a store (not there then)
-    born_since: dict[int, bool] = {}  # id -> its life now began since (a block's hash: a life again)
-    alive: dict[int, bool] = {}
-    parent: dict[int, int] = {}
-    length: dict[int, int] = {}
-    stored_at: dict[int, float] = {}
-    old_removals: set[int] = set()  # (index of the removal among the removals since)
-    heads_then: set[int] = set()  # split since from a node that was there then, not left yet
-    removal = 0
-    for at, ids, other, tokens in changes:
-        for t, kept_id, kept_up, n in zip(at, ids, other, tokens, strict=True):
-            node_id, up = _id(kept_id), _id(kept_up)
-            if n > 0:
-                first.setdefault(node_id, True)
-                born_since[node_id] = True
-                alive[node_id], parent[node_id], length[node_id], stored_at[node_id] = True, up, n, t
-            elif n < 0:
-                new = up in first and up not in heads_then  # (split from a node stored since)
-                first.setdefault(node_id, new)
-                born_since[node_id] = new
-                if not new:
-                    heads_then.add(node_id)
-                alive[node_id], length[node_id], stored_at[node_id] = True, -n, t
-                parent[node_id] = parent.get(up, 0)
-                parent[up] = node_id
-                if up in length:
-                    length[up] += n
-            else:
-                if node_id not in first or node_id in heads_then:
-                    first.setdefault(node_id, False)
-                    heads_then.discard(node_id)
-                    old_removals.add(removal)
-                alive[node_id] = False
-                removal += 1
-    left = [g for i, g in enumerate(ghosts) if i in old_removals]
-    new = {i: (parent[i], length[i], stored_at[i]) for i, born in born_since.items() if born and alive[i]}
-    return Then(left, new)
+    owner thread: a pass over the changes since that moment, not over the tree."""
+    fold = ThenFold()
+    fold.feed(changes, ghosts)
+    return fold.result()
+
+
+class ThenFold:
+    """``tree_then``'s pass, fed as the changes come: the tree at a moment kept while it is browsed
+    (``adapters.owned.then_tree``), each read feeding only the changes since the last. Each feed
+    ends where both journals ended at once (the removals among the changes are the ghosts fed)."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, bool] = {}  # id -> its first change since was a store (not there then)
+        self.born_since: dict[int, bool] = {}  # id -> its life now began since (a block's hash: a life again)
+        self.alive: dict[int, bool] = {}
+        self.parent: dict[int, int] = {}
+        self.length: dict[int, int] = {}
+        self.stored_at: dict[int, float] = {}
+        self.old_removals: set[int] = set()  # (index of the removal among the removals since)
+        self.heads_then: set[int] = set()  # split since from a node that was there then, not left yet
+        self.ghosts: list[Ghost] = []
+        self.removals = 0
+
+    def feed(self, changes: Iterable[tuple[array, array, array, array]], ghosts: Iterable[Ghost]) -> None:
+        first, born_since, alive, parent = self.first, self.born_since, self.alive, self.parent
+        length, stored_at, heads_then = self.length, self.stored_at, self.heads_then
+        self.ghosts.extend(ghosts)
+        removal = self.removals
+        for at, ids, other, tokens in changes:
+            for t, kept_id, kept_up, n in zip(at, ids, other, tokens, strict=True):
+                node_id, up = _id(kept_id), _id(kept_up)
+                if n > 0:
+                    first.setdefault(node_id, True)
+                    born_since[node_id] = True
+                    alive[node_id], parent[node_id], length[node_id], stored_at[node_id] = True, up, n, t
+                elif n < 0:
+                    new = up in first and up not in heads_then  # (split from a node stored since)
+                    first.setdefault(node_id, new)
+                    born_since[node_id] = new
+                    if not new:
+                        heads_then.add(node_id)
+                    alive[node_id], length[node_id], stored_at[node_id] = True, -n, t
+                    parent[node_id] = parent.get(up, 0)
+                    parent[up] = node_id
+                    if up in length:
+                        length[up] += n
+                else:
+                    if node_id not in first or node_id in heads_then:
+                        first.setdefault(node_id, False)
+                        heads_then.discard(node_id)
+                        self.old_removals.add(removal)
+                    alive[node_id] = False
+                    removal += 1
+        self.removals = removal
+
+    def result(self) -> Then:
+        old = self.old_removals
+        left = [g for i, g in enumerate(self.ghosts) if i in old]
+        parent, length, stored_at, alive = self.parent, self.length, self.stored_at, self.alive
+        new = {i: (parent[i], length[i], stored_at[i]) for i, born in self.born_since.items() if born and alive[i]}
+        return Then(left, new)

@@ -415,7 +415,7 @@ class CacheScreen(PolledScreen):
     def action_then(self) -> None:
         from radixtop.inspector.timeline import TimelineScreen
 
-        self.app.push_screen(TimelineScreen(self.poller.then))
+        self.app.push_screen(TimelineScreen(self.poller.then, self.poller.then_children))
 
 
 def screen_bindings() -> list[BindingType]:

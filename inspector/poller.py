@@ -22,6 +22,7 @@ from radixtop.adapters.model import (
     ROOT_ID,
     Capabilities,
     Changes,
+    ChildrenPage,
     Diagnosis,
     MatchView,
     NodeDetail,
@@ -287,6 +288,10 @@ class Poller:
     def then(self, at: float) -> ThenView:
         """The tree at ``at``, told from the tree now (``CacheAdapter.then``)."""
         return self.adapter.then(at)
+
+    def then_children(self, at: float, node_id: int, offset: int, limit: int, order: str = "bytes") -> ChildrenPage:
+        """A page of a node's children in the tree at ``at`` (``CacheAdapter.then_children``)."""
+        return self.adapter.then_children(at, node_id, offset, limit)
 
     def diagnose(self) -> Diagnosis:
         """The leak doctor's findings (``CacheAdapter.diagnose``)."""

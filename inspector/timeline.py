@@ -1,14 +1,19 @@
 """The timeline (issue 29's time travel): the tree at a past moment, stepped back and forth, told
 from the tree now (``CacheAdapter.then``: what left since, when, why and whose; what was stored
-since). It opens under the header, so the sparklines above stay in sight; the strip at its top
-runs from as far back as the history reaches to now, with the moment shown."""
+since; the sessions then), and the tree then itself, browsed node by node as the tree now is
+(``CacheAdapter.then_children``; ``v`` switches between the two). It opens under the header, so
+the sparklines above stay in sight; the strip at its top runs from as far back as the history
+reaches to now, with the moment shown."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -17,7 +22,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from radixtop.adapters.errors import AdapterError
-from radixtop.adapters.text import age
+from radixtop.adapters.model import NodeView
+from radixtop.adapters.text import age, human_bytes, inert
+from radixtop.inspector.tree_ops import CycleOrder, TreeOp
+from radixtop.inspector.tree_state import Row, TreeState
+from radixtop.inspector.tree_view import CacheTree
 
 STEPS = (1.0, 10.0, 60.0, 600.0, 3600.0)
 """The step sizes ``+`` and ``-`` go through (seconds)."""
@@ -42,6 +51,60 @@ def strip(at: float, since: float | None, now: float, width: int) -> Text:
     return line
 
 
+def _left_cell(n: NodeView) -> str:
+    """Why a node of the tree then is not in the tree now, in a few cells ('' for one that is)."""
+    if n.left_at is None:
+        return ""
+    by = f" {inert(n.left_by)}" if n.left_cause == "closed" and n.left_by else ""
+    return {"evicted": "evicted", "closed": "closed", "flushed": "flushed",
+            "evict_action": "evict"}.get(n.left_cause or "", "left") + by
+
+
+_THEN_COLUMNS: tuple[tuple[str, int, Any], ...] = (
+    ("tokens", 7, lambda n: f"{n.tokens:,}"),
+    ("subtree", 10, lambda n: human_bytes(n.subtree_bytes)),
+    ("holders", 7, lambda n: "?" if n.holders is None else str(len(n.holders))),  # ?: not kept for a node still here
+    ("left", 5, lambda n: "" if n.left_at is None else age(n.access_age_s)),
+    ("why", 14, lambda n: _left_cell(n)[:14]),
+)
+_LEFT = Style(color="yellow")
+
+
+class ThenTree(CacheTree):
+    """The tree at the timeline's moment: the nodes still in the tree now, with their figures then,
+    and those that left since in yellow, with how long ago and why (holders: the sessions that held
+    them when they left; of a node still here, not kept)."""
+
+    DEFAULT_CSS = """
+    ThenTree { height: 1fr; overflow-x: hidden; }
+    """
+
+    def _segments(self, row: Row, width: int) -> list[Segment]:
+        segments = super()._segments(row, width)
+        if row.node is not None and row.node.left_at is not None:
+            segments = [Segment(s.text, (s.style or Style()) + _LEFT) for s in segments]
+        return segments
+
+    @staticmethod
+    def _shown_columns(width: int) -> range | tuple[int, ...]:
+        return (1, 4) if width < 64 else (0, 1, 3, 4) if width < 90 else range(len(_THEN_COLUMNS))
+
+    def _columns(self, node: NodeView, width: int) -> str:
+        return "".join(" " + str(_THEN_COLUMNS[i][2](node)).rjust(_THEN_COLUMNS[i][1])
+                       for i in self._shown_columns(width))
+
+    def _header(self, width: int) -> str:
+        cols = "".join(" " + _THEN_COLUMNS[i][0].rjust(_THEN_COLUMNS[i][1]) for i in self._shown_columns(width))
+        left = "  node then · largest first"
+        return left[: max(width - len(cols), 0)].ljust(max(width - len(cols), 0)) + cols
+
+    def _request(self, op: TreeOp) -> None:
+        if isinstance(op, CycleOrder):
+            self.app.notify("the tree then is sorted by its subtrees then only", title="then")
+            return
+        super()._request(op)
+
+
 class TimelineScreen(ModalScreen[None]):
     """The tree at a moment, the moment stepped with keys; each step one ``then`` read, off the UI
     thread (the answer of the latest step shows: a slow one does not come after a newer)."""
@@ -54,6 +117,9 @@ class TimelineScreen(ModalScreen[None]):
     }
     TimelineScreen #timeline-strip { height: 1; }
     TimelineScreen VerticalScroll { height: 1fr; }
+    TimelineScreen ThenTree { display: none; }
+    TimelineScreen.tree ThenTree { display: block; }
+    TimelineScreen.tree VerticalScroll { display: none; }
     TimelineScreen #timeline-keys { height: 1; color: $text-muted; }
     """
     BINDINGS = [
@@ -65,11 +131,18 @@ class TimelineScreen(ModalScreen[None]):
         Binding("plus,equals_sign", "resize(1)", "Longer steps", id="timeline.longer"),
         Binding("minus", "resize(-1)", "Shorter steps", id="timeline.shorter"),
         Binding("n", "now", "Now", id="timeline.now"),
+        Binding("v", "switch", "Tree then / report", id="timeline.view"),
     ]
 
-    def __init__(self, then: Callable[[float], Any], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, then: Callable[[float], Any], then_children: Callable[..., Any] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__()
-        self.then_of, self.clock = then, clock
+        self.then_of, self.then_children, self.clock = then, then_children, clock
+        self.tree_state = TreeState(self._children_then)
+        self.tree_at: float | None = None
+        """The moment whose tree the tree view shows (None: not read yet)."""
+        self.tree_lock = threading.Lock()
+        self.tree_asked = 0
         self.step_index = 1
         self.at = clock() - STEPS[self.step_index]
         self.since: float | None = None
@@ -84,6 +157,7 @@ class TimelineScreen(ModalScreen[None]):
             yield Static(id="timeline-strip")
             with VerticalScroll():
                 yield Static("reading…", id="timeline-report", markup=False)
+            yield ThenTree(id="timeline-tree")
             yield Static(id="timeline-keys", markup=False)
 
     def on_mount(self) -> None:
@@ -93,13 +167,16 @@ class TimelineScreen(ModalScreen[None]):
         self.ask()
 
     def keys_line(self) -> str:
-        return (f"[ ] step {age(STEPS[self.step_index])} · {{ }} ×10 · + - step size · n now · "
-                "esc closes · radixtop then")
+        view = "v report" if self.has_class("tree") else "v tree then"
+        return (f"[ ] step {age(STEPS[self.step_index])} · {{ }} ×10 · + - step · n now · {view} · "
+                "esc closes")
 
     def ask(self) -> None:
         self.asked += 1
         asked, at = self.asked, self.at
         self.render_strip()
+        if self.has_class("tree"):
+            self.read_tree()
 
         def run() -> None:
             try:
@@ -159,3 +236,78 @@ class TimelineScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+    # ----- the tree then -----
+
+    def _children_then(self, node_id: int, offset: int, limit: int, order: str) -> Any:
+        assert self.then_children is not None and self.tree_at is not None
+        return self.then_children(self.tree_at, node_id, offset, limit)
+
+    def action_switch(self) -> None:
+        if self.then_children is None:
+            self.app.notify("this target cannot show its tree at a past moment node by node", title="then")
+            return
+        self.toggle_class("tree")
+        self.render_strip()
+        if self.has_class("tree"):
+            self.query_one(ThenTree).focus()
+            self.read_tree()
+
+    def read_tree(self) -> None:
+        """The tree view at the moment shown: every node open in it read again at that moment (a
+        node not in the tree then closes), off the UI thread; the latest asked shows."""
+        if self.tree_at == self.at and self.tree_state.rows:
+            return
+        self.tree_asked += 1
+        asked, at = self.tree_asked, self.at
+
+        def run() -> None:
+            with self.tree_lock:
+                self.tree_at = at
+                try:
+                    self.tree_state.refresh(follow_splits=False)
+                except AdapterError as exc:
+                    self.tree_at = None
+                    self.app.call_from_thread(self.refused_tree, asked, exc.message)
+                    return
+                rows = list(self.tree_state.rows)
+            self.app.call_from_thread(self.show_tree, asked, rows)
+
+        self.run_worker(run, group="then-tree", exclusive=False, thread=True, exit_on_error=False)
+
+    def show_tree(self, asked: int, rows: list[Row]) -> None:
+        if asked != self.tree_asked:
+            return
+        top = self.tree_state.loaded.get(0)
+        total = sum(c.subtree_bytes for c in top.children) if top is not None else 1
+        self.query_one(ThenTree).set_rows(rows, total, "bytes")
+
+    def refused_tree(self, asked: int, message: str) -> None:
+        if asked == self.tree_asked:
+            self.app.notify(message, severity="error", title="then")
+
+    def on_cache_tree_request(self, message: CacheTree.Request) -> None:
+        """A key on the tree then (expand, collapse, a page more, a chain): applied off the UI
+        thread, in order, at the moment shown."""
+        message.stop()
+        op = message.op
+        asked = self.tree_asked
+
+        def run() -> None:
+            with self.tree_lock:
+                if self.tree_at is None:
+                    return
+                try:
+                    outcome = op.apply(self.tree_state)
+                    self.tree_state.flatten()
+                except AdapterError as exc:
+                    self.app.call_from_thread(self.refused_tree, asked, exc.message)
+                    return
+                rows = list(self.tree_state.rows)
+            self.app.call_from_thread(self.show_tree, asked, rows)
+            if outcome.move_to is not None:
+                self.app.call_from_thread(self.query_one(ThenTree).move_to_key, outcome.move_to)
+            if outcome.note:
+                self.app.call_from_thread(self.app.notify, outcome.note)
+
+        self.run_worker(run, group="then-tree", exclusive=False, thread=True, exit_on_error=False)

@@ -58,6 +58,7 @@ from radixtop.adapters.model import (
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only
 from radixtop.adapters.owned.reads import OwnerReads
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
+from radixtop.adapters.owned.then_tree import More, Start, then_children_of, then_more
 from radixtop.adapters.owned.why import (
     answer_session,
     history_page,
@@ -308,6 +309,20 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             return (yield from then_pass(cache.history, at, cache.total_size))
 
         return then_view(self._call_pass(read))
+
+    def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
+        return then_children_of(self, self._then_more(), at, node_id, offset, limit)
+
+    def _then_more(self) -> More:
+        def more(at: float | None, start: Start | None) -> Any:
+            def read(s: Scheduler) -> Generator[None, None, Any]:
+                if s.cache.history is None:
+                    raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
+                return (yield from then_more(s.cache.history, at, start))
+
+            return self._call_pass(read)
+
+        return more
 
     def changes(self, since: int) -> Changes:
         if since < 0:

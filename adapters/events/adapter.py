@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from radixtop.adapters.base import (
@@ -37,7 +38,7 @@ from radixtop.adapters.base import (
     path_nodes,
 )
 from radixtop.adapters.errors import BadRequest, UnknownSession, Unsupported, read_only, unknown_node
-from radixtop.adapters.events.block_tree import BlockNode, BlockTree
+from radixtop.adapters.events.block_tree import BlockNode, BlockTree, block_id
 from radixtop.adapters.events.wire import Batch, Cleared, DecodeError, Removed, Stored, decode_batch
 from radixtop.adapters.model import (
     FIRST_TOKENS,
@@ -67,6 +68,7 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.owned.records import ids_of
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
+from radixtop.adapters.owned.then_tree import More, Start, then_children_of, then_more
 from radixtop.adapters.owned.why import (
     answer_session,
     history_page,
@@ -557,6 +559,19 @@ class EventTreeAdapter(CacheAdapter):
             read = run_to_end(then_pass(self._history(), at, lambda: tree.root.subtree_tokens))
         return then_view(read, unit="block")
 
+    def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
+        """Block by block (the history names blocks, by ``block_id``; a node of the tree now is a
+        run of them): a block's children are the next in its run, or the first of each node below."""
+        more = None if self._tree.history is None else self._then_more()
+        return then_children_of(self, more, at, node_id, offset, limit, live=_Blocks(self))
+
+    def _then_more(self) -> More:
+        def more(at: float | None, start: Start | None) -> Any:
+            with self._lock:
+                return run_to_end(then_more(self._history(), at, start))
+
+        return more
+
     def changes(self, since: int) -> Changes:
         if since < 0:
             raise BadRequest(f"since must be >= 0, got {since}")
@@ -634,3 +649,80 @@ class EventTreeAdapter(CacheAdapter):
 
     def flush(self) -> FlushResultView:
         self._refuse("flush")
+
+
+class _Blocks:
+    """The reads of the tree now block by block that a page of the tree then needs
+    (``then_tree.then_children``'s ``live``): ids are the history's (``block_id``)."""
+
+    def __init__(self, adapter: EventTreeAdapter) -> None:
+        self.adapter = adapter
+
+    def stats(self) -> Stats:
+        return self.adapter.stats()
+
+    def _block(self, number: int) -> Any:
+        block = self.adapter._tree.block_of(number)
+        if block is None:
+            raise unknown_node(number, "no such block in the tree now")
+        return block
+
+    def _depth(self, block: Any) -> int:
+        node = block.node
+        depth = node.blocks.index(block) + 1
+        node = node.parent
+        while node is not None:
+            depth += len(node.blocks)
+            node = node.parent
+        return depth
+
+    def _view(self, block: Any, depth: int, now: float) -> NodeView:
+        a, node = self.adapter, block.node
+        at = node.blocks.index(block)
+        before = sum(len(b.tokens) for b in node.blocks[:at])
+        subtree, tokens, bpt = node.subtree_tokens - before, len(block.tokens), a.bytes_per_token
+        first = tuple(block.tokens[:FIRST_TOKENS])
+        parent = block.parent_key
+        return NodeView(
+            id=block_id(block.key), parent_id=None if parent is None else block_id(parent), depth=depth, tokens=tokens,
+            first_tokens=first, text=decode_preview(a.tokenizer, first), lock_ref=None, hit_count=None,
+            access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
+            bytes=tokens * bpt, subtree_tokens=subtree, subtree_bytes=subtree * bpt,
+            num_children=1 if at + 1 < len(node.blocks) else len(node.children),
+            holders=tuple(sorted(block.sessions)) if a._sessions_seen else None, tiers=a._node_tiers(node))
+
+    def children(self, node_id: int, offset: int, limit: int, order: str) -> ChildrenPage:
+        now = time.time()
+        with self.adapter._lock:
+            tree = self.adapter._tree
+            if node_id == ROOT_ID:
+                kids, depth = [c.blocks[0] for c in tree.root.children.values() if c.blocks], 1
+            else:
+                block = self._block(node_id)
+                node, depth = block.node, self._depth(block) + 1
+                at = node.blocks.index(block)
+                kids = [node.blocks[at + 1]] if at + 1 < len(node.blocks) else [c.blocks[0] for c in node.children.values()]
+            views = [self._view(k, depth, now) for k in kids]
+        views.sort(key=lambda v: (-v.subtree_tokens, v.id))
+        return ChildrenPage(node_id, offset, limit, len(views), "bytes", tuple(views[offset:offset + limit]))
+
+    def node(self, node_id: int, token_offset: int = 0, token_limit: int = 1) -> Any:
+        with self.adapter._lock:
+            block = self._block(node_id)
+            return SimpleNamespace(node=self._view(block, self._depth(block), time.time()))
+
+    def paths(self, node_ids: list[int]) -> Any:
+        """Each block's path up to the root, as (id, parent id)s."""
+        nodes: dict[int, Any] = {}
+        with self.adapter._lock:
+            blocks = self.adapter._tree.blocks
+            for number in node_ids:
+                block = self.adapter._tree.block_of(number)
+                while block is not None:
+                    own = block_id(block.key)
+                    if own in nodes:
+                        break
+                    parent = block.parent_key
+                    nodes[own] = SimpleNamespace(id=own, parent_id=None if parent is None else block_id(parent))
+                    block = None if parent is None else blocks.get(parent)
+        return SimpleNamespace(nodes=list(nodes.values()))

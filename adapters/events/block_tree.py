@@ -135,6 +135,9 @@ class BlockTree:
         # insert, holding the GIL (and a scheduler in the same process) ~50 ms (``ShardedMap``)
         self.nodes: ShardedMap[int, BlockNode] = ShardedMap({0: self.root})
         self.blocks: ShardedMap[BlockKey, _Block] = ShardedMap()
+        self.keys_by_id: ShardedMap[int, BlockKey] = ShardedMap()
+        """The key of each block in the tree whose key is not its id (``block_id``: a digest's bytes,
+        a KV group's): what finds a block the history names (kept with a history only)."""
         self.waiting: dict[BlockKey, list[_Block]] = {}
         self.detached_tokens = 0
         self.copies = 0
@@ -397,15 +400,30 @@ class BlockTree:
     def _told_stored(self, block: _Block) -> None:
         """``block`` joined the tree now (stored, or back in reach below a parent stored again)."""
         assert self.history is not None
-        parent = block.parent_key
-        self.history.stored(block_id(block.key), ROOT if parent is None else block_id(parent), len(block.tokens))
+        parent, key = block.parent_key, block.key
+        self.history.stored(number := block_id(key), ROOT if parent is None else block_id(parent), len(block.tokens))
+        if not isinstance(key, int):
+            self.keys_by_id[number] = key
 
     def _told_removed(self, block: _Block) -> None:
         """``block`` left the tree now: told to the history, under its parent block (or the root)."""
         assert self.history is not None
-        parent = block.parent_key
-        self.history.removed(block_id(block.key), ROOT if parent is None else block_id(parent), block.tokens,
+        parent, key = block.parent_key, block.key
+        self.history.removed(number := block_id(key), ROOT if parent is None else block_id(parent), block.tokens,
                              block.sessions)
+        if not isinstance(key, int):
+            self.keys_by_id.pop(number, None)
+
+    def block_of(self, number: int) -> _Block | None:
+        """The block in the tree now that the history names ``number`` (``block_id``), or None."""
+        key = self.keys_by_id.get(number)
+        if key is not None:
+            block = self.blocks.get(key)
+        else:  # (an int hash is its id, or its id less 2**64 where the engine's hash is signed)
+            block = self.blocks.get(number)
+            if block is None and number >= 1 << 63:
+                block = self.blocks.get(number - (1 << 64))
+        return block if block is not None and block.node is not None else None
 
     @staticmethod
     def block_path(found: TreeMatch) -> list[tuple[int, int]]:

@@ -282,6 +282,12 @@ class RadixtopClient(CacheAdapter):
             return self._get(then_from_dict, "/v1/then")
         return self._get(then_from_dict, "/v1/then", at=repr(float(at)))
 
+    def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
+        query: dict[str, Any] = {"node": int(node_id), "offset": offset, "limit": limit}
+        if at is not None:
+            query["at"] = repr(float(at))
+        return self._get(children_page_from_dict, "/v1/then/children", **query)
+
     @staticmethod
     def _match_query(tokens: list[int]) -> str:
         """The token ids as one URL can carry them, or BadRequest."""

@@ -132,6 +132,12 @@ class NodeOut(Schema):
     holders: list[str] | None
     tiers: list[str] | None = Field(default=None, description="storage tiers holding the node: GPU, host, disk, "
                                                                 "external; null: the target cannot tell")
+    left_at: float | None = Field(default=None, description="In the tree at a past moment (GET /v1/then/children): "
+                                                             "when the node left since; null: it is in the tree now")
+    left_cause: Literal["evicted", "closed", "flushed", "evict_action"] | None = Field(
+        default=None, description="Why it left: an eviction under pressure, a session's close, a flush, an evict")
+    left_by: str | None = Field(default=None, description="The session whose close freed it, or who asked for the "
+                                                          "flush or the evict")
 
 
 class NodeDetailOut(Schema):

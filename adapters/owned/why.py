@@ -185,20 +185,36 @@ def then_pass(history: CacheHistory, at: float | None,
     """What the tree at ``at`` needs of the history, copied on the owner thread a slice at a time
     (the removals since, ``STORY_SLICE`` a slice, and the changes since, a chunk a slice); the last
     slice reads the tree's tokens now with both journals' ends (``then_view`` off it)."""
-    now = max(history.clock(), time.time())  # (a stream's clock is its last batch's)
-    if at is None:  # (as far back as the history reaches)
-        at = history.then_reaches_back_to()
-    if at != at or at > now + 1.0:
-        raise BadRequest(f"a moment to look back to, not {at!r}: it is {now:.3f} now")
-    reach = history.then_reaches_back_to()
-    if at < reach:
-        raise BadRequest(f"the history reaches back to {_clock(reach)} ({now - reach:,.0f}s ago) only: "
-                         "ask for a later moment")
+    at, reach = check_moment(history, at)
     ops, ops_since = None, history.served_since
     if ops_since is not None:  # (the sessions then: their ops up to the moment)
         ops = yield from _in_slices(history.requests_after)
         yield
-    removal, change = history.first_after(at)
+    ghosts, changes, _ = yield from changes_from(history, at, history.first_after(at))
+    return ghosts, changes, tokens_now(), reach, at, ops, ops_since
+
+
+def check_moment(history: CacheHistory, at: float | None) -> tuple[float, float]:
+    """``at`` (None: as far back as the history reaches) and the history's reach, or BadRequest
+    where the history does not reach back to it or it is to come."""
+    now = max(history.clock(), time.time())  # (a stream's clock is its last batch's)
+    reach = history.then_reaches_back_to()
+    if at is None:
+        at = reach
+    if at != at or at > now + 1.0:
+        raise BadRequest(f"a moment to look back to, not {at!r}: it is {now:.3f} now")
+    if at < reach:
+        raise BadRequest(f"the history reaches back to {_clock(reach)} ({now - reach:,.0f}s ago) only: "
+                         "ask for a later moment")
+    return at, reach
+
+
+def changes_from(history: CacheHistory, at: float,
+                 start: tuple[int, int]) -> Generator[None, None, tuple[list[Ghost], list[Any], tuple[int, int]]]:
+    """The removals and the changes from ``start`` (their numbers) to both journals' ends, read in
+    slices on the owner thread (``STORY_SLICE`` removals and ``CHUNKS_A_SLICE`` chunks of changes
+    a slice), and the numbers past them (where the next read starts)."""
+    removal, change = start
     ghosts: list[Ghost] = []
     changes: list[Any] = []
     while True:
@@ -218,7 +234,7 @@ def then_pass(history: CacheHistory, at: float | None,
             if change > history.stored_count:
                 break
         if removal > history.removed_count and change > history.stored_count:
-            return ghosts, changes, tokens_now(), reach, at, ops, ops_since
+            return ghosts, changes, (removal, change)
         yield
 
 

@@ -74,6 +74,7 @@ from radixtop.adapters.model import (
 from radixtop.adapters.owned.common import SORT_CHUNK, owner_call, refuse_if_read_only, smallest_in_steps
 from radixtop.adapters.owned.reads import OffOwner, OwnerReads, finished
 from radixtop.adapters.owned.sessions import session_row, sessions_page_pass
+from radixtop.adapters.owned.then_tree import More, Start, then_children_of, then_more
 from radixtop.adapters.owned.why import (
     answer_session,
     history_page,
@@ -587,6 +588,20 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
         tree = self.tree
         return then_view(self._call_pass(
             lambda: then_pass(history, at, lambda: tree.evictable_size() + tree.protected_size())))
+
+    def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
+        return then_children_of(self, self._then_more(), at, node_id, offset, limit)
+
+    def _then_more(self) -> More | None:
+        history = getattr(self.cache, "history", None)
+        if history is None:
+            return None
+
+        def more(at: float | None, start: Start | None) -> Any:
+            self._need_tree()
+            return self._call_pass(lambda: then_more(history, at, start))
+
+        return more
 
     def changes(self, since: int) -> Changes:
         raise Unsupported("SGLang keeps no change journal; read the pages again")

@@ -25,7 +25,12 @@ class VLLMLike(EventTreeAdapter):
     removals_are = EVICTED
 
 
-def stream(seed: int):
+KEYS = {"int": lambda h: h, "signed": lambda h: h - (1 << 64) if h >> 63 else h,  # (SGLang's Rust core)
+        "bytes": lambda h: h.to_bytes(32, "big")}  # (vLLM's digests)
+"""A block's hash as engines send it."""
+
+
+def stream(seed: int, keys: str = "int"):
     """Prompts over a few shared prefixes, stored block by block as vLLM stores them (only the
     blocks not cached yet, under the last cached one), removals of any stored block (a parent
     too), and now and then a reset; each op one batch of one event."""
@@ -41,7 +46,7 @@ def stream(seed: int):
         out, parent = [], None
         for i in range(len(prompt) // BLOCK):
             block = tuple(prompt[i * BLOCK:(i + 1) * BLOCK])
-            h = hashes.setdefault((parent, block), rng.getrandbits(64))
+            h = hashes.setdefault((parent, block), KEYS[keys](rng.getrandbits(64)))
             out.append((h, block))
             parent = h
         return out
@@ -137,14 +142,14 @@ def block_walk(tree) -> dict[int, tuple[tuple[int, ...], int, frozenset[str]]]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_since_plus_what_left(seed):
+@pytest.mark.parametrize("seed,keys", [(seed, "int") for seed in range(6)] + [(6, "signed"), (7, "bytes")])
+def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_since_plus_what_left(seed, keys):
     """``then`` at every past batch against the tree's own walk after it (``check_then``): blocks
     stored, evicted (a parent first: its children out of reach with it, and back in reach when
     it is stored again) and cleared."""
     from tests.backend.test_history_then import check_walks
 
-    prompts, ops = stream(seed)
+    prompts, ops = stream(seed, keys)
     adapter = VLLMLike(name="vllm-like", bytes_per_token=1, capacity_tokens=4096)
     tree = adapter._tree
     tree.history.since = tree.history.stores_since = 0
@@ -169,7 +174,7 @@ def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_sin
         walks.append(block_walk(tree))
     check_walks(tree.history, walks, lambda: tree.root.subtree_tokens, adapter.then, every=11,
                 units=lambda nodes: {path for path, _, _ in nodes.values()},  # (blocks whole: two may share tokens)
-                lives=True)
+                lives=True, browse=adapter, browse_tokens=lambda i: list(tree.block_of(i).tokens))
 
 
 def test_a_blocks_id_is_its_hash_as_64_bits_unsigned_whatever_sign_the_engine_gives_it():

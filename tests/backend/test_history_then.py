@@ -127,13 +127,21 @@ def test_the_changes_are_bounded_whole_chunks_at_a_time_and_say_how_far_back_the
     assert len(tree_then(read[1], read[0]).new) == 10 * STORE_CHUNK - 1 - int(h.then_reaches_back_to())
 
 
-def check_walks(h: CacheHistory, walks, tokens_now_of, then_of, every: int, **how) -> None:
+def check_walks(h: CacheHistory, walks, tokens_now_of, then_of, every: int, browse=None, browse_tokens=None,
+                **how) -> None:
     """``check_then`` at every ``every``-th moment of ``walks`` (the tree's walk after each op, the
-    history's clock the op's index), against the last."""
+    history's clock the op's index), against the last; and where ``browse`` is an adapter, its tree
+    then browsed node by node (``test_then_tree.check_browse``)."""
+    from tests.backend.test_then_tree import check_browse
+
     now = walks[-1]
     assert any(walks[k].keys() - now.keys() for k in range(len(walks))), "nothing left: the test proves nothing"
-    for k in range(0, len(walks), every):
+    for k in [*range(0, len(walks), every), len(walks) - 2]:  # (and the last moment but one: most there then is here now)
         check_then(h, k, walks[k], now, tokens_now_of, then_of, **how)
+        if browse is not None:
+            check_browse(h, k, walks[k], now.keys(), browse.then_children,
+                         browse_tokens or (lambda i: list(browse.node(i, 0, 10_000).token_ids)),
+                         lives=how.get("lives", False))
 
 
 def sglang_nodes(cache):

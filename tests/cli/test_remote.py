@@ -240,6 +240,51 @@ def test_then_tells_the_tree_at_a_moment_from_what_left_since(fresh_server):
     assert run(fresh_server, "then", "25:00").exit_code == 2
 
 
+def test_tree_at_a_moment_is_the_tree_then_node_by_node(fresh_server, monkeypatch):
+    """``tree --at`` (the tree then, a page of children a node, over ``GET /v1/then/children``)
+    against a real API server: before a close and an evict, the tree then holds every token the
+    stats counted then; the nodes that left since say why (the close of b, the evict asked); the
+    tree now's own nodes are there with their figures then; a moment not one is one line, exit 2."""
+    import time
+
+    before = one_json(run(fresh_server, "stats", "--json"))
+    live = one_json(run(fresh_server, "tree", "--json", "--depth", "64", "--limit", "1000"))
+    time.sleep(1.02 - time.time() % 1)
+    moment = time.strftime("%H:%M:%S", time.localtime(int(time.time())))
+    closed = one_json(run(fresh_server, "close", "b", "--yes", "--json"))["results"][0]["freed_tokens"]
+    evicted = one_json(run(fresh_server, "evict", "2", "--yes", "--json"))["evicted_tokens"]
+    doc = one_json(run(fresh_server, "tree", "--at", moment, "--json", "--depth", "64", "--limit", "1000"))
+    assert doc["subtree_tokens"] == before["total_tokens"] and doc["more"] == 0
+
+    def nodes(d):
+        for c in d["children"]:
+            yield c["node"]
+            yield from nodes(c)
+
+    then = {n["id"]: n for n in nodes(doc)}
+    assert sum(n["tokens"] for n in then.values()) == before["total_tokens"]
+    left = [n for n in then.values() if n["left_at"] is not None]
+    by_cause: dict[str, int] = {}
+    for n in left:
+        by_cause[n["left_cause"]] = by_cause.get(n["left_cause"], 0) + n["tokens"]
+    assert by_cause == {"closed": closed, "evict_action": evicted} and closed == 3
+    assert {n["left_by"] for n in left if n["left_cause"] == "closed"} == {"b"}
+    was = {n["id"]: n for n in nodes(live)}
+    assert then.keys() == was.keys()  # (nothing stored since: the tree then is the tree read before)
+    for node_id, n in then.items():
+        assert (n["tokens"], n["subtree_tokens"], n["num_children"]) == \
+            (was[node_id]["tokens"], was[node_id]["subtree_tokens"], was[node_id]["num_children"]), node_id
+        assert n["holders"] is None if n["left_at"] is None else set(n["holders"]) <= set(was[node_id]["holders"])
+    monkeypatch.setenv("COLUMNS", "200")  # (a line a node)
+    out = run(fresh_server, "tree", "--at", moment, "--depth", "64").stdout
+    assert f"root at {moment}" in out and f"{before['total_tokens']:,} tokens below then" in out
+    assert "freed by the close of session b" in out and "evicted on request" in out
+    bad = run(fresh_server, "tree", "--at", "soon")
+    assert bad.exit_code == 2 and len(bad.stderr.splitlines()) == 1
+    unknown = run(fresh_server, "tree", "999999", "--at", moment)
+    assert unknown.exit_code != 0 and len(unknown.stderr.splitlines()) == 1
+
+
 def test_export_columns_to_a_file(server, tmp_path):
     from radixtop.adapters.http.wire import decode_export_columns
 

@@ -71,6 +71,58 @@ async def test_T_steps_the_tree_back_and_forth_from_the_historys_reach_to_now(en
         assert not isinstance(app.screen, TimelineScreen)
 
 
+async def rows_until(pilot, tree, ok, keys=()) -> list:
+    """The tree then's rows once ``ok(rows)`` (each read off the UI thread), pressing ``keys`` between reads."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while not ok(tree.rows):
+        assert asyncio.get_running_loop().time() < deadline, [r.node for r in tree.rows]
+        for key in keys:
+            await pilot.press(key)
+        await pilot.pause(0.05)
+    return list(tree.rows)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_v_browses_the_tree_then_node_by_node_with_what_left_since_marked(engine, size):
+    """``v`` in the timeline: the tree at the moment, opened node by node with the tree's own keys;
+    the nodes b's close freed since are there, in yellow, with why; a step to now, they are gone;
+    every token the stats counted then is below the root."""
+    from radixtop.inspector.timeline import ThenTree
+
+    before = BundledAdapter(engine).stats().total_tokens
+    time.sleep(1.3)
+    engine.call(lambda s: s.close_session("b"))  # (3 tokens freed by its close)
+    app = RadixtopApp(BundledAdapter(engine), interval=0.2)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("T")
+        screen = app.screen
+        await shown(pilot, screen, "the tree at")
+        await pilot.press("minus", "left_curly_bracket")  # (steps of 1 s: 10 back, to the reach)
+        await pilot.press("right_square_bracket")
+        await shown(pilot, screen, "left since")
+        await pilot.press("v")
+        tree = screen.query_one(ThenTree)
+        assert tree.has_focus and "v report" in str(screen.query_one("#timeline-keys", Static).render())
+        await rows_until(pilot, tree, lambda rows: rows)
+        assert sum(r.node.subtree_tokens for r in tree.rows if r.depth == 0) == before
+        await pilot.press("home")
+        rows = await rows_until(pilot, tree, lambda rows: any(r.node and r.node.left_at for r in rows),
+                                keys=("right", "down"))
+        closed = [r for r in rows if r.node is not None and r.node.left_at is not None]
+        assert {(r.node.left_cause, r.node.left_by) for r in closed} == {("closed", "b")}
+        line = next(i for i, r in enumerate(tree.rows) if r.node is closed[0].node)
+        tree.scroll_to_row(line)
+        await pilot.pause(0.1)
+        painted = tree.render_line(line - tree.scroll_offset.y + tree.HEADER_LINES)
+        assert "closed" in painted.text and any(s.style and s.style.color and s.style.color.name == "yellow"
+                                                for s in painted._segments)
+        await pilot.press("n")  # (now: nothing left since)
+        await rows_until(pilot, tree, lambda rows: rows and not any(r.node and r.node.left_at for r in rows))
+        await pilot.press("v")
+        assert not tree.display
+        await pilot.press("escape")
+
+
 async def test_T_on_a_target_without_a_history_says_so_in_one_line():
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry

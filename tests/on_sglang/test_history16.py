@@ -109,7 +109,8 @@ def test_the_tree_then_beside_sglang_is_its_tree_now_less_what_was_stored_since_
         oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
         walks.append(sglang_nodes(cache))
     tree = beside.tree
-    check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9)
+    check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9,
+                browse=beside)
 
 
 def copied(sgl, seed: int):

@@ -233,6 +233,11 @@ def test_why_explains_a_prompt_sglang_evicted_for_room(server, client, driven, t
     assert (v.tokens_then, v.tokens_now) == (before.total_tokens, st.total_tokens)
     assert v.left_by_cause.get("evicted", 0) >= sum(lost.end - lost.start for lost in w.lost) > 0
     assert set(v.left_by_cause) == {"evicted"} and v.stored_tokens > 0
+    # the tree then, node by node (GET /v1/then/children): the prompt's evicted nodes in it, as evicted
+    from tests.support.then_walk import check_tree_then
+
+    then = check_tree_then(client, v)
+    assert all(then[lost.node_id].left_cause == "evicted" for lost in w.lost if lost.at > v.at)
     print(f"radixtop then <the moment before the flood> (sglang {VERSION}):")
     print("\n".join(then_lines(v, time.time(), shown=3)))
 

@@ -109,7 +109,8 @@ def test_the_tree_then_beside_the_unified_tree_is_its_tree_now_less_what_was_sto
             oracle.step(lambda: drive23.evict(cache, rng.randint(1, 60)), None)
         walks.append(sglang_nodes(cache))
     tree = beside.tree
-    check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9)
+    check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9,
+                browse=beside)
 
 
 @pytest.mark.parametrize("seed", range(2))

@@ -272,6 +272,10 @@ def test_why_on_the_rust_core_beside_names_sglangs_evictions_and_radixtops_evict
         assert w.cached_tokens == 0 and {(x.cause, x.who) for x in w.lost} == {("evict_action", "radixtop's evict")}
         v = client.then(moment)
         assert v.left_by_cause == {"evict_action": evicted} and v.tokens_now == v.tokens_then - evicted
+        from tests.support.then_walk import check_tree_then  # (the tree then block by block, over HTTP)
+
+        then = check_tree_then(client, v)
+        assert {n.left_by for n in then.values() if n.left_at is not None} == {"radixtop's evict"}
         last = prompt(40)
         loop.run(lambda: drive23.run_request(cache, pools, last, [4]))
         client.flush()

@@ -145,6 +145,11 @@ def test_why_on_the_default_core_names_sglangs_evictions_and_radixtops_flush(rus
     v = client.then(moment)
     assert (v.tokens_then, v.tokens_now) == (before, client.node(0, 0, 1).node.subtree_tokens)
     assert set(v.left_by_cause) == {"evicted"} and v.stored_tokens > 0 and v.unit == "block"
+    from tests.support.then_walk import check_tree_then  # (the tree then block by block: GET /v1/then/children)
+
+    then = check_tree_then(client, v)
+    assert all(then[lost.node_id].left_cause == "evicted" for lost in w.lost if lost.at > v.at)
+    assert any(i >= 1 << 63 for i in then)  # (a block's id past a signed int's: the route takes it)
     print(f"\nradixtop why <a prompt of {w.query_tokens} tokens, then a flood> (sglang 0.5.23, the Rust core):")
     print("\n".join(why_lines(w, time.time())))
     print("radixtop then <the moment before the flood>:")

@@ -33,7 +33,7 @@ answered 429. A slow reader holds one of these, not a heavy-read slot."""
 EXPORT = "/v1/export"
 RETRY_AFTER_S = 1
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-HEAVY_READS = re.compile(r"/v1/(read|export|match|why|history|then|paths|doctor|sessions(/.*)?|nodes/[^/]+/(subtree|chain))", re.S)
+HEAVY_READS = re.compile(r"/v1/(read|export|match|why|history|then(/children)?|paths|doctor|sessions(/.*)?|nodes/[^/]+/(subtree|chain))", re.S)
 """Reads whose cost follows the cache (a page of sessions, a subtree, a batch, the export, the doctor's walk)."""
 UNGUARDED = frozenset({"/healthz"})
 """Answered on a public bind without a token (a probe's)."""

@@ -73,6 +73,8 @@ from radixtop.adapters.model import Capabilities
 
 EXPORT_CHUNK_ROWS = 1000
 """A size the export tests span; the server passes none: adapters chunk by ``export_ndjson``'s default."""
+MAX_BLOCK_ID = 2**64 - 1
+"""The largest id a node of the tree then has: on a KV-event stream, a block's (its hash as 64 bits)."""
 MAX_IDLE_AFTER_S = 10**9
 """The doctor's largest ``idle_after_s``: finite, so that the schema publishes a bound."""
 NODE_ID_PATTERN = r"^(root|[0-9]{1,19})$"
@@ -226,6 +228,25 @@ def then(adapter: Adapter,
     if at is not None and ago is not None:
         raise BadRequest("give at or ago, not both")
     return json_response(call(adapter.then, time.time() - ago if ago is not None else at))
+
+
+@router.get("/v1/then/children", response_model=ChildrenPageOut,
+            summary="A page of a node's children in the tree at a past moment, the largest subtree then first: "
+                    "those still in the tree (their figures then; holders, locks and hits then not kept: null) "
+                    "and those that left since (left_at, left_cause, left_by)",
+            responses=documented(404, 422, 429, 501, *TARGET_ERRORS))
+def then_children(adapter: Adapter,
+                  at: float | None = Query(None, allow_inf_nan=False, description="the moment, in seconds since "
+                                           "the epoch (neither at nor ago: as far back as the history reaches)"),
+                  ago: float | None = Query(None, ge=0, allow_inf_nan=False,
+                                            description="the moment, as seconds before now (instead of at)"),
+                  node: int = Query(0, ge=0, le=MAX_BLOCK_ID, description="the node whose children (0: the root; "
+                                    "on a KV-event stream, a block's id, below 2**64)"),
+                  offset: Offset = 0, limit: PageLimit = 100) -> Response:
+    if at is not None and ago is not None:
+        raise BadRequest("give at or ago, not both")
+    return json_response(call(adapter.then_children, time.time() - ago if ago is not None else at, node, offset,
+                              limit))
 
 
 @router.get("/v1/encode", response_model=EncodeOut,

@@ -289,6 +289,9 @@ class CoreEventsAdapter(CacheAdapter):
     def then(self, at: float | None = None) -> ThenView:
         return self._read(lambda: self.events.then(at))
 
+    def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
+        return self._read(lambda: self.events.then_children(at, node_id, offset, limit))
+
     def export(self) -> Iterator[dict[str, Any]]:
         self._sync()
         return self.events.export()

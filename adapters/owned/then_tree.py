@@ -1,0 +1,281 @@
+"""The tree at a past moment, node by node (issue 29's time travel): a page of a node's children
+as they were then, browsed as the tree now is (``CacheAdapter.then_children``, ``GET
+/v1/then/children``, the dashboard timeline's tree).
+
+The tree then is the tree now less the nodes stored since, plus the nodes that left since
+(``gpu_backend.history.ThenFold`` over the history's changes since the moment). What is kept of a
+moment asked (``ThenTree``) is that fold, fed on each read with the changes since the last only;
+a node's children then are its children now that were there then (read from the tree, a page at a
+time) and the nodes that left since from below it. A node that was split since shows as the nodes
+it is now.
+
+The figures of a node still in the tree, then: its subtree's tokens are its subtree's now, less
+what was stored below it since, plus what left from below it since. Each branch stored or left
+hangs below one node that was there then and is still here (a *boundary*); the paths from the
+root to the boundaries (``CacheAdapter.paths``, read again when the fold changed) say which nodes
+each branch is below. Its holders then are not kept (the tags of a live node are not journaled):
+None, unknown; its lock_ref and hit_count too. A node that left says when, why and whose
+(``left_at``, ``left_cause``, ``left_by``), and the sessions that held it then.
+
+Reads of the tree and of its history are not one moment on a tree that changes while they are
+read: a change between the two may be counted in a figure of the page it came with, or missed
+until the next read (a node stored then is not among the nodes then: it is in the fold read after
+the page)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Generator
+from typing import Any
+
+from radixtop.adapters.base import check_page
+from radixtop.adapters.errors import UnknownNode, Unsupported
+from radixtop.adapters.model import FIRST_TOKENS, MAX_PATHS, ROOT_ID, ChildrenPage, NodeView
+from radixtop.adapters.text import decode_preview
+from radixtop.gpu_backend.history import ROOT, CacheHistory, Ghost, ThenFold
+
+from .why import changes_from, check_moment
+
+MAX_THEN_CHILDREN = 100_000
+"""A node's children read at most for a page of its children then (the rest: left out, said by
+``total``)."""
+LIVE_PAGE = 2000
+"""Children now read a read (a page of ``CacheAdapter.children``)."""
+THEN_TREES_KEPT = 2
+"""Moments whose tree then is kept between reads (the one browsed, and the step before it)."""
+
+Start = tuple[int, int]
+More = Callable[[float | None, Start | None], tuple[float, tuple[list[Ghost], list[Any], Start]]]
+"""Reads the history's changes (on the owner thread, in slices) from a place (None: from the moment
+``at``, checked; None: as far back as it reaches): the moment, and the removals, the changes and
+the place past them (``then_more``)."""
+
+
+def then_more(history: CacheHistory, at: float | None,
+              start: Start | None) -> Generator[None, None, tuple[float, tuple[list[Ghost], list[Any], Start]]]:
+    """The owner thread's part of a read of the tree then: the changes since the moment (its first
+    read) or since the last read (``start``)."""
+    if start is None:
+        at, _ = check_moment(history, at)
+        start = history.first_after(at)
+    assert at is not None
+    return at, (yield from changes_from(history, at, start))
+
+
+class ThenTree:
+    """One moment's tree then, kept between reads: the fold of the changes since it, and what the
+    pages need of it (rebuilt when a read fed it changes)."""
+
+    def __init__(self, at: float, start: Start) -> None:
+        self.at = at
+        self.place = start
+        self.fold = ThenFold()
+        self.version = 0
+        self._built = -1
+        self._deltas_of = -1
+        self.new: dict[int, tuple[int, int, float]] = {}
+        self.left: dict[int, Ghost] = {}
+        self.ghosts_below: dict[int, list[Ghost]] = {}
+        self.left_subtree: dict[int, int] = {}
+        self.new_children: dict[int, int] = {}
+        self.deltas: dict[int, int] = {}
+        """A boundary's id -> the tokens below it then less now (what left, less what was stored)."""
+        self.below: dict[int, int] = {}
+        """A node's id -> the sum of the deltas of the boundaries at or below it (the paths')."""
+
+    def feed(self, got: tuple[list[Ghost], list[Any], Start]) -> None:
+        ghosts, changes, place = got
+        if ghosts or any(len(c[0]) for c in changes):
+            self.fold.feed(changes, ghosts)
+            self.version += 1
+        self.place = place
+
+    def build(self) -> None:
+        if self._built == self.version:
+            return
+        then = self.fold.result()
+        self.new = {i: (_up(p), n, t) for i, (p, n, t) in then.new.items()}
+        self.left = left = {g.node_id: g for g in then.left}
+        below: dict[int, list[Ghost]] = {}
+        for g in then.left:
+            below.setdefault(_up(g.parent_id), []).append(g)
+        self.ghosts_below = below
+        subtree: dict[int, int] = {}
+        deltas: dict[int, int] = {}
+        for g in then.left:  # (a left node's tokens count in itself and each left node above it)
+            node: Ghost | None = g
+            while node is not None:
+                subtree[node.node_id] = subtree.get(node.node_id, 0) + g.length
+                up = _up(node.parent_id)
+                node = left.get(up)
+                if node is None:
+                    deltas[up] = deltas.get(up, 0) + g.length
+        self.left_subtree = subtree
+        new = self.new
+        kids: dict[int, int] = {}
+        for parent, tokens, _ in new.values():
+            kids[parent] = kids.get(parent, 0) + 1
+            while parent in new:
+                parent = new[parent][0]
+            deltas[parent] = deltas.get(parent, 0) - tokens
+        self.new_children = kids
+        self.deltas = {i: d for i, d in deltas.items() if d}
+        self._built = self.version
+
+    def boundary_of(self, ghost: Ghost) -> int:
+        """The node there then and now that a left node's branch hangs below."""
+        up = _up(ghost.parent_id)
+        while up in self.left:
+            up = _up(self.left[up].parent_id)
+        return up
+
+    def chain_of(self, ghost: Ghost) -> int:
+        """Left nodes from a left node up to its branch's boundary, itself included."""
+        count, up = 1, _up(ghost.parent_id)
+        while up in self.left:
+            count += 1
+            up = _up(self.left[up].parent_id)
+        return count
+
+    def read_below(self, paths: Callable[[list[int]], Any]) -> None:
+        """Which nodes each boundary is below: the paths to them, read again when the fold changed."""
+        if self._deltas_of == self.version:
+            return
+        below: dict[int, int] = {ROOT_ID: sum(self.deltas.values())}
+        ids = [i for i in self.deltas if i != ROOT_ID]
+        for start in range(0, len(ids), MAX_PATHS):
+            batch = ids[start:start + MAX_PATHS]
+            view = paths(batch)
+            parent = {v.id: v.parent_id for v in view.nodes}
+            for boundary in batch:
+                if boundary not in parent:  # (left after the history was read: the next read has it)
+                    continue
+                delta, up = self.deltas[boundary], boundary
+                while up is not None and up != ROOT_ID:
+                    below[up] = below.get(up, 0) + delta
+                    up = parent.get(up)
+        self.below = below
+        self._deltas_of = self.version
+
+
+class ThenTrees:
+    """The trees then an adapter keeps for reads (``THEN_TREES_KEPT``, the latest asked)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kept: OrderedDict[float, ThenTree] = OrderedDict()
+        self.bytes_per_token: int | None = None
+
+    def get(self, at: float | None, more: More) -> ThenTree:
+        """The tree then at ``at`` (None: as far back as the history reaches), fed to the history's end."""
+        with self.lock:
+            tree = self.kept.get(at) if at is not None else None
+            if tree is None:
+                at, got = more(at, None)
+                tree = self.kept.get(at)
+                if tree is None:  # (its first read: every change since the moment)
+                    tree = self.kept[at] = ThenTree(at, got[2])
+                    tree.feed(got)
+                    while len(self.kept) > THEN_TREES_KEPT:
+                        self.kept.popitem(last=False)
+                    return tree
+            self.kept.move_to_end(tree.at)
+            tree.feed(more(tree.at, tree.place)[1])
+            return tree
+
+
+def then_children_of(adapter: Any, more: More | None, at: float | None, node_id: int, offset: int,
+                     limit: int, live: Any = None) -> ChildrenPage:
+    """``CacheAdapter.then_children`` of an adapter over a history (``more`` reads its changes;
+    None: it keeps none), with the trees then it keeps between reads; ``live`` reads the tree now
+    by the history's ids (``children``, ``node``, ``paths``, ``stats``: the adapter's own where
+    its ids are the history's)."""
+    if more is None:
+        raise Unsupported(f"{adapter.name} keeps no history of its tree: it can say what is cached now, not then")
+    trees = adapter.__dict__.get("_then_trees")
+    if trees is None:
+        trees = adapter.__dict__.setdefault("_then_trees", ThenTrees())
+    return then_children(adapter if live is None else live, trees, more, at, node_id, offset, limit,
+                         getattr(adapter, "tokenizer", None))
+
+
+def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, node_id: int,
+                  offset: int, limit: int, tokenizer: Any = None) -> ChildrenPage:
+    """A page of ``node_id``'s children in the tree at ``at``, the largest subtree then first."""
+    check_page(offset, limit)
+    tree = trees.get(at, more)
+    if trees.bytes_per_token is None:
+        trees.bytes_per_token = adapter.stats().bytes_per_token
+    bpt = trees.bytes_per_token
+    with trees.lock:
+        tree.build()
+        ghost = tree.left.get(node_id)
+        in_new = node_id in tree.new
+    now = time.time()
+    live: list[NodeView] = []
+    if ghost is None:
+        if in_new:
+            raise UnknownNode(f"node {node_id} was not in the tree at {_clock(tree.at)}: it was stored since")
+        total = None
+        while total is None or (len(live) < total and len(live) < MAX_THEN_CHILDREN):
+            page = adapter.children(node_id, len(live), LIVE_PAGE, "bytes")
+            live.extend(page.children)
+            total = page.total
+            if not page.children:
+                break
+        with trees.lock:  # (what was stored while the page was read is among the fold's new)
+            tree.feed(more(tree.at, tree.place)[1])
+            tree.build()
+    with trees.lock:
+        if ghost is None and tree.deltas:
+            tree.read_below(adapter.paths)
+        views = [_kept(v, tree, bpt) for v in live if v.id not in tree.new and v.id not in tree.left]
+        below = tree.ghosts_below.get(node_id, ())
+        top = node_id if ghost is None else tree.boundary_of(ghost)
+    if below:
+        depth = _depth(adapter, top, views) + (0 if ghost is None else tree.chain_of(ghost)) + 1
+        views.extend(_left(g, tree, depth, now, bpt, tokenizer) for g in below)
+    views.sort(key=lambda v: (-v.subtree_tokens, v.id))
+    return ChildrenPage(node_id, offset, limit, len(views), "bytes", tuple(views[offset:offset + limit]))
+
+
+def _depth(adapter: Any, node_id: int, children: list[NodeView]) -> int:
+    """The depth of a node there then and now (its children's less one, where they are read)."""
+    if node_id == ROOT_ID:
+        return 0
+    if children:
+        return children[0].depth - 1
+    try:
+        return adapter.node(node_id, 0, 1).node.depth
+    except UnknownNode:  # (left after the history was read)
+        return 0
+
+
+def _kept(v: NodeView, tree: ThenTree, bpt: int) -> NodeView:
+    """A node now as it was then: its subtree then, its children then; what is not kept, unknown."""
+    subtree = v.subtree_tokens + tree.below.get(v.id, 0)
+    children = v.num_children - tree.new_children.get(v.id, 0) + len(tree.ghosts_below.get(v.id, ()))
+    return NodeView(v.id, v.parent_id, v.depth, v.tokens, v.first_tokens, v.text, None, None, v.access_age_s,
+                    v.created_age_s, v.bytes, subtree, subtree * bpt, children, None, v.tiers)
+
+
+def _left(g: Ghost, tree: ThenTree, depth: int, now: float, bpt: int, tokenizer: Any) -> NodeView:
+    """A node that left since, as it was when it left (its age: since it left)."""
+    first = tuple(memoryview(g.tokens).cast("q")[:FIRST_TOKENS])
+    subtree = tree.left_subtree.get(g.node_id, g.length)
+    parent = _up(g.parent_id)
+    age = max(0.0, now - g.at)
+    return NodeView(g.node_id, None if parent == ROOT_ID else parent, depth, g.length,
+                    first, decode_preview(tokenizer, first), None, None, age, age,
+                    g.length * bpt, subtree, subtree * bpt, len(tree.ghosts_below.get(g.node_id, ())), g.holders,
+                    None, left_at=g.at, left_cause=g.cause, left_by=g.session_id or g.who or None)
+
+
+def _up(parent_id: int) -> int:
+    return ROOT_ID if parent_id == ROOT else parent_id
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))

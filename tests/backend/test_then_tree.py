@@ -1,0 +1,110 @@
+"""The tree at a past moment, node by node (``CacheAdapter.then_children``: the dashboard
+timeline's tree), against the tree's own walk at each moment (``tree_nodes``, kept as it was):
+browsed page by page from the root, it holds exactly the token prefixes the tree held then, and
+each node's figures then (its subtree's tokens, its children) are the walk's."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixtop.adapters.bundled.child_order import ChildOrders
+from radixtop.adapters.errors import UnknownNode, Unsupported
+from radixtop.adapters.model import ROOT_ID
+from tests.backend.test_history import bundled
+from tests.backend.test_history_then import prefixes, run
+
+
+def browsable(s):
+    """The bundled adapter over ``s`` with its calls run here, at once (no engine thread), whole
+    enough to read pages of the tree."""
+    adapter = bundled(s)
+    adapter.tokenizer, adapter.read_only, adapter._child_orders = None, False, ChildOrders()
+    adapter._init_owner_reads()
+    return adapter
+
+
+def browse(then_children, at, tokens_of, limit=10_000):
+    """Every node of the tree at ``at``, read page by page from the root: id -> (its path's
+    tokens, its own tokens' count, its view), and each node's children as listed."""
+    out, listed, stack = {}, {}, [(ROOT_ID, ())]
+    while stack:
+        node_id, path = stack.pop()
+        page = then_children(at, node_id, 0, limit)
+        assert page.total == len(page.children) and page.parent_id == node_id
+        listed[node_id] = page.children
+        sizes = [v.subtree_tokens for v in page.children]
+        assert sizes == sorted(sizes, reverse=True)  # (the largest subtree then first)
+        for v in page.children:
+            assert v.id not in out, "a node listed twice"
+            own = tokens_of(v)
+            assert len(own) == v.tokens and tuple(own[:16]) == v.first_tokens
+            out[v.id] = (path + tuple(own), v.tokens, v)
+            stack.append((v.id, path + tuple(own)))
+    return out, listed
+
+
+def check_browse(h, k, walk_then, now_ids, then_children, tokens_now, lives=False):
+    """``browse`` at ``k`` against the tree's walk then: the same token prefixes; each node's
+    subtree tokens and children then; a node that left, as its ghost says. ``lives``: a block's
+    id may be in the tree now again (a life since): a node that left is its last leaving."""
+    ghosts = {}
+    for g in h.ghosts():
+        if g.at > k:
+            ghosts.setdefault(g.node_id, g)  # (its first leaving since: the life it had then)
+
+    def tokens_of(v):
+        if v.left_at is None:
+            return tokens_now(v.id)
+        return [int(t) for t in memoryview(ghosts[v.id].tokens).cast("q")]
+
+    nodes, listed = browse(then_children, k, tokens_of)
+    assert prefixes(nodes) == prefixes(walk_then), k
+    cached = prefixes(walk_then)
+    for node_id, (path, own, v) in nodes.items():
+        if lives:  # (blocks, whole: two siblings may start alike; no split since, the ids are the walk's)
+            below = sum(o for q, o, _ in walk_then.values() if q[:len(path)] == path)
+        else:
+            start = len(path) - own
+            below = sum(1 for p in cached if len(p) > start and p[:start + 1] == path[:start + 1])
+        assert v.subtree_tokens == below, (k, node_id)
+        assert v.num_children == len(listed[node_id]), (k, node_id)
+        if v.left_at is None:
+            assert node_id in now_ids and v.holders is None and v.lock_ref is None
+        else:
+            g = ghosts[node_id]
+            assert (lives or node_id not in now_ids) and k < g.at == v.left_at
+            assert (v.left_cause, v.holders) == (g.cause, g.holders)
+    if lives:
+        assert nodes.keys() == walk_then.keys(), k
+        assert sum(v.subtree_tokens for v in listed[ROOT_ID]) == sum(o for _, o, _ in walk_then.values())
+    else:
+        assert sum(v.subtree_tokens for v in listed[ROOT_ID]) == len(cached)
+    return nodes
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("size,flush_every", [("small", 0), ("small", 30)])
+def test_the_tree_then_browsed_node_by_node_is_the_tree_as_it_was(seed, size, flush_every):
+    s, walks = run(seed, size, flush_every)
+    adapter = browsable(s)
+    now = walks[-1]
+    left = 0
+    for k in range(0, len(walks), 11):
+        nodes = check_browse(s.cache.history, k, walks[k], now.keys(), adapter.then_children,
+                             lambda i: list(s.cache.nodes[i].key))
+        left += sum(1 for _, _, v in nodes.values() if v.left_at is not None)
+    assert left, "nothing left: the test proves nothing"
+
+
+def test_a_node_stored_since_is_not_in_the_tree_then_and_a_target_without_history_says_so():
+    s, walks = run(0, "small", 0)
+    adapter = browsable(s)
+    k = len(walks) // 2
+    stored_since = next(i for i in walks[-1] if i not in walks[k])
+    with pytest.raises(UnknownNode) as e:
+        adapter.then_children(k, stored_since)
+    assert "stored since" in str(e.value) and "\n" not in str(e.value)
+    s.cache.history = None
+    fresh = browsable(s)
+    with pytest.raises(Unsupported):
+        fresh.then_children(k, ROOT_ID)
