@@ -580,6 +580,10 @@ class ThenFold:
         self.heads_then: set[int] = set()  # split since from a node that was there then, not left yet
         self.ghosts: list[Ghost] = []
         self.removals = 0
+        self.left: dict[int, Ghost] = {}
+        """The nodes there then that left since, by id (each its first leaving since), in order."""
+        self.splits: list[tuple[int, int]] = []
+        """Each split fed, (its head, the node split), for a reader to take (``take_splits``)."""
 
     def feed(self, changes: Iterable[tuple[array, array, array, array]], ghosts: Iterable[Ghost]) -> None:
         first, born_since, alive, parent = self.first, self.born_since, self.alive, self.parent
@@ -604,14 +608,25 @@ class ThenFold:
                     parent[up] = node_id
                     if up in length:
                         length[up] += n
+                    self.splits.append((node_id, up))
                 else:
                     if node_id not in first or node_id in heads_then:
                         first.setdefault(node_id, False)
                         heads_then.discard(node_id)
                         self.old_removals.add(removal)
+                        self.left.setdefault(node_id, self.ghosts[removal])
                     alive[node_id] = False
                     removal += 1
         self.removals = removal
+
+    def take_splits(self) -> list[tuple[int, int]]:
+        """The splits fed since the last take, in order: (the head, the node split)."""
+        splits, self.splits = self.splits, []
+        return splits
+
+    def is_new(self, node_id: int) -> bool:
+        """In the tree now and not then (its life now began since)."""
+        return self.born_since.get(node_id, False) and self.alive[node_id]
 
     def result(self) -> Then:
         old = self.old_removals

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from radixtop.adapters.base import (
@@ -312,6 +312,17 @@ class BundledAdapter(OwnerReads, CacheAdapter):
 
     def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
         return then_children_of(self, self._then_more(), at, node_id, offset, limit)
+
+    def parents_of(self, node_ids: Sequence[int]) -> dict[int, int | None]:
+        """Each node on the paths to ``node_ids``, with its parent's id (None: the root's): a
+        ``paths`` read without the views (the tree then's, which needs no more)."""
+        asked = check_paths(node_ids)
+
+        def read(s: Scheduler) -> Generator[None, None, dict[int, int | None]]:
+            nodes, _, _ = yield from path_nodes(asked, s.cache.nodes.get, lambda n: n.parent)
+            return {n.id: None if n.parent is None else n.parent.id for n, _ in nodes}
+
+        return self._call_pass(read)
 
     def _then_more(self) -> More:
         def more(at: float | None, start: Start | None) -> Any:

@@ -41,8 +41,12 @@ from .why import changes_from, check_moment
 MAX_THEN_CHILDREN = 100_000
 """A node's children read at most for a page of its children then (the rest: left out, said by
 ``total``)."""
-LIVE_PAGE = 2000
-"""Children now read a read (a page of ``CacheAdapter.children``)."""
+LIVE_PAGE = 250
+"""Children now read a read (a page of ``CacheAdapter.children``: 2,000 views held the bundled
+engine ~5 ms at once, ``bench_then_tree.py``)."""
+PATHS_A_READ = MAX_PATHS // 4
+"""Boundaries whose paths one read asks for (a read of 1,024 held the bundled engine ~5 ms at once:
+``bench_then_tree.py``)."""
 THEN_TREES_KEPT = 2
 """Moments whose tree then is kept between reads (the one browsed, and the step before it)."""
 
@@ -84,12 +88,21 @@ class ThenTree:
         """A boundary's id -> the tokens below it then less now (what left, less what was stored)."""
         self.below: dict[int, int] = {}
         """A node's id -> the sum of the deltas of the boundaries at or below it (the paths')."""
+        self.parent_of: dict[int, int | None] = {}
+        """The parent of each node on the paths to the boundaries, read once (a split since: its head)."""
+        self.applied: dict[int, int] = {}
+        """Each boundary's delta as added up its path in ``below``."""
 
     def feed(self, got: tuple[list[Ghost], list[Any], Start]) -> None:
         ghosts, changes, place = got
         if ghosts or any(len(c[0]) for c in changes):
             self.fold.feed(changes, ghosts)
             self.version += 1
+            parent_of, below = self.parent_of, self.below
+            for head, split in self.fold.take_splits():  # (a head above a node on the paths read: on them too)
+                if split in parent_of and parent_of[split] != head:
+                    parent_of[head], parent_of[split] = parent_of[split], head
+                    below[head] = below.get(split, 0)
         self.place = place
 
     def build(self) -> None:
@@ -139,24 +152,32 @@ class ThenTree:
             up = _up(self.left[up].parent_id)
         return count
 
-    def read_below(self, paths: Callable[[list[int]], Any]) -> None:
-        """Which nodes each boundary is below: the paths to them, read again when the fold changed."""
+    def read_below(self, parents: Callable[[list[int]], dict[int, int | None]]) -> None:
+        """Which nodes each boundary is below: the paths to the boundaries not on those read yet
+        (a split since puts its head on them as it comes), and each boundary's delta changed since
+        the last read added up them."""
         if self._deltas_of == self.version:
             return
-        below: dict[int, int] = {ROOT_ID: sum(self.deltas.values())}
-        ids = [i for i in self.deltas if i != ROOT_ID]
-        for start in range(0, len(ids), MAX_PATHS):
-            batch = ids[start:start + MAX_PATHS]
-            view = paths(batch)
-            parent = {v.id: v.parent_id for v in view.nodes}
-            for boundary in batch:
-                if boundary not in parent:  # (left after the history was read: the next read has it)
-                    continue
-                delta, up = self.deltas[boundary], boundary
-                while up is not None and up != ROOT_ID:
-                    below[up] = below.get(up, 0) + delta
-                    up = parent.get(up)
-        self.below = below
+        parent_of, below, applied, deltas = self.parent_of, self.below, self.applied, self.deltas
+        unknown = [i for i in deltas if i != ROOT_ID and i not in parent_of]
+        for start in range(0, len(unknown), PATHS_A_READ):
+            for node_id, parent in parents(unknown[start:start + PATHS_A_READ]).items():
+                parent_of.setdefault(node_id, parent)
+        for boundary in deltas.keys() | applied.keys():
+            change = deltas.get(boundary, 0) - applied.get(boundary, 0)
+            if not change or boundary == ROOT_ID:
+                continue
+            if boundary not in parent_of:  # (left after the history was read: the next read has it)
+                continue
+            up: int | None = boundary
+            while up is not None and up != ROOT_ID:
+                below[up] = below.get(up, 0) + change
+                up = parent_of.get(up)
+            if boundary in deltas:
+                applied[boundary] = deltas[boundary]
+            else:
+                del applied[boundary]
+        below[ROOT_ID] = sum(deltas.values())
         self._deltas_of = self.version
 
 
@@ -210,9 +231,8 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
         trees.bytes_per_token = adapter.stats().bytes_per_token
     bpt = trees.bytes_per_token
     with trees.lock:
-        tree.build()
-        ghost = tree.left.get(node_id)
-        in_new = node_id in tree.new
+        ghost = tree.fold.left.get(node_id)
+        in_new = tree.fold.is_new(node_id)
     now = time.time()
     live: list[NodeView] = []
     if ghost is None:
@@ -227,10 +247,11 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
                 break
         with trees.lock:  # (what was stored while the page was read is among the fold's new)
             tree.feed(more(tree.at, tree.place)[1])
-            tree.build()
     with trees.lock:
+        tree.build()
         if ghost is None and tree.deltas:
-            tree.read_below(adapter.paths)
+            tree.read_below(getattr(adapter, "parents_of", None) or (
+                lambda ids: {v.id: v.parent_id for v in adapter.paths(ids).nodes}))
         views = [_kept(v, tree, bpt) for v in live if v.id not in tree.new and v.id not in tree.left]
         below = tree.ghosts_below.get(node_id, ())
         top = node_id if ghost is None else tree.boundary_of(ghost)

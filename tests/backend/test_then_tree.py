@@ -96,6 +96,53 @@ def test_the_tree_then_browsed_node_by_node_is_the_tree_as_it_was(seed, size, fl
     assert left, "nothing left: the test proves nothing"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tree_then_kept_between_reads_follows_the_tree_now_as_it_changes(seed):
+    """One moment browsed again and again while the trace goes on (the tree then kept between reads,
+    fed the changes since the last: stores, splits, removals, flushes): each time, it is the tree
+    as it was then."""
+    import random
+
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.traces.ops import Replayer, read_trace
+    from tests.backend.test_history import tree_nodes
+    from tests.support.trace_gen import capacity_for, generate_trace
+
+    lines = generate_trace(seed, n_ops=240, max_in_flight=4, vocab=60, abort_weight=2)
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, "small"), device="cpu", write_kv=False)
+    clock = [0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.stores_since = 0
+    replayer, rng, adapter = Replayer(s), random.Random(seed), browsable(s)
+    moments, walks, reads, left_first = {}, [tree_nodes(s.cache.root_node)], 0, 0
+    left_of: dict[float, list] = {}  # (a moment's nodes that left, from its last read)
+    for op in read_trace(lines):
+        clock[0] += 1
+        if rng.randrange(40) == 0:
+            s.flush()
+        replayer.apply(op)
+        walks.append(tree_nodes(s.cache.root_node))
+        if clock[0] % 30 == 0:
+            moments[clock[0]] = walks[-1]
+        for k, then in moments.items():  # (each moment asked again after every op: kept, fed, read)
+            if clock[0] % 7 == k % 7:
+                first = None
+                if left_of.get(k):  # (a node that left read first, before the root: the fold fed there too)
+                    first = left_of[k][0]
+                    first_page = adapter.then_children(k, first.id, 0, 10_000)
+                nodes = check_browse(h, k, then, walks[-1].keys(), adapter.then_children,
+                                     lambda i: list(s.cache.nodes[i].key))
+                if first is not None:
+                    assert [c.id for c in first_page.children] == \
+                        [c.id for c in adapter.then_children(k, first.id, 0, 10_000).children]
+                    left_first += 1
+                left_of[k] = [v for _, _, v in nodes.values() if v.left_at is not None and v.num_children]
+                reads += 1
+    assert reads > 50 and left_first > 5 and len(adapter._then_trees.kept) == 2
+
+
 def test_a_node_stored_since_is_not_in_the_tree_then_and_a_target_without_history_says_so():
     s, walks = run(0, "small", 0)
     adapter = browsable(s)
