@@ -37,7 +37,7 @@ from radixtop.gpu_backend.scheduler import Scheduler  # noqa: E402
 pc = time.perf_counter
 
 
-def timed_adapter(s: Scheduler, slices: list[float]) -> BundledAdapter:
+def owner_timed(s: Scheduler, slices: list[float]) -> BundledAdapter:
     """The bundled adapter over ``s``, its owner calls run here, each slice of a pass timed."""
     adapter = BundledAdapter.__new__(BundledAdapter)
     adapter.name, adapter.tokenizer, adapter.read_only, adapter._child_orders = "bundled", None, False, ChildOrders()
@@ -94,7 +94,7 @@ def main() -> None:
     log(f"{served[0]:,} requests, {history.stored_count:,} changes ({history.removed_count:,} removals), "
         f"{len(s.cache.nodes):,} nodes; the moment {time.time() - at:.1f}s ago")
     slices: list[float] = []
-    adapter = timed_adapter(s, slices)
+    adapter = owner_timed(s, slices)
     rounds = []
     for k in range(3):
         slices.clear()
