@@ -113,7 +113,7 @@ HASH = "hash64"
 NodeOrBlock = Annotated[int, HASH]
 """What left a tree, or differs in it: a node's id, or on a KV-event stream a block's hash, 64 bits
 unsigned (the wire takes it up to 2**64-1, where a count stops at 2**63-1)."""
-Cause = Literal["evicted", "closed", "flushed", "evict_action"]
+Cause = Literal["evicted", "closed", "flushed", "evict_action", "unknown"]
 """Why something left the tree (``gpu_backend.history``): the pool needed room, a session's close,
 a flush, an evict someone asked for."""
 CAUSES: tuple[str, ...] = get_args(Cause)
@@ -250,7 +250,7 @@ class NodeView(_View):
     left_at: float | None = None
     """In the tree at a past moment (``CacheAdapter.then_children``): when this node left since
     (None: it is in the tree now)."""
-    left_cause: Literal["evicted", "closed", "flushed", "evict_action"] | None = None
+    left_cause: Literal["evicted", "closed", "flushed", "evict_action", "unknown"] | None = None
     """Why it left: an eviction under pressure, a session's close, a flush, an operator's evict."""
     left_by: str | None = None
     """The session whose close freed it, or who asked for the flush or the evict."""
@@ -420,7 +420,8 @@ class LostView(_View):
     end: int
     cause: Cause
     """``evicted``: the pool needed room; ``closed``: a session's close freed it; ``flushed``;
-    ``evict_action``: someone asked for an evict (``who``)."""
+    ``evict_action``: someone asked for an evict (``who``); ``unknown``: the target does not say
+    (SGLang's KV events: an eviction for room or a session's close)."""
     at: float
     """When it left (seconds since the epoch)."""
     node_id: NodeOrBlock

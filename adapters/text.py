@@ -253,6 +253,8 @@ def _left(gone: Any, moment: str) -> str:
         return f"flushed at {moment}"
     if gone.cause == "evict_action":
         return f"evicted on request ({inert(gone.who) or 'an evict'}) at {moment}"
+    if gone.cause == "unknown":
+        return f"left at {moment} (the target does not say why: an eviction for room or a session's close)"
     pool = (f", the pool {gone.protected_tokens / gone.capacity_tokens:.0%} locked by running requests"
             if gone.protected_tokens is not None and gone.capacity_tokens else "")
     return f"evicted for room at {moment}{pool}"
@@ -279,7 +281,7 @@ class _Gone:
 
 
 CAUSE_WORDS = {"evicted": "evicted for room", "closed": "freed by closes", "flushed": "flushed",
-               "evict_action": "evicted on request"}
+               "evict_action": "evicted on request", "unknown": "left, why not told"}
 SESSION_LOSSES_SHOWN = 10
 """A session's latest losses its text shows (``--json`` has up to ``MAX_LOSSES_SHOWN``)."""
 HITS_SHOWN = 12

@@ -40,10 +40,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-EVICTED, CLOSED, FLUSHED, EVICT_ACTION = "evicted", "closed", "flushed", "evict_action"
-CAUSES = (EVICTED, CLOSED, FLUSHED, EVICT_ACTION)
+EVICTED, CLOSED, FLUSHED, EVICT_ACTION, UNKNOWN = "evicted", "closed", "flushed", "evict_action", "unknown"
+CAUSES = (EVICTED, CLOSED, FLUSHED, EVICT_ACTION, UNKNOWN)
 """Why a node left: an eviction under pressure (the pool needed room), a session's close, a flush,
-an operator's evict."""
+an operator's evict; or not told (a stream whose removals may be of several causes: SGLang's KV
+events)."""
 
 ROOT = -(1 << 62)
 """The parent id a node below the root is kept under, whatever the root's own id (a tree reset or
@@ -117,7 +118,9 @@ class CacheHistory:
     """The removed nodes of one tree, bounded (owner thread only, as the tree)."""
 
     def __init__(self, most_bytes: int = MOST_BYTES, most_age_s: float = MOST_AGE_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, cause: str = EVICTED) -> None:
+        """``cause``: a removal's where no other is told (the owner's own: an eviction for room; a
+        stream's, ``UNKNOWN`` where it does not say)."""
         if most_bytes < 0 or most_age_s < 0:
             raise ValueError("a history's bounds are at least 0")
         self.most_bytes = most_bytes
@@ -141,7 +144,9 @@ class CacheHistory:
         self.since = clock()
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
-        self._cause: tuple[str, str | None, tuple[int, int] | None, str] = (EVICTED, None, None, "")
+        if cause not in CAUSES:
+            raise ValueError(f"unknown cause {cause!r}")
+        self._cause: tuple[str, str | None, tuple[int, int] | None, str] = (cause, None, None, "")
         self._told: _Cause | None = None
         self._stores: deque[_Stores] = deque()
         self._chunk: _Stores | None = None

@@ -57,7 +57,7 @@ def _left_cell(n: NodeView) -> str:
         return ""
     by = f" {inert(n.left_by)}" if n.left_cause == "closed" and n.left_by else ""
     return {"evicted": "evicted", "closed": "closed", "flushed": "flushed",
-            "evict_action": "evict"}.get(n.left_cause or "", "left") + by
+            "evict_action": "evict", "unknown": "not told"}.get(n.left_cause or "", "left") + by
 
 
 _THEN_COLUMNS: tuple[tuple[str, int, Any], ...] = (

@@ -79,7 +79,7 @@ from radixtop.adapters.owned.why import (
     why_view,
 )
 from radixtop.adapters.text import TEXT_TOKENS, decode_preview
-from radixtop.gpu_backend.history import CacheHistory
+from radixtop.gpu_backend.history import UNKNOWN, CacheHistory
 from radixtop.gpu_backend.ledger import SessionOrders
 from radixtop.gpu_backend.owner.slices import run_to_end
 
@@ -164,9 +164,8 @@ class EventTreeAdapter(CacheAdapter):
         self._batch_ts: float | None = None
         """The moment of the batch being applied (its ``ts``: when the engine made it), the
         history's clock: a removal is kept at the time it happened, however late it is read."""
-        history = None
-        if self.removals_are is not None:
-            history = CacheHistory(clock=lambda: time.time() if self._batch_ts is None else self._batch_ts)
+        history = CacheHistory(clock=lambda: time.time() if self._batch_ts is None else self._batch_ts,
+                               cause=self.removals_are)
         self._tree = BlockTree(history)
         self._counts: Counter[str] = Counter()
         self._unknown: Counter[str] = Counter()
@@ -186,12 +185,11 @@ class EventTreeAdapter(CacheAdapter):
         self._orders: SessionOrders | None = None
         """The sessions in order, over the tree's ledger (made again when the tree is cleared)."""
 
-    removals_are: str | None = None
+    removals_are: str = UNKNOWN
     """Why a ``BlockRemoved`` happens where the stream's engine tells no other way (``history``'s
-    cause: vLLM's ``evicted``); None where it may mean several (SGLang's: an eviction for room or a
-    session's close): no history is kept, and ``why`` says so."""
-    no_history = ("SGLang's KV events do not say why a block left (an eviction for room or a session's close): "
-                  "radixtop keeps no history of this stream (run the plugin beside SGLang's scheduler for why)")
+    cause: vLLM's ``evicted``); ``unknown`` where it may mean several (SGLang's: an eviction for
+    room or a session's close): the history keeps when each block left, and says its cause is not
+    told (the plugin beside SGLang's scheduler tells it)."""
 
     source = "rebuilt from KV events"
     """How the tree is known, for the capabilities' reason."""
@@ -524,7 +522,7 @@ class EventTreeAdapter(CacheAdapter):
     def _history(self) -> CacheHistory:
         history = self._tree.history
         if history is None:
-            raise Unsupported(self.no_history)
+            raise Unsupported(f"{self.name} keeps no history of its tree")
         return history
 
     def why(self, tokens: list[int]) -> WhyView:

@@ -134,7 +134,7 @@ class NodeOut(Schema):
                                                                 "external; null: the target cannot tell")
     left_at: float | None = Field(default=None, description="In the tree at a past moment (GET /v1/then/children): "
                                                              "when the node left since; null: it is in the tree now")
-    left_cause: Literal["evicted", "closed", "flushed", "evict_action"] | None = Field(
+    left_cause: Literal["evicted", "closed", "flushed", "evict_action", "unknown"] | None = Field(
         default=None, description="Why it left: an eviction under pressure, a session's close, a flush, an evict")
     left_by: str | None = Field(default=None, description="The session whose close freed it, or who asked for the "
                                                           "flush or the evict")
@@ -222,7 +222,7 @@ class MatchOut(Schema):
 class LostOut(Schema):
     start: int
     end: int
-    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    cause: Literal["evicted", "closed", "flushed", "evict_action", "unknown"]
     at: float
     node_id: int
     session_id: str | None
@@ -253,7 +253,7 @@ class ServedOut(Schema):
 
 class LossOut(Schema):
     at: float
-    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    cause: Literal["evicted", "closed", "flushed", "evict_action", "unknown"]
     nodes: int
     tokens: int
     node_id: int
@@ -282,7 +282,7 @@ class SessionWhyOut(Schema):
 class GhostOut(Schema):
     seq: int
     at: float
-    cause: Literal["evicted", "closed", "flushed", "evict_action"]
+    cause: Literal["evicted", "closed", "flushed", "evict_action", "unknown"]
     node_id: int
     parent_id: int | None
     tokens: list[int]

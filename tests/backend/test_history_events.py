@@ -12,7 +12,6 @@ import random
 
 import pytest
 
-from radixtop.adapters.errors import Unsupported
 from radixtop.adapters.events.adapter import EventTreeAdapter
 from radixtop.adapters.events.wire import Batch, Cleared, Removed, Stored
 from radixtop.gpu_backend.history import EVICTED, FLUSHED
@@ -104,13 +103,27 @@ def test_why_on_a_vllm_stream_names_the_batch_and_cause_that_removed_each_lost_t
     assert lost_any and {c[0] for c in causes[1:]} >= {EVICTED}
 
 
-def test_sglangs_stream_keeps_no_history_and_says_why_in_one_line():
+def test_sglangs_stream_keeps_its_history_and_says_a_removals_cause_is_not_told():
+    """SGLang's KV events do not say why a block left (an eviction for room, or on 0.5.16 a
+    session's close): the history keeps each removal with its cause ``unknown``, and ``why``,
+    ``then``, the tree then and the journal tell when it left and that the stream does not say
+    why; a clear is a flush."""
+    from radixtop.adapters.text import why_lines
+
     adapter = EventTreeAdapter(name="sglang", bytes_per_token=1)
-    adapter.apply_batch(0, Batch(1.0, None, [Stored((1,), None, (5, 6), 2)]))
-    for read in (lambda: adapter.why([5, 6, 7]), lambda: adapter.why_session("s"), lambda: adapter.history()):
-        with pytest.raises(Unsupported) as refused:
-            read()
-        assert "do not say why a block left" in str(refused.value) and "\n" not in str(refused.value)
+    adapter._tree.history.since = adapter._tree.history.stores_since = 0  # (the batches' moments are the test's)
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((1, 2), None, (5, 6, 7, 8), 2)]))
+    adapter.apply_batch(1, Batch(2.0, None, [Removed((2,))]))
+    w = adapter.why([5, 6, 7, 8])
+    assert w.cached_tokens == 2 and [(x.start, x.end, x.cause, x.at) for x in w.lost] == [(2, 4, "unknown", 2.0)]
+    text = "\n".join(why_lines(w, 3.0))
+    assert "does not say why" in text and "evicted" not in text
+    assert adapter.then(1.5).left_by_cause == {"unknown": 2}
+    [left] = [c for c in adapter.then_children(1.5, 1).children]
+    assert (left.left_cause, left.left_at) == ("unknown", 2.0)
+    assert [g.cause for g in adapter.history().removed] == ["unknown"]
+    adapter.apply_batch(2, Batch(3.0, None, [Cleared()]))
+    assert adapter.why([5, 6]).lost[0].cause == FLUSHED
 
 
 def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored():

@@ -455,6 +455,34 @@ def test_the_kv_event_stream_rebuilds_the_plugins_tree(server, client, kv_port):
             assert time.monotonic() < deadline, (events.stats(), client.stats())
             time.sleep(0.2)
         assert events.stats().total_tokens > 0
+        # issue 29 on the raw stream: SGLang's events do not say why a block left; the history
+        # keeps when, and says the cause is not told (why, then, the tree then)
+        prompt = fresh(200)
+        server.generate(prompt, max_new_tokens=4)
+        settle(server, client)
+        while events.match(prompt).matched_tokens < len(prompt) - 1:
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.2)
+        moment = time.time()
+        time.sleep(0.05)
+        flood(server)
+        settle(server, client)
+        while events.stats().total_tokens != client.stats().total_tokens:
+            assert time.monotonic() < deadline + 90, (events.stats(), client.stats())
+            time.sleep(0.2)
+        w = events.why(prompt)
+        assert w.cached_tokens < len(prompt) - 1 and w.lost and {x.cause for x in w.lost} == {"unknown"}
+        assert all(x.at > moment for x in w.lost)
+        v = events.then(moment)
+        assert set(v.left_by_cause) == {"unknown"} and v.tokens_then >= len(prompt) - 1
+        from tests.support.then_walk import check_tree_then
+
+        then = check_tree_then(events, v)
+        assert all(then[x.node_id].left_cause == "unknown" for x in w.lost)
+        from radixtop.adapters.text import why_lines
+
+        print(f"\nradixtop why over SGLang's own KV events (sglang {VERSION}):")
+        print("\n".join(why_lines(w, time.time())))
     finally:
         events.release()
 
