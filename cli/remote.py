@@ -161,7 +161,8 @@ def _tree_then(start: int, moment: str, depth: int, limit: int, min_bytes: int, 
                           "children": [plain(c) for c in doc["children"]]})
     now = time.time()
     label = Text.assemble(("root" if start == ROOT_ID else f"#{start}", "bold"),
-                          f" at {when(at, now)} · {tokens:,} tokens below then",
+                          f" at {when(at, now)} · {tokens:,} tokens below then"
+                          + (f" in the {len(doc['children'])} largest branches shown" if doc["more"] else ""),
                           (" · holders, locks and hits then are not kept: shown for the nodes that left", "dim"))
 
     def build(parent: Tree, d: dict) -> None:

@@ -263,6 +263,8 @@ class TimelineScreen(ModalScreen[None]):
 
         def run() -> None:
             with self.tree_lock:
+                if asked != self.tree_asked:  # (a later step's read came first, or is waiting: it shows)
+                    return
                 self.tree_at = at
                 try:
                     self.tree_state.refresh(follow_splits=False)
@@ -283,7 +285,9 @@ class TimelineScreen(ModalScreen[None]):
         self.query_one(ThenTree).set_rows(rows, total, "bytes")
 
     def refused_tree(self, asked: int, message: str) -> None:
+        """The tree then could not be read at the moment shown: no rows of another moment under it."""
         if asked == self.tree_asked:
+            self.query_one(ThenTree).set_rows([], 1, "bytes")
             self.app.notify(message, severity="error", title="then")
 
     def on_cache_tree_request(self, message: CacheTree.Request) -> None:

@@ -700,9 +700,17 @@ class _Blocks:
                 node, depth = block.node, self._depth(block) + 1
                 at = node.blocks.index(block)
                 kids = [node.blocks[at + 1]] if at + 1 < len(node.blocks) else [c.blocks[0] for c in node.children.values()]
-            views = [self._view(k, depth, now) for k in kids]
-        views.sort(key=lambda v: (-v.subtree_tokens, v.id))
-        return ChildrenPage(node_id, offset, limit, len(views), "bytes", tuple(views[offset:offset + limit]))
+            ranked = sorted(kids, key=lambda b: (-self._subtree(b), block_id(b.key)))  # (views of the page only)
+            views = tuple(self._view(k, depth, now) for k in ranked[offset:offset + limit])
+        return ChildrenPage(node_id, offset, limit, len(kids), "bytes", views)
+
+    @staticmethod
+    def _subtree(block: Any) -> int:
+        """The tokens of ``block`` and all below it."""
+        node = block.node
+        if node.blocks[0] is block:
+            return node.subtree_tokens
+        return node.subtree_tokens - sum(len(b.tokens) for b in node.blocks[:node.blocks.index(block)])
 
     def node(self, node_id: int, token_offset: int = 0, token_limit: int = 1) -> Any:
         with self.adapter._lock:

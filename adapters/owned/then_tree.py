@@ -31,7 +31,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from radixtop.adapters.base import check_page
-from radixtop.adapters.errors import UnknownNode, Unsupported
+from radixtop.adapters.errors import AdapterError, UnknownNode, Unsupported
 from radixtop.adapters.model import FIRST_TOKENS, MAX_PATHS, ROOT_ID, ChildrenPage, NodeView
 from radixtop.adapters.text import decode_preview
 from radixtop.gpu_backend.history import ROOT, CacheHistory, Ghost, ThenFold
@@ -61,10 +61,9 @@ def then_more(history: CacheHistory, at: float | None,
               start: Start | None) -> Generator[None, None, tuple[float, tuple[list[Ghost], list[Any], Start]]]:
     """The owner thread's part of a read of the tree then: the changes since the moment (its first
     read) or since the last read (``start``)."""
+    at, _ = check_moment(history, at)  # (a kept moment too: a gap since, or the bounds, and it is gone)
     if start is None:
-        at, _ = check_moment(history, at)
         start = history.first_after(at)
-    assert at is not None
     return at, (yield from changes_from(history, at, start))
 
 
@@ -117,22 +116,33 @@ class ThenTree:
         self.ghosts_below = below
         subtree: dict[int, int] = {}
         deltas: dict[int, int] = {}
-        for g in then.left:  # (a left node's tokens count in itself and each left node above it)
-            node: Ghost | None = g
-            while node is not None:
-                subtree[node.node_id] = subtree.get(node.node_id, 0) + g.length
-                up = _up(node.parent_id)
-                node = left.get(up)
-                if node is None:
-                    deltas[up] = deltas.get(up, 0) + g.length
+        for g in then.left:  # (each branch that left: its top's subtree, children before parents, one pass)
+            if _up(g.parent_id) in left:
+                continue
+            order, stack = [], [g]
+            while stack:
+                node = stack.pop()
+                order.append(node)
+                stack.extend(below.get(node.node_id, ()))
+            for node in reversed(order):
+                subtree[node.node_id] = node.length + sum(subtree[c.node_id] for c in below.get(node.node_id, ()))
+            up = _up(g.parent_id)
+            deltas[up] = deltas.get(up, 0) + subtree[g.node_id]
         self.left_subtree = subtree
         new = self.new
         kids: dict[int, int] = {}
-        for parent, tokens, _ in new.values():
+        boundary: dict[int, int] = {}  # a node stored since -> the node there then its branch hangs below
+        for node_id, (parent, tokens, _) in new.items():
             kids[parent] = kids.get(parent, 0) + 1
-            while parent in new:
+            path = []
+            while parent in new and parent not in boundary:
+                path.append(parent)
                 parent = new[parent][0]
-            deltas[parent] = deltas.get(parent, 0) - tokens
+            top = boundary.get(parent, parent)
+            for one in path:
+                boundary[one] = top
+            boundary[node_id] = top
+            deltas[top] = deltas.get(top, 0) - tokens
         self.new_children = kids
         self.deltas = {i: d for i, d in deltas.items() if d}
         self._built = self.version
@@ -203,7 +213,11 @@ class ThenTrees:
                         self.kept.popitem(last=False)
                     return tree
             self.kept.move_to_end(tree.at)
-            tree.feed(more(tree.at, tree.place)[1])
+            try:
+                tree.feed(more(tree.at, tree.place)[1])
+            except AdapterError:  # (the history no longer reaches it: not kept)
+                del self.kept[tree.at]
+                raise
             return tree
 
 
@@ -238,21 +252,23 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
     if ghost is None:
         if in_new:
             raise UnknownNode(f"node {node_id} was not in the tree at {_clock(tree.at)}: it was stored since")
-        total = None
-        while total is None or (len(live) < total and len(live) < MAX_THEN_CHILDREN):
-            page = adapter.children(node_id, len(live), LIVE_PAGE, "bytes")
-            live.extend(page.children)
-            total = page.total
-            if not page.children:
-                break
+        try:
+            live = _live_children(adapter, node_id)
+        except UnknownNode:  # (it left since the history was read: a node that left, if it was there then)
+            with trees.lock:
+                tree.feed(more(tree.at, tree.place)[1])
+                ghost = tree.fold.left.get(node_id)
+            if ghost is None:
+                raise
         with trees.lock:  # (what was stored while the page was read is among the fold's new)
             tree.feed(more(tree.at, tree.place)[1])
     with trees.lock:
         tree.build()
-        if ghost is None and tree.deltas:
+        if ghost is None:  # (also once no branch is left: what was added up before is taken away)
             tree.read_below(getattr(adapter, "parents_of", None) or (
                 lambda ids: {v.id: v.parent_id for v in adapter.paths(ids).nodes}))
-        views = [_kept(v, tree, bpt) for v in live if v.id not in tree.new and v.id not in tree.left]
+        born = tree.fold.born_since
+        views = [_kept(v, tree, bpt) for v in live if not born.get(v.id, False) and v.id not in tree.left]
         below = tree.ghosts_below.get(node_id, ())
         top = node_id if ghost is None else tree.boundary_of(ghost)
     if below:
@@ -260,6 +276,26 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
         views.extend(_left(g, tree, depth, now, bpt, tokenizer) for g in below)
     views.sort(key=lambda v: (-v.subtree_tokens, v.id))
     return ChildrenPage(node_id, offset, limit, len(views), "bytes", tuple(views[offset:offset + limit]))
+
+
+def _live_children(adapter: Any, node_id: int) -> list[NodeView]:
+    """Every child of ``node_id`` now (``MAX_THEN_CHILDREN`` at most), a page a read: by id, so
+    that one whose place in the order moved between two pages is neither twice nor missed (the
+    pages are read again, at most twice more, while some are missing)."""
+    found: dict[int, NodeView] = {}
+    for _ in range(3):
+        offset, total = 0, None
+        while total is None or (offset < total and offset < MAX_THEN_CHILDREN):
+            page = adapter.children(node_id, offset, LIVE_PAGE, "bytes")
+            for v in page.children:
+                found[v.id] = v
+            total = page.total
+            offset += LIVE_PAGE
+            if not page.children:
+                break
+        if len(found) >= min(total or 0, MAX_THEN_CHILDREN):
+            break
+    return list(found.values())
 
 
 def _depth(adapter: Any, node_id: int, children: list[NodeView]) -> int:

@@ -155,3 +155,114 @@ def test_a_node_stored_since_is_not_in_the_tree_then_and_a_target_without_histor
     fresh = browsable(s)
     with pytest.raises(Unsupported):
         fresh.then_children(k, ROOT_ID)
+
+
+# ----- what a read-back found (each failed before its fix) -----
+
+
+def small_tree():
+    """A scheduler on the test's clock (1.0 now), its history reaching back to 0."""
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
+
+    s = Scheduler(get_geometry("tiny"), 1 << 20, device="cpu", write_kv=False)
+    clock = [1.0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.stores_since = 0
+    return s, clock
+
+
+def test_a_node_stored_since_and_gone_again_leaves_its_parents_subtree_then_as_it_was():
+    s, clock = small_tree()
+    s.cache.insert([1, 2, 3, 4])
+    clock[0] = 2.0
+    s.cache.insert([1, 2, 3, 4, 9, 9, 9, 9, 9, 9])  # (stored since: 6 tokens below it)
+    adapter = browsable(s)
+    assert [c.subtree_tokens for c in adapter.then_children(1.5, 0, 0, 10).children] == [4]
+    clock[0] = 3.0
+    s.cache._delete_leaf(next(iter(s.cache.root_node.children[1].children.values())))
+    s.cache._flush_subtree()  # (evicted again: no node stored since is left)
+    assert [c.subtree_tokens for c in adapter.then_children(1.5, 0, 0, 10).children] == [4]
+
+
+def test_a_node_stored_since_that_leaves_while_the_page_is_read_is_not_among_the_nodes_then():
+    s, clock = small_tree()
+    s.cache.insert([1, 2, 3, 4])
+    s.cache.insert([5, 6, 7, 8])
+    clock[0] = 2.0
+    s.cache.insert([9, 9, 9, 9, 9, 9])
+    new = s.cache.root_node.children[9]
+    adapter = browsable(s)
+    real = adapter.children
+
+    def children(node_id, offset, limit, order):  # (an engine step after the page: evicted)
+        page = real(node_id, offset, limit, order)
+        if new.id in s.cache.nodes:
+            clock[0] = 3.0
+            s.cache._delete_leaf(new)
+            s.cache._flush_subtree()
+        return page
+
+    adapter.children = children
+    ids = sorted(c.id for c in adapter.then_children(1.5, 0, 0, 100).children)
+    assert new.id not in ids and len(ids) == 2
+
+
+def test_a_node_there_then_that_leaves_before_its_page_is_read_is_answered_as_a_node_that_left():
+    s, clock = small_tree()
+    s.cache.insert([1, 2, 3, 4])
+    s.cache.insert([1, 2, 3, 4, 5, 6])
+    x = s.cache.root_node.children[1]
+    leaf = next(iter(x.children.values()))
+    clock[0] = 2.0
+    adapter = browsable(s)
+    adapter.then_children(1.5, 0, 0, 10)  # (the moment kept)
+    real = adapter.children
+
+    def children(node_id, offset, limit, order):  # (an engine step between the feed and the page)
+        if leaf.id in s.cache.nodes:
+            clock[0] = 3.0
+            s.cache._delete_leaf(leaf)
+            s.cache._delete_leaf(x)
+            s.cache._flush_subtree()
+        return real(node_id, offset, limit, order)
+
+    adapter.children = children
+    page = adapter.then_children(1.5, x.id, 0, 10)
+    assert [(c.id, c.tokens, c.left_at) for c in page.children] == [(leaf.id, 2, 3.0)]
+
+
+def test_a_kept_moment_the_history_no_longer_reaches_is_refused_as_a_new_one_is():
+    from radixtop.adapters.errors import BadRequest
+    from radixtop.adapters.events.wire import Batch, Stored
+    from tests.backend.test_history_events import VLLMLike
+
+    adapter = VLLMLike(name="v", bytes_per_token=1, capacity_tokens=4096)
+    adapter._tree.history.since = adapter._tree.history.stores_since = 0
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)]))
+    adapter.apply_batch(1, Batch(2.0, None, [Stored((21,), None, (9, 9, 9, 9), 4)]))
+    assert len(adapter.then_children(1.5, 0, 0, 100).children) == 1
+    adapter._restart()  # (the stream started again: a gap in the history)
+    adapter.apply_batch(0, Batch(3.0, None, [Stored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)]))
+    with pytest.raises(BadRequest) as refused:
+        adapter.then_children(1.5, 0, 0, 100)
+    assert "reaches back to" in str(refused.value)
+    assert 1.5 not in adapter._then_trees.kept
+
+
+def test_a_long_chain_that_left_is_told_whole():
+    """A chain of 3,000 blocks (a page size of 1) that left with its top: one branch, its figures
+    whole (the indexes are one pass over it: their time is in the note of the change, not asserted)."""
+    from radixtop.adapters.events.wire import Batch, Removed, Stored
+    from tests.backend.test_history_events import VLLMLike
+
+    n = 3000
+    adapter = VLLMLike(name="v", bytes_per_token=1, capacity_tokens=1 << 20)
+    adapter._tree.history.since = adapter._tree.history.stores_since = 0
+    adapter.apply_batch(0, Batch(1.0, None, [Stored(tuple(range(1, n + 1)), None, tuple(range(n)), 1)]))
+    adapter.apply_batch(1, Batch(2.0, None, [Removed((1,))]))  # (the top: the chain out of reach with it)
+    [top] = adapter.then_children(1.5, 0, 0, 10).children
+    assert (top.left_cause, top.subtree_tokens, top.num_children) == ("evicted", n, 1)
+    [second] = adapter.then_children(1.5, top.id, 0, 10).children
+    assert second.subtree_tokens == n - 1

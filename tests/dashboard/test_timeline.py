@@ -118,6 +118,16 @@ async def test_v_browses_the_tree_then_node_by_node_with_what_left_since_marked(
                                                 for s in painted._segments)
         await pilot.press("n")  # (now: nothing left since)
         await rows_until(pilot, tree, lambda rows: rows and not any(r.node and r.node.left_at for r in rows))
+        from radixtop.adapters.errors import BadRequest
+
+        def refused(*_):
+            raise BadRequest("the history reaches back to 09:00:00 only: ask for a later moment")
+
+        shown_then = screen.then_children
+        screen.then_children = refused  # (a step the target refuses: no rows of another moment under it)
+        await pilot.press("left_square_bracket")
+        await rows_until(pilot, tree, lambda rows: not rows)
+        screen.then_children = shown_then
         await pilot.press("v")
         assert not tree.display
         await pilot.press("escape")
