@@ -2,8 +2,8 @@
 the dashboard's timeline): what a page costs on a busy bundled engine, and what it holds the owner.
 
 A bundled ``Scheduler`` serves prompts over 50 shared heads (5,000 sessions) until its history
-holds ``--changes`` changes, the moment asked for at half of them (or the history's reach, where its
-bounds dropped more). Then, three rounds: the root's page of children then (its first read folds
+holds ``--changes`` changes, the moment asked for at half of them (or half-way from the history's reach, where
+its bounds dropped more: the reach moves on as the requests go on). Then, three rounds: the root's page of children then (its first read folds
 every change since the moment and reads the paths to every boundary; later ones only what changed
 since the last, after 20 more requests), and a page of the root's largest child. Each owner-thread
 slice of those reads is timed: the longest is what the engine waits for at most.
@@ -90,7 +90,9 @@ def main() -> None:
     time.sleep(0.01)
     while history.stored_count < changes:
         request()
-    at = max(at, history.then_reaches_back_to() + 0.001)
+    reach = history.then_reaches_back_to()
+    if at < reach:  # (the history's bounds dropped the first half: half-way from its reach, which moves on)
+        at = reach + (time.time() - reach) / 2
     log(f"{served[0]:,} requests, {history.stored_count:,} changes ({history.removed_count:,} removals), "
         f"{len(s.cache.nodes):,} nodes; the moment {time.time() - at:.1f}s ago")
     slices: list[float] = []
