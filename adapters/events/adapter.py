@@ -141,11 +141,14 @@ class EventTreeAdapter(CacheAdapter):
 
     def __init__(self, *, name: str, endpoint: str = "in process", replay_endpoint: str | None = None,
                  dp_rank: int = 0, bytes_per_token: int = 0, geometry: Geometry | None = None,
-                 capacity_tokens: int = 0, medium: str = "GPU", tokenizer: Any = None):
+                 capacity_tokens: int = 0, medium: str = "GPU", tokenizer: Any = None,
+                 no_history: str | None = None):
         """``bytes_per_token`` (or ``geometry``) and ``capacity_tokens`` are not in the events:
         give them, or bytes and available space read 0. ``medium``: the storage tier whose blocks make
         the tree (events without a medium count as this one); events of other tiers say which
-        tiers also hold each node, and how many tokens each tier holds."""
+        tiers also hold each node, and how many tokens each tier holds. ``no_history``: keep none
+        (where the tree lives inside the engine's own process: its memory and time are the
+        engine's), and say this where one is asked for."""
         self.dp_rank = dp_rank
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -164,8 +167,9 @@ class EventTreeAdapter(CacheAdapter):
         self._batch_ts: float | None = None
         """The moment of the batch being applied (its ``ts``: when the engine made it), the
         history's clock: a removal is kept at the time it happened, however late it is read."""
-        history = CacheHistory(clock=lambda: time.time() if self._batch_ts is None else self._batch_ts,
-                               cause=self.removals_are)
+        self._no_history = no_history
+        history = None if no_history else CacheHistory(
+            clock=lambda: time.time() if self._batch_ts is None else self._batch_ts, cause=self.removals_are)
         self._tree = BlockTree(history)
         self._counts: Counter[str] = Counter()
         self._unknown: Counter[str] = Counter()
@@ -522,7 +526,7 @@ class EventTreeAdapter(CacheAdapter):
     def _history(self) -> CacheHistory:
         history = self._tree.history
         if history is None:
-            raise Unsupported(f"{self.name} keeps no history of its tree")
+            raise Unsupported(self._no_history or f"{self.name} keeps no history of its tree")
         return history
 
     def why(self, tokens: list[int]) -> WhyView:
@@ -560,8 +564,8 @@ class EventTreeAdapter(CacheAdapter):
     def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
         """Block by block (the history names blocks, by ``block_id``; a node of the tree now is a
         run of them): a block's children are the next in its run, or the first of each node below."""
-        more = None if self._tree.history is None else self._then_more()
-        return then_children_of(self, more, at, node_id, offset, limit, live=_Blocks(self))
+        self._history()  # (Unsupported where none is kept, saying why)
+        return then_children_of(self, self._then_more(), at, node_id, offset, limit, live=_Blocks(self))
 
     def _then_more(self) -> More:
         def more(at: float | None, start: Start | None) -> Any:

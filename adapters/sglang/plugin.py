@@ -409,7 +409,10 @@ def _over_core_events(scheduler: Any, adapter: SGLangInProcessAdapter, dp_rank: 
     if not records_events(scheduler.tree_cache):
         return adapter, None
     tree = EventTreeAdapter(name=adapter.name, dp_rank=dp_rank, geometry=adapter.geometry,
-                            capacity_tokens=int(adapter.allocator.size), tokenizer=adapter.tokenizer)
+                            capacity_tokens=int(adapter.allocator.size), tokenizer=adapter.tokenizer,
+                            no_history=f"{adapter.name}: radixtop in SGLang's process (RADIXTOP_BESIDE=0) keeps no "
+                                       "history of the tree there (its memory and time would be SGLang's): run "
+                                       "it beside the scheduler, the plugin's default, for why and then")
     core = CoreEvents(scheduler.tree_cache, tree, getattr(scheduler, "kv_events_publisher", None))
     return CoreEventsAdapter(adapter, core, sync_timeout=adapter.timeout), core
 

@@ -126,6 +126,22 @@ def test_sglangs_stream_keeps_its_history_and_says_a_removals_cause_is_not_told(
     assert adapter.why([5, 6]).lost[0].cause == FLUSHED
 
 
+def test_a_tree_kept_inside_the_engines_process_keeps_no_history_and_says_why_in_one_line():
+    """radixtop in SGLang's own process over the Rust core's events (``RADIXTOP_BESIDE=0``): its
+    memory and time would be SGLang's, so no history there; every read of it says so."""
+    from radixtop.adapters.errors import Unsupported
+
+    why_not = "radixtop in SGLang's process keeps no history: run it beside the scheduler"
+    adapter = EventTreeAdapter(name="sglang", bytes_per_token=1, no_history=why_not)
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((1,), None, (5, 6), 2)]))
+    assert adapter._tree.history is None
+    for read in (lambda: adapter.why([5, 6, 7]), lambda: adapter.then(), lambda: adapter.then_children(None, 0),
+                 lambda: adapter.history()):
+        with pytest.raises(Unsupported) as refused:
+            read()
+        assert str(refused.value) == why_not
+
+
 def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored():
     from radixtop.adapters.text import session_why_lines
 
