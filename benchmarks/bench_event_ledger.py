@@ -64,8 +64,8 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 def make_events(sessions: int, count: int, seed: int = 0) -> list[Event]:
     rng = random.Random(seed)
-    systems = [[(("sys", p, b), tuple(range(p * 1000 + b * PAGE, p * 1000 + (b + 1) * PAGE))) for b in range(4)]
-               for p in range(20)]
+    systems = [[((1 << 40) + p * 16 + b, tuple(range(p * 1000 + b * PAGE, p * 1000 + (b + 1) * PAGE)))
+                for b in range(4)] for p in range(20)]  # (a block's hash is an int on the wire: a history names it)
     last: dict[str, list[Any]] = {}
     started: list[str] = []
     events: list[Event] = []
