@@ -74,8 +74,32 @@ def _node_label(n: Any):
     holders = (f" held by {', '.join(map(inert, n.holders[:3]))}{'…' if len(n.holders) > 3 else ''}"
                if n.holders else "")  # None (unknown) is said once, above the tree
     lock = f" lock_ref={n.lock_ref}" if n.lock_ref else ""
-    return Text.assemble((f"#{n.id}", "bold"), f" {n.tokens} tok · {human_bytes(n.bytes)} · subtree "
-                         f"{human_bytes(n.subtree_bytes)}{lock}{holders} · ", (preview, "dim"))
+    label = Text.assemble((f"#{n.id}", "bold"), f" {n.tokens} tok · {human_bytes(n.bytes)} · subtree "
+                          f"{human_bytes(n.subtree_bytes)}{lock}{holders} · ", (preview, "dim"))
+    if n.left_at is not None:  # (the tree at a past moment: a node that left since)
+        import time
+
+        from radixtop.adapters.text import node_left
+
+        label.append(f" · left: {node_left(n, time.time())}", style="yellow")
+    return label
+
+
+def _print_tree(label: Any, doc: dict) -> None:
+    """``doc`` (a node's children, nested: ``{"children": [{"node", "children", "more"}...], "more"}``)
+    as a tree below ``label``."""
+    from rich.text import Text
+    from rich.tree import Tree
+
+    def build(parent: Tree, d: dict) -> None:
+        for child in d["children"]:
+            build(parent.add(_node_label(child["node"])), child)
+        if d.get("more"):
+            parent.add(Text(f"… {d['more']} more", style="dim"))
+
+    rich_tree = Tree(label)
+    build(rich_tree, doc)
+    plain_console().print(rich_tree)
 
 
 @app.command()
@@ -103,13 +127,6 @@ def tree(
     if as_json:
         return emit_json(_tree_json(doc))
     from rich.text import Text
-    from rich.tree import Tree
-
-    def build(parent: Tree, d: dict) -> None:
-        for child in d["children"]:
-            build(parent.add(_node_label(child["node"])), child)
-        if d.get("more"):
-            parent.add(Text(f"… {d['more']} more", style="dim"))
 
     top = doc["node"]
     if top.id == 0:
@@ -120,9 +137,7 @@ def tree(
     unknown = [what for what, gone in (("locks", shown.lock_ref is None), ("holders", shown.holders is None)) if gone]
     if unknown:  # a tree kept from KV events: said once, not as a 0 on every node
         label.append(f" · {' and '.join(unknown)} unknown (this target cannot tell)", style="dim")
-    rich_tree = Tree(label)
-    build(rich_tree, doc)
-    plain_console().print(rich_tree)
+    _print_tree(label, doc)
 
 
 def _tree_then(start: int, moment: str, depth: int, limit: int, min_bytes: int, order: str, session: str | None,
@@ -131,9 +146,8 @@ def _tree_then(start: int, moment: str, depth: int, limit: int, min_bytes: int, 
     import time
 
     from rich.text import Text
-    from rich.tree import Tree
 
-    from radixtop.adapters.text import node_left, when
+    from radixtop.adapters.text import when
 
     if session is not None or order != "bytes":
         raise fail("--at shows the whole tree then, the largest subtree first: without --session or --order",
@@ -154,30 +168,14 @@ def _tree_then(start: int, moment: str, depth: int, limit: int, min_bytes: int, 
         doc = walk(start, 0)
     tokens = sum(c["node"].subtree_tokens for c in doc["children"])
     if as_json:
-        def plain(d: dict) -> dict:
-            return {"node": d["node"].to_dict(), "more": d["more"], "children": [plain(c) for c in d["children"]]}
-
         return emit_json({"at": at, "node_id": start, "subtree_tokens": tokens, "more": doc["more"],
-                          "children": [plain(c) for c in doc["children"]]})
+                          "children": [_tree_json(c) for c in doc["children"]]})
     now = time.time()
     label = Text.assemble(("root" if start == ROOT_ID else f"#{start}", "bold"),
                           f" at {when(at, now)} · {tokens:,} tokens below then"
                           + (f" in the {len(doc['children'])} largest branches shown" if doc["more"] else ""),
                           (" · holders, locks and hits then are not kept: shown for the nodes that left", "dim"))
-
-    def build(parent: Tree, d: dict) -> None:
-        for child in d["children"]:
-            n = child["node"]
-            text = _node_label(n)
-            if n.left_at is not None:
-                text.append(f" · left: {node_left(n, now)}", style="yellow")
-            build(parent.add(text), child)
-        if d.get("more"):
-            parent.add(Text(f"… {d['more']} more", style="dim"))
-
-    rich_tree = Tree(label)
-    build(rich_tree, doc)
-    plain_console().print(rich_tree)
+    _print_tree(label, doc)
     return None
 
 

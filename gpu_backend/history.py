@@ -581,9 +581,7 @@ class ThenFold:
         self.parent: dict[int, int] = {}
         self.length: dict[int, int] = {}
         self.stored_at: dict[int, float] = {}
-        self.old_removals: set[int] = set()  # (index of the removal among the removals since)
         self.heads_then: set[int] = set()  # split since from a node that was there then, not left yet
-        self.ghosts: list[Ghost] = []
         self.removals = 0
         self.left: dict[int, Ghost] = {}
         """The nodes there then that left since, by id (each its first leaving since), in order."""
@@ -593,8 +591,8 @@ class ThenFold:
     def feed(self, changes: Iterable[tuple[array, array, array, array]], ghosts: Iterable[Ghost]) -> None:
         first, born_since, alive, parent = self.first, self.born_since, self.alive, self.parent
         length, stored_at, heads_then = self.length, self.stored_at, self.heads_then
-        self.ghosts.extend(ghosts)
-        removal = self.removals
+        fed = list(ghosts)  # (the removals among these changes, in order)
+        removal = base = self.removals
         for at, ids, other, tokens in changes:
             for t, kept_id, kept_up, n in zip(at, ids, other, tokens, strict=True):
                 node_id, up = _id(kept_id), _id(kept_up)
@@ -618,8 +616,7 @@ class ThenFold:
                     if node_id not in first or node_id in heads_then:
                         first.setdefault(node_id, False)
                         heads_then.discard(node_id)
-                        self.old_removals.add(removal)
-                        self.left.setdefault(node_id, self.ghosts[removal])
+                        self.left.setdefault(node_id, fed[removal - base])
                     alive[node_id] = False
                     removal += 1
         self.removals = removal
@@ -634,8 +631,7 @@ class ThenFold:
         return self.born_since.get(node_id, False) and self.alive[node_id]
 
     def result(self) -> Then:
-        old = self.old_removals
-        left = [g for i, g in enumerate(self.ghosts) if i in old]
+        left = list(self.left.values())
         parent, length, stored_at, alive = self.parent, self.length, self.stored_at, self.alive
         new = {i: (parent[i], length[i], stored_at[i]) for i, born in self.born_since.items() if born and alive[i]}
         return Then(left, new)

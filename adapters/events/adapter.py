@@ -680,9 +680,7 @@ class _Blocks:
 
     def _view(self, block: Any, depth: int, now: float) -> NodeView:
         a, node = self.adapter, block.node
-        at = node.blocks.index(block)
-        before = sum(len(b.tokens) for b in node.blocks[:at])
-        subtree, tokens, bpt = node.subtree_tokens - before, len(block.tokens), a.bytes_per_token
+        subtree, tokens, bpt = self._subtree(block), len(block.tokens), a.bytes_per_token
         first = tuple(block.tokens[:FIRST_TOKENS])
         parent = block.parent_key
         return NodeView(
@@ -690,7 +688,7 @@ class _Blocks:
             first_tokens=first, text=decode_preview(a.tokenizer, first), lock_ref=None, hit_count=None,
             access_age_s=max(0.0, now - node.accessed), created_age_s=max(0.0, now - node.created),
             bytes=tokens * bpt, subtree_tokens=subtree, subtree_bytes=subtree * bpt,
-            num_children=1 if at + 1 < len(node.blocks) else len(node.children),
+            num_children=1 if node.blocks[-1] is not block else len(node.children),
             holders=tuple(sorted(block.sessions)) if a._sessions_seen else None, tiers=a._node_tiers(node))
 
     def children(self, node_id: int, offset: int, limit: int, order: str) -> ChildrenPage:

@@ -147,20 +147,14 @@ class ThenTree:
         self.deltas = {i: d for i, d in deltas.items() if d}
         self._built = self.version
 
-    def boundary_of(self, ghost: Ghost) -> int:
-        """The node there then and now that a left node's branch hangs below."""
-        up = _up(ghost.parent_id)
-        while up in self.left:
-            up = _up(self.left[up].parent_id)
-        return up
-
-    def chain_of(self, ghost: Ghost) -> int:
-        """Left nodes from a left node up to its branch's boundary, itself included."""
+    def boundary_of(self, ghost: Ghost) -> tuple[int, int]:
+        """The node there then and now that a left node's branch hangs below, and how many left
+        nodes lead up to it from this one (itself included)."""
         count, up = 1, _up(ghost.parent_id)
         while up in self.left:
             count += 1
             up = _up(self.left[up].parent_id)
-        return count
+        return up, count
 
     def read_below(self, parents: Callable[[list[int]], dict[int, int | None]]) -> None:
         """Which nodes each boundary is below: the paths to the boundaries not on those read yet
@@ -270,9 +264,9 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
         born = tree.fold.born_since
         views = [_kept(v, tree, bpt) for v in live if not born.get(v.id, False) and v.id not in tree.left]
         below = tree.ghosts_below.get(node_id, ())
-        top = node_id if ghost is None else tree.boundary_of(ghost)
+        top, chain = (node_id, 0) if ghost is None else tree.boundary_of(ghost)
     if below:
-        depth = _depth(adapter, top, views) + (0 if ghost is None else tree.chain_of(ghost)) + 1
+        depth = _depth(adapter, top, views) + chain + 1
         views.extend(_left(g, tree, depth, now, bpt, tokenizer) for g in below)
     views.sort(key=lambda v: (-v.subtree_tokens, v.id))
     return ChildrenPage(node_id, offset, limit, len(views), "bytes", tuple(views[offset:offset + limit]))

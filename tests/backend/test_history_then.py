@@ -160,6 +160,10 @@ def check_then(h: CacheHistory, k: float, walk_then, now, tokens_now_of, then_of
     diff = tree_then(changes, ghosts)
     left = {g.node_id: g for g in diff.left}
     assert len(left) == len(diff.left), "a node left twice since then"
+    first_leaving: dict = {}
+    for g in ghosts:
+        first_leaving.setdefault(g.node_id, g)
+    assert all(first_leaving[g.node_id] is g for g in diff.left), "a node's later leaving taken for its life then"
     assert walk_then.keys() - now.keys() <= left.keys(), k  # (each node then, gone now, left since)
     if lives:
         assert diff.new.keys() <= now.keys()
