@@ -613,6 +613,22 @@ class SessionThenView(_View):
 
 
 @dataclass(frozen=True)
+class SessionMemoryThen(_View):
+    """A session's memory at a past moment (``ThenView.memory``), as the sessions table tells it
+    now: exact, from each move of its figures the history kept since (the ledger's marks)."""
+
+    session_id: str
+    tagged_nodes: int
+    exclusive_tokens: int
+    """What its close would have freed then."""
+    shared_tokens: int
+    """On its paths then, and held by others too or locked."""
+    tagged_nodes_now: int
+    exclusive_tokens_now: int
+    shared_tokens_now: int
+
+
+@dataclass(frozen=True)
 class ThenView(_View):
     """The tree at a past moment, told from the tree now: what left since and what was stored since
     (``radixtop then``, the dashboard's timeline). Tokens are exact; a node split since shows as
@@ -645,6 +661,16 @@ class ThenView(_View):
     """Of them, open then."""
     sessions_since: float | None = None
     """The moment since which the ops are kept (a session's requests before it are not counted)."""
+    memory: tuple[SessionMemoryThen, ...] | None = None
+    """The sessions that held memory then, the most exclusive first (``MAX_SESSIONS_THEN``); None
+    where it is not known: the target keeps no sessions' figures, or not back to then
+    (``memory_since``)."""
+    memory_sessions: int | None = None
+    """How many held anything then."""
+    memory_since: float | None = None
+    """The moment since which the sessions' figures are kept (None: not kept at all)."""
+    bytes_per_token: int | None = None
+    """The KV pool's (None: not known here)."""
 
 
 MAX_BRANCHES_SHOWN = 50

@@ -331,7 +331,7 @@ def then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN, sessions_shown: 
     lines = [f"the tree at {when(v.at, now)}: {v.tokens_then:,} tokens cached (now {v.tokens_now:,})"]
     if not v.left_tokens and not v.stored_tokens:
         lines.append("nothing stored or left since: the tree then is the tree now")
-        return lines + sessions_then_lines(v, now, shown if sessions_shown is None else sessions_shown)
+        return lines + _sessions_then(v, now, shown if sessions_shown is None else sessions_shown)
     unit = "block" if v.unit == "block" else "node"
     if v.left_tokens:
         by_cause = ", ".join(f"{tokens:,} {CAUSE_WORDS[cause]}" for cause, tokens in
@@ -356,8 +356,42 @@ def then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN, sessions_shown: 
                          f"stored at {moment}")
         if v.stored_branches > min(shown, len(v.stored)):
             lines.append(f"  ... {v.stored_branches - min(shown, len(v.stored)):,} more branches (--json)")
-    lines.extend(sessions_then_lines(v, now, shown if sessions_shown is None else sessions_shown))
+    lines.extend(_sessions_then(v, now, shown if sessions_shown is None else sessions_shown))
     return lines
+
+
+def _sessions_then(v: Any, now: float, shown: int) -> list[str]:
+    return memory_then_lines(v, now, shown) + sessions_then_lines(v, now, shown)
+
+
+def memory_then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[str]:
+    """The sessions' memory of a ``ThenView`` (what each held then, and now), the most exclusive
+    first; a line saying why where it is not known."""
+    if v.memory is None:
+        if v.memory_since is None:
+            return ["sessions' memory then: not known here (the target keeps no sessions' figures)"]
+        return [f"sessions' memory then: not known (the sessions' figures are kept since {when(v.memory_since, now)})"]
+    if not v.memory:
+        return ["sessions' memory then: no session held any"]
+    lines = [f"sessions' memory then: {v.memory_sessions:,} held some; the most exclusive (then -> now):"]
+    for x in v.memory[:shown]:
+        if (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) == (
+                x.tagged_nodes_now, x.exclusive_tokens_now, x.shared_tokens_now):
+            lines.append(f"  {inert(x.session_id)}: exclusive {_sized(x.exclusive_tokens, v)}, shared "
+                         f"{_sized(x.shared_tokens, v)}, {x.tagged_nodes:,} tagged node{'s' * (x.tagged_nodes != 1)} "
+                         "(the same now)")
+            continue
+        lines.append(f"  {inert(x.session_id)}: exclusive {_sized(x.exclusive_tokens, v)} -> "
+                     f"{_sized(x.exclusive_tokens_now, v)}, shared {_sized(x.shared_tokens, v)} -> "
+                     f"{_sized(x.shared_tokens_now, v)}, {x.tagged_nodes:,} tagged node{'s' * (x.tagged_nodes != 1)} "
+                     f"-> {x.tagged_nodes_now:,}")
+    if v.memory_sessions > min(shown, len(v.memory)):
+        lines.append(f"  ... {v.memory_sessions - min(shown, len(v.memory)):,} more (--json)")
+    return lines
+
+
+def _sized(tokens: int, v: Any) -> str:
+    return f"{tokens:,} tok ({human_bytes(tokens * v.bytes_per_token)})" if v.bytes_per_token and tokens else f"{tokens:,} tok"
 
 
 def sessions_then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[str]:

@@ -446,3 +446,18 @@ def change_tree(engine, prompt: tuple[int, ...], counter=itertools.count()) -> N
     path, so the cache's version moves (a live engine's every step; attribution is stale) while
     the tree keeps its shape."""
     engine.call(lambda s: s.request(f"touch{next(counter)}", list(prompt), [], None), 30.0)
+
+
+def stepped(work) -> tuple[tuple[float, Any], float]:
+    """A pass run to its end, each step timed: ((its work in seconds, its result), the longest step)."""
+    total, longest = 0.0, 0.0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            next(work)
+        except StopIteration as done:
+            took = time.perf_counter() - t0
+            return (total + took, done.value), max(longest, took)
+        took = time.perf_counter() - t0
+        total += took
+        longest = max(longest, took)

@@ -9,11 +9,15 @@ owner thread of a busy bundled engine.
    appends the same to the journal of changes): the time each and the memory each kept; and the
    tree at a past moment (``then``) over a full journal of changes (``MOST_STORES``, a tenth of
    them removals): the owner thread's part in slices (the longest one), and the rest off it.
-3. **On the owner thread**: a generated multi-session trace on a tight pool (every allocation
-   evicts) replayed on three bundled ``Scheduler``s side by side: one keeping its history, one
-   not (``history=False``), one keeping it without its journal of changes (what ``then`` adds);
-   in rotating chunks so a noisy neighbour slows all; the ratios of their ``apply`` time, and the
-   removals the history took.
+3. **Per million marks** (``moving``: a session's figures before they move, what the sessions'
+   memory at a past moment is told from): the time each, the memory each kept, and a read of the
+   sessions' memory then over a full journal of marks (``MOST_MARKS``) and 50,000 sessions: the
+   owner thread's part in slices (the longest one), and the rest off it.
+4. **On the owner thread**: a generated multi-session trace on a tight pool (every allocation
+   evicts) replayed on four bundled ``Scheduler``s side by side: one keeping its history, one
+   not (``history=False``), one keeping it without its journal of changes (what ``then`` adds),
+   one without the sessions' marks (what the sessions' memory then adds); in rotating chunks so a
+   noisy neighbour slows all; the ratios of their ``apply`` time, and the removals the history took.
 
     .venv/bin/python benchmarks/bench_history.py            # about a minute
 """
@@ -38,7 +42,7 @@ PROMPT, OUTPUT = 800, 200
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _common import environment, finish, log  # noqa: E402
+from _common import environment, finish, log, stepped  # noqa: E402
 
 from radixtop.gpu_backend.history import CacheHistory  # noqa: E402
 from radixtop.gpu_backend.kv_geometry import get_geometry  # noqa: E402
@@ -165,17 +169,7 @@ def stores_and_then(n: int) -> dict:
         full.removed(i, ROOT if i <= 64 else (i - 1) // 4, keys[i & 1023], None)
     best = {"then_owner_ms": 1e9, "then_slice_ms": 1e9, "then_view_ms": 1e9}
     for _ in range(3):
-        longest, owner, read_pass = 0.0, 0.0, then_pass(full, at, lambda: 0)
-        try:
-            while True:
-                began = pc()
-                next(read_pass)
-                owner += pc() - began
-                longest = max(longest, pc() - began)
-        except StopIteration as done:
-            owner += pc() - began
-            longest = max(longest, pc() - began)
-            read = done.value
+        (owner, read), longest = stepped(then_pass(full, at, lambda: 0))
         began = pc()
         view = then_view(read)
         best["then_view_ms"] = min(best["then_view_ms"], (pc() - began) * 1e3)
@@ -185,12 +179,53 @@ def stores_and_then(n: int) -> dict:
             "then_changes": full.stored_count, "then_left": view.left_nodes, "then_stored": view.stored_nodes, **best}
 
 
+def marks_and_memory_then(n: int, sessions: int = 50_000) -> dict:
+    """The sessions' memory at a past moment: what a mark told costs (``moving``: a session's
+    figures before they move), the memory each kept, and a read of the sessions' memory then over a
+    full journal of marks (``MOST_MARKS``) of ``sessions`` sessions with a ledger's maps of as many:
+    the owner thread's part in slices (the longest one), and the rest off it."""
+    from types import SimpleNamespace
+
+    from radixtop.adapters.owned.why import memory_pass, memory_then
+    from radixtop.gpu_backend.history import MOST_MARKS
+
+    sids = [f"s{i}" for i in range(sessions)]
+    history = CacheHistory()
+    history.tells_figures()
+    gc.disable()
+    started = pc()
+    for i in range(n):
+        history.moving(sids[i % sessions], 3, 100, 400)
+    took = pc() - started
+    gc.enable()
+    tracemalloc.start()
+    kept = CacheHistory()
+    kept.tells_figures()
+    for i in range(MOST_MARKS):
+        kept.moving(sids[(i * 7) % sessions], 3, 100 + i, 400)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    ledger = SimpleNamespace(journal=kept, tags=dict.fromkeys(sids, 2), exclusive=dict.fromkeys(sids, 50),
+                             path={sid: 300 for sid in sids})
+    best = {"memory_owner_ms": 1e9, "memory_slice_ms": 1e9, "memory_view_ms": 1e9}
+    for _ in range(3):
+        (owner, read), longest = stepped(memory_pass(kept, ledger, kept.marks_since))
+        began = pc()
+        figures = memory_then(read)
+        best["memory_view_ms"] = min(best["memory_view_ms"], (pc() - began) * 1e3)
+        best["memory_owner_ms"] = min(best["memory_owner_ms"], owner * 1e3)
+        best["memory_slice_ms"] = min(best["memory_slice_ms"], longest * 1e3)
+    return {"marks": n, "us_per_mark": took / n * 1e6, "bytes_per_mark_kept": held / MOST_MARKS,
+            "memory_marks": kept.marked_count, "memory_sessions": len(figures), **best}
+
+
 def on_the_owner(seeds: int, ops: int) -> dict:
-    """Three schedulers side by side: without the history, with it but without its journal of
-    changes (``_store`` stubbed: the removals and requests only), and with all of it."""
-    sides_of = ("without", "no_changes", "with")
+    """Four schedulers side by side: without the history, with it but without its journal of
+    changes (``_store`` stubbed: the removals and requests only), with it but without the
+    sessions' marks (the ledger tells it none), and with all of it."""
+    sides_of = ("without", "no_changes", "no_marks", "with")
     times = dict.fromkeys(sides_of, 0.0)
-    removals = ops_done = 0
+    removals = ops_done = marks = 0
     for seed in range(seeds):
         lines = generate_trace(seed, n_ops=ops, max_in_flight=8, vocab=2000)
         trace = list(read_trace(lines))
@@ -200,6 +235,8 @@ def on_the_owner(seeds: int, ops: int) -> dict:
             s = Scheduler(get_geometry("tiny"), cap, device="cpu", write_kv=False, history=side != "without")
             if side == "no_changes":
                 s.cache.history._store = lambda *a: None  # type: ignore[method-assign]
+            if side == "no_marks":
+                s.cache.ledger.journal = None
             sides[side] = Replayer(s)
         gc.disable()
         order = list(sides_of)
@@ -215,10 +252,12 @@ def on_the_owner(seeds: int, ops: int) -> dict:
             gc.collect()
         gc.enable()
         removals += sides["with"].scheduler.cache.history.removed_count
+        marks += sides["with"].scheduler.cache.history.marked_count
         ops_done += len(trace)
     return {"ops": ops_done, "removals": removals, "with_s": times["with"], "without_s": times["without"],
             "no_changes_s": times["no_changes"], "ratio": times["with"] / times["without"],
-            "changes_ratio": times["with"] / times["no_changes"]}
+            "changes_ratio": times["with"] / times["no_changes"], "marks": marks, "no_marks_s": times["no_marks"],
+            "marks_ratio": times["with"] / times["no_marks"]}
 
 
 def main() -> None:
@@ -246,12 +285,18 @@ def main() -> None:
     log(f"  a store told {stores['us_per_store']:.2f} us, {stores['bytes_per_store_kept']:.0f} B kept; the tree then "
         f"over {stores['then_changes']:,} changes: {stores['then_owner_ms']:.2f} ms on the owner thread in slices of "
         f"at most {stores['then_slice_ms']:.2f} ms, then {stores['then_view_ms']:.0f} ms off it")
+    marked = marks_and_memory_then(args.removals)
+    log(f"  a mark told {marked['us_per_mark']:.2f} us, {marked['bytes_per_mark_kept']:.0f} B kept; the sessions' "
+        f"memory then over {marked['memory_marks']:,} marks of {marked['memory_sessions']:,} sessions: "
+        f"{marked['memory_owner_ms']:.2f} ms on the owner thread in slices of at most {marked['memory_slice_ms']:.2f} "
+        f"ms, then {marked['memory_view_ms']:.0f} ms off it")
     rounds = []
     for r in range(args.rounds):
         one = on_the_owner(args.seeds, args.ops)
         log(f"  round {r + 1}: {one['ops']:,} ops, {one['removals']:,} removals: with {one['with_s']:.2f} s, "
             f"without {one['without_s']:.2f} s: {one['ratio']:.3f}x; the journal of changes "
-            f"{one['changes_ratio']:.3f}x of the rest")
+            f"{one['changes_ratio']:.3f}x of the rest; the sessions' marks ({one['marks']:,}) "
+            f"{one['marks_ratio']:.3f}x of the rest")
         rounds.append(one)
     ratio = statistics.median(r["ratio"] for r in rounds)
     table = "\n".join([
@@ -275,13 +320,22 @@ def main() -> None:
         f"({stores['then_left']:,} left, {stores['then_stored']:,} stored since) | {stores['then_owner_ms']:.2f} | "
         f"{stores['then_slice_ms']:.2f} | {stores['then_view_ms']:.0f} |",
         "",
+        "| a mark told (us) | B kept each | the sessions' memory then over a full journal: marks | owner thread (ms) | "
+        "its longest slice (ms) | then off it (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {marked['us_per_mark']:.2f} | {marked['bytes_per_mark_kept']:.0f} | {marked['memory_marks']:,} "
+        f"({marked['memory_sessions']:,} sessions) | {marked['memory_owner_ms']:.2f} | "
+        f"{marked['memory_slice_ms']:.2f} | {marked['memory_view_ms']:.0f} |",
+        "",
         "| owner thread, tight pool | ops | removals | with history (s) | without (s) | ratio | "
-        "without its journal of changes (s) | the journal's share |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "without its journal of changes (s) | the journal's share | marks | without the marks (s) | the marks' share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| round {i + 1} | {r['ops']:,} | {r['removals']:,} | {r['with_s']:.2f} | {r['without_s']:.2f} | "
-          f"{r['ratio']:.3f}x | {r['no_changes_s']:.2f} | {r['changes_ratio']:.3f}x |" for i, r in enumerate(rounds)),
+          f"{r['ratio']:.3f}x | {r['no_changes_s']:.2f} | {r['changes_ratio']:.3f}x | {r['marks']:,} | "
+          f"{r['no_marks_s']:.2f} | {r['marks_ratio']:.3f}x |" for i, r in enumerate(rounds)),
     ])
     finish(args.out, {"environment": environment(), "per_million": micro, "reads": reads, "stores": stores,
+                      "marks": marked,
                       "rounds": rounds,
                       "median_ratio": ratio},
            table, f"median ratio with/without the history: {ratio:.3f}x")

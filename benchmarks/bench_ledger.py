@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _common import TreeConfig, build_tree, environment, finish, log, ms_stats, rss_mib  # noqa: E402
+from _common import TreeConfig, build_tree, environment, finish, log, ms_stats, rss_mib, stepped  # noqa: E402
 
 from radixtop.gpu_backend.owner.slices import run_to_end  # noqa: E402
 
@@ -91,21 +91,6 @@ def run_round(s, rng: random.Random, sids: list[str], histories: dict[str, list[
         times["close"].append(pc() - t0)
 
 
-def stepped(work) -> tuple[tuple[float, Any], float]:
-    """A pass run to its end, each step timed: ((its work in seconds, its result), the longest step)."""
-    total, longest = 0.0, 0.0
-    while True:
-        t0 = pc()
-        try:
-            next(work)
-        except StopIteration as done:
-            took = pc() - t0
-            return (total + took, done.value), max(longest, took)
-        took = pc() - t0
-        total += took
-        longest = max(longest, took)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -113,6 +98,9 @@ def main() -> None:
     ap.add_argument("--closes", type=int, default=20, help="sessions closed a round (more: a steadier close ratio)")
     ap.add_argument("--no-path-orders", action="store_true",
                     help="never read the fair-share and locked orders (their upkeep then never runs)")
+    ap.add_argument("--no-marks", action="store_true",
+                    help="the ledger tells the history no marks (each session's figures before they move: the "
+                         "sessions' memory at a past moment): what the marks cost, against a run with them")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "ledger.json")
     args = ap.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -122,6 +110,9 @@ def main() -> None:
         built[kept] = build_tree(replace(cfg, ledger=kept), with_facts=False)
         log(f"  {built[kept].scheduler.cache.node_count():,} nodes in {built[kept].build_s:.0f} s; rss {rss_mib():,.0f} MiB")
     on, off = built[True].scheduler, built[False].scheduler
+    if args.no_marks:
+        on.cache.ledger.journal = None
+    marks_before = on.cache.history.marked_count if on.cache.history is not None else 0
     assert on.cache.node_count() == off.cache.node_count()
     sids = sorted(sid for sid in on.session_activity if not on.cache.is_session_closed(sid))
     # each session's history: its tagged path's tokens (the same on both trees)
@@ -191,7 +182,9 @@ def main() -> None:
             pages_wrong.append(f"fair_share_bytes {name}")
     results: dict[str, Any] = {"environment": environment(), "tree": cfg.label, "nodes": cache.node_count(),
                                "sessions_listed": len(want.sessions), "rounds": args.rounds,
-                               "oracle_pass_s": oracle_s, "rows_differing_from_oracle": len(wrong), "ops": {},
+                               "oracle_pass_s": oracle_s, "marks": not args.no_marks,
+                               "marks_told": (cache.history.marked_count if cache.history is not None else 0)
+                               - marks_before, "rows_differing_from_oracle": len(wrong), "ops": {},
                                "reads": {k: ms_stats(v) for k, v in reads.items() if v},
                                "path_orders_read": list(path_orders),
                                "read_longest_step_ms": {k: max(v) * 1e3 for k, v in steps.items() if v},

@@ -77,6 +77,12 @@ work to bound them), and a read copies a chunk in one C-speed slice."""
 MOST_STORES = 1 << 20
 """Stores kept at most (32 bytes each: 32 MiB), the oldest chunk dropped first; their age is bounded
 as the removed nodes' is."""
+MARK_CHUNK = 8192
+"""Marks (a session's figures before they moved: ``moving``) a chunk holds."""
+MOST_MARKS = 1 << 19
+"""Marks kept at most (40 bytes each and the session id's reference: about 24 MiB), the oldest
+chunk dropped first; their age is bounded as the removed nodes' is. A request moves one or two
+sessions' figures (its own, and the one that shared its prefix): 250,000 requests or more."""
 
 
 @dataclass(slots=True)
@@ -169,6 +175,16 @@ class CacheHistory:
         tell its ops (a KV-event stream: its events carry no requests)."""
         self.tokens_since: float | None = None
         """Every op since this moment has its tokens (``MOST_SERVED_TOKENS``)."""
+        self.mark_chunk, self.most_marks = MARK_CHUNK, MOST_MARKS
+        self._marks: deque[_Marks] = deque()
+        self._marking: _Marks | None = None
+        self.marked_count = 0
+        """Marks told since the start (kept or dropped since)."""
+        self._marks_first = 1
+        self.marks_since: float | None = None
+        """Every move of a session's figures since this moment is kept (``moving``): the sessions'
+        memory at a past moment reaches back to it; None where the owner keeps no sessions' figures
+        (a KV-event stream, a tree without sessions)."""
 
     # ----- what the owner thread tells it -----
 
@@ -300,6 +316,38 @@ class CacheHistory:
             if old[6] is not None:  # (the oldest with tokens, as ``_tokened`` is in order)
                 self._untoken(tokened.popleft())
 
+    def tells_figures(self, since: float | None = None) -> None:
+        """The owner's ledger tells each move of a session's figures (``moving``) from now on, or
+        from ``since`` (no session's figures moved between then and now: a new ledger of a tree
+        kept since then)."""
+        if self.marks_since is None:
+            self.marks_since = self.clock() if since is None else since
+
+    def moving(self, session_id: str, tags: int, exclusive: int, path: int, now: float | None = None) -> None:
+        """``session_id``'s figures (its tagged nodes, exclusive and path tokens) are about to move
+        now: they were these until now (a *mark*). The figures at a past moment are each session's
+        first mark after it, or, without one, its figures now (``SessionLedger.journal``). ``now``:
+        the clock read already."""
+        if now is None:
+            now = self.clock()
+        chunk = self._marking
+        if chunk is None or len(chunk.at) >= self.mark_chunk:
+            chunk = self._new_marks(now)
+        chunk.at.append(now)
+        chunk.sids.append(session_id)
+        chunk.nums.extend((tags, exclusive, path))
+        self.marked_count += 1
+
+    def _new_marks(self, now: float) -> _Marks:
+        marks = self._marks
+        while marks and ((len(marks) + 1) * self.mark_chunk > self.most_marks or now - marks[0].at[-1] > self.most_age_s):
+            old = marks.popleft()
+            self._marks_first += len(old.at)
+            self.marks_since = max(self.marks_since or 0.0, old.at[-1])
+        self._marking = _Marks()
+        marks.append(self._marking)
+        return self._marking
+
     def _untoken(self, entry: list[Any]) -> None:
         self.served_tokens -= len(entry[6])
         entry[6] = None
@@ -387,6 +435,30 @@ class CacheHistory:
         chunk = stores[index - 1]
         return removal, self._stores_first + (index - 1) * STORE_CHUNK + bisect.bisect_right(chunk.at, at)
 
+    def marks_first_after(self, at: float) -> int:
+        """The number of the first mark told after ``at`` (one past the last where none is)."""
+        marks = self._marks
+        index = len(marks)
+        while index > 0 and marks[index - 1].at[0] > at:
+            index -= 1
+        if index == 0:
+            return self._marks_first
+        chunk = marks[index - 1]
+        return self._marks_first + (index - 1) * self.mark_chunk + bisect.bisect_right(chunk.at, at)
+
+    def marks_from(self, number: int, limit: int) -> tuple[tuple[array, list[str], array], int] | None:
+        """The marks numbered from ``number``, at most ``limit`` and within one chunk, as copies
+        (when; the session; its tagged nodes, exclusive and path tokens until then, three a mark),
+        and the number past them; None where ``number`` was dropped already."""
+        if number < self._marks_first:
+            return None
+        index, offset = divmod(number - self._marks_first, self.mark_chunk)
+        if index >= len(self._marks):
+            return (array("d"), [], array("q")), number
+        chunk = self._marks[index]
+        end = min(len(chunk.at), offset + limit)
+        return (chunk.at[offset:end], chunk.sids[offset:end], chunk.nums[3 * offset:3 * end]), number + max(0, end - offset)
+
     def stores_from(self, number: int, limit: int) -> tuple[tuple[array, array, array, array], int] | None:
         """The changes numbered from ``number`` (the first is 1), at most ``limit`` and within one
         chunk, as copies of their columns (when; the node's id; its parent's, or for a split the
@@ -456,6 +528,16 @@ class _Stores:
 
     def __init__(self) -> None:
         self.at, self.rest = array("d"), array("q")
+
+
+class _Marks:
+    """A chunk of the marks: when (``at``), whose (``sids``), and three numbers a mark in ``nums``:
+    the session's tagged nodes, exclusive tokens and path tokens until then."""
+
+    __slots__ = ("at", "sids", "nums")
+
+    def __init__(self) -> None:
+        self.at, self.sids, self.nums = array("d"), [], array("q")
 
 
 def _tail(kept: deque[Any], count: int, after: int, limit: int) -> tuple[list[Any], int]:

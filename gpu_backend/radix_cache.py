@@ -184,6 +184,9 @@ class RadixCache(SessionRadixCacheMixin):
         self.reset()
         if ledger:
             self.ledger = SessionLedger(self.root_node, frees=close_policy == "free")
+            if self.history is not None:  # (each session's figures before they move: its memory then)
+                self.ledger.journal = self.history
+                self.history.tells_figures(self.history.since)  # (a new tree: none held anything since)
         """Every session's figures, kept as the tree changes (None: not kept, for a benchmark's
         baseline)."""
 

@@ -306,7 +306,7 @@ class BundledAdapter(OwnerReads, CacheAdapter):
             cache = s.cache
             if cache.history is None:
                 raise Unsupported(f"{self.name} keeps no history of its tree (started without one)")
-            return (yield from then_pass(cache.history, at, cache.total_size))
+            return (yield from then_pass(cache.history, at, cache.total_size, cache.ledger, s.geometry.bytes_per_token))
 
         return then_view(self._call_pass(read))
 

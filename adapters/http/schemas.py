@@ -341,6 +341,16 @@ class SessionThenOut(Schema):
     lost_since_tokens: int = Field(description="Tokens it held that left since")
 
 
+class SessionMemoryThenOut(Schema):
+    session_id: str
+    tagged_nodes: int
+    exclusive_tokens: int = Field(description="What its close would have freed then")
+    shared_tokens: int = Field(description="On its paths then, and held by others too or locked")
+    tagged_nodes_now: int
+    exclusive_tokens_now: int
+    shared_tokens_now: int
+
+
 class ThenOut(Schema):
     at: float
     tokens_then: int
@@ -361,6 +371,12 @@ class ThenOut(Schema):
     sessions_active: int | None = None
     sessions_open: int | None = None
     sessions_since: float | None = Field(None, description="Since when the ops are kept")
+    memory: list[SessionMemoryThenOut] | None = Field(
+        None, description="The sessions that held memory then, the most exclusive first (null: not known, the "
+                          "target keeps no sessions' figures or not back to then)")
+    memory_sessions: int | None = Field(None, description="How many held anything then")
+    memory_since: float | None = Field(None, description="Since when the sessions' figures are kept (null: not kept)")
+    bytes_per_token: int | None = Field(None, description="The KV pool's (null: not known here)")
 
 
 class ChangesOut(Schema):

@@ -25,6 +25,7 @@ from radixtop.adapters.model import (
     LostView,
     ServedEntry,
     ServedView,
+    SessionMemoryThen,
     SessionThenView,
     SessionWhyView,
     ThenView,
@@ -180,18 +181,73 @@ CHUNKS_A_SLICE = 4
 """Chunks of changes a slice of ``then_pass`` copies at most (8,192 changes each: about 0.1 ms)."""
 
 
-def then_pass(history: CacheHistory, at: float | None,
-              tokens_now: Callable[[], int]) -> Generator[None, None, tuple[Any, ...]]:
+def then_pass(history: CacheHistory, at: float | None, tokens_now: Callable[[], int],
+              ledger: Any = None, bytes_per_token: int = 0) -> Generator[None, None, tuple[Any, ...]]:
     """What the tree at ``at`` needs of the history, copied on the owner thread a slice at a time
     (the removals since, ``STORY_SLICE`` a slice, and the changes since, a chunk a slice); the last
-    slice reads the tree's tokens now with both journals' ends (``then_view`` off it)."""
+    slice reads the tree's tokens now with both journals' ends (``then_view`` off it). ``ledger``:
+    the tree's ``SessionLedger``, whose figures told to the history give the sessions' memory then
+    (``memory_pass``)."""
     at, reach = check_moment(history, at)
     ops, ops_since = None, history.served_since
     if ops_since is not None:  # (the sessions then: their ops up to the moment)
         ops = yield from _in_slices(history.requests_after)
         yield
+    memory = None
+    if ledger is not None and ledger.journal is history and history.marks_since is not None:
+        memory = yield from memory_pass(history, ledger, at)
     ghosts, changes, _ = yield from changes_from(history, at, history.first_after(at))
-    return ghosts, changes, tokens_now(), reach, at, ops, ops_since
+    return ghosts, changes, tokens_now(), reach, at, ops, ops_since, (memory, history.marks_since, bytes_per_token)
+
+
+MARKS_A_SLICE = 16_384
+"""Marks a slice of ``memory_pass`` copies at most (about 0.1 ms)."""
+
+
+def memory_pass(history: CacheHistory, ledger: Any, at: float) -> Generator[None, None, tuple[Any, ...] | None]:
+    """The sessions' figures at ``at``, copied on the owner thread: the ledger's figures now (its
+    three maps, one a slice: 0.2 ms each at 50,000 sessions) and every mark after ``at`` (the
+    figures a session had until it moved), ``MARKS_A_SLICE`` a slice, to the journal's end in the
+    last. A session's first mark after ``at`` is its figures then; one with none kept its figures
+    since, so its figures read now (in any slice) are its figures then. None where the marks do not
+    reach back to ``at`` (the bounds, before or while they are read)."""
+    if history.marks_since is None or at < history.marks_since:
+        return None
+    now: list[dict[str, int]] = []
+    for name in ("tags", "exclusive", "path"):  # (read anew each slice: a reset makes new maps)
+        now.append(dict(getattr(ledger, name)))
+        yield
+    number = history.marks_first_after(at)
+    marks: list[Any] = []
+    while True:
+        piece = history.marks_from(number, MARKS_A_SLICE)
+        if piece is None:  # (dropped since it was found)
+            return None
+        if piece[1] == number and number <= history.marked_count:  # (never a loop on the owner thread)
+            raise RuntimeError(f"the marks journal gave nothing from {number} of {history.marked_count}")
+        marks.append(piece[0])
+        number = piece[1]
+        if number > history.marked_count:
+            return tuple(now), marks
+        yield
+
+
+def memory_then(memory: tuple[Any, ...]) -> dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """Each session that held anything then or now: its figures then and now (tagged nodes,
+    exclusive tokens, path tokens), from a ``memory_pass``."""
+    (tags, exclusive, path), marks = memory
+    then: dict[str, tuple[int, int, int]] = {}
+    for _, sids, nums in marks:
+        for i, sid in enumerate(sids):
+            if sid not in then:
+                then[sid] = (nums[3 * i], nums[3 * i + 1], nums[3 * i + 2])
+    figures = {}
+    for sid in then.keys() | tags.keys() | exclusive.keys() | path.keys():
+        now = (tags.get(sid, 0), exclusive.get(sid, 0), path.get(sid, 0))
+        was = then.get(sid, now)
+        if any(was) or any(now):
+            figures[sid] = (was, now)
+    return figures
 
 
 def check_moment(history: CacheHistory, at: float | None) -> tuple[float, float]:
@@ -241,7 +297,7 @@ def changes_from(history: CacheHistory, at: float,
 def then_view(read: tuple[Any, ...], unit: str = "node") -> ThenView:
     """The tree at the moment of a ``then_pass`` (off the owner thread): its branches that left
     since and that were stored since, the largest first."""
-    ghosts, changes, tokens_now, reach, at, ops, ops_since = read
+    ghosts, changes, tokens_now, reach, at, ops, ops_since, (memory, memory_since, bpt) = read
     diff = tree_then(changes, ghosts)
     left_by: dict[int, Ghost] = {g.node_id: g for g in diff.left}
     left, left_branches = _branches({i: (g.parent_id, g.length, g.at) for i, g in left_by.items()}, left_by)
@@ -255,7 +311,21 @@ def then_view(read: tuple[Any, ...], unit: str = "node") -> ThenView:
                     by_cause, tuple(left), left_branches, stored_tokens, len(diff.new), tuple(stored),
                     stored_branches, reach, unit,  # type: ignore[arg-type]
                     None if sessions is None else tuple(sessions[:MAX_SESSIONS_THEN]),
-                    None if sessions is None else len(sessions), open_then, ops_since)
+                    None if sessions is None else len(sessions), open_then, ops_since,
+                    *_memory_views(memory, memory_since), bpt or None)
+
+
+def _memory_views(memory: tuple[Any, ...] | None,
+                  since: float | None) -> tuple[tuple[SessionMemoryThen, ...] | None, int | None, float | None]:
+    """``ThenView.memory``, ``memory_sessions`` and ``memory_since``: the sessions holding most
+    then (by exclusive memory, then by the memory on their paths)."""
+    if memory is None:
+        return None, None, since
+    held = [(sid, was, now) for sid, (was, now) in memory_then(memory).items() if any(was)]
+    held.sort(key=lambda item: (-item[1][1], -item[1][2], item[0]))
+    views = tuple(SessionMemoryThen(sid, was[0], was[1], was[2] - was[1], now[0], now[1], now[2] - now[1])
+                  for sid, was, now in held[:MAX_SESSIONS_THEN])
+    return views, len(held), since
 
 
 def sessions_then(ops: list[Any], ghosts: list[Ghost], at: float) -> tuple[list[SessionThenView], int]:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixtop.gpu_backend.history import CacheHistory
 from radixtop.gpu_backend.ledger import SessionLedger
 from radixtop.gpu_backend.owner.shards import SHARD_MASK, ShardedMap
 
@@ -337,6 +338,7 @@ def _keep_unified_ledger(core: Any, full: Any, index: TreeIndex, cache: Any) -> 
         return True
     ledger.rebuild(core.root_node, holders)
     index.ledger = ledger
+    _journal_to(ledger, cache)
     hooks = [
         _wrap(core, "_split_node", lambda result, key, child, *a, **k: ledger.split(result[0], child)),
         _wrap(core, "_add_new_node", lambda result, *a, **k: ledger.added(result)),
@@ -382,6 +384,16 @@ def _tell_crossings(ledger: SessionLedger, root: Any, node: Any, now: int) -> No
         node = node.parent
 
 
+def _journal_to(ledger: SessionLedger, cache: Any) -> None:
+    """Tell the cache's history each move of a session's figures (the sessions' memory at a past
+    moment), where it keeps one: radixtop's copy of SGLang's tree beside the scheduler does
+    (``mirror.RecordsCopy.history``); SGLang's own cache, in its process, keeps none."""
+    history = getattr(cache, "history", None)
+    if isinstance(history, CacheHistory):
+        ledger.journal = history
+        history.tells_figures()
+
+
 def _holders(node: Any) -> set[str] | None:
     return getattr(node, "session_ids", None)
 
@@ -396,6 +408,7 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
         log.warning("radixtop: %s; sessions are unavailable on this cache", exc)
         return True
     ledger.rebuild(cache.root_node, _holders)
+    _journal_to(ledger, cache)
     # what each session did before radixtop came: its newest tagged node's last access (SGLang's
     # RadixCache reads time.monotonic()); from now on, its requests' finishes
     for sid, leaves in list((getattr(cache, "_session_leaves", None) or {}).items()):

@@ -586,8 +586,9 @@ class SGLangInProcessAdapter(OwnerReads, CacheAdapter):
             return super().then(at)
         self._need_tree()
         tree = self.tree
+        ledger = self._index.ledger if self._index is not None else None
         return then_view(self._call_pass(
-            lambda: then_pass(history, at, lambda: tree.evictable_size() + tree.protected_size())))
+            lambda: then_pass(history, at, lambda: tree.evictable_size() + tree.protected_size(), ledger, self.bpt)))
 
     def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
         return then_children_of(self, self._then_more(), at, node_id, offset, limit)

@@ -36,6 +36,10 @@ from typing import Any
 
 from radixtop.gpu_backend.ledger.paths import Watched
 
+MARK_TICK_S = 0.001
+"""A session's figures are marked once a millisecond at most (``_mark``): the sessions' memory at
+a past moment is as of the moment to the millisecond (a moment inside one is told as its start)."""
+
 Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``, ``ledger_rec``; its size through ``size``
 
 
@@ -104,6 +108,13 @@ class SessionLedger(Watched):
         self.moves = 0
         """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
         self.tags: dict[str, int] = {}
+        self.journal: Any = None
+        """Where each move of a session's figures is told first, with the figures until then (a
+        ``CacheHistory``'s ``moving``: the sessions' memory at a past moment); None: not told."""
+        self._marked: set[str] = set()
+        self._marked_at = float("-inf")
+        """The sessions told to ``journal`` since ``_marked_at`` (its clock), each once within
+        ``MARK_TICK_S`` (its figures before its first change in it)."""
         self.resets = 0
         """Resets so far (a reader of path sums starts again after one)."""
         self._watchers()
@@ -122,6 +133,9 @@ class SessionLedger(Watched):
             _clear(old)  # one of its nodes, which must read as holding nothing (one walk, at a flush)
         touched = list(self.tags)
         self.moves += 1
+        if self.journal is not None:
+            for sid in touched:
+                self._mark(sid)
         self.resets += 1
         self.root = root
         self.exclusive: dict[str, int] = {}
@@ -196,6 +210,8 @@ class SessionLedger(Watched):
         rec = node.ledger_rec
         if rec is not None and rec.held is not None and sid in rec.held:
             return
+        if self.journal is not None:
+            self._mark(sid)
         self._carry(sid, node, 1)
         rec = node.ledger_rec
         if rec.held is None:
@@ -213,6 +229,8 @@ class SessionLedger(Watched):
         rec = node.ledger_rec
         if rec is None or rec.held is None or sid not in rec.held:
             return
+        if self.journal is not None:
+            self._mark(sid)
         rec.held.discard(sid)
         if not rec.held:
             rec.held = None
@@ -244,6 +262,8 @@ class SessionLedger(Watched):
                 self.untag(sid, node)
             return
         self.moves += 1
+        if self.journal is not None:
+            self._mark(sid)
         for _, rec in held:
             holders = rec.held
             holders.discard(sid)  # type: ignore[union-attr]
@@ -350,6 +370,8 @@ class SessionLedger(Watched):
             for watch in self.watches:
                 watch.nodes.add(node)
             for sid in list(rec.held or ()):
+                if self.journal is not None:
+                    self._mark(sid)
                 rec.held.discard(sid)
                 self._carry(sid, node, -1, parent)
                 self._one_tag_fewer(sid)
@@ -491,6 +513,11 @@ class SessionLedger(Watched):
             n = len(node.key) if keyed else self.size(node)
             parent = node.parent
             up = parent.ledger_rec if parent is not None else None
+            if self.journal is not None:
+                if old is not None:
+                    self._mark(old)
+                if new is not None:
+                    self._mark(new)
             if old is not None:
                 left = exclusive[old] - n
                 if left:
@@ -522,6 +549,19 @@ class SessionLedger(Watched):
                         up.kids[new] = up.kids.get(new, 0) + 1
             node, rec = parent, up
 
+    def _mark(self, sid: str) -> None:
+        """Tell ``journal`` ``sid``'s figures before they move: once within ``MARK_TICK_S`` (an
+        owner's op moves a session's figures several times: its tag, its old leaf's untag, an
+        owner settled; one mark says what they were before all of them)."""
+        journal = self.journal
+        now = journal.clock()
+        if not 0 <= now - self._marked_at < MARK_TICK_S:
+            self._marked.clear()
+            self._marked_at = now
+        if sid not in self._marked:
+            self._marked.add(sid)
+            journal.moving(sid, self.tags.get(sid, 0), self.exclusive.get(sid, 0), self.path.get(sid, 0), now)
+
     def _one_tag_fewer(self, sid: str) -> None:
         left = self.tags[sid] - 1
         if left:
@@ -531,6 +571,8 @@ class SessionLedger(Watched):
         self.moved.add(sid)
 
     def _credit(self, sid: str, tokens: int) -> None:
+        if self.journal is not None:
+            self._mark(sid)
         total = self.exclusive.get(sid, 0) + tokens
         if total:
             self.exclusive[sid] = total

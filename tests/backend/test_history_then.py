@@ -4,13 +4,16 @@ it was (every cached token prefix then, and every node id)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 
 import pytest
 
 from radixtop.adapters.errors import BadRequest
-from radixtop.adapters.owned.why import then_pass
+from radixtop.adapters.owned.attribution import attribute
+from radixtop.adapters.owned.why import then_pass, then_view
+from radixtop.adapters.text import memory_then_lines, when
 from radixtop.gpu_backend.history import ROOT, STORE_CHUNK, CacheHistory, tree_then
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.owner.slices import run_to_end
@@ -210,11 +213,8 @@ def test_the_sessions_then_are_their_requests_and_closes_up_to_the_moment(seed):
     scheduler's answers), its last request, closed or open then; what each held that left since
     is what the removals since name it in; the most recently active first."""
     lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=2)
-    s = Scheduler(get_geometry("tiny"), capacity_for(lines, "small"), device="cpu", write_kv=False)
-    clock = [0]
-    h = s.cache.history
-    h.clock = lambda: clock[0]
-    h.since = h.stores_since = h.served_since = 0
+    s, clock, h = clocked(lines, "small")
+    h.served_since = 0
     replayer, seen = Replayer(s), []
     for op in read_trace(lines):
         clock[0] += 1
@@ -257,3 +257,151 @@ def test_the_sessions_then_are_their_requests_and_closes_up_to_the_moment(seed):
                                               (g.cause == "closed" and g.session_id == sid)), (k, sid)
     assert any(x.lost_since_tokens for k in range(0, clock[0], 9) for x in adapter.then(float(k)).sessions or ()), \
         "nothing any session held left: the test proves nothing"
+
+
+def clocked(lines, size: str) -> tuple[Scheduler, list[int], CacheHistory]:
+    """A scheduler for a generated trace whose history's clock is the test's (``clock[0]``: the
+    op's index), every journal reaching back to 0."""
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False)
+    clock = [0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.stores_since = h.marks_since = 0
+    return s, clock, h
+
+
+def oracle_memory(s: Scheduler) -> dict[str, tuple[int, int, int]]:
+    """Each session holding anything, from scratch (``attribute``, the ledger's own oracle): its
+    tagged nodes, exclusive tokens and shared tokens."""
+    cache = s.cache
+    want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, s.session_activity,
+                     s.session_activity, 1, cache.close_policy != "deref")
+    return {sid: (row[2], row[3], row[4]) for sid, row in want.sessions.items() if row[2] or row[3] or row[4]}
+
+
+def memory_of(v) -> dict[str, tuple[int, int, int]]:
+    return {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("flush_every", [0, 25])
+def test_the_sessions_memory_then_is_what_a_from_scratch_attribution_gave_then(seed, flush_every):
+    """At every past moment, each session's memory then (tagged nodes, exclusive and shared
+    tokens) is what the from-scratch attribution of the tree gave at that moment: from each move
+    of a session's figures the history kept (its marks) and the figures now. Evictions, closes,
+    aborts and flushes (a reset) on a tight pool move them; the most exclusive first; its now
+    is the attribution now."""
+    lines = generate_trace(seed, n_ops=220, max_in_flight=4, vocab=60, abort_weight=2)
+    s, clock, h = clocked(lines, "small")
+    replayer, rng = Replayer(s), random.Random(seed)
+    then = [oracle_memory(s)]
+    for op in read_trace(lines):
+        clock[0] += 1
+        if flush_every and rng.randrange(flush_every) == 0:
+            s.flush()
+        replayer.apply(op)
+        then.append(oracle_memory(s))
+    adapter = bundled(s)
+    now = then[-1]
+    moved = 0
+    for k in range(0, len(then), 5):
+        v = adapter.then(float(k))
+        assert v.memory_since == 0 and v.memory_sessions == len(then[k]), k
+        assert v.bytes_per_token == s.geometry.bytes_per_token > 0
+        assert len(v.memory) == min(len(then[k]), 50)
+        assert memory_of(v) == {sid: then[k][sid] for sid in memory_of(v)}, k
+        assert [(-x.exclusive_tokens, -x.exclusive_tokens - x.shared_tokens) for x in v.memory] == sorted(
+            (-x.exclusive_tokens, -x.exclusive_tokens - x.shared_tokens) for x in v.memory)
+        for x in v.memory:
+            assert (x.tagged_nodes_now, x.exclusive_tokens_now, x.shared_tokens_now) == now.get(x.session_id, (0, 0, 0))
+        moved += then[k] != now
+        lines = memory_then_lines(v, float(k), shown=3)
+        if v.memory:
+            top = v.memory[0]
+            assert lines[0] == f"sessions' memory then: {len(then[k])} held some; the most exclusive (then -> now):"
+            assert lines[1].startswith(f"  {top.session_id}: exclusive {top.exclusive_tokens:,} tok")
+            assert len(lines) == 1 + min(3, len(v.memory)) + (len(then[k]) > 3)
+        else:
+            assert lines == ["sessions' memory then: no session held any"]
+    assert moved > 3, "the sessions' memory never moved: the test proves nothing"
+    assert any(then[k] and any(e for _, e, _ in then[k].values()) for k in range(len(then)))
+
+
+def test_the_sessions_memory_then_is_read_in_slices_and_moves_between_them_are_read_too():
+    """Each of the ledger's maps is copied in its own slice, and the marks to the journal's end
+    in the last: requests that move the figures between two slices leave the answer exact."""
+    lines = generate_trace(3, n_ops=300, max_in_flight=4, vocab=60, abort_weight=2)
+    s, clock, h = clocked(lines, "small")
+    replayer, ops = Replayer(s), list(read_trace(lines))
+    then = [oracle_memory(s)]
+    for op in ops[:150]:
+        clock[0] += 1
+        replayer.apply(op)
+        then.append(oracle_memory(s))
+    rest = iter(ops[150:])
+    for k in (40, 100, 150):
+        story = then_pass(h, float(k), s.cache.total_size, s.cache.ledger, s.orders.bpt)
+        try:
+            while True:
+                next(story)
+                for op in itertools.islice(rest, 3):  # (between two slices: requests go on)
+                    clock[0] += 1
+                    replayer.apply(op)
+        except StopIteration as done:
+            read = done.value
+        assert memory_of(then_view(read)) == then[k], k
+    assert oracle_memory(s) != then[150]
+
+
+def test_the_sessions_memory_then_is_not_known_before_the_marks_reach_and_says_so():
+    """Marks dropped by the bounds: a moment before the oldest kept has no sessions' memory (null,
+    with the moment they reach back to), never figures of 0; the tree's answer stands. A target
+    that keeps no sessions' figures says so."""
+    lines = generate_trace(1, n_ops=200, max_in_flight=4, vocab=60)
+    s, clock, h = clocked(lines, "small")
+    h.mark_chunk, h.most_marks = 8, 32
+    replayer = Replayer(s)
+    for op in read_trace(lines):
+        clock[0] += 1
+        replayer.apply(op)
+    assert len(h._marks) <= 4 and h.marked_count > 40 and h.marks_since > 0
+    v = bundled(s).then(h.marks_since - 1)
+    assert v.memory is None and v.memory_sessions is None and v.memory_since == h.marks_since
+    assert memory_then_lines(v, clock[0]) == [
+        f"sessions' memory then: not known (the sessions' figures are kept since {when(h.marks_since, clock[0])})"]
+    assert bundled(s).then(h.marks_since).memory is not None
+    h.marks_since = None  # (a target that keeps none)
+    v = bundled(s).then(float(clock[0]))
+    assert v.memory is None and v.memory_since is None
+    assert memory_then_lines(v, clock[0]) == [
+        "sessions' memory then: not known here (the target keeps no sessions' figures)"]
+
+
+def test_a_reset_of_the_tree_keeps_the_sessions_memory_before_it():
+    """A reset (a copy's tree coming again whole, SGLang's flush) drops every session's figures
+    at once: a moment before it still has them, one after it has none."""
+    lines = generate_trace(2, n_ops=120, max_in_flight=1, vocab=60)
+    s, clock, h = clocked(lines, "large")
+    replayer = Replayer(s)
+    for op in read_trace(lines):
+        clock[0] += 1
+        replayer.apply(op)
+    before = oracle_memory(s)
+    assert not s.running and any(e for _, e, _ in before.values())
+    clock[0] += 1
+    s.cache.reset()
+    assert oracle_memory(s) == {}
+    adapter = bundled(s)
+    assert memory_of(adapter.then(float(clock[0] - 1))) == before
+    assert adapter.then(float(clock[0])).memory == ()
+
+
+def test_the_sessions_memory_is_known_as_far_back_as_the_bundled_engines_history_reaches():
+    """The bundled engine's ledger is as old as its tree: the earliest moment the timeline shows
+    (the history's reach) has the sessions' memory (none held any then), not "not known"."""
+    s = Scheduler(get_geometry("tiny"), 4096, device="cpu", write_kv=False)
+    s.begin("r1", list(range(1, 40)), "a")
+    s.finish("r1", [7, 8])
+    v = bundled(s).then(None)
+    assert v.memory == () and v.memory_since == s.cache.history.then_reaches_back_to()
+    assert [x.session_id for x in bundled(s).then(time.time()).memory] == ["a"]

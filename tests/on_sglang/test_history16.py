@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from radixtop.adapters.owned.attribution import attribute
 from radixtop.adapters.owned.records import CAUSE
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
 from radixtop.gpu_backend.history import CLOSED, EVICT_ACTION, EVICTED, FLUSHED
@@ -113,12 +114,43 @@ def test_the_tree_then_beside_sglang_is_its_tree_now_less_what_was_stored_since_
                 browse=beside)
 
 
-def copied(sgl, seed: int):
+def copied(sgl, seed: int, size: str = "small"):
     """A generated trace (no ``register``: no path of 0.5.16's) on SGLang's real cache, recorded,
     and radixtop's copy of it beside (its history's clock the oracle's op index)."""
     lines = generate_trace(seed, n_ops=200, max_in_flight=4, vocab=60, abort_weight=3)
     lines = [line for line in lines if json.loads(line)["op"] != "register"]
-    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, "small")
+    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, size)
     oracle = Oracle([], lambda q: 0, mirror, recorder)
     mirror.apply(wire(recorder.snapshot()))
     return lines, replayer, cache, inproc, mirror, oracle, SGLangInProcessAdapter(mirror, model="tiny")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_sessions_memory_then_beside_sglang_is_what_sglangs_own_tree_gave_then(sgl, seed):
+    """The sessions' memory at every past moment over the copy (``then``'s ``memory``), against
+    the from-scratch attribution of SGLang's own tree and session marks (its mixin's
+    ``_session_leaves``) after each op: tagged nodes, exclusive and shared bytes; SGLang's flush
+    (a reset) at the end drops them all at once."""
+    lines, replayer, cache, inproc, mirror, oracle, beside = copied(sgl, seed, "large")
+    mirror.history.since = mirror.history.stores_since = 0
+
+    def memory() -> dict[str, tuple[int, int, int]]:
+        want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+                         set(cache._session_leaves), {}, 1, True)
+        return {sid: row[2:5] for sid, row in want.sessions.items() if any(row[2:5])}
+
+    then = [memory()]
+    for line_no, op in _parse(lines):
+        oracle.step(lambda line_no=line_no, op=op: replayer.apply(line_no, op), None)
+        then.append(memory())
+    oracle.step(cache.reset, None)
+    then.append(memory())
+    assert mirror.history.marks_since == 0 and then[-1] == {}
+    moved = 0
+    for k in range(0, len(then), 7):
+        v = beside.then(float(k))
+        got = {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
+        assert v.memory_sessions == len(then[k]) and got == {sid: then[k][sid] for sid in got}, k
+        assert all(x.exclusive_tokens_now == x.shared_tokens_now == 0 for x in v.memory)
+        moved += bool(then[k])
+    assert moved > 5 and any(e for k in range(len(then)) for _, e, _ in then[k].values())

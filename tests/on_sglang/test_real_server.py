@@ -249,7 +249,7 @@ def test_why_for_a_session_names_its_close(server, client, driven):
     exactly what the close freed, by its own close; on 0.5.23 a close only drops its references
     and frees nothing."""
     from radixtop.adapters.errors import Unsupported
-    from radixtop.adapters.text import session_why_lines
+    from radixtop.adapters.text import memory_then_lines, session_why_lines
 
     sid, history = f"story-{VERSION}-{server.options['place'][:6]}", fresh(40)
     served = []
@@ -266,8 +266,21 @@ def test_why_for_a_session_names_its_close(server, client, driven):
     story = client.why_session(sid)
     assert [(r.prompt_tokens, r.cached_tokens) for r in story.requests] == served and story.lost == ()
     assert served[-1][1] > 0  # (its later turns hit its history)
+    held = client.session(sid).session  # (its figures as the sessions table tells them, before its close)
+    before = time.time()
     result = client.close_session(sid)
     settle(server, client)
+    # the sessions' memory at a moment before the close: the session's figures then, as read then
+    then = client.then(before)
+    bpt = then.bytes_per_token
+    (mine,) = [x for x in then.memory if x.session_id == sid]
+    assert bpt and held.tagged_nodes > 0 and held.shared_bytes + held.exclusive_bytes > 0
+    assert (mine.tagged_nodes, mine.exclusive_tokens * bpt, mine.shared_tokens * bpt) == (
+        held.tagged_nodes, held.exclusive_bytes, held.shared_bytes)
+    assert mine.tagged_nodes_now == mine.exclusive_tokens_now == 0
+    assert (result.policy == "free") == (mine.exclusive_tokens * bpt == result.freed_bytes > 0)
+    print(f"\nradixtop then (sglang {VERSION}), the moment before radixtop's close of {sid}:")
+    print("\n".join(memory_then_lines(then, time.time(), shown=3)))
     story = client.why_session(sid)
     if result.policy == "free":
         assert result.freed_tokens > 0 and story.lost_tokens == {"closed": result.freed_tokens}

@@ -149,3 +149,56 @@ def test_a_sessions_hits_beside_the_unified_tree_are_the_requests_sglang_gave_ba
     for sid in stories:
         v = beside.why_session(sid)
         assert [(r.prompt_tokens, r.cached_tokens) for r in v.requests] == served.get(sid, []), sid
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_sessions_memory_then_beside_the_unified_tree_is_what_sglangs_own_tree_gave_then(seed):
+    """The sessions' memory at every past moment over the copy, against the from-scratch
+    attribution of SGLang's own unified tree (its full component's session marks; the deref
+    policy: a close frees nothing, exclusive stays 0) after each op: requests, evictions, closes."""
+    from radixtop.adapters.owned.attribution import attribute
+    from radixtop.adapters.sglang.trees import tree_for
+
+    rng = random.Random(seed)
+    cache, pools = drive23.build_unified_cache23(600, 1, tree_core_backend="python", enable_session_radix_cache=True)
+    recorder = recorder_for(cache)
+    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
+    mirror.apply(wire(recorder.snapshot()))
+    oracle = Oracle([], lambda q: 0, mirror, recorder)
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    mirror.history.since = mirror.history.stores_since = 0
+    own = tree_for(cache)
+
+    def memory() -> dict[str, tuple[int, int, int]]:
+        leaves = own.session_leaves()
+        want = attribute(own.root, leaves, own.closed(), set(leaves), {}, 1, False, lock_ref=own.lock_ref)
+        return {sid: row[2:5] for sid, row in want.sessions.items() if any(row[2:5])}
+
+    prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]
+    running: list = []
+    then = [memory()]
+    for _ in range(200):
+        roll = rng.random()
+        sid = f"s{rng.randrange(5)}"
+        tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
+        if roll < 0.45 or not running:
+            def begin(tokens=tokens, sid=sid) -> None:
+                try:
+                    running.append(drive23.begin_request(cache, pools, tokens, session_id=sid))
+                except RuntimeError:
+                    pass
+            oracle.step(begin, None)
+        elif roll < 0.85:
+            req = running.pop(rng.randrange(len(running)))
+            oracle.step(lambda req=req: drive23.finish_request(cache, pools, req, [rng.randrange(2, 60)]), None)
+        elif roll < 0.93 and not any(r.session_id == sid for r in running):
+            oracle.step(lambda sid=sid: drive23.close_session(cache, sid), None)
+        else:
+            oracle.step(lambda: drive23.evict(cache, rng.randint(1, 60)), None)
+        then.append(memory())
+    assert mirror.history.marks_since == 0
+    for k in range(0, len(then), 7):
+        v = beside.then(float(k))
+        got = {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
+        assert v.memory_sessions == len(then[k]) and got == {sid: then[k][sid] for sid in got}, k
+    assert len({tuple(sorted(m.items())) for m in then}) > 20, "the sessions' memory hardly moved: it proves nothing"
