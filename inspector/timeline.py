@@ -19,11 +19,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.strip import Strip
 from textual.widgets import Static
 
 from radixtop.adapters.errors import AdapterError
 from radixtop.adapters.model import NodeView
-from radixtop.adapters.text import age, human_bytes, inert
+from radixtop.adapters.text import age, human_bytes, inert, one_line
 from radixtop.inspector.tree_ops import CycleOrder, TreeOp
 from radixtop.inspector.tree_state import Row, TreeState
 from radixtop.inspector.tree_view import CacheTree
@@ -68,6 +69,7 @@ _THEN_COLUMNS: tuple[tuple[str, int, Any], ...] = (
     ("why", 14, lambda n: _left_cell(n)[:14]),
 )
 _LEFT = Style(color="yellow")
+_NOTE = Style(italic=True)
 
 
 class ThenTree(CacheTree):
@@ -78,6 +80,13 @@ class ThenTree(CacheTree):
     DEFAULT_CSS = """
     ThenTree { height: 1fr; overflow-x: hidden; }
     """
+    note = ""
+    """What the pane says where it has no rows (the tree empty then, or the moment refused)."""
+
+    def render_line(self, y: int) -> Strip:
+        if not self.rows and self.note and y == self.HEADER_LINES:
+            return Strip([Segment("  " + self.note, _NOTE)]).crop_extend(0, self._width, None)
+        return super().render_line(y)
 
     def _segments(self, row: Row, width: int) -> list[Segment]:
         segments = super()._segments(row, width)
@@ -282,12 +291,18 @@ class TimelineScreen(ModalScreen[None]):
             return
         top = self.tree_state.loaded.get(0)
         total = sum(c.subtree_bytes for c in top.children) if top is not None else 1
-        self.query_one(ThenTree).set_rows(rows, total, "bytes")
+        tree = self.query_one(ThenTree)
+        tree.note = "the tree held nothing then"
+        tree.set_rows(rows, total, "bytes")
+        tree.refresh()
 
     def refused_tree(self, asked: int, message: str) -> None:
         """The tree then could not be read at the moment shown: no rows of another moment under it."""
         if asked == self.tree_asked:
-            self.query_one(ThenTree).set_rows([], 1, "bytes")
+            tree = self.query_one(ThenTree)
+            tree.note = f"not shown: {one_line(message)}"
+            tree.set_rows([], 1, "bytes")
+            tree.refresh()
             self.app.notify(message, severity="error", title="then")
 
     def on_cache_tree_request(self, message: CacheTree.Request) -> None:

@@ -13,7 +13,7 @@ from textual.widgets import Static
 from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.inspector.app import RadixtopApp, binding_ids
 from radixtop.inspector.header import HeaderBar
-from radixtop.inspector.timeline import TimelineScreen
+from radixtop.inspector.timeline import ThenTree, TimelineScreen
 from tests.dashboard.test_doctor_panel import HOSTILE
 from tests.support.engines import build_engine
 
@@ -54,6 +54,13 @@ async def test_T_steps_the_tree_back_and_forth_from_the_historys_reach_to_now(en
         assert screen.since is not None and screen.since <= built
         assert screen.at == screen.since  # (10 s back is before the reach: the reach it is)
         assert "0 tokens cached" in text
+        assert "sessions' memory then: no session held any" in text  # (known from the reach: none then)
+        await pilot.press("v")  # (the tree then, empty: the pane says so)
+        tree = screen.query_one(ThenTree)
+        await rows_until(pilot, tree, lambda rows: tree.note)
+        await pilot.pause(0.1)
+        assert tree.rows == [] and "the tree held nothing then" in tree.render_line(tree.HEADER_LINES).text
+        await pilot.press("v")
         await pilot.press("minus")  # steps of 1 s
         assert "step 1s" in str(screen.query_one("#timeline-keys", Static).render())
         await pilot.press("right_square_bracket")
@@ -87,8 +94,6 @@ async def test_v_browses_the_tree_then_node_by_node_with_what_left_since_marked(
     """``v`` in the timeline: the tree at the moment, opened node by node with the tree's own keys;
     the nodes b's close freed since are there, in yellow, with why; a step to now, they are gone;
     every token the stats counted then is below the root."""
-    from radixtop.inspector.timeline import ThenTree
-
     before = BundledAdapter(engine).stats().total_tokens
     time.sleep(1.3)
     engine.call(lambda s: s.close_session("b"))  # (3 tokens freed by its close)
@@ -127,6 +132,8 @@ async def test_v_browses_the_tree_then_node_by_node_with_what_left_since_marked(
         screen.then_children = refused  # (a step the target refuses: no rows of another moment under it)
         await pilot.press("left_square_bracket")
         await rows_until(pilot, tree, lambda rows: not rows)
+        await pilot.pause(0.1)
+        assert "not shown: the history reaches back to 09:00:00 only" in tree.render_line(tree.HEADER_LINES).text
         screen.then_children = shown_then
         await pilot.press("v")
         assert not tree.display
