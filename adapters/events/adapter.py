@@ -558,7 +558,8 @@ class EventTreeAdapter(CacheAdapter):
         since, each that left since (radixtop's own thread: the stream's, not an engine's)."""
         with self._lock:
             tree = self._tree
-            read = run_to_end(then_pass(self._history(), at, lambda: tree.root.subtree_tokens))
+            read = run_to_end(then_pass(self._history(), at, lambda: tree.root.subtree_tokens,
+                                        tree.ledger if self._sessions_seen else None, self.bytes_per_token))
         return then_view(read, unit="block")
 
     def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:

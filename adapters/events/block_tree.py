@@ -144,7 +144,14 @@ class BlockTree:
         """Stores of a block beyond its first, not yet removed: vLLM keeps each copy apart in its
         pool (it recomputes a prompt's last full block and caches it again under the same hash)."""
         self.last_store: dict[str, float] = {}
+        old = getattr(self, "ledger", None)
+        if old is not None and old.journal is not None:  # (every session's figures go to 0 at once)
+            for sid in list(old.held):
+                old._mark(sid)
         self.ledger = BlockLedger(self.root)
+        if self.history is not None:  # (each session's figures before they move: its memory then)
+            self.ledger.journal = self.history
+            self.history.tells_figures(None if old is not None else self.history.since)
         """Every session's figures, kept as the tree changes (``settle()`` before reading them)."""
         self.version += 1
         self._journal.reset(self.version)

@@ -21,6 +21,7 @@ same from scratch, the tests' oracle.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -129,6 +130,8 @@ class BlockLedger(Watched):
         """``delta`` more (or fewer) of ``node``'s blocks are stored by ``sid`` (its holders
         already counted; ``crossed``: it came to hold the node, or no longer does)."""
         self.moves += 1
+        if self.journal is not None:
+            self._mark(sid)
         self.moved.add(sid)
         ends = self._ends.get(node)
         if ends is None:
@@ -155,6 +158,8 @@ class BlockLedger(Watched):
         if node.under:
             path = self.path
             for sid in node.under:
+                if self.journal is not None:
+                    self._mark(sid)
                 path[sid] += delta
                 self.moved.add(sid)
         self._excl.add(node)
@@ -177,6 +182,8 @@ class BlockLedger(Watched):
         tail_part: dict[str, int] = {}
         cut = head.tokens
         for sid, blocks in tail.holders.items():
+            if self.journal is not None:
+                self._mark(sid)
             under[sid] = under.get(sid, 0) + blocks
             tail_part[sid] = part[sid] - cut
             held = self.held.setdefault(sid, {})
@@ -208,6 +215,9 @@ class BlockLedger(Watched):
             node = stack.pop()
             stack.extend(node.children.values())
             under, part = node.under or {}, node.part or {}
+            if self.journal is not None:
+                for sid in itertools.chain(under, part, node.holders):
+                    self._mark(sid)
             for sid in under:
                 _add(path, sid, -node.tokens)
             for sid, end in part.items():
@@ -254,6 +264,8 @@ class BlockLedger(Watched):
                 if self.watches:
                     self._moved_node(node)
                 part = node.part.get(sid, 0) if node.part else 0
+                if self.journal is not None:
+                    self._mark(sid)
                 _add(path, sid, (node.tokens - part) if now > 0 else (part - node.tokens))
                 self._excl.add(node)
                 node.partial = None
@@ -297,7 +309,7 @@ class BlockLedger(Watched):
                 part[sid] = new
             else:
                 part.pop(sid, None)
-            if old != new and sid not in under:
+            if old != new and sid not in under:  # (marked as it came into ``_ends``: held_by, split)
                 _add(self.path, sid, new - old)
                 self.moved.add(sid)
         if not part:
@@ -334,6 +346,11 @@ class BlockLedger(Watched):
         old = node.excl
         if old == mine:
             return
+        if self.journal is not None:
+            if old is not None:
+                self._mark(old[0])
+            if mine is not None:
+                self._mark(mine[0])
         if old is not None:
             _add(self.exclusive, old[0], -old[1])
             self.moved.add(old[0])

@@ -197,7 +197,8 @@ def then_pass(history: CacheHistory, at: float | None, tokens_now: Callable[[], 
     if ledger is not None and ledger.journal is history and history.marks_since is not None:
         memory = yield from memory_pass(history, ledger, at)
     ghosts, changes, _ = yield from changes_from(history, at, history.first_after(at))
-    return ghosts, changes, tokens_now(), reach, at, ops, ops_since, (memory, history.marks_since, bytes_per_token)
+    since = history.marks_since if ledger is not None else None  # (none: the target keeps no sessions' figures)
+    return ghosts, changes, tokens_now(), reach, at, ops, ops_since, (memory, since, bytes_per_token)
 
 
 MARKS_A_SLICE = 16_384

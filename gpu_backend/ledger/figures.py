@@ -36,10 +36,6 @@ from typing import Any
 
 from radixtop.gpu_backend.ledger.paths import Watched
 
-MARK_TICK_S = 0.001
-"""A session's figures are marked once a millisecond at most (``_mark``): the sessions' memory at
-a past moment is as of the moment to the millisecond (a moment inside one is told as its start)."""
-
 Node = Any  # a tree node: ``parent``, ``children``, ``lock_ref``, ``ledger_rec``; its size through ``size``
 
 
@@ -108,13 +104,6 @@ class SessionLedger(Watched):
         self.moves = 0
         """Changes told so far (a reader's stamp: nothing moved since while it is the same)."""
         self.tags: dict[str, int] = {}
-        self.journal: Any = None
-        """Where each move of a session's figures is told first, with the figures until then (a
-        ``CacheHistory``'s ``moving``: the sessions' memory at a past moment); None: not told."""
-        self._marked: set[str] = set()
-        self._marked_at = float("-inf")
-        """The sessions told to ``journal`` since ``_marked_at`` (its clock), each once within
-        ``MARK_TICK_S`` (its figures before its first change in it)."""
         self.resets = 0
         """Resets so far (a reader of path sums starts again after one)."""
         self._watchers()
@@ -548,19 +537,6 @@ class SessionLedger(Watched):
                     else:
                         up.kids[new] = up.kids.get(new, 0) + 1
             node, rec = parent, up
-
-    def _mark(self, sid: str) -> None:
-        """Tell ``journal`` ``sid``'s figures before they move: once within ``MARK_TICK_S`` (an
-        owner's op moves a session's figures several times: its tag, its old leaf's untag, an
-        owner settled; one mark says what they were before all of them)."""
-        journal = self.journal
-        now = journal.clock()
-        if not 0 <= now - self._marked_at < MARK_TICK_S:
-            self._marked.clear()
-            self._marked_at = now
-        if sid not in self._marked:
-            self._marked.add(sid)
-            journal.moving(sid, self.tags.get(sid, 0), self.exclusive.get(sid, 0), self.path.get(sid, 0), now)
 
     def _one_tag_fewer(self, sid: str) -> None:
         left = self.tags[sid] - 1

@@ -90,6 +90,12 @@ class Watch:
         self.lock = lock
 
 
+MARK_TICK_S = 0.001
+"""A session's figures are marked once a millisecond at most (``Watched._mark``): the sessions'
+memory at a past moment is as of the moment to the millisecond (a moment inside one is told as its
+start)."""
+
+
 class Watched:
     """A ledger that readers of path sums watch: ``watch()`` and ``unwatch()``, and what its
     changes tell (``watches``: every reader; ``beneath_nodes``: the ``nodes`` of those told when a
@@ -101,6 +107,30 @@ class Watched:
 
     def _watchers(self) -> None:
         self.watches, self.beneath_nodes, self.lock_paths = [], [], []
+        self.journal: Any = None
+        """Where each move of a session's figures is told first, with the figures until then (a
+        ``CacheHistory``'s ``moving``: the sessions' memory at a past moment); None: not told."""
+        self._marked: set[str] = set()
+        self._marked_at = float("-inf")
+        """The sessions told to ``journal`` since ``_marked_at`` (its clock), each once within
+        ``MARK_TICK_S`` (its figures before its first change in it)."""
+
+    def figures(self, sid: str) -> tuple[int, int, int]:
+        """(tagged nodes, exclusive tokens, path tokens) of ``sid`` now."""
+        raise NotImplementedError
+
+    def _mark(self, sid: str) -> None:
+        """Tell ``journal`` ``sid``'s figures before they move: once within ``MARK_TICK_S`` (an
+        owner's op moves a session's figures several times: its tag, its old leaf's untag, an
+        owner settled; one mark says what they were before all of them)."""
+        journal = self.journal
+        now = journal.clock()
+        if not 0 <= now - self._marked_at < MARK_TICK_S:
+            self._marked.clear()
+            self._marked_at = now
+        if sid not in self._marked:
+            self._marked.add(sid)
+            journal.moving(sid, *self.figures(sid), now)
 
     def watch(self, lock: bool = False) -> Watch:
         """A new reader of path sums: told each node whose sessions beneath moved, or (``lock``)

@@ -72,26 +72,8 @@ def test_why_on_a_vllm_stream_names_the_batch_and_cause_that_removed_each_lost_t
     cached: list[list[int]] = [[0] * len(queries)]
     causes: list = [None]
     for k, (op, arg, chain) in enumerate(ops, start=1):
-        if op == "store":
-            blocks = chain(arg)
-            have = 0
-            while have < len(blocks) and blocks[have][0] in tree.blocks:
-                have += 1
-            if have == len(blocks):
-                event = None
-            else:
-                new = blocks[have:]
-                event = Stored(tuple(h for h, _ in new), blocks[have - 1][0] if have else None,
-                               tuple(t for _, b in new for t in b), BLOCK)
-        elif op == "remove":
-            keys = list(tree.blocks.keys()) if hasattr(tree.blocks, "keys") else [b for b in tree.blocks]
-            event = Removed((sorted(keys)[int(arg * len(keys))],)) if keys else None
-        else:
-            event = Cleared()
-        if event is not None:
-            adapter.apply_batch(k, Batch(float(k), None, [event]))
-        else:
-            adapter.apply_batch(k, Batch(float(k), None, []))
+        event = event_of(tree, op, arg, chain)
+        adapter.apply_batch(k, Batch(float(k), None, [event] if event is not None else []))
         causes.append((FLUSHED, None) if op == "clear" else (EVICTED, None))
         cached.append([adapter.match(list(q)).matched_tokens for q in queries])
     lost_any = 0
@@ -171,6 +153,25 @@ def block_walk(tree) -> dict[int, tuple[tuple[int, ...], int, frozenset[str]]]:
     return out
 
 
+def event_of(tree, op: str, arg, chain, session: str | None = None):
+    """A ``stream`` op as the engine sends it on the tree as it is: a store of the blocks of its
+    prompt not cached yet (None: all are), a removal of one block (None: none to remove), a clear."""
+    if op == "store":
+        blocks = chain(arg)
+        have = 0
+        while have < len(blocks) and blocks[have][0] in tree.blocks:
+            have += 1
+        if have == len(blocks):
+            return None
+        new = blocks[have:]
+        return Stored(tuple(h for h, _ in new), blocks[have - 1][0] if have else None,
+                      tuple(t for _, b in new for t in b), BLOCK, session_id=session)
+    if op == "remove":
+        keys = sorted(tree.blocks.keys())
+        return Removed((keys[int(arg * len(keys))],)) if keys else None
+    return Cleared()
+
+
 @pytest.mark.parametrize("seed,keys", [(seed, "int") for seed in range(6)] + [(6, "signed"), (7, "bytes")])
 def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_since_plus_what_left(seed, keys):
     """``then`` at every past batch against the tree's own walk after it (``check_then``): blocks
@@ -184,21 +185,7 @@ def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_sin
     tree.history.since = tree.history.stores_since = 0
     walks = [block_walk(tree)]
     for k, (op, arg, chain) in enumerate(ops, start=1):
-        event = None
-        if op == "store":
-            blocks = chain(arg)
-            have = 0
-            while have < len(blocks) and blocks[have][0] in tree.blocks:
-                have += 1
-            if have < len(blocks):
-                new = blocks[have:]
-                event = Stored(tuple(h for h, _ in new), blocks[have - 1][0] if have else None,
-                               tuple(t for _, b in new for t in b), BLOCK)
-        elif op == "remove":
-            keys = sorted(tree.blocks.keys())
-            event = Removed((keys[int(arg * len(keys))],)) if keys else None
-        else:
-            event = Cleared()
+        event = event_of(tree, op, arg, chain)
         adapter.apply_batch(k, Batch(float(k), None, [event] if event is not None else []))
         walks.append(block_walk(tree))
     check_walks(tree.history, walks, lambda: tree.root.subtree_tokens, adapter.then, every=11,
@@ -234,3 +221,42 @@ def test_a_lost_frame_ends_the_cause_an_action_told_and_a_gap_is_when_it_is_foun
     import time as _time
 
     assert tree.history.then_reaches_back_to() > 102.0 and tree.history.then_reaches_back_to() <= _time.time()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_sessions_memory_then_on_a_stream_with_sessions_is_what_the_tree_attributed_then(seed):
+    """A stream whose stores name their session (SGLang 0.5.19+'s ``session_id``, vLLM's): the
+    sessions' memory at every past batch (``then``'s ``memory``) against the block tree's
+    from-scratch attribution after it: nodes held, exclusive and path tokens; a batch of several
+    events (stores, removals of a parent, a clear) is one moment. A stream that names no session
+    says its sessions' memory is not known."""
+    prompts, ops = stream(seed)
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=2, capacity_tokens=4096)
+    tree = adapter._tree
+    tree.history.since = tree.history.stores_since = tree.history.marks_since = 0
+    rng = random.Random(seed)
+    assert adapter.then(None).memory is None and adapter.then(None).memory_since is None  # (no session named yet)
+
+    def attributed() -> dict[str, tuple[int, int, int]]:
+        return {sid: (f.tagged_nodes, f.exclusive, f.path - f.exclusive)
+                for sid, f in tree.attribute().sessions.items() if f.tagged_nodes or f.path}
+
+    then = [attributed()]
+    batch: list = []
+    k = 0
+    for op, arg, chain in ops:
+        event = event_of(tree, op, arg, chain, f"s{rng.randrange(5)}")
+        if event is not None:
+            batch.append(event)
+        if rng.random() < 0.6:  # (else the next op's event joins this batch)
+            k += 1
+            adapter.apply_batch(k, Batch(float(k), None, batch))
+            batch = []
+            then.append(attributed())
+    assert tree.history.marks_since == 0
+    for moment in range(1, len(then)):
+        v = adapter.then(float(moment))
+        got = {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
+        assert v.bytes_per_token == 2 and v.memory_sessions == len(then[moment]), moment
+        assert got == {sid: then[moment][sid] for sid in got}, moment
+    assert len({tuple(sorted(m.items())) for m in then}) > 20 and any(e for m in then for _, e, _ in m.values())

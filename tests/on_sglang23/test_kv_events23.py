@@ -169,8 +169,16 @@ def test_sessions_from_a_real_0523_cache_and_its_replay(sgl):
             assert (a.tagged_nodes, a.exclusive_bytes, a.shared_bytes, a.fair_share_bytes) == (2, 20, 30, 35)
             assert a.state == "open" and a.last_activity_age_s is not None
             assert page.figures_age_s == 0.0 and page.figures_current  # kept with the tree: no pass
+            held = {v.id: (v.tagged_nodes, v.exclusive_bytes, v.shared_bytes) for v in page.sessions}
+            moment = time.time()  # (after the last batch SGLang stamped; before b's turn)
             server.request([1, 2, 3, 5, 6, 11, 12], [13], "b")  # b's turn: its figures move at once
             assert adapter.wait_for_seq(server.publish(), 10)
+            then = adapter.then(moment)  # the sessions' memory before b's turn: as the sessions page read then
+            assert then.bytes_per_token == 10 and then.memory_sessions == 2
+            assert {x.session_id: (x.tagged_nodes, x.exclusive_tokens * 10, x.shared_tokens * 10)
+                    for x in then.memory} == held
+            assert {x.session_id: x.exclusive_tokens_now > x.exclusive_tokens for x in then.memory} == {
+                "a": False, "b": True}
             with adapter._lock:  # the kept figures, against the from-scratch attribution of the tree
                 want = {sid: (f.tagged_nodes, f.exclusive * 10, (f.path - f.exclusive) * 10, round(f.fair * 10))
                         for sid, f in adapter._tree.attribute().sessions.items()}
