@@ -83,32 +83,71 @@ def new_recording(adapter: Any, path: Path, option: str = "") -> IO[str]:
 
 @app.command()
 def diff(
-    a: Annotated[Path, typer.Argument(help="A recording (radixtop record).")],
-    b: Annotated[Path | None, typer.Argument(help="A later recording: from A's end to B's.")] = None,
+    a: Annotated[str, typer.Argument(help="A recording (radixtop record), or a moment of the target's history "
+                                          "(10m ago, 14:03:27).")],
+    b: Annotated[str | None, typer.Argument(help="A later recording: from A's end to B's; or a later moment "
+                                                 "(default: now).")] = None,
     start: Annotated[str | None, typer.Option("--from", help="The first moment: this long after A's start "
                                               "(default: A's first moment; with B, A's last).")] = None,
     stop: Annotated[str | None, typer.Option("--to", help="The second moment: this long after the start of "
                                              "the recording it is in (default: its last).")] = None,
+    url: Url = DEFAULT_URL, token: Token = None, timeout: Timeout = 10.0,
     as_json: Json = False,
 ) -> None:
-    """Compare two moments of a recording, or the ends of two recordings: the figures then and
-    after, the sessions that grew, came and went, and what left the tree in between, by cause
-    and by session."""
+    """Compare two moments of a recording, or the ends of two recordings, or two moments of the
+    target's own history: the figures then and after, the sessions that grew, came and went, and
+    what left the tree in between, by cause and by session."""
     from radixtop.cli.recording import RecordingError, parse_duration, read_recording
     from radixtop.cli.recording import diff as compare
 
+    if not Path(a).exists() and _is_moment(a):
+        return _diff_moments(a, b, url, token, timeout, as_json)
     try:
         t1 = None if start is None else parse_duration(start)
         t2 = None if stop is None else parse_duration(stop)
     except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     try:
-        first = read_recording(a)
-        d = compare(first, None if b is None else read_recording(b), t1, t2)
+        first = read_recording(Path(a))
+        d = compare(first, None if b is None else read_recording(Path(b)), t1, t2)
     except RecordingError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot read {exc.filename}: {exc.strerror}") from None
+    if as_json:
+        return emit_json(d)
+    for line in diff_lines(d):
+        typer.echo(line)
+    return None
+
+
+def _is_moment(text: str) -> bool:
+    from radixtop.cli.remote import parse_moment
+
+    try:
+        parse_moment(text, time.time())
+    except ValueError:
+        return False
+    return True
+
+
+def _diff_moments(a: str, b: str | None, url: str, token: str | None, timeout: float, as_json: bool) -> None:
+    """``diff`` of two moments of the target's history (A not a file): from the moment A to B (or now)."""
+    from radixtop.cli.recording import RecordingError, diff_live
+    from radixtop.cli.remote import parse_moment
+    from radixtop.cli.targets import remote_target
+
+    now = time.time()
+    try:
+        t1 = parse_moment(a, now)
+        t2 = now if b is None else parse_moment(b, now)
+    except ValueError as exc:  # (B: A was a moment)
+        raise fail(f"B is not a moment: {exc}", EXIT_USAGE) from None
+    with remote_target(url, token, timeout) as t:
+        try:
+            d = diff_live(t, t1, t2)
+        except RecordingError as exc:
+            raise fail(str(exc)) from None
     if as_json:
         return emit_json(d)
     for line in diff_lines(d):

@@ -33,7 +33,7 @@ from typing import IO, Any
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.wire import WireError, from_wire
-from radixtop.adapters.model import CAUSES, ServedEntry
+from radixtop.adapters.model import CAUSES, MAX_HISTORY_PAGE, ServedEntry
 
 RECORDING = 1
 MOMENT_SESSIONS = 100
@@ -342,12 +342,24 @@ def diff(a: Recording, b: Recording | None, start: float | None, stop: float | N
     for name in FIGURES:
         x, y = m1["stats"].get(name), m2["stats"].get(name)
         figures[name] = {"from": x, "to": y, "change": None if x is None or y is None else y - x}
-    s1 = {row["id"]: row for row in m1.get("sessions") or ()}
-    s2 = {row["id"]: row for row in m2.get("sessions") or ()}
-    sessions_known = m1.get("sessions") is not None and m2.get("sessions") is not None
-    grew = sorted(((sid, s2[sid]["exclusive_bytes"] - s1[sid]["exclusive_bytes"]) for sid in s1.keys() & s2.keys()),
-                  key=lambda item: (-abs(item[1]), item[0]))
+    s1 = None if m1.get("sessions") is None else {row["id"]: row["exclusive_bytes"] for row in m1["sessions"]}
+    s2 = None if m2.get("sessions") is None else {row["id"]: row["exclusive_bytes"] for row in m2["sessions"]}
     removed = [r for r in _unique(a.removed + (b.removed if b else [])) if t1 < r["at"] <= t2]
+    gaps = [g for g in a.gaps + (b.gaps if b else []) if t1 < g["at"] <= t2]
+    if b is not None and a.end is not None and b.header.get("started_at", t2) > a.end["at"]:
+        gaps.append({"at": a.end["at"], "reason": "between the two recordings nothing was recorded"})
+    return compared(t1, t2, m2["stats"].get("bytes_per_token") or 0, figures, s1, s2, removed, gaps)
+
+
+def compared(t1: float, t2: float, bpt: int, figures: dict[str, Any], s1: dict[str, int] | None,
+             s2: dict[str, int] | None, removed: list[dict[str, Any]], gaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """``diff``'s answer from its parts (a recording's, or a live target's: ``diff_live``): the
+    figures, each moment's largest sessions by their exclusive bytes (None: not known), the
+    removals between the moments (as a recording's lines), the gaps."""
+    sessions_known = s1 is not None and s2 is not None
+    s1, s2 = s1 or {}, s2 or {}
+    grew = sorted(((sid, s2[sid] - s1[sid]) for sid in s1.keys() & s2.keys()),
+                  key=lambda item: (-abs(item[1]), item[0]))
     by_cause: dict[str, dict[str, int]] = {}
     by_session: dict[str, dict[str, int]] = {}
     for r in removed:
@@ -361,10 +373,6 @@ def diff(a: Recording, b: Recording | None, start: float | None, stop: float | N
         for sid in owners:
             mine = by_session.setdefault(sid, {})
             mine[r["cause"]] = mine.get(r["cause"], 0) + n
-    gaps = [g for g in a.gaps + (b.gaps if b else []) if t1 < g["at"] <= t2]
-    if b is not None and a.end is not None and b.header.get("started_at", t2) > a.end["at"]:
-        gaps.append({"at": a.end["at"], "reason": "between the two recordings nothing was recorded"})
-    bpt = m2["stats"].get("bytes_per_token") or 0
     return {
         "from": t1, "to": t2, "bytes_per_token": bpt, "figures": figures,
         "sessions": None if not sessions_known else {
@@ -376,6 +384,42 @@ def diff(a: Recording, b: Recording | None, start: float | None, stop: float | N
                                 sorted(by_session.items(), key=lambda item: (-sum(item[1].values()), item[0]))][:TOP]},
         "gaps": [{"at": g["at"], "reason": g["reason"]} for g in gaps],
     }
+
+
+NO_OPS = 1 << 62
+"""A reader's place past every op (``history``'s ``served_after``): a page of removals only."""
+
+
+def diff_live(target: Any, t1: float, t2: float) -> dict[str, Any]:
+    """``diff`` of two moments of a live target's history (no recording): the tokens cached at
+    each and the sessions' memory then (``then``), and what left the tree in between (its journal,
+    ``history``, read from its start)."""
+    if t2 < t1:
+        raise RecordingError("the second moment is before the first: give the earlier one first")
+    v1, v2 = target.then(t1), target.then(t2)
+    figures = {"cached_tokens": {"from": v1.tokens_then, "to": v2.tokens_then,
+                                 "change": v2.tokens_then - v1.tokens_then}}
+    bpt = v2.bytes_per_token or 0
+
+    def largest(v: Any) -> dict[str, int] | None:
+        return None if v.memory is None or not bpt else {x.session_id: x.exclusive_tokens * bpt for x in v.memory}
+
+    removed: list[dict[str, Any]] = []
+    gaps: list[dict[str, Any]] = []
+    after, epoch = 0, None
+    while True:
+        page = target.history(after, NO_OPS, MAX_HISTORY_PAGE)
+        if epoch is not None and page.epoch != epoch:
+            raise RecordingError("the target's history began again (a restart) while it was read: ask again")
+        epoch = page.epoch
+        if page.removed_first > after + 1 and after:
+            gaps.append({"at": page.removed[0].at if page.removed else t2,
+                         "reason": "removals dropped by the history's bounds while it was read"})
+        removed.extend(g.to_dict() for g in page.removed if t1 < g.at <= t2)
+        if not page.removed or page.removed[-1].seq >= page.removed_count or page.removed[-1].at > t2:
+            break
+        after = page.removed[-1].seq
+    return compared(t1, t2, bpt, figures, largest(v1), largest(v2), removed, gaps)
 
 
 def _unique(removed: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -240,6 +240,46 @@ def test_then_tells_the_tree_at_a_moment_from_what_left_since(fresh_server):
     assert run(fresh_server, "then", "25:00").exit_code == 2
 
 
+def test_diff_of_two_moments_of_the_targets_own_history(fresh_server):
+    """``diff`` of a moment of the target's history (not a recording) to now, against a real API
+    server: the tokens cached then (the stats read then) and now; the sessions' exclusive memory
+    then (the sessions page read then) and now: b's close took its own; what left in between by
+    cause and by session, from the journal; a moment not one, or before the history's reach, is
+    one line, exit 2."""
+    import time
+
+    before = one_json(run(fresh_server, "stats", "--json"))
+    held = {v["id"]: v["exclusive_bytes"] for v in one_json(run(fresh_server, "sessions", "--json"))["sessions"]}
+    time.sleep(1.02 - time.time() % 1)
+    moment = time.strftime("%H:%M:%S", time.localtime(int(time.time())))
+    closed = one_json(run(fresh_server, "close", "b", "--yes", "--json"))["results"][0]["freed_tokens"]
+    evicted = one_json(run(fresh_server, "evict", "2", "--yes", "--json"))["evicted_tokens"]
+    after = one_json(run(fresh_server, "stats", "--json"))
+    now = {v["id"]: v["exclusive_bytes"] for v in one_json(run(fresh_server, "sessions", "--json"))["sessions"]}
+    doc = one_json(run(fresh_server, "diff", moment, "--json"))
+    assert doc["figures"] == {"cached_tokens": {"from": before["total_tokens"], "to": after["total_tokens"],
+                                                "change": after["total_tokens"] - before["total_tokens"]}}
+    assert {c: v["tokens"] for c, v in doc["left"]["by_cause"].items()} == {"closed": closed, "evict_action": evicted}
+    assert doc["left"]["tokens"] == closed + evicted and closed == 3
+    mine = {row["id"]: row for row in doc["left"]["by_session"]}
+    assert mine["b"]["by_cause"]["closed"] == closed
+    held_then = {sid: b for sid, b in held.items() if b}
+    grew = {row["id"]: row["exclusive_bytes_change"] for row in doc["sessions"]["grew"]}
+    for sid, change in grew.items():  # (among the largest at both moments)
+        assert change == now.get(sid, 0) - held_then[sid], sid
+    assert held_then["b"] > 0 and "b" in doc["sessions"]["gone"] and now.get("b", 0) == 0
+    out = run(fresh_server, "diff", moment).stdout
+    assert f"from {moment} to" in out and "cached_tokens: " in out
+    assert "left the tree: " in out and "freed by closes" in out and "evicted on request" in out
+    assert "session b: 3 tokens (3 freed by closes)" in out
+    early = run(fresh_server, "diff", "2h")  # (before the history's reach)
+    assert early.exit_code == 2 and "reaches back to" in early.stderr and len(early.stderr.splitlines()) == 1
+    later = run(fresh_server, "diff", moment, "soon")
+    assert later.exit_code == 2 and "B is not a moment" in later.stderr and len(later.stderr.splitlines()) == 1
+    none = run(fresh_server, "diff", "soon")  # (neither a moment nor a file: a recording that is not there)
+    assert none.exit_code == 1 and "cannot read soon" in none.stderr
+
+
 def test_tree_at_a_moment_is_the_tree_then_node_by_node(fresh_server, monkeypatch):
     """``tree --at`` (the tree then, a page of children a node, over ``GET /v1/then/children``)
     against a real API server: before a close and an evict, the tree then holds every token the
