@@ -80,7 +80,8 @@ as the removed nodes' is."""
 MARK_CHUNK = 8192
 """Marks (a session's figures before they moved: ``moving``) a chunk holds."""
 MOST_MARKS = 1 << 19
-"""Marks kept at most (40 bytes each and the session id's reference: about 24 MiB), the oldest
+"""Marks kept at most (41 bytes each with the session id's reference: about 20.5 MiB, and the ids
+they keep alive after their sessions closed), the oldest
 chunk dropped first; their age is bounded as the removed nodes' is. A request moves one or two
 sessions' figures (its own, and the one that shared its prefix): 250,000 requests or more."""
 

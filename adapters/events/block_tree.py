@@ -151,7 +151,7 @@ class BlockTree:
         self.ledger = BlockLedger(self.root)
         if self.history is not None:  # (each session's figures before they move: its memory then)
             self.ledger.journal = self.history
-            self.history.tells_figures(None if old is not None else self.history.since)
+            self.history.tells_figures(self.history.since)  # (from the tree's start: it was empty; once)
         """Every session's figures, kept as the tree changes (``settle()`` before reading them)."""
         self.version += 1
         self._journal.reset(self.version)

@@ -295,13 +295,15 @@ def then_from_dict(d: dict[str, Any]) -> ThenView:
                    or x.last_at > view.at for x in view.sessions)):
         raise WireError(f"{len(view.sessions)} sessions then of {view.sessions_active} ({view.sessions_open} open), "
                         "hits over prompts or ops after the moment: not an answer")
-    if view.memory is not None and (
-            view.memory_sessions is None or len(view.memory) > view.memory_sessions
+    if view.memory is None:
+        if view.memory_sessions is not None:
+            raise WireError(f"{view.memory_sessions} sessions' memory then, and none told: not an answer")
+    elif (view.memory_sessions is None or len(view.memory) > view.memory_sessions
+            or view.memory_since is None or view.memory_since > view.at
             or len({x.session_id for x in view.memory}) != len(view.memory)
-            or any(min(x.tagged_nodes, x.exclusive_tokens, x.shared_tokens, x.tagged_nodes_now, x.exclusive_tokens_now,
-                       x.shared_tokens_now) < 0 for x in view.memory)):
-        raise WireError(f"{len(view.memory)} sessions' memory then of {view.memory_sessions}, or figures below 0: "
-                        "not an answer")
+            or any(not (x.tagged_nodes or x.exclusive_tokens or x.shared_tokens) for x in view.memory)):
+        raise WireError(f"{len(view.memory)} sessions' memory then of {view.memory_sessions} (known since "
+                        f"{view.memory_since}), twice one, or one that held nothing then: not an answer")
     return view
 
 

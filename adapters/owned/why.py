@@ -189,39 +189,52 @@ def then_pass(history: CacheHistory, at: float | None, tokens_now: Callable[[], 
     the tree's ``SessionLedger``, whose figures told to the history give the sessions' memory then
     (``memory_pass``)."""
     at, reach = check_moment(history, at)
+    start = history.first_after(at)  # (before any slice: what the bounds drop from here on is seen)
+    marks = ledger is not None and ledger.journal is history
+    first_mark = memory_start(history, at) if marks else None
     ops, ops_since = None, history.served_since
     if ops_since is not None:  # (the sessions then: their ops up to the moment)
         ops = yield from _in_slices(history.requests_after)
         yield
     memory = None
-    if ledger is not None and ledger.journal is history and history.marks_since is not None:
-        memory = yield from memory_pass(history, ledger, at)
-    ghosts, changes, _ = yield from changes_from(history, at, history.first_after(at))
+    if first_mark is not None:
+        memory = yield from memory_pass(history, ledger, at, first_mark)
+    ghosts, changes, _ = yield from changes_from(history, at, start)
     since = history.marks_since if ledger is not None else None  # (none: the target keeps no sessions' figures)
     return ghosts, changes, tokens_now(), reach, at, ops, ops_since, (memory, since, bytes_per_token)
 
 
-MARKS_A_SLICE = 16_384
-"""Marks a slice of ``memory_pass`` copies at most (about 0.1 ms)."""
-
-
-def memory_pass(history: CacheHistory, ledger: Any, at: float) -> Generator[None, None, tuple[Any, ...] | None]:
-    """The sessions' figures at ``at``, copied on the owner thread: the ledger's figures now (its
-    three maps, one a slice: 0.2 ms each at 50,000 sessions) and every mark after ``at`` (the
-    figures a session had until it moved), ``MARKS_A_SLICE`` a slice, to the journal's end in the
-    last. A session's first mark after ``at`` is its figures then; one with none kept its figures
-    since, so its figures read now (in any slice) are its figures then. None where the marks do not
-    reach back to ``at`` (the bounds, before or while they are read)."""
+def memory_start(history: CacheHistory, at: float) -> int | None:
+    """The number of the first mark after ``at`` (read before any slice, so that marks the
+    bounds drop meanwhile are seen); None where the marks do not reach back to ``at``."""
     if history.marks_since is None or at < history.marks_since:
         return None
+    return history.marks_first_after(at)
+
+
+def memory_pass(history: CacheHistory, ledger: Any, at: float,
+                number: int | None = None) -> Generator[None, None, tuple[Any, ...] | None]:
+    """The sessions' figures at ``at``, copied on the owner thread: the ledger's figures now (its
+    three maps, one a slice: 0.2 ms each at 50,000 sessions; all three again in one where a reset
+    came between) and every mark from ``number`` (``memory_start``: the figures a session had until
+    it moved), a chunk of marks (8,192) a slice, to the journal's end in the last. A session's first
+    mark after ``at`` is its figures then; one with none kept its figures since, so its figures read
+    now (in any slice) are its figures then. None where the marks do not reach back to ``at`` (the
+    bounds, before or while they are read)."""
+    if number is None:
+        number = memory_start(history, at)
+        if number is None:
+            return None
+    resets = ledger.resets
     now: list[dict[str, int]] = []
     for name in ("tags", "exclusive", "path"):  # (read anew each slice: a reset makes new maps)
         now.append(dict(getattr(ledger, name)))
         yield
-    number = history.marks_first_after(at)
+    if ledger.resets != resets:  # (a reset between: the maps now of one tree)
+        now = [dict(ledger.tags), dict(ledger.exclusive), dict(ledger.path)]
     marks: list[Any] = []
     while True:
-        piece = history.marks_from(number, MARKS_A_SLICE)
+        piece = history.marks_from(number, history.mark_chunk)
         if piece is None:  # (dropped since it was found)
             return None
         if piece[1] == number and number <= history.marked_count:  # (never a loop on the owner thread)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Collection, Generator, Iterator
 from typing import Any
@@ -90,10 +91,10 @@ class Watch:
         self.lock = lock
 
 
-MARK_TICK_S = 0.001
-"""A session's figures are marked once a millisecond at most (``Watched._mark``): the sessions'
-memory at a past moment is as of the moment to the millisecond (a moment inside one is told as its
-start)."""
+MARK_TICKS_A_SECOND = 1000
+"""A session's figures are marked once a millisecond of the history's clock at most
+(``Watched._mark``), the mark stamped with the millisecond's start: a moment of the sessions'
+memory is told as of the end of the millisecond it falls in."""
 
 
 class Watched:
@@ -111,26 +112,26 @@ class Watched:
         """Where each move of a session's figures is told first, with the figures until then (a
         ``CacheHistory``'s ``moving``: the sessions' memory at a past moment); None: not told."""
         self._marked: set[str] = set()
-        self._marked_at = float("-inf")
-        """The sessions told to ``journal`` since ``_marked_at`` (its clock), each once within
-        ``MARK_TICK_S`` (its figures before its first change in it)."""
+        self._marked_tick: int | None = None
+        """The sessions told to ``journal`` in the millisecond ``_marked_tick`` (of its clock), each
+        once (its figures before its first change in it)."""
 
     def figures(self, sid: str) -> tuple[int, int, int]:
         """(tagged nodes, exclusive tokens, path tokens) of ``sid`` now."""
         raise NotImplementedError
 
     def _mark(self, sid: str) -> None:
-        """Tell ``journal`` ``sid``'s figures before they move: once within ``MARK_TICK_S`` (an
-        owner's op moves a session's figures several times: its tag, its old leaf's untag, an
-        owner settled; one mark says what they were before all of them)."""
+        """Tell ``journal`` ``sid``'s figures before they move: once a millisecond (an owner's op
+        moves a session's figures several times: its tag, its old leaf's untag, an owner settled;
+        one mark says what they were before all of them), stamped with the millisecond's start."""
         journal = self.journal
-        now = journal.clock()
-        if not 0 <= now - self._marked_at < MARK_TICK_S:
+        tick = math.floor(journal.clock() * MARK_TICKS_A_SECOND)
+        if tick != self._marked_tick:
             self._marked.clear()
-            self._marked_at = now
+            self._marked_tick = tick
         if sid not in self._marked:
             self._marked.add(sid)
-            journal.moving(sid, *self.figures(sid), now)
+            journal.moving(sid, *self.figures(sid), tick / MARK_TICKS_A_SECOND)
 
     def watch(self, lock: bool = False) -> Watch:
         """A new reader of path sums: told each node whose sessions beneath moved, or (``lock``)

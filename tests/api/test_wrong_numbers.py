@@ -243,6 +243,18 @@ def test_a_then_whose_figures_do_not_add_up_is_refused():
                 {"sessions": [{**session, "state": "ajar"}]}):
         with pytest.raises(WireError):
             then_from_dict({**good, **sessions, **bad})
+    # the sessions' memory then: known since before the moment, each one held something then
+    mine = {"session_id": "s", "tagged_nodes": 2, "exclusive_tokens": 5, "shared_tokens": 3, "tagged_nodes_now": 0,
+            "exclusive_tokens_now": 0, "shared_tokens_now": 0}
+    memory = {"memory": [mine], "memory_sessions": 1, "memory_since": 0.5, "bytes_per_token": 2}
+    assert then_from_dict({**good, **memory}).memory[0].exclusive_tokens == 5
+    assert then_from_dict({**good, "memory": None, "memory_sessions": None, "memory_since": 2.0}).memory is None
+    for bad in ({"memory_since": None}, {"memory_since": 1.5}, {"memory_sessions": 0},
+                {"memory": [mine, mine], "memory_sessions": 2},
+                {"memory": [{**mine, "tagged_nodes": 0, "exclusive_tokens": 0, "shared_tokens": 0}]},
+                {"memory": [{**mine, "shared_tokens": -1}]}, {"memory": None, "memory_sessions": 1}):
+        with pytest.raises(WireError):
+            then_from_dict({**good, **memory, **bad})
 
 
 def test_stats_floats_and_bools_are_checked():

@@ -377,15 +377,21 @@ def test_the_sessions_memory_then_is_not_known_before_the_marks_reach_and_says_s
         "sessions' memory then: not known here (the target keeps no sessions' figures)"]
 
 
-def test_a_reset_of_the_tree_keeps_the_sessions_memory_before_it():
-    """A reset (a copy's tree coming again whole, SGLang's flush) drops every session's figures
-    at once: a moment before it still has them, one after it has none."""
+def served_one_at_a_time() -> tuple[Scheduler, list[int], CacheHistory]:
+    """A generated trace of one request at a time on a large pool, served (none running after)."""
     lines = generate_trace(2, n_ops=120, max_in_flight=1, vocab=60)
     s, clock, h = clocked(lines, "large")
     replayer = Replayer(s)
     for op in read_trace(lines):
         clock[0] += 1
         replayer.apply(op)
+    return s, clock, h
+
+
+def test_a_reset_of_the_tree_keeps_the_sessions_memory_before_it():
+    """A reset (a copy's tree coming again whole, SGLang's flush) drops every session's figures
+    at once: a moment before it still has them, one after it has none."""
+    s, clock, h = served_one_at_a_time()
     before = oracle_memory(s)
     assert not s.running and any(e for _, e, _ in before.values())
     clock[0] += 1
@@ -400,8 +406,83 @@ def test_the_sessions_memory_is_known_as_far_back_as_the_bundled_engines_history
     """The bundled engine's ledger is as old as its tree: the earliest moment the timeline shows
     (the history's reach) has the sessions' memory (none held any then), not "not known"."""
     s = Scheduler(get_geometry("tiny"), 4096, device="cpu", write_kv=False)
+    time.sleep(0.002)  # (a moment is told as of the end of its millisecond: the request in a later one)
     s.begin("r1", list(range(1, 40)), "a")
     s.finish("r1", [7, 8])
     v = bundled(s).then(None)
     assert v.memory == () and v.memory_since == s.cache.history.then_reaches_back_to()
     assert [x.session_id for x in bundled(s).then(time.time()).memory] == ["a"]
+
+
+def test_marks_or_changes_dropped_by_the_bounds_while_a_moment_is_read_are_said_not_answered_wrong(monkeypatch):
+    """The journals' bounds drop the oldest while a ``then`` is read in slices (the owner goes on
+    between them): where what they dropped is after the moment asked, the sessions' memory is not
+    known (null) and the tree is refused in one line, never figures that skip them."""
+    import radixtop.adapters.owned.why as why
+    import radixtop.gpu_backend.history as history
+
+    lines = generate_trace(1, n_ops=400, max_in_flight=4, vocab=60)
+    for dropped in ("marks", "stores"):
+        s, clock, h = clocked(lines, "small")
+        if dropped == "marks":
+            h.mark_chunk, h.most_marks = 8, 32
+        else:
+            monkeypatch.setattr(history, "STORE_CHUNK", 8)
+            monkeypatch.setattr(why, "STORE_CHUNK", 8)
+            monkeypatch.setattr(history, "MOST_STORES", 32)
+        replayer, ops = Replayer(s), iter(read_trace(lines))
+        for op in itertools.islice(ops, 150):
+            clock[0] += 1
+            replayer.apply(op)
+        reach = h.marks_since if dropped == "marks" else h.then_reaches_back_to()
+        at = float(int(reach) + 1)
+        story = then_pass(h, at, s.cache.total_size, s.cache.ledger, 1)
+        next(story)
+        for op in ops:  # (the owner goes on: the oldest chunks drop, past the moment)
+            clock[0] += 1
+            replayer.apply(op)
+            if (h.marks_since if dropped == "marks" else h.then_reaches_back_to()) > at + 5:
+                break
+        if dropped == "marks":
+            read = run_to_end(story)
+            assert then_view(read).memory is None, "marks dropped after the moment, answered without them"
+        else:
+            with pytest.raises(BadRequest) as refused:
+                run_to_end(story)
+            assert "dropped" in str(refused.value) and "\n" not in str(refused.value)
+        monkeypatch.undo()
+
+
+def test_a_moment_inside_a_millisecond_is_told_as_that_milliseconds_end():
+    """A session is marked once a millisecond (``MARK_TICK_S``): several ops a millisecond, a
+    moment inside one is told as of the end of the millisecond it falls in (the attribution after
+    its last op), never another mix."""
+    lines = generate_trace(3, n_ops=200, max_in_flight=4, vocab=60, abort_weight=2)
+    s, clock, h = clocked(lines, "small")
+    step = 0.0002  # (five ops a millisecond)
+    clock[0] = 1000.0
+    replayer, then, at = Replayer(s), [oracle_memory(s)], [clock[0]]
+    for op in read_trace(lines):
+        clock[0] += step
+        replayer.apply(op)
+        then.append(oracle_memory(s))
+        at.append(clock[0])
+    adapter = bundled(s)
+    for k in range(len(then)):
+        moment = at[k] + step / 2
+        end = max(j for j in range(len(then)) if int(at[j] * 1000) <= int(moment * 1000))
+        assert memory_of(adapter.then(moment)) == then[end], k
+
+
+def test_the_sessions_figures_now_are_of_one_tree_when_a_reset_comes_between_slices():
+    """A reset (a flush of SGLang's, a copy's tree made again) between the slices that copy the
+    ledger's maps: the figures now are all read again, of the tree after it."""
+    s, clock, h = served_one_at_a_time()
+    story = then_pass(h, float(clock[0]), s.cache.total_size, s.cache.ledger, 1)
+    next(story)
+    next(story)  # (the tags copied)
+    clock[0] += 1
+    s.cache.reset()
+    v = then_view(run_to_end(story))
+    assert v.memory and all((x.tagged_nodes_now, x.exclusive_tokens_now, x.shared_tokens_now) == (0, 0, 0)
+                            for x in v.memory)
