@@ -268,6 +268,7 @@ def test_why_for_a_session_names_its_close(server, client, driven):
     assert served[-1][1] > 0  # (its later turns hit its history)
     held = client.session(sid).session  # (its figures as the sessions table tells them, before its close)
     before = time.time()
+    time.sleep(0.002)  # (a moment is told as of the end of its millisecond: the close in a later one)
     result = client.close_session(sid)
     settle(server, client)
     # the sessions' memory at a moment before the close: the session's figures then, as read then

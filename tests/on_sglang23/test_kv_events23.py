@@ -171,6 +171,7 @@ def test_sessions_from_a_real_0523_cache_and_its_replay(sgl):
             assert page.figures_age_s == 0.0 and page.figures_current  # kept with the tree: no pass
             held = {v.id: (v.tagged_nodes, v.exclusive_bytes, v.shared_bytes) for v in page.sessions}
             moment = time.time()  # (after the last batch SGLang stamped; before b's turn)
+            time.sleep(0.002)  # (a moment is told as of the end of its millisecond: the turn in a later one)
             server.request([1, 2, 3, 5, 6, 11, 12], [13], "b")  # b's turn: its figures move at once
             assert adapter.wait_for_seq(server.publish(), 10)
             then = adapter.then(moment)  # the sessions' memory before b's turn: as the sessions page read then
