@@ -205,7 +205,7 @@ def marks_and_memory_then(n: int, sessions: int = 50_000) -> dict:
         kept.moving(sids[(i * 7) % sessions], 3, 100 + i, 400)
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    ledger = SimpleNamespace(journal=kept, tags=dict.fromkeys(sids, 2), exclusive=dict.fromkeys(sids, 50),
+    ledger = SimpleNamespace(journal=kept, resets=0, tags=dict.fromkeys(sids, 2), exclusive=dict.fromkeys(sids, 50),
                              path={sid: 300 for sid in sids})
     best = {"memory_owner_ms": 1e9, "memory_slice_ms": 1e9, "memory_view_ms": 1e9}
     for _ in range(3):
