@@ -375,16 +375,16 @@ def memory_then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list[s
         return ["sessions' memory then: no session held any"]
     lines = [f"sessions' memory then: {v.memory_sessions:,} held some; the most exclusive (then -> now):"]
     for x in v.memory[:shown]:
-        if (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) == (
-                x.tagged_nodes_now, x.exclusive_tokens_now, x.shared_tokens_now):
-            lines.append(f"  {inert(x.session_id)}: exclusive {_sized(x.exclusive_tokens, v)}, shared "
-                         f"{_sized(x.shared_tokens, v)}, {x.tagged_nodes:,} tagged node{'s' * (x.tagged_nodes != 1)} "
-                         "(the same now)")
-            continue
-        lines.append(f"  {inert(x.session_id)}: exclusive {_sized(x.exclusive_tokens, v)} -> "
-                     f"{_sized(x.exclusive_tokens_now, v)}, shared {_sized(x.shared_tokens, v)} -> "
-                     f"{_sized(x.shared_tokens_now, v)}, {x.tagged_nodes:,} tagged node{'s' * (x.tagged_nodes != 1)} "
-                     f"-> {x.tagged_nodes_now:,}")
+        same = (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) == (
+            x.tagged_nodes_now, x.exclusive_tokens_now, x.shared_tokens_now)
+
+        def now(text: str) -> str:
+            return "" if same else f" -> {text}"
+
+        lines.append(f"  {inert(x.session_id)}: exclusive {_sized(x.exclusive_tokens, v)}"
+                     f"{now(_sized(x.exclusive_tokens_now, v))}, shared {_sized(x.shared_tokens, v)}"
+                     f"{now(_sized(x.shared_tokens_now, v))}, {x.tagged_nodes:,} tagged node"
+                     f"{'s' * (x.tagged_nodes != 1)}{now(f'{x.tagged_nodes_now:,}')}{' (the same now)' * same}")
     if v.memory_sessions > min(shown, len(v.memory)):
         lines.append(f"  ... {v.memory_sessions - min(shown, len(v.memory)):,} more (--json)")
     return lines

@@ -186,7 +186,7 @@ def marks_and_memory_then(n: int, sessions: int = 50_000) -> dict:
     the owner thread's part in slices (the longest one), and the rest off it."""
     from types import SimpleNamespace
 
-    from radixtop.adapters.owned.why import memory_pass, memory_then
+    from radixtop.adapters.owned.why import memory_pass, memory_start, memory_then
     from radixtop.gpu_backend.history import MOST_MARKS
 
     sids = [f"s{i}" for i in range(sessions)]
@@ -209,7 +209,7 @@ def marks_and_memory_then(n: int, sessions: int = 50_000) -> dict:
                              path={sid: 300 for sid in sids})
     best = {"memory_owner_ms": 1e9, "memory_slice_ms": 1e9, "memory_view_ms": 1e9}
     for _ in range(3):
-        (owner, read), longest = stepped(memory_pass(kept, ledger, kept.marks_since))
+        (owner, read), longest = stepped(memory_pass(kept, ledger, memory_start(kept, kept.marks_since)))
         began = pc()
         figures = memory_then(read)
         best["memory_view_ms"] = min(best["memory_view_ms"], (pc() - began) * 1e3)

@@ -267,21 +267,13 @@ class CacheHistory:
         self.stored_count += 1
 
     def _new_chunk(self, now: float) -> _Stores:
-        stores = self._stores
-        if stores and ((len(stores) + 1) * STORE_CHUNK > MOST_STORES or now - stores[0].at[-1] > self.most_age_s):
-            self._trim_stores(now)
+        dropped, last = _drop_oldest(self._stores, STORE_CHUNK, MOST_STORES, now, self.most_age_s)
+        if dropped:
+            self._stores_first += dropped
+            self.stores_since = max(self.stores_since, last)
         self._chunk = _Stores()
-        stores.append(self._chunk)
+        self._stores.append(self._chunk)
         return self._chunk
-
-    def _trim_stores(self, now: float) -> None:
-        """Whole chunks, the oldest first, until one more fits (checked when a chunk fills: a
-        store older than ``most_age_s`` may wait for its chunk's turn)."""
-        stores = self._stores
-        while stores and ((len(stores) + 1) * STORE_CHUNK > MOST_STORES or now - stores[0].at[-1] > self.most_age_s):
-            old = stores.popleft()
-            self._stores_first += len(old.at)
-            self.stores_since = max(self.stores_since, old.at[-1])
 
     def tells_requests(self) -> None:
         """The owner tells its ops (``served``, ``did``) from now on."""
@@ -340,13 +332,12 @@ class CacheHistory:
         self.marked_count += 1
 
     def _new_marks(self, now: float) -> _Marks:
-        marks = self._marks
-        while marks and ((len(marks) + 1) * self.mark_chunk > self.most_marks or now - marks[0].at[-1] > self.most_age_s):
-            old = marks.popleft()
-            self._marks_first += len(old.at)
-            self.marks_since = max(self.marks_since or 0.0, old.at[-1])
+        dropped, last = _drop_oldest(self._marks, self.mark_chunk, self.most_marks, now, self.most_age_s)
+        if dropped:
+            self._marks_first += dropped
+            self.marks_since = max(self.marks_since or 0.0, last)
         self._marking = _Marks()
-        marks.append(self._marking)
+        self._marks.append(self._marking)
         return self._marking
 
     def _untoken(self, entry: list[Any]) -> None:
@@ -427,25 +418,11 @@ class CacheHistory:
             else:
                 lo = mid + 1
         removal = self.removed_count - len(ghosts) + 1 + lo
-        stores = self._stores
-        index = len(stores)
-        while index > 0 and stores[index - 1].at[0] > at:
-            index -= 1
-        if index == 0:
-            return removal, self._stores_first
-        chunk = stores[index - 1]
-        return removal, self._stores_first + (index - 1) * STORE_CHUNK + bisect.bisect_right(chunk.at, at)
+        return removal, _number_after(self._stores, self._stores_first, STORE_CHUNK, at)
 
     def marks_first_after(self, at: float) -> int:
         """The number of the first mark told after ``at`` (one past the last where none is)."""
-        marks = self._marks
-        index = len(marks)
-        while index > 0 and marks[index - 1].at[0] > at:
-            index -= 1
-        if index == 0:
-            return self._marks_first
-        chunk = marks[index - 1]
-        return self._marks_first + (index - 1) * self.mark_chunk + bisect.bisect_right(chunk.at, at)
+        return _number_after(self._marks, self._marks_first, self.mark_chunk, at)
 
     def marks_from(self, number: int, limit: int) -> tuple[tuple[array, list[str], array], int] | None:
         """The marks numbered from ``number``, at most ``limit`` and within one chunk, as copies
@@ -529,6 +506,30 @@ class _Stores:
 
     def __init__(self) -> None:
         self.at, self.rest = array("d"), array("q")
+
+
+def _drop_oldest(chunks: deque[Any], size: int, most: int, now: float, most_age_s: float) -> tuple[int, float]:
+    """Whole chunks of a journal in columns (``_Stores``, ``_Marks``: ``size`` items each, the
+    last one filling), the oldest first, until one more fits in ``most`` items and the oldest is
+    younger than ``most_age_s`` (checked when a chunk fills: an item may wait for its chunk's
+    turn): how many items went, and the last one's moment."""
+    dropped, last = 0, 0.0
+    while chunks and ((len(chunks) + 1) * size > most or now - chunks[0].at[-1] > most_age_s):
+        old = chunks.popleft()
+        dropped += len(old.at)
+        last = old.at[-1]
+    return dropped, last
+
+
+def _number_after(chunks: deque[Any], first: int, size: int, at: float) -> int:
+    """The number of the first item told after ``at`` in a journal in columns whose oldest kept is
+    numbered ``first`` (one past the last where none is)."""
+    index = len(chunks)
+    while index > 0 and chunks[index - 1].at[0] > at:
+        index -= 1
+    if index == 0:
+        return first
+    return first + (index - 1) * size + bisect.bisect_right(chunks[index - 1].at, at)
 
 
 class _Marks:

@@ -198,7 +198,7 @@ def then_pass(history: CacheHistory, at: float | None, tokens_now: Callable[[], 
         yield
     memory = None
     if first_mark is not None:
-        memory = yield from memory_pass(history, ledger, at, first_mark)
+        memory = yield from memory_pass(history, ledger, first_mark)
     ghosts, changes, _ = yield from changes_from(history, at, start)
     since = history.marks_since if ledger is not None else None  # (none: the target keeps no sessions' figures)
     return ghosts, changes, tokens_now(), reach, at, ops, ops_since, (memory, since, bytes_per_token)
@@ -212,19 +212,14 @@ def memory_start(history: CacheHistory, at: float) -> int | None:
     return history.marks_first_after(at)
 
 
-def memory_pass(history: CacheHistory, ledger: Any, at: float,
-                number: int | None = None) -> Generator[None, None, tuple[Any, ...] | None]:
-    """The sessions' figures at ``at``, copied on the owner thread: the ledger's figures now (its
+def memory_pass(history: CacheHistory, ledger: Any, number: int) -> Generator[None, None, tuple[Any, ...] | None]:
+    """The sessions' figures at a moment, copied on the owner thread: the ledger's figures now (its
     three maps, one a slice: 0.2 ms each at 50,000 sessions; all three again in one where a reset
     came between) and every mark from ``number`` (``memory_start``: the figures a session had until
     it moved), a chunk of marks (8,192) a slice, to the journal's end in the last. A session's first
-    mark after ``at`` is its figures then; one with none kept its figures since, so its figures read
-    now (in any slice) are its figures then. None where the marks do not reach back to ``at`` (the
-    bounds, before or while they are read)."""
-    if number is None:
-        number = memory_start(history, at)
-        if number is None:
-            return None
+    mark from there is its figures then; one with none kept its figures since, so its figures read
+    now (in any slice) are its figures then. None where the bounds drop marks from ``number`` on
+    while they are read."""
     resets = ledger.resets
     now: list[dict[str, int]] = []
     for name in ("tags", "exclusive", "path"):  # (read anew each slice: a reset makes new maps)

@@ -80,34 +80,9 @@ def test_the_tree_then_beside_the_unified_tree_is_its_tree_now_less_what_was_sto
     each op (``test_history_then.check_then``)."""
     from tests.backend.test_history_then import check_walks, sglang_nodes
 
-    rng = random.Random(seed)
-    cache, pools = drive23.build_unified_cache23(400, 1, tree_core_backend="python", enable_session_radix_cache=True)
-    prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]
-    recorder = recorder_for(cache)
-    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
-    mirror.apply(wire(recorder.snapshot()))
-    beside = SGLangInProcessAdapter(mirror, model="tiny")
-    oracle = Oracle([], lambda q: 0, mirror, recorder)
-    mirror.history.since = mirror.history.stores_since = 0  # (the snapshot's gap, on the test's clock)
-
-    running: list = []
+    cache, pools, mirror, oracle, beside = copied(400)
     walks = [sglang_nodes(cache)]
-    for _ in range(220):
-        roll = rng.random()
-        tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
-        if roll < 0.5 or not running:
-            def begin(tokens=tokens) -> None:
-                try:
-                    running.append(drive23.begin_request(cache, pools, tokens, session_id=f"s{rng.randrange(5)}"))
-                except RuntimeError:
-                    pass
-            oracle.step(begin, None)
-        elif roll < 0.9:
-            req = running.pop(rng.randrange(len(running)))
-            oracle.step(lambda req=req: drive23.finish_request(cache, pools, req, [rng.randrange(2, 60)]), None)
-        else:
-            oracle.step(lambda: drive23.evict(cache, rng.randint(1, 60)), None)
-        walks.append(sglang_nodes(cache))
+    driven(random.Random(seed), cache, pools, oracle, 220, lambda: walks.append(sglang_nodes(cache)))
     tree = beside.tree
     check_walks(mirror.history, walks, lambda: tree.evictable_size() + tree.protected_size(), beside.then, every=9,
                 browse=beside)
@@ -159,14 +134,7 @@ def test_the_sessions_memory_then_beside_the_unified_tree_is_what_sglangs_own_tr
     from radixtop.adapters.owned.attribution import attribute
     from radixtop.adapters.sglang.trees import tree_for
 
-    rng = random.Random(seed)
-    cache, pools = drive23.build_unified_cache23(600, 1, tree_core_backend="python", enable_session_radix_cache=True)
-    recorder = recorder_for(cache)
-    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
-    mirror.apply(wire(recorder.snapshot()))
-    oracle = Oracle([], lambda q: 0, mirror, recorder)
-    beside = SGLangInProcessAdapter(mirror, model="tiny")
-    mirror.history.since = mirror.history.stores_since = 0
+    cache, pools, mirror, oracle, beside = copied(600)
     own = tree_for(cache)
 
     def memory() -> dict[str, tuple[int, int, int]]:
@@ -174,10 +142,36 @@ def test_the_sessions_memory_then_beside_the_unified_tree_is_what_sglangs_own_tr
         want = attribute(own.root, leaves, own.closed(), set(leaves), {}, 1, False, lock_ref=own.lock_ref)
         return {sid: row[2:5] for sid, row in want.sessions.items() if any(row[2:5])}
 
+    then = [memory()]
+    driven(random.Random(seed), cache, pools, oracle, 200, lambda: then.append(memory()), closes=True)
+    assert mirror.history.marks_since == 0
+    for k in range(0, len(then), 7):
+        v = beside.then(float(k))
+        got = {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
+        assert v.memory_sessions == len(then[k]) and got == {sid: then[k][sid] for sid in got}, k
+    assert len({tuple(sorted(m.items())) for m in then}) > 20, "the sessions' memory hardly moved: it proves nothing"
+
+
+def copied(capacity: int):
+    """SGLang 0.5.23's unified tree (the Python core, sessions on) and radixtop's copy of it beside
+    (its history's clock the oracle's op index, every journal from 0)."""
+    cache, pools = drive23.build_unified_cache23(capacity, 1, tree_core_backend="python", enable_session_radix_cache=True)
+    recorder = recorder_for(cache)
+    mirror = MirrorUnifiedCache(page_size=1, sessions=True)
+    mirror.apply(wire(recorder.snapshot()))
+    oracle = Oracle([], lambda q: 0, mirror, recorder)
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    mirror.history.since = mirror.history.stores_since = 0  # (the snapshot's gap, on the test's clock)
+    return cache, pools, mirror, oracle, beside
+
+
+def driven(rng: random.Random, cache, pools, oracle, steps: int, after, closes: bool = False) -> None:
+    """``steps`` ops on the cache, each an oracle's step, ``after()`` each: requests of five
+    sessions over a few shared prompts begun and finished, evictions, and (``closes``) a session's
+    close where none of its requests runs."""
     prompts = [[rng.randrange(2, 40) for _ in range(rng.randint(4, 20))] for _ in range(6)]
     running: list = []
-    then = [memory()]
-    for _ in range(200):
+    for _ in range(steps):
         roll = rng.random()
         sid = f"s{rng.randrange(5)}"
         tokens = rng.choice(prompts)[: rng.randint(1, 20)] + [rng.randrange(2, 60) for _ in range(rng.randint(1, 12))]
@@ -191,14 +185,8 @@ def test_the_sessions_memory_then_beside_the_unified_tree_is_what_sglangs_own_tr
         elif roll < 0.85:
             req = running.pop(rng.randrange(len(running)))
             oracle.step(lambda req=req: drive23.finish_request(cache, pools, req, [rng.randrange(2, 60)]), None)
-        elif roll < 0.93 and not any(r.session_id == sid for r in running):
+        elif closes and roll < 0.93 and not any(r.session_id == sid for r in running):
             oracle.step(lambda sid=sid: drive23.close_session(cache, sid), None)
         else:
             oracle.step(lambda: drive23.evict(cache, rng.randint(1, 60)), None)
-        then.append(memory())
-    assert mirror.history.marks_since == 0
-    for k in range(0, len(then), 7):
-        v = beside.then(float(k))
-        got = {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
-        assert v.memory_sessions == len(then[k]) and got == {sid: then[k][sid] for sid in got}, k
-    assert len({tuple(sorted(m.items())) for m in then}) > 20, "the sessions' memory hardly moved: it proves nothing"
+        after()
