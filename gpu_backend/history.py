@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import secrets
 import time
 from array import array
@@ -119,6 +120,20 @@ class Lost:
     start: int
     end: int
     ghost: Ghost
+
+
+
+MARK_TICKS_A_SECOND = 1000
+"""A session's figures are marked once a millisecond of the history's clock at most
+(``Watched._mark``), the mark stamped with the millisecond's start. So a past moment is told as of
+the end of the millisecond it falls in (``moment_end``), the whole of it: the tree then, its
+pages and the sessions' memory then are of that one instant."""
+
+
+def moment_end(at: float) -> float:
+    """The end of the millisecond ``at`` falls in: the instant a moment is told as of (what came
+    after it is "since"; a mark stamped with it is a session's figures until then)."""
+    return (math.floor(at * MARK_TICKS_A_SECOND) + 1) / MARK_TICKS_A_SECOND
 
 
 class CacheHistory:
@@ -407,22 +422,24 @@ class CacheHistory:
         return max(self.since, self.stores_since)
 
     def first_after(self, at: float) -> tuple[int, int]:
-        """The numbers of the first removal and of the first store told after ``at`` (one past the
-        last where none is)."""
+        """The numbers of the first removal and of the first store told after the moment ``at``
+        (as of the end of its millisecond, ``moment_end``; one past the last where none is)."""
+        end = moment_end(at)
         ghosts = self._ghosts
         lo, hi = 0, len(ghosts)
         while lo < hi:
             mid = (lo + hi) >> 1
-            if ghosts[mid].at > at:
+            if ghosts[mid].at >= end:
                 hi = mid
             else:
                 lo = mid + 1
         removal = self.removed_count - len(ghosts) + 1 + lo
-        return removal, _number_after(self._stores, self._stores_first, STORE_CHUNK, at)
+        return removal, _number_from(self._stores, self._stores_first, STORE_CHUNK, end)
 
     def marks_first_after(self, at: float) -> int:
-        """The number of the first mark told after ``at`` (one past the last where none is)."""
-        return _number_after(self._marks, self._marks_first, self.mark_chunk, at)
+        """The number of the first mark told after the moment ``at`` (as of the end of its
+        millisecond; one past the last where none is)."""
+        return _number_from(self._marks, self._marks_first, self.mark_chunk, moment_end(at))
 
     def marks_from(self, number: int, limit: int) -> tuple[tuple[array, list[str], array], int] | None:
         """The marks numbered from ``number``, at most ``limit`` and within one chunk, as copies
@@ -521,15 +538,15 @@ def _drop_oldest(chunks: deque[Any], size: int, most: int, now: float, most_age_
     return dropped, last
 
 
-def _number_after(chunks: deque[Any], first: int, size: int, at: float) -> int:
-    """The number of the first item told after ``at`` in a journal in columns whose oldest kept is
-    numbered ``first`` (one past the last where none is)."""
+def _number_from(chunks: deque[Any], first: int, size: int, at: float) -> int:
+    """The number of the first item told at ``at`` or after in a journal in columns whose oldest
+    kept is numbered ``first`` (one past the last where none is)."""
     index = len(chunks)
-    while index > 0 and chunks[index - 1].at[0] > at:
+    while index > 0 and chunks[index - 1].at[0] >= at:
         index -= 1
     if index == 0:
         return first
-    return first + (index - 1) * size + bisect.bisect_right(chunks[index - 1].at, at)
+    return first + (index - 1) * size + bisect.bisect_left(chunks[index - 1].at, at)
 
 
 class _Marks:

@@ -41,6 +41,7 @@ from radixtop.gpu_backend.history import (
     CacheHistory,
     Ghost,
     Lost,
+    moment_end,
     tree_then,
 )
 
@@ -341,8 +342,9 @@ def sessions_then(ops: list[Any], ghosts: list[Ghost], at: float) -> tuple[list[
     """The sessions with an op by ``at`` as they were then (their requests, open or closed), what
     each held that left since, the most recently active first; and how many were open then."""
     state: dict[str, list[Any]] = {}  # sid -> [closed, requests, prompt, cached, last_at, last prompt, last hit]
+    end = moment_end(at)  # (the moment as of the end of its millisecond, as the tree then)
     for op in ops:
-        if op[0] > at:
+        if op[0] >= end:
             break
         sid = op[1]
         if sid is None:

@@ -51,6 +51,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from radixtop.gpu_backend.history import MARK_TICKS_A_SECOND
 from radixtop.gpu_backend.owner.shards import ShardedMap
 
 Node = Any
@@ -91,10 +92,6 @@ class Watch:
         self.lock = lock
 
 
-MARK_TICKS_A_SECOND = 1000
-"""A session's figures are marked once a millisecond of the history's clock at most
-(``Watched._mark``), the mark stamped with the millisecond's start: a moment of the sessions'
-memory is told as of the end of the millisecond it falls in."""
 
 
 class Watched:

@@ -122,7 +122,7 @@ def answered(w) -> dict[int, tuple[int, str, str | None]]:
 def test_why_names_the_op_and_cause_that_removed_each_lost_token(seed, size, flush_every):
     s, queries, cached, causes = replayed(seed, size, flush_every)
     adapter = BundledAdapter.__new__(BundledAdapter)  # (its read on this thread: no engine loop)
-    adapter.name = "bundled"
+    adapter.name, adapter.tokenizer = "bundled", None
     adapter._call = lambda fn, *a, **k: fn(s)
     lost_any = 0
     for i, q in enumerate(queries):
@@ -259,7 +259,7 @@ def tree_nodes(root, tokens=lambda node: list(node.key)) -> dict[int, tuple[tupl
 def bundled(s: Scheduler) -> BundledAdapter:
     """The bundled adapter over ``s`` with its calls run here, at once (no engine thread)."""
     adapter = BundledAdapter.__new__(BundledAdapter)
-    adapter.name = "bundled"
+    adapter.name, adapter.tokenizer = "bundled", None
     adapter._call = lambda fn, *a, **k: fn(s)
     adapter._call_pass = lambda make: run_to_end(make(s))
     return adapter

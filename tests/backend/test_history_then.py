@@ -5,6 +5,7 @@ it was (every cached token prefix then, and every node id)."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 
@@ -454,24 +455,34 @@ def test_marks_or_changes_dropped_by_the_bounds_while_a_moment_is_read_are_said_
 
 
 def test_a_moment_inside_a_millisecond_is_told_as_that_milliseconds_end():
-    """A session is marked once a millisecond (``MARK_TICK_S``): several ops a millisecond, a
-    moment inside one is told as of the end of the millisecond it falls in (the attribution after
-    its last op), never another mix."""
+    """A session is marked once a millisecond (``MARK_TICKS_A_SECOND``): several ops a
+    millisecond, a moment inside one is told as of the end of the millisecond it falls in, the
+    whole of it (the tree then, its children pages and the sessions' memory: the tree and the
+    attribution after its last op), never a mix of two instants (a tree still empty beside a
+    session that held some)."""
     lines = generate_trace(3, n_ops=200, max_in_flight=4, vocab=60, abort_weight=2)
     s, clock, h = clocked(lines, "small")
     step = 0.0002  # (five ops a millisecond)
     clock[0] = 1000.0
     replayer, then, at = Replayer(s), [oracle_memory(s)], [clock[0]]
+    cached = [s.cache.total_size()]
     for op in read_trace(lines):
         clock[0] += step
         replayer.apply(op)
         then.append(oracle_memory(s))
+        cached.append(s.cache.total_size())
         at.append(clock[0])
     adapter = bundled(s)
     for k in range(len(then)):
         moment = at[k] + step / 2
-        end = max(j for j in range(len(then)) if int(at[j] * 1000) <= int(moment * 1000))
-        assert memory_of(adapter.then(moment)) == then[end], k
+        end = max(j for j in range(len(then)) if math.floor(at[j] * 1000) <= math.floor(moment * 1000))
+        v = adapter.then(moment)
+        assert memory_of(v) == then[end], k
+        assert v.tokens_then == cached[end], k
+        assert v.at == moment
+        page = adapter.then_children(moment, 0, 0, 1000)
+        assert sum(c.subtree_tokens for c in page.children) == cached[end], k
+    assert len(set(cached)) > 20 and any(cached[j] != cached[j + 1] for j in range(0, len(cached) - 1, 5))
 
 
 def test_the_sessions_figures_now_are_of_one_tree_when_a_reset_comes_between_slices():

@@ -20,7 +20,7 @@ from tests.support.engines import build_engine
 
 @pytest.fixture
 def engine():
-    e = build_engine()
+    e = build_engine(born_before_s=0.002)  # (its reach, in an earlier millisecond than its requests, held nothing)
     yield e
     e.stop()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
+import time
 
 import numpy as np
 
@@ -36,10 +37,13 @@ def make_scheduler(capacity: int = 256, page_size: int = 1, eviction_policy: str
     )
 
 
-def build_engine() -> Engine:
+def build_engine(born_before_s: float = 0.0) -> Engine:
     """A known cache: shared prompt [1,2,3,4]; sessions a (two turns), b, c (shares a's node);
-    one request running (locks [1,2,3,4,9,9]); one closed session; no workload."""
+    one request running (locks [1,2,3,4,9,9]); one closed session; no workload. ``born_before_s``:
+    a pause between the cache's birth (its history's reach) and its first request (a past moment
+    is told as of the end of its millisecond: the reach then holds nothing for sure)."""
     s = Scheduler(get_geometry("tiny"), 256, device="cpu", clock=CounterClock())
+    time.sleep(born_before_s)
     s.request("r1", [1, 2, 3, 4, 5, 6], [7, 8], "a")
     s.request("r2", [1, 2, 3, 4, 5, 6, 7, 8, 10], [11], "a")
     s.request("r3", [1, 2, 3, 4, 20], [21, 22], "b")
