@@ -36,10 +36,10 @@ import secrets
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 EVICTED, CLOSED, FLUSHED, EVICT_ACTION, UNKNOWN = "evicted", "closed", "flushed", "evict_action", "unknown"
 CAUSES = (EVICTED, CLOSED, FLUSHED, EVICT_ACTION, UNKNOWN)
@@ -148,7 +148,7 @@ class CacheHistory:
         self.most_bytes = most_bytes
         self.most_age_s = most_age_s
         self.clock = clock
-        self._ghosts: deque[Ghost] = deque()
+        self._ghosts: _Kept[Ghost] = _Kept()
         self._under: dict[int, list[Ghost]] = {}
         """The ghosts by their parent's id and their first token (``_slot``: a prompt looks up only
         the ones that can continue it, however many hang below the root); a list each, most of them
@@ -179,7 +179,7 @@ class CacheHistory:
         """The number of the oldest store kept."""
         self.stores_since = self.since
         """Every store after this moment is kept (``then`` reaches back no further)."""
-        self._served: deque[list[Any]] = deque()
+        self._served: _Kept[list[Any]] = _Kept()
         """The ops (``did``): ``[at, session_id, prompt_tokens, cached_tokens, op, request_id, tokens,
         asked_tokens]`` each (a list: its tokens are dropped in place, ``MOST_SERVED_TOKENS``)."""
         self._tokened: deque[list[Any]] = deque()
@@ -390,7 +390,7 @@ class CacheHistory:
 
     def ghosts(self) -> list[Ghost]:
         """Every ghost kept, oldest first."""
-        return list(self._ghosts)
+        return self._ghosts.slice(0, len(self._ghosts))
 
     def page(self, after: int, limit: int, served_after: int = 0) -> tuple[list[Ghost], int, list[Any] | None, int]:
         """The journal from a reader's place (the owner thread's part of ``radixtop record``): the
@@ -559,19 +559,74 @@ class _Marks:
         self.at, self.sids, self.nums = array("d"), [], array("q")
 
 
-def _tail(kept: deque[Any], count: int, after: int, limit: int) -> tuple[list[Any], int]:
+def _tail(kept: _Kept[Any], count: int, after: int, limit: int) -> tuple[list[Any], int]:
     """Items numbered past ``after`` of a journal whose last is numbered ``count``: at most
-    ``limit``, and the first's number. Read from the nearer end (a deque's middle costs a walk)."""
+    ``limit``, and the first's number."""
     first = count - len(kept) + 1
     start = max(after + 1, first) - first  # (its index in ``kept``)
     n = min(limit, len(kept) - start)
     if n <= 0:
         return [], count + 1
-    if start <= len(kept) - start:
-        items = list(itertools.islice(kept, start, start + n))
-    else:
-        items = list(itertools.islice(reversed(kept), len(kept) - start - n, len(kept) - start))[::-1]
-    return items, first + start
+    return kept.slice(start, start + n), first + start
+
+
+_T = TypeVar("_T")
+
+
+class _Kept(Generic[_T]):
+    """A journal's items, oldest first: appended at its end, dropped at its start, read anywhere at
+    the cost of what is read (a list and the index of its oldest kept). A deque's middle costs a
+    walk to it: a read of the removals since a moment half-way back walked 75,000 of them for
+    each 2,000 it copied (0.27 ms, against 0.004 ms for a slice of a list)."""
+
+    __slots__ = ("_items", "_head")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._head = 0
+        """The index of the oldest kept in ``_items`` (those before it are dropped: None)."""
+
+    def append(self, item: _T) -> None:
+        self._items.append(item)
+
+    def popleft(self) -> _T:
+        items, head = self._items, self._head
+        if head >= len(items):
+            raise IndexError("pop from an empty journal")
+        item = items[head]
+        items[head] = None
+        head += 1
+        if head >= KEPT_COMPACT and 2 * head >= len(items):  # (half of it dropped: let it go, once)
+            del items[:head]
+            head = 0
+        self._head = head
+        return item
+
+    def __len__(self) -> int:
+        return len(self._items) - self._head
+
+    def __bool__(self) -> bool:
+        return len(self._items) > self._head
+
+    def __getitem__(self, index: int) -> _T:
+        n = len(self._items) - self._head
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("journal index out of range")
+        return self._items[self._head + index]
+
+    def __iter__(self) -> Iterator[_T]:
+        return itertools.islice(self._items, self._head, None)
+
+    def slice(self, start: int, end: int) -> list[_T]:
+        """The items from index ``start`` to ``end`` (oldest kept: 0), as a list."""
+        return self._items[self._head + start:self._head + end]
+
+
+KEPT_COMPACT = 4096
+"""Dropped items a journal keeps room for before it moves the rest down (once half of it is
+dropped: a move of pointers, amortized over the drops)."""
 
 
 def caused(history: CacheHistory | None, kind: str, **detail: Any) -> Any:

@@ -41,9 +41,9 @@ from .why import changes_from, check_moment
 MAX_THEN_CHILDREN = 100_000
 """A node's children read at most for a page of its children then (the rest: left out, said by
 ``total``)."""
-LIVE_PAGE = 250
-"""Children now read a read (a page of ``CacheAdapter.children``: 2,000 views held the bundled
-engine ~5 ms at once, ``bench_then_tree.py``)."""
+LIVE_PAGE = 100
+"""Children now read a read (a page of ``CacheAdapter.children``, each child's view ~5 us on the
+bundled engine: 2,000 a read held it ~5 ms at once, 250 a read 1.8-2.6 ms, ``bench_then_tree.py``)."""
 PATHS_A_READ = MAX_PATHS // 4
 """Boundaries whose paths one read asks for (a read of 1,024 held the bundled engine ~5 ms at once:
 ``bench_then_tree.py``)."""

@@ -396,3 +396,44 @@ def test_the_ops_keep_their_tokens_within_their_bound_and_stay_without_them_past
         clock[0] += 1
         h.did("register", "t")
     assert h.served_tokens == 3 and len(h._tokened) == 1 and h._tokened[0][4] == "finish"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_journal_reads_any_of_its_items_as_a_deque_would_across_its_drops(seed, monkeypatch):
+    """The removals' and the ops' journals (``_Kept``: a list and its oldest's index, so that a
+    read from the middle costs what it copies, not a walk to it) give what a deque given the same
+    appends and drops gives: its length, each item by index, any slice, its items in order, its
+    numbered reads (``_tail``); across the moves down of what is kept (``KEPT_COMPACT``)."""
+    from collections import deque
+
+    import radixtop.gpu_backend.history as history
+
+    monkeypatch.setattr(history, "KEPT_COMPACT", 8)
+    rng = random.Random(seed)
+    kept, model, count, moved = history._Kept(), deque(), 0, 0
+    for _ in range(3000):
+        if model and rng.random() < 0.45:
+            assert kept.popleft() == model.popleft()
+            moved += kept._head == 0
+        else:
+            count += 1
+            kept.append(count)
+            model.append(count)
+        assert len(kept) == len(model) and bool(kept) == bool(model)
+        if model:
+            i = rng.randrange(len(model))
+            assert kept[i] == model[i] and kept[-1] == model[-1] and kept[0] == model[0]
+            j = rng.randrange(i, len(model) + 1)
+            assert kept.slice(i, j) == list(model)[i:j]
+            after, limit = rng.randrange(count + 2), rng.randrange(1, 40)
+            first = count - len(model) + 1
+            start = max(after + 1, first) - first
+            want = list(model)[start:start + limit]
+            assert history._tail(kept, count, after, limit) == (want, first + start if want else count + 1)
+        with pytest.raises(IndexError):
+            kept[len(model)]
+    assert list(kept) == list(model) and moved > 10, "the kept items never moved down: the test proves nothing"
+    while model:
+        assert kept.popleft() == model.popleft()
+    with pytest.raises(IndexError):
+        kept.popleft()
