@@ -163,6 +163,8 @@ class CacheHistory:
         self.epoch = secrets.token_hex(6)
         """This history's name: a journal read by sequence numbers (``page``) starts again where a
         new history (a restart) has a new one."""
+        self._latest = float("-inf")
+        """The latest moment the history told (``now``)."""
         self.since = clock()
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
@@ -243,7 +245,7 @@ class CacheHistory:
                 return
             tokens, first = array("q", key).tobytes(), key[0]
         kind, sid, pool, who = self._cause
-        now = self.clock()
+        now = self.now()
         ghost = Ghost(node_id, parent_id, tokens, now, kind, sid, tuple(holders) if holders else (), pool, who)
         self._ghosts.append(ghost)
         slot = _slot(parent_id, first)
@@ -271,7 +273,7 @@ class CacheHistory:
 
     def _store(self, node_id: int, parent_id: int, tokens: int, now: float | None = None) -> None:
         if now is None:
-            now = self.clock()
+            now = self.now()
         chunk = self._chunk
         if chunk is None or len(chunk.at) >= STORE_CHUNK:
             chunk = self._new_chunk(now)
@@ -290,6 +292,18 @@ class CacheHistory:
         self._stores.append(self._chunk)
         return self._chunk
 
+    def now(self, at: float | None = None) -> float:
+        """The history's clock now (or ``at``, a moment the owner read), never before the latest
+        moment it told: a clock that steps back (a wall clock set back; a stream's batches from
+        engines whose clocks differ) stamps what it tells meanwhile at that moment, so that each
+        journal stays in order (a moment is searched for in them) and a moment is still the tree
+        after every change told by then."""
+        t = self.clock() if at is None else at
+        if t < self._latest:
+            return self._latest
+        self._latest = t
+        return t
+
     def tells_requests(self) -> None:
         """The owner tells its ops (``served``, ``did``) from now on."""
         if self.served_since is None:
@@ -307,7 +321,7 @@ class CacheHistory:
         """The engine did ``op`` now (or ``at``, where the engine said when: a frame read later):
         ``tokens`` a begin's prompt or a finish's output (kept, not copied: the engine never changes
         them after), ``asked_tokens`` an evict's."""
-        now = self.clock() if at is None else at
+        now = self.now() if at is None else self.now(at)
         entry = [now, session_id, prompt_tokens, cached_tokens, op, request_id, tokens, asked_tokens]
         served = self._served
         served.append(entry)
@@ -335,9 +349,9 @@ class CacheHistory:
         """``session_id``'s figures (its tagged nodes, exclusive and path tokens) are about to move
         now: they were these until now (a *mark*). The figures at a past moment are each session's
         first mark after it, or, without one, its figures now (``SessionLedger.journal``). ``now``:
-        the clock read already."""
+        the history's clock read already (``now``)."""
         if now is None:
-            now = self.clock()
+            now = self.now()
         chunk = self._marking
         if chunk is None or len(chunk.at) >= self.mark_chunk:
             chunk = self._new_marks(now)

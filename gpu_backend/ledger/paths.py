@@ -122,7 +122,7 @@ class Watched:
         moves a session's figures several times: its tag, its old leaf's untag, an owner settled;
         one mark says what they were before all of them), stamped with the millisecond's start."""
         journal = self.journal
-        tick = math.floor(journal.clock() * MARK_TICKS_A_SECOND)
+        tick = math.floor(journal.now() * MARK_TICKS_A_SECOND)
         if tick != self._marked_tick:
             self._marked.clear()
             self._marked_tick = tick

@@ -193,6 +193,34 @@ def test_the_tree_then_on_a_vllm_stream_is_the_tree_now_less_what_was_stored_sin
                 lives=True, browse=adapter, browse_tokens=lambda i: list(tree.block_of(i).tokens))
 
 
+def test_a_stream_whose_batches_come_from_engines_with_clocks_apart_keeps_each_moment_one_tree():
+    """Batches stamped by two engines whose clocks are 5 s apart, interleaved (a stream's ranks):
+    a batch stamped before one told already is told at that one's moment, so the journals stay in
+    order and the tree at a moment is the tree after every batch told by then (``check_then``),
+    where a search over stamps out of order gave another."""
+    from tests.backend.test_history_then import check_then
+
+    prompts, ops = stream(2)
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1, capacity_tokens=4096)
+    tree = adapter._tree
+    tree.history.since = tree.history.stores_since = 0
+    walks, stamps = [block_walk(tree)], [0.0]
+    for k, (op, arg, chain) in enumerate(ops, start=1):
+        event = event_of(tree, op, arg, chain)
+        ts = float(k if k % 2 else k - 5) + 10.0  # (the odd batches' engine 5 s ahead)
+        changes = tree.history.stored_count
+        adapter.apply_batch(k, Batch(ts, None, [event] if event is not None else []))
+        walks.append(block_walk(tree))
+        told = tree.history.stored_count > changes  # (a batch that changed nothing tells nothing)
+        stamps.append(max(stamps[-1], ts) if told else stamps[-1])
+    tree_now = tree.root.subtree_tokens
+    for t in range(10, int(stamps[-1]) + 1, 7):
+        last = max(j for j in range(len(stamps)) if stamps[j] <= t)
+        check_then(tree.history, float(t), walks[last], walks[-1], lambda: tree_now, adapter.then,
+                   units=lambda nodes: {path for path, _, _ in nodes.values()}, lives=True)
+    assert len({len(w) for w in walks}) > 5, "the tree never moved: the test proves nothing"
+
+
 def test_a_blocks_id_is_its_hash_as_64_bits_unsigned_whatever_sign_the_engine_gives_it():
     """SGLang's Rust core hashes a block to a signed 64-bit int, vLLM to a digest: the history's id
     is the same 64 bits, unsigned (what crosses the wire and shows as 0x...)."""

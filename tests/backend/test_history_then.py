@@ -497,3 +497,27 @@ def test_the_sessions_figures_now_are_of_one_tree_when_a_reset_comes_between_sli
     v = then_view(run_to_end(story))
     assert v.memory and all((x.tagged_nodes_now, x.exclusive_tokens_now, x.shared_tokens_now) == (0, 0, 0)
                             for x in v.memory)
+
+
+def test_a_clock_that_goes_back_keeps_the_journals_in_order_and_each_moment_one_instant():
+    """The history's clock steps back (a wall clock set back; a stream's batches from engines
+    whose clocks differ): what it tells meanwhile is stamped at the latest moment it told already,
+    so its journals stay in order and a moment is still the tree and the sessions' memory after
+    every op told by then, never a search over stamps out of order."""
+    lines = generate_trace(5, n_ops=240, max_in_flight=4, vocab=60, abort_weight=2)
+    s, clock, h = clocked(lines, "small")
+    replayer, cached, memory, stamps = Replayer(s), [s.cache.total_size()], [oracle_memory(s)], [0.0]
+    for k, op in enumerate(read_trace(lines), 1):
+        clock[0] = float(k if k < 120 else k - 60)  # (back 60 s at the 120th op)
+        replayer.apply(op)
+        cached.append(s.cache.total_size())
+        memory.append(oracle_memory(s))
+        stamps.append(max(stamps[-1], clock[0]))
+    assert list(h._stores[0].at) == sorted(h._stores[0].at) and len(h._stores[0].at) > 100
+    assert [g.at for g in h.ghosts()] == sorted(g.at for g in h.ghosts())
+    adapter = bundled(s)
+    for t in range(0, int(stamps[-1]) + 1, 3):
+        last = max(j for j in range(len(stamps)) if stamps[j] <= t)
+        v = adapter.then(float(t))
+        assert (v.tokens_then, memory_of(v)) == (cached[last], memory[last]), t
+    assert len({cached[j] for j in range(100, 200)}) > 10, "the tree never moved around the step: the test proves nothing"
