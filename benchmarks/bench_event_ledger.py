@@ -8,10 +8,11 @@ The events are a server's under multi-turn chat at page size 16, as SGLang 0.5.1
 with ``session_id``: a session's first turn stores one of 20 system prompts (4 blocks, shared:
 stored again by every session that starts with it) and its first message; each later turn stores
 1-8 new blocks under its last; the cache evicts (``BlockRemoved``) a session's last block now and
-then. The same events go to two trees in turn, 8 events a batch (the ledger settles at the end of
-each), one with the ledger and one with a ledger that
-does nothing (which goes first alternates per block of 10,000 events, so a noisy neighbour slows
-both); the ratio of their times is the upkeep's cost. Then, on the tree with the ledger: a sessions
+then. The same events go to three trees in turn, 8 events a batch (the ledger settles at the end of
+each): one with the ledger and the history (the flight recorder, issue 29: each block stored and
+removed, and the sessions' marks), one with a ledger that does nothing (the history kept), and one
+with the ledger and no history (which goes first turns per block of 10,000 events, so a noisy
+neighbour slows all three); the ratios of their times are the ledger's upkeep and the history's. Then, on the tree with the ledger: a sessions
 read as the dashboard makes it (the top 50 by exclusive bytes, ``EventTreeAdapter.sessions``)
 against what the read did before (``BlockTree.attribute()`` over the whole tree, then a sort), and
 every session's kept figures against that from-scratch attribution.
@@ -93,10 +94,10 @@ def make_events(sessions: int, count: int, seed: int = 0) -> list[Event]:
     return events
 
 
-def adapter_with(ledger: type) -> EventTreeAdapter:
+def adapter_with(ledger: type, history: bool = True) -> EventTreeAdapter:
     block_tree.BlockLedger = ledger  # the tree makes its ledger at each clear (the first in the adapter)
     try:
-        return EventTreeAdapter(name="bench", bytes_per_token=2)
+        return EventTreeAdapter(name="bench", bytes_per_token=2, no_history=not history)
     finally:
         block_tree.BlockLedger = BlockLedger
 
@@ -112,16 +113,17 @@ def main() -> None:
     count = args.events or (40_000 if args.quick else 400_000)
     log(f"making {count} events of {sessions} sessions")
     events = make_events(sessions, count)
-    with_ledger, without = adapter_with(BlockLedger), adapter_with(NoLedger)
+    with_ledger, without, unrecorded = adapter_with(BlockLedger), adapter_with(NoLedger), \
+        adapter_with(BlockLedger, history=False)
     assert isinstance(without._tree.ledger, NoLedger) and isinstance(with_ledger._tree.ledger, BlockLedger)
-    spent = {"with": 0.0, "without": 0.0}
+    assert with_ledger._tree.history is not None and unrecorded._tree.history is None
+    arms = [("with", with_ledger), ("without", without), ("no_history", unrecorded)]
+    spent = {name: 0.0 for name, _ in arms}
     gc.disable()
     try:
         for k, start in enumerate(range(0, len(events), BLOCK)):
             batch = events[start : start + BLOCK]
-            order = (("with", with_ledger), ("without", without)) if k % 2 == 0 else \
-                (("without", without), ("with", with_ledger))
-            for name, adapter in order:
+            for name, adapter in arms[k % 3:] + arms[:k % 3]:
                 t = pc()
                 for i in range(0, len(batch), PER_BATCH):  # a scheduler step's events a batch
                     adapter.apply_batch(start + i, Batch(float(k), None, batch[i : i + PER_BATCH]))
@@ -131,8 +133,12 @@ def main() -> None:
         gc.enable()
     tree = with_ledger._tree
     ratio = spent["with"] / spent["without"]
+    history_ratio = spent["with"] / spent["no_history"]
+    history = tree.history
     log(f"{len(events)} events: {spent['without']:.1f} s without the ledger, {spent['with']:.1f} s with: "
         f"{ratio:.3f}x; {len(tree.nodes) - 1} nodes, {len(tree.holding)} sessions")
+    log(f"the history: {spent['no_history']:.1f} s without it, {spent['with']:.1f} s with: {history_ratio:.3f}x "
+        f"({history.stored_count:,} changes, {history.removed_count:,} removals, {history.marked_count:,} marks)")
 
     reads, passes = [], []
     for _ in range(5):
@@ -150,17 +156,20 @@ def main() -> None:
              or abs(tree.ledger.shares(sid, tree.ledger.held.get(sid, ()))[0] - f.fair) > 1e-6 * max(1.0, f.fair)]
     table = "\n".join([
         "| events | sessions | nodes | apply without the ledger (s) | with (s) | ratio | sessions read, top 50 (median ms) | "
-        "its first read (ms) | attribution pass + sort it replaced (median ms) | sessions differing |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "its first read (ms) | attribution pass + sort it replaced (median ms) | sessions differing | "
+        "apply without the history (s) | the history's ratio | changes, removals, marks kept |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {len(events):,} | {len(tree.holding):,} | {len(tree.nodes) - 1:,} | {spent['without']:.2f} | "
         f"{spent['with']:.2f} | {ratio:.3f}x | {ms_stats(reads[1:])['median']:.2f} | {reads[0] * 1e3:.1f} | "
-        f"{ms_stats(passes)['median']:.1f} | {len(wrong)} |"])
+        f"{ms_stats(passes)['median']:.1f} | {len(wrong)} | {spent['no_history']:.2f} | {history_ratio:.3f}x | "
+        f"{history.stored_count:,}, {history.removed_count:,}, {history.marked_count:,} |"])
     finish(args.out, {
         "environment": environment(), "sessions": sessions, "events": len(events), "nodes": len(tree.nodes) - 1,
-        "holding": len(tree.holding), "apply_s": spent, "ratio": ratio,
+        "holding": len(tree.holding), "apply_s": spent, "ratio": ratio, "history_ratio": history_ratio,
         "read_ms": [r * 1e3 for r in reads], "attribution_pass_ms": [p * 1e3 for p in passes],
         "sessions_differing": len(wrong),
-    }, table, "ratio: the tree's time to apply the events with the ledger over without it.")
+    }, table, "ratio: the tree's time to apply the events with the ledger over without it; the history's "
+       "ratio: with the history (and the sessions' marks) over without it, the ledger in both.")
     if wrong:
         raise SystemExit(f"{len(wrong)} sessions' kept figures differ from the from-scratch attribution")
 

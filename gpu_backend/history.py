@@ -245,7 +245,11 @@ class CacheHistory:
                 return
             tokens, first = array("q", key).tobytes(), key[0]
         kind, sid, pool, who = self._cause
-        now = self.now()
+        now = self.clock()
+        if now < self._latest:  # (``now``, inline: a change told is the hot path)
+            now = self._latest
+        else:
+            self._latest = now
         ghost = Ghost(node_id, parent_id, tokens, now, kind, sid, tuple(holders) if holders else (), pool, who)
         self._ghosts.append(ghost)
         slot = _slot(parent_id, first)
@@ -273,7 +277,11 @@ class CacheHistory:
 
     def _store(self, node_id: int, parent_id: int, tokens: int, now: float | None = None) -> None:
         if now is None:
-            now = self.now()
+            now = self.clock()
+            if now < self._latest:  # (``now``, inline)
+                now = self._latest
+            else:
+                self._latest = now
         chunk = self._chunk
         if chunk is None or len(chunk.at) >= STORE_CHUNK:
             chunk = self._new_chunk(now)
