@@ -106,6 +106,10 @@ class Ghost:
     """For an eviction under pressure: the pool's tokens locked by running requests, and its
     capacity, then."""
     who: str
+    namespace: Any = None
+    """For a child of the root: its namespace in the tree (SGLang's ``extra_key``, with 0.5.23's
+    ``cache_salt``: a LoRA's or a salt's prompts are other nodes, never shared); None: the
+    default one. A prompt is explained by the removals of its own namespace only."""
 
     @property
     def length(self) -> int:
@@ -232,9 +236,9 @@ class CacheHistory:
         return self._told is not None
 
     def removed(self, node_id: int, parent_id: int, key: Sequence[int] | bytes,
-                holders: Iterable[str] | None = None) -> None:
+                holders: Iterable[str] | None = None, namespace: Any = None) -> None:
         """Node ``node_id`` (a child of ``parent_id``, ``ROOT`` for the root, with ``key``'s tokens)
-        left the tree now."""
+        left the tree now; ``namespace``: a root's child's, where not the default (``Ghost``)."""
         if isinstance(key, bytes):
             tokens = key
             if not tokens:
@@ -250,9 +254,12 @@ class CacheHistory:
             now = self._latest
         else:
             self._latest = now
-        ghost = Ghost(node_id, parent_id, tokens, now, kind, sid, tuple(holders) if holders else (), pool, who)
+        if parent_id != ROOT:
+            namespace = None  # (below the root, a parent's id is of one namespace)
+        ghost = Ghost(node_id, parent_id, tokens, now, kind, sid, tuple(holders) if holders else (), pool, who,
+                      namespace)
         self._ghosts.append(ghost)
-        slot = _slot(parent_id, first)
+        slot = _slot(parent_id, first, namespace)
         under = self._under.get(slot)
         if under is None:
             self._under[slot] = [ghost]
@@ -389,7 +396,7 @@ class CacheHistory:
             self.tokens -= old.length
             self.bytes -= len(old.tokens) + GHOST_BYTES
             self.since = max(self.since, old.at)
-            where = _slot(old.parent_id, array("q", old.tokens[:8])[0])
+            where = _slot(old.parent_id, array("q", old.tokens[:8])[0], old.namespace)
             siblings = under[where]
             if siblings[0] is old:  # (the oldest of its siblings, as a rule)
                 del siblings[0]
@@ -492,10 +499,11 @@ class CacheHistory:
         return (chunk.at[offset:end], rest[0::3], rest[1::3], rest[2::3]), number + max(0, end - offset)
 
     def explain(self, query: Sequence[int], live: Sequence[tuple[int, int]], cached: int,
-                page_size: int = 1) -> list[Lost]:
+                page_size: int = 1, namespace: Any = None) -> list[Lost]:
         """The parts of ``query`` past its ``cached`` tokens that were cached before, each with the
         most recent ghost to hold it, in order. ``live``: the nodes on the query's cached path
-        that it matches whole, as ``(node_id, end)`` (the root's ``(id, 0)`` first)."""
+        that it matches whole, as ``(node_id, end)`` (the root's ``(id, 0)`` first);
+        ``namespace``: the query's (``Ghost.namespace``; None: the default)."""
         if cached >= len(query):
             return []
         q = array("q", query).tobytes()
@@ -513,7 +521,8 @@ class CacheHistory:
             for node_id in ids:
                 # newest first: an id that left several times (a block's hash names its content,
                 # stored and removed again) answers with its last leaving
-                for ghost in reversed(self._under.get(_slot(node_id, first), ())):
+                for ghost in reversed(self._under.get(_slot(node_id, first, namespace if node_id == ROOT else None),
+                                                      ())):
                     if ghost.node_id in seen:
                         continue
                     same = _same_prefix(ghost.tokens, rest)
@@ -656,10 +665,12 @@ def caused(history: CacheHistory | None, kind: str, **detail: Any) -> Any:
     return history.cause(kind, **detail) if history is not None else nullcontext()
 
 
-def _slot(parent_id: int, first: int) -> int:
+def _slot(parent_id: int, first: int, namespace: Any = None) -> Any:
     """One int for a parent's id and a first token (a tuple key costs 56 B more a ghost); tokens
-    past 32 bits share slots, which the tokens' comparison tells apart."""
-    return (parent_id << 32) + (first & 0xFFFFFFFF)
+    past 32 bits share slots, which the tokens' comparison tells apart. A root's child in another
+    namespace than the default: a tuple with it (those few pay the 56 B)."""
+    slot = (parent_id << 32) + (first & 0xFFFFFFFF)
+    return slot if namespace is None else (namespace, slot)
 
 
 class _Cause:

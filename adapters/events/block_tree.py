@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from radixtop.adapters.events.figures import BlockLedger
 from radixtop.adapters.events.wire import BlockHash, Cleared, Event, Removed
@@ -139,6 +139,11 @@ class BlockTree:
         """The key of each block in the tree whose key is not its id (``block_id``: a digest's bytes,
         a KV group's): what finds a block the history names (kept with a history only)."""
         self.waiting: dict[BlockKey, list[_Block]] = {}
+        self.namespaces: dict[BlockKey, Any] = {}
+        """The namespace of each block below the root stored by a LoRA's or a salted request
+        (``(lora_name, cache_salt)``; the default one is not kept): its removal is told with it,
+        so that a prompt is explained by the removals of its own namespace only (with a history
+        only)."""
         self.detached_tokens = 0
         self.copies = 0
         """Stores of a block beyond its first, not yet removed: vLLM keeps each copy apart in its
@@ -210,6 +215,10 @@ class BlockTree:
         if parent is not None and group is not None:
             parent = (group, parent)
         blocks, session = event.blocks(), event.session_id
+        if parent is None and self.history is not None and (event.lora_name is not None or event.cache_salt is not None):
+            first = blocks[0][0] if group is None else (group, blocks[0][0])
+            if first not in self.blocks:
+                self.namespaces[first] = (event.lora_name, event.cache_salt)
         i = 0
         while i < len(blocks):
             h, tokens = blocks[i]
@@ -417,7 +426,7 @@ class BlockTree:
         assert self.history is not None
         parent, key = block.parent_key, block.key
         self.history.removed(number := block_id(key), ROOT if parent is None else block_id(parent), block.tokens,
-                             block.sessions)
+                             block.sessions, self.namespaces.pop(key, None) if parent is None and self.namespaces else None)
         if not isinstance(key, int):
             self.keys_by_id.pop(number, None)
 

@@ -267,8 +267,10 @@ class RecordsCopy:
 
     def _gone(self, node: Any, parent: Any, holders: Any = None) -> None:
         """``node`` (a child of ``parent``) left SGLang's tree: told to the history."""
-        self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, node.key.token_ids.tobytes(),
-                             holders)
+        key = node.key
+        namespace = key.extra_key if key.cache_salt is None else (key.extra_key, key.cache_salt)
+        self.history.removed(node.id, ROOT if parent is self.root_node else parent.id, key.token_ids.tobytes(),
+                             holders, namespace)
 
     def _evicting(self) -> Any:
         """Removals not told otherwise (by a close, or a ``CAUSE``): SGLang's own evictions for room,

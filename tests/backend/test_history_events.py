@@ -124,6 +124,24 @@ def test_a_tree_kept_inside_the_engines_process_keeps_no_history_and_says_why_in
         assert str(refused.value) == why_not
 
 
+def test_why_on_a_stream_never_names_a_removal_of_another_namespace():
+    """A LoRA's or a salted request's blocks (``lora_name``, ``cache_salt``: other hashes, never
+    shared) that left: a prompt of the default namespace with the same tokens is a miss with
+    nothing lost; the default's own blocks that left are named (the last one's removal)."""
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    for k, (h, lora, salt) in enumerate([(11, "lora-a", None), (12, None, "s1"), (13, None, None)]):
+        adapter.apply_batch(2 * k, Batch(2.0 * k + 1, None, [Stored((h, h + 100), None, tuple(prompt), BLOCK,
+                                                                    cache_salt=salt, lora_name=lora)]))
+        adapter.apply_batch(2 * k + 1, Batch(2.0 * k + 2, None, [Removed((h + 100, h))]))
+        answer = adapter.why(prompt)
+        assert answer.cached_tokens == 0
+        if h != 13:
+            assert answer.lost == (), f"a removal of {lora or salt}'s named for the default namespace's prompt"
+    assert [(x.start, x.end, x.node_id, x.at) for x in answer.lost] == [(0, 4, 13, 6.0), (4, 8, 113, 6.0)]
+    assert adapter._tree.namespaces == {}  # (what left is no longer kept)
+
+
 def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored():
     from radixtop.adapters.text import session_why_lines
 

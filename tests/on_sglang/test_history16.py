@@ -154,3 +154,28 @@ def test_the_sessions_memory_then_beside_sglang_is_what_sglangs_own_tree_gave_th
         assert all(x.exclusive_tokens_now == x.shared_tokens_now == 0 for x in v.memory)
         moved += bool(then[k])
     assert moved > 5 and any(e for k in range(len(then)) for _, e, _ in then[k].values())
+
+
+def test_why_beside_sglang_never_names_a_removal_of_another_namespace(sgl):
+    """SGLang keeps a LoRA's or a cache salt's prompts apart (``RadixKey.extra_key``: other nodes
+    below the root, never shared). A prompt the default namespace never held, whose tokens another
+    namespace held and lost, is a miss with nothing lost, not "evicted at T"; the same prompt
+    cached and evicted in the default namespace names its eviction."""
+    from tests.support.trace_gen import capacity_for
+
+    lines = generate_trace(0, n_ops=20, max_in_flight=2, vocab=60)
+    replayer, cache, inproc, recorder, mirror = recorded(sgl, lines, "large")
+    mirror.apply(wire(recorder.snapshot()))
+    beside = SGLangInProcessAdapter(mirror, model="tiny")
+    prompt = [7, 8, 9, 10, 11, 12]
+    for key in ("lora-a", None):
+        replayer.begin(f"r-{key}", prompt, None, extra_key=key)
+        replayer.finish(f"r-{key}", [13])
+        replayer.evict(capacity_for(lines, "large"))  # (all of it: nothing runs)
+        mirror.apply(wire(recorder.take()))
+        answer = beside.why(prompt)
+        assert answer.cached_tokens == 0, key
+        if key == "lora-a":
+            assert answer.lost == (), "a removal of lora-a's named for the default namespace's prompt"
+        else:
+            assert [(x.start, x.end, x.cause) for x in answer.lost] == [(0, len(prompt), EVICTED)]

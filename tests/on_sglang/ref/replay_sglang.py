@@ -150,12 +150,13 @@ def deterministic_clock(sgl: types.SimpleNamespace):
 class _Req:
     """The fields of SGLang's ``Req`` that the radix cache and the req-to-token pool read."""
 
-    def __init__(self, rid: str, input_ids: list[int], session_id: str | None):
+    def __init__(self, rid: str, input_ids: list[int], session_id: str | None, extra_key: str | None = None):
         self.rid = rid
         self.origin_input_ids = array("q", input_ids)  # SGLang keeps token ids in array('q')
         self.output_ids = array("q")
         self.session_id = session_id
-        self.extra_key = None
+        self.extra_key = extra_key
+        """Its namespace in the tree (a LoRA's, a cache salt's: SGLang's ``RadixKey.extra_key``)."""
         self.priority = 0
         self.req_pool_idx = None
         self.prefix_indices = None
@@ -260,13 +261,13 @@ class SGLangReplayer:
                 self.counters["alloc_evictions"] += 1
         return self.sgl.alloc_token_slots(self.cache, num_tokens)
 
-    def begin(self, rid: str, input_ids: list[int], session_id: str | None) -> int:
+    def begin(self, rid: str, input_ids: list[int], session_id: str | None, extra_key: str | None = None) -> int:
         if rid in self.running:
             raise ValueError(f"request {rid!r} is already running")
         sgl = self.sgl
-        req = _Req(rid, input_ids, session_id)
+        req = _Req(rid, input_ids, session_id, extra_key)
         match = self.cache.match_prefix(
-            sgl.MatchPrefixParams(key=sgl.RadixKey(array("q", input_ids)))
+            sgl.MatchPrefixParams(key=sgl.RadixKey(array("q", input_ids), extra_key))
         )
         prefix = match.device_indices
         req.prefix_indices = prefix
