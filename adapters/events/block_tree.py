@@ -141,9 +141,9 @@ class BlockTree:
         self.waiting: dict[BlockKey, list[_Block]] = {}
         self.namespaces: dict[BlockKey, Any] = {}
         """The namespace of each block below the root stored by a LoRA's or a salted request
-        (``(lora_name, cache_salt)``; the default one is not kept): its removal is told with it,
-        so that a prompt is explained by the removals of its own namespace only (with a history
-        only)."""
+        (``(lora_name, cache_salt, first_extra_keys)``; the default one is not kept): a prompt (of the default
+        namespace) matches none of them, and its removal is told with it, so that a prompt is
+        explained by the removals of its own namespace only."""
         self.detached_tokens = 0
         self.copies = 0
         """Stores of a block beyond its first, not yet removed: vLLM keeps each copy apart in its
@@ -215,10 +215,13 @@ class BlockTree:
         if parent is not None and group is not None:
             parent = (group, parent)
         blocks, session = event.blocks(), event.session_id
-        if parent is None and self.history is not None and (event.lora_name is not None or event.cache_salt is not None):
+        namespaced = event.lora_name is not None or event.cache_salt is not None or event.first_extra_keys is not None
+        if parent is None and (self.namespaces or namespaced):
             first = blocks[0][0] if group is None else (group, blocks[0][0])
-            if first not in self.blocks:
-                self.namespaces[first] = (event.lora_name, event.cache_salt)
+            if not namespaced:
+                self.namespaces.pop(first, None)  # (the same hash stored by the default: its too)
+            elif first not in self.blocks:
+                self.namespaces[first] = (event.lora_name, event.cache_salt, event.first_extra_keys)
         i = 0
         while i < len(blocks):
             h, tokens = blocks[i]
@@ -484,10 +487,14 @@ class BlockTree:
             stack.extend(node.children.values())
 
     def match(self, tokens: tuple[int, ...]) -> TreeMatch:
+        """``tokens``' cached path, in the default namespace (a LoRA's or a salted request's
+        blocks below the root, ``namespaces``, are others' even where their tokens are the same)."""
         node, pos = self.root, 0
+        other = self.namespaces
         while pos < len(tokens):
             child = next((c for c in node.children.values()
-                          if tokens[pos : pos + len(c.blocks[0].tokens)] == c.blocks[0].tokens), None)
+                          if tokens[pos : pos + len(c.blocks[0].tokens)] == c.blocks[0].tokens
+                          and not (other and node is self.root and c.blocks[0].key in other)), None)
             if child is None:
                 break
             matched = 0

@@ -72,6 +72,9 @@ class Stored:
     """vLLM's ``kv_cache_spec_kind`` of the group (``full_attention``, ``sliding_window``, ...)."""
     lora_name: str | None = None
     """The LoRA adapter of the request that stored these blocks (vLLM; its blocks hash apart)."""
+    first_extra_keys: tuple[str, ...] | None = None
+    """vLLM's ``extra_keys`` of the first block (a ``cache_salt``, a LoRA's name, a picture's
+    hash: what its hash keeps apart from the same tokens' without them), as text; None: none."""
 
     def blocks(self) -> list[tuple[BlockHash, tuple[int, ...]]]:
         """(hash, tokens) of each block, root-ward first."""
@@ -139,6 +142,14 @@ def _medium(value: Any) -> str | None:
     return MEDIUM_ALIASES.get(value, value) if isinstance(value, str) else None
 
 
+def _first_extra_keys(value: Any) -> tuple[str, ...] | None:
+    """The first block's ``extra_keys`` (vLLM: a list a block, each None or a list of keys), as
+    text (bounded); None where there are none."""
+    if not isinstance(value, list) or not value or not isinstance(value[0], (list, tuple)) or not value[0]:
+        return None
+    return tuple(str(key)[:256] for key in value[0][:16])
+
+
 def _optional_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -161,7 +172,8 @@ def _event(tag: str, body: Any) -> Event:
         return Stored(hashes, None if parent is None else _hash(parent), tokens, size,
                       _medium(f.get("medium")), _optional_int(f.get("group_idx")),
                       _optional_str(meta.get("cache_salt")), _optional_str(meta.get("session_id")),
-                      _optional_str(f.get("kv_cache_spec_kind")), _optional_str(lora))
+                      _optional_str(f.get("kv_cache_spec_kind")), _optional_str(lora),
+                      _first_extra_keys(f.get("extra_keys")))
     if tag == "BlockRemoved":
         f = _fields(body, REMOVED_FIELDS)
         return Removed(tuple(_hash(h) for h in f["block_hashes"]), _medium(f.get("medium")),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from radixtop.adapters.events.adapter import EventTreeAdapter
-from radixtop.adapters.events.wire import Batch, Cleared, Removed, Stored
+from radixtop.adapters.events.wire import Batch, Cleared, Removed, Stored, decode_batch
 from radixtop.gpu_backend.history import EVICTED, FLUSHED
 from tests.backend.test_history import answered, expected
 
@@ -126,13 +127,15 @@ def test_a_tree_kept_inside_the_engines_process_keeps_no_history_and_says_why_in
 
 def test_why_on_a_stream_never_names_a_removal_of_another_namespace():
     """A LoRA's or a salted request's blocks (``lora_name``, ``cache_salt``: other hashes, never
-    shared) that left: a prompt of the default namespace with the same tokens is a miss with
-    nothing lost; the default's own blocks that left are named (the last one's removal)."""
+    shared): a prompt of the default namespace with the same tokens does not match them while
+    they are cached, and once they left it is a miss with nothing lost; the default's own blocks
+    are matched, and named once they left (the last one's removal)."""
     adapter = VLLMLike(name="vllm-like", bytes_per_token=1)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     for k, (h, lora, salt) in enumerate([(11, "lora-a", None), (12, None, "s1"), (13, None, None)]):
         adapter.apply_batch(2 * k, Batch(2.0 * k + 1, None, [Stored((h, h + 100), None, tuple(prompt), BLOCK,
                                                                     cache_salt=salt, lora_name=lora)]))
+        assert adapter.why(prompt).cached_tokens == (8 if h == 13 else 0), "another namespace's blocks matched"
         adapter.apply_batch(2 * k + 1, Batch(2.0 * k + 2, None, [Removed((h + 100, h))]))
         answer = adapter.why(prompt)
         assert answer.cached_tokens == 0
@@ -140,6 +143,19 @@ def test_why_on_a_stream_never_names_a_removal_of_another_namespace():
             assert answer.lost == (), f"a removal of {lora or salt}'s named for the default namespace's prompt"
     assert [(x.start, x.end, x.node_id, x.at) for x in answer.lost] == [(0, 4, 13, 6.0), (4, 8, 113, 6.0)]
     assert adapter._tree.namespaces == {}  # (what left is no longer kept)
+    # (vLLM tells a salt in the first block's extra_keys, on its wire)
+    salted = {"type": "BlockStored", "block_hashes": [41], "parent_block_hash": None, "token_ids": [5, 5, 5, 5],
+              "block_size": BLOCK, "lora_id": None, "medium": "GPU", "lora_name": None, "extra_keys": [["s3"]]}
+    batch = decode_batch(msgspec.msgpack.encode({"ts": 19.0, "events": [salted]}))
+    assert batch.events[0].first_extra_keys == ("s3",)
+    adapter.apply_batch(9, batch)
+    assert adapter.why([5, 5, 5, 5]).cached_tokens == 0 and adapter.stats().total_tokens == 4
+    # (an engine that hashes a salted prompt as the default's, then stores the default's: the
+    # block is the default's too, and matched)
+    adapter.apply_batch(10, Batch(20.0, None, [Stored((31,), None, (9, 9, 9, 9), BLOCK, cache_salt="s2")]))
+    assert adapter.why([9, 9, 9, 9]).cached_tokens == 0
+    adapter.apply_batch(11, Batch(21.0, None, [Stored((31,), None, (9, 9, 9, 9), BLOCK)]))
+    assert adapter.why([9, 9, 9, 9]).cached_tokens == 4 and 31 not in adapter._tree.namespaces
 
 
 def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored():

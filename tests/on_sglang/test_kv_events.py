@@ -694,7 +694,8 @@ def test_vllm_shaped_stream_over_zmq(sgl):
             st = adapter.status()
             assert st.complete and st.unknown_events == {"BlockMoved": 1} and st.skipped_medium_events == 1
             assert st.batch_rank == 0 and st.block_size == 2
-            assert adapter.match([1, 2, 3, 4, 5, 6, 7]).matched_tokens == 6
+            # (the chain is adapter-x's, a LoRA's: a prompt of the default namespace matches none of it)
+            assert adapter.match([1, 2, 3, 4, 5, 6, 7]).matched_tokens == 0
             assert adapter.stats().total_tokens == 6 and adapter.stats().node_count == 1
     finally:
         shutdown(publisher)

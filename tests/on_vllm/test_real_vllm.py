@@ -118,6 +118,11 @@ def test_a_cache_salt_keeps_the_same_prompt_apart(stream):
     nodes = [n for n in adapter.children(0).children if n.first_tokens[0] == 400]
     assert len(nodes) == 2 and {n.tokens for n in nodes} == {32}
     assert adapter.stats().total_tokens == tree_tokens(record)
+    alone = list(range(500, 540))  # (cached under a salt only: vLLM would not serve it to an unsalted prompt)
+    server.complete(alone, cache_salt="tenant-b")
+    settle(adapter, record)
+    assert [n.tokens for n in adapter.children(0).children if n.first_tokens[0] == 500] == [32]
+    assert adapter.match(alone).matched_tokens == 0 and adapter.match(prompt).matched_tokens == 32
 
 def test_evictions_are_counted_from_block_removed(stream):
     server, record, adapter = stream
