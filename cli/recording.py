@@ -14,7 +14,10 @@ One JSON object a line (a file only its owner reads: it holds prompts' token ids
 * ``{"served": {...}}``: an op of the engine's (``ServedEntry``): a request's begin (when, its
   session, its prompt's tokens and its hit), finish or abort, a session's close or register, an
   evict or flush asked; with its token ids (a begin's prompt, a finish's output), so that
-  ``radixtop replay --format recording`` replays the server's own traffic;
+  ``radixtop replay --format recording`` replays the server's own traffic. A session's begin that
+  reuses the start of its last turn (its prompt and its answer: a chat's next turn) says how many
+  tokens it reuses (``"reuse": N``) and has only the rest in ``tokens`` (recording 2; read back
+  whole, ``SessionTurns``);
 * ``{"gap": {"at": T, "reason": "..."}}``: what is missing from here back to the line before (the
   target down, restarted, or the history's bounds dropped some before they were read);
 * ``{"end": {"at": T, "reason": "..."}}``: the last line.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +39,14 @@ from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreacha
 from radixtop.adapters.http.wire import WireError, from_wire
 from radixtop.adapters.model import CAUSES, MAX_HISTORY_PAGE, ServedEntry
 
-RECORDING = 1
+RECORDING = 2
+READABLE = (1, 2)
+"""The recordings this one reads: 1 wrote each prompt whole."""
+MOST_TURNS = 100_000
+"""Sessions whose last turn a recording keeps (to write, and to read back, the next one's reuse):
+the least recently active dropped first, the same on both sides."""
+MIN_REUSE = 16
+"""Tokens a turn reuses at least to be written as a reuse (fewer: whole)."""
 MOMENT_SESSIONS = 100
 """Sessions a moment keeps: those with the most exclusive memory."""
 SESSION_FIELDS = ("id", "state", "exclusive_bytes", "shared_bytes", "tagged_nodes", "locked_tokens")
@@ -97,6 +108,7 @@ class Recorder:
         self._epoch: str | None = None
         self._after = self._served_after = 0
         self._down: str | None = None
+        self._turns = SessionTurns()
 
     def stop(self) -> None:
         self._stopped = True
@@ -177,7 +189,7 @@ class Recorder:
             self._gap(f"{page.served_first - self._served_after - 1:,} ops of the engine were dropped by the target's "
                       "history bounds before they were read")
         for entry in page.served or ():
-            self._line({"served": entry.to_dict()})
+            self._line({"served": self._turns.written(entry.to_dict())})
             self.done.served = (self.done.served or 0) + (entry.op == "begin")
         if page.removed:
             self._after = page.removed[-1].seq
@@ -244,10 +256,10 @@ def read_header(path: Path) -> dict[str, Any]:
                 obj = json.loads(line)
             except ValueError:
                 break
-            if isinstance(obj, dict) and obj.get("recording") == RECORDING:
+            if isinstance(obj, dict) and obj.get("recording") in READABLE:
                 return obj
             break
-    raise RecordingError(f"{path}: not a radixtop recording (its first line has no 'recording': 1)")
+    raise RecordingError(f"{path}: not a radixtop recording (its first line has no 'recording': 1 or 2)")
 
 
 def read_recording(path: Path) -> Recording:
@@ -255,6 +267,7 @@ def read_recording(path: Path) -> Recording:
     a recording's."""
     with open(path, "rb") as stream:
         recording: Recording | None = None
+        turns = SessionTurns()
         for n, line in _lines(stream):
             try:
                 obj = json.loads(line)
@@ -263,8 +276,8 @@ def read_recording(path: Path) -> Recording:
             if not isinstance(obj, dict) or len(obj) != 1 and recording is not None:
                 raise RecordingError(f"{path}: line {n} is not a recording's line")
             if recording is None:
-                if obj.get("recording") != RECORDING:
-                    raise RecordingError(f"{path}: not a radixtop recording (its first line has no 'recording': 1)")
+                if obj.get("recording") not in READABLE:
+                    raise RecordingError(f"{path}: not a radixtop recording (its first line has no 'recording': 1 or 2)")
                 recording = Recording(path, obj)
                 continue
             ((kind, value),) = obj.items()
@@ -280,9 +293,11 @@ def read_recording(path: Path) -> Recording:
                 recording.removed.append(value)
             elif kind == "served":
                 try:
-                    recording.served.append(from_wire(ServedEntry, value, "the op"))
+                    recording.served.append(from_wire(ServedEntry, turns.read(value), "the op"))
                 except WireError as exc:
                     raise RecordingError(f"{path}: line {n}: {exc.message}") from None
+                except ValueError as exc:
+                    raise RecordingError(f"{path}: line {n}: {exc}") from None
                 recording.served_lines.append(n)
             elif kind == "gap":
                 recording.gaps.append(value)
@@ -545,3 +560,66 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         else:
             high = mid
     return low
+
+
+class SessionTurns:
+    """Each session's last turn (its last finished request's prompt and answer), kept alike by the
+    recording's writer and its reader: a begin of the session that reuses the start of it is
+    written as the tokens it reuses (``reuse``) and the rest, and read back whole. Both sides see
+    the same lines in the same order, so they keep the same turns."""
+
+    def __init__(self) -> None:
+        self._last: OrderedDict[str, list[int]] = OrderedDict()
+        self._prompts: dict[str, tuple[str, list[int]]] = {}
+        """Each request begun and not yet ended: its session and its prompt."""
+
+    def written(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """An op as the recording writes it (a begin that reuses its session's last turn: the rest)."""
+        tokens, sid = entry.get("tokens"), entry.get("session_id")
+        if tokens is not None:
+            tokens = list(tokens)  # (a view's are a tuple)
+        if entry.get("op") == "begin" and tokens is not None and sid is not None:
+            last = self._last.get(sid)
+            reuse = 0 if last is None else _common_prefix(tokens, last)
+            self._told(entry, tokens)
+            if reuse >= MIN_REUSE:
+                return {**entry, "tokens": tokens[reuse:], "reuse": reuse}
+            return entry
+        self._told(entry, tokens)
+        return entry
+
+    def read(self, value: dict[str, Any]) -> dict[str, Any]:
+        """An op as the recording holds it, whole again (ValueError: a reuse that is not one). A
+        reuse of a turn the file does not hold (a line taken out of it): its tokens are not known
+        (None, as the history's bounds leave an op), the rest of the file is read."""
+        reuse = value.pop("reuse", None)
+        tokens, sid = value.get("tokens"), value.get("session_id")
+        if reuse is not None:
+            if value.get("op") != "begin" or not isinstance(tokens, list) or isinstance(reuse, bool) \
+                    or not isinstance(reuse, int) or reuse < 1:
+                raise ValueError(f"a reuse of {reuse!r} tokens that is not one")
+            last = self._last.get(sid) if isinstance(sid, str) else None
+            tokens = value["tokens"] = None if last is None or reuse > len(last) else last[:reuse] + tokens
+        if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            self._told(value, tokens)
+        else:
+            self._told(value, None)
+        return value
+
+    def _told(self, entry: dict[str, Any], tokens: list[int] | None) -> None:
+        op, rid, sid = entry.get("op"), entry.get("request_id"), entry.get("session_id")
+        if not isinstance(rid, str):
+            if op == "close" and isinstance(sid, str):
+                self._last.pop(sid, None)
+            return
+        if op == "begin":
+            if isinstance(sid, str) and tokens is not None:
+                self._prompts[rid] = (sid, list(tokens))
+            return
+        began = self._prompts.pop(rid, None)
+        if op == "finish" and began is not None and tokens is not None:
+            sid, prompt = began
+            self._last[sid] = prompt + list(tokens)
+            self._last.move_to_end(sid)
+            if len(self._last) > MOST_TURNS:
+                self._last.popitem(last=False)

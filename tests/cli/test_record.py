@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from typer.testing import CliRunner
@@ -37,6 +38,19 @@ def of(kind: str, recorded: list[dict]) -> list[dict]:
     return [line[kind] for line in recorded if kind in line]
 
 
+@contextmanager
+def recording_while(engine, path, act):
+    """``radixtop record PATH --for 3s`` against a real API server over ``engine`` while ``act``
+    runs beside it: the server's URL and the command's result, the server still up."""
+    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
+        worker = threading.Thread(target=act)
+        worker.start()
+        result = run(url, "record", str(path), "--for", "3s", "--every", "1s")
+        worker.join()
+        assert result.exit_code == 0, result.output
+        yield url, result
+
+
 @pytest.fixture
 def engine():
     e = build_engine()
@@ -56,12 +70,7 @@ def test_a_recording_holds_each_removal_and_request_made_while_it_ran_once(engin
         done["evict"] = engine.call(lambda s: s.evict_asked(1 << 20, "the test"))
         engine.call(lambda s: s.request("t1", [1, 2, 3, 4, 60], [61], "b"))
 
-    with running_server(create_app(BundledAdapter(engine), TOKEN, AuditLog(None))) as url:
-        worker = threading.Thread(target=act)
-        worker.start()
-        result = run(url, "record", str(path), "--for", "3s", "--every", "1s")
-        worker.join()
-        assert result.exit_code == 0, result.output
+    with recording_while(engine, path, act) as (url, result):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # (prompts' token ids)
         again = run(url, "record", str(path), "--for", "1s")
         assert again.exit_code == 2 and "never overwritten" in again.output
@@ -70,7 +79,7 @@ def test_a_recording_holds_each_removal_and_request_made_while_it_ran_once(engin
         assert none.exit_code == 1 and "keeps no history" in none.output and not (tmp_path / "none.jsonl").exists()
         engine.call(lambda s: setattr(s.cache, "history", done["history"]))
     recorded = lines(path)
-    assert recorded[0]["recording"] == 1 and recorded[0]["capacity_tokens"] == 256 and "end" in recorded[-1]
+    assert recorded[0]["recording"] == 2 and recorded[0]["capacity_tokens"] == 256 and "end" in recorded[-1]
     removed = of("removed", recorded)
     assert [r["seq"] for r in removed] == list(range(removed[0]["seq"], removed[0]["seq"] + len(removed)))
     by_cause: dict[str, int] = {}
@@ -197,7 +206,7 @@ def served_and_recorded(path, args: list[str], needles: list[str]) -> list[dict]
 def test_serve_record_writes_its_own_history_while_it_serves(tmp_path):
     path = tmp_path / "serve.jsonl"
     recorded = served_and_recorded(path, [], ['"served"'])
-    assert recorded[0]["recording"] == 1 and "end" in recorded[-1]
+    assert recorded[0]["recording"] == 2 and "end" in recorded[-1]
     assert of("served", recorded) and of("moment", recorded)
     exists = subprocess.run([sys.executable, "-m", "radixtop.cli.main", "serve", "--port", str(free_port()),
                              "--record", str(path)], capture_output=True, text=True, timeout=60)
@@ -212,9 +221,53 @@ def test_serve_beside_records_from_radixtops_process_while_the_engine_serves(tmp
     path = tmp_path / "beside.jsonl"
     recorded = served_and_recorded(path, ["--beside", "--never-closed", "0"],
                                    ['"removed"', '"moment"', '"op":"finish"'])
-    assert recorded[0]["recording"] == 1 and "end" in recorded[-1]
+    assert recorded[0]["recording"] == 2 and "end" in recorded[-1]
     assert of("removed", recorded) and of("moment", recorded)
     served = of("served", recorded)
     begins = [e for e in served if e["op"] == "begin"]
-    assert begins and all(len(e["tokens"]) == e["prompt_tokens"] and e["request_id"] for e in begins)
+    assert begins and all(e.get("reuse", 0) + len(e["tokens"]) == e["prompt_tokens"] and e["request_id"] for e in begins)
     assert {e["op"] for e in served} >= {"begin", "finish", "close"}
+
+
+def test_a_sessions_turn_is_written_as_what_it_reuses_of_its_last_and_read_back_whole(engine, tmp_path):
+    """A multi-turn session's prompt grows with each turn (its last prompt, the answer, a new
+    message): the recording writes each turn as the tokens it reuses of the session's last turn
+    (``reuse``) and the new ones, not the whole prompt again; read back (``diff``, ``replay``), each
+    prompt is whole, as the engine saw it."""
+    from radixtop.cli.recording import RecordingError, read_recording
+
+    path = tmp_path / "turns.jsonl"
+    prompts: list[list[int]] = []
+
+    def talk() -> None:
+        time.sleep(1.0)
+        context: list[int] = []
+        for turn in range(5):
+            prompt = context + [100 + 20 * turn + k for k in range(20)]
+            prompts.append(prompt)
+            engine.call(lambda s, prompt=prompt, turn=turn: s.request(f"m{turn}", prompt, [90 + turn, 91], "m"))
+            context = prompt + [90 + turn, 91]
+
+    with recording_while(engine, path, talk):
+        pass
+    recorded = lines(path)
+    assert recorded[0]["recording"] == 2
+    begins = [e for e in of("served", recorded) if e["op"] == "begin" and e["session_id"] == "m"]
+    assert [e.get("reuse", 0) for e in begins] == [0] + [len(p) + 2 for p in prompts[:-1]]
+    assert [len(e["tokens"]) for e in begins] == [20] * 5  # (what each turn added, not its whole prompt)
+    read = [e for e in read_recording(path).served if e.op == "begin" and e.session_id == "m"]
+    assert [list(e.tokens) for e in read] == prompts
+    assert [e.prompt_tokens for e in read] == [len(p) for p in prompts]
+    # a turn the file does not hold (a line taken out): the turns reusing it have no tokens known,
+    # the rest is read; a reuse that is not one: the line named
+    text = path.read_text().splitlines()
+    first = next(n for n, line in enumerate(text) if '"request_id":"m0"' in line and '"op":"begin"' in line)
+    (cut := tmp_path / "cut.jsonl").write_text("\n".join(line for n, line in enumerate(text) if n != first) + "\n")
+    assert [e.tokens for e in read_recording(cut).served if e.op == "begin" and e.session_id == "m"] == [None] * 4
+    second = next(n for n, line in enumerate(text) if '"request_id":"m1"' in line and '"op":"begin"' in line)
+    for bad in ('"reuse":-1', '"reuse":true', '"reuse":"22"'):
+        (broken := tmp_path / "broken.jsonl").write_text("\n".join(
+            line.replace('"reuse":22', bad) if n == second else line for n, line in enumerate(text)) + "\n")
+        with pytest.raises(RecordingError) as refused:
+            read_recording(broken)
+        assert f"line {second + 1}: a reuse of" in str(refused.value) and "\n" not in str(refused.value)
