@@ -38,6 +38,7 @@ from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.wire import WireError, from_wire
 from radixtop.adapters.model import CAUSES, MAX_HISTORY_PAGE, ServedEntry
+from radixtop.gpu_backend.history import moment_end
 
 RECORDING = 2
 READABLE = (1, 2)
@@ -422,6 +423,7 @@ def diff_live(target: Any, t1: float, t2: float) -> dict[str, Any]:
     removed: list[dict[str, Any]] = []
     gaps: list[dict[str, Any]] = []
     after, epoch = 0, None
+    end1, end2 = moment_end(t1), moment_end(t2)  # (each tree is told as of its millisecond's end)
     while True:
         page = target.history(after, NO_OPS, MAX_HISTORY_PAGE)
         if epoch is not None and page.epoch != epoch:
@@ -430,8 +432,8 @@ def diff_live(target: Any, t1: float, t2: float) -> dict[str, Any]:
         if page.removed_first > after + 1 and after:
             gaps.append({"at": page.removed[0].at if page.removed else t2,
                          "reason": "removals dropped by the history's bounds while it was read"})
-        removed.extend(g.to_dict() for g in page.removed if t1 < g.at <= t2)
-        if not page.removed or page.removed[-1].seq >= page.removed_count or page.removed[-1].at > t2:
+        removed.extend(g.to_dict() for g in page.removed if end1 <= g.at < end2)
+        if not page.removed or page.removed[-1].seq >= page.removed_count or page.removed[-1].at >= end2:
             break
         after = page.removed[-1].seq
     return compared(t1, t2, bpt, figures, largest(v1), largest(v2), removed, gaps)

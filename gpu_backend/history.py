@@ -134,6 +134,12 @@ the end of the millisecond it falls in (``moment_end``), the whole of it: the tr
 pages and the sessions' memory then are of that one instant."""
 
 
+AHEAD_S = 1.0
+"""An op told with its own moment (an engine's, read later from its frame) is told at most this far
+ahead of the history's clock: one far ahead (a skewed engine, a unit slip) would stamp every change
+after it there (``now``), and the age bound would drop the journal for it."""
+
+
 def moment_end(at: float) -> float:
     """The end of the millisecond ``at`` falls in: the instant a moment is told as of (what came
     after it is "since"; a mark stamped with it is a session's figures until then)."""
@@ -322,7 +328,7 @@ class CacheHistory:
     def tells_requests(self) -> None:
         """The owner tells its ops (``served``, ``did``) from now on."""
         if self.served_since is None:
-            self.served_since = self.tokens_since = self.clock()
+            self.served_since = self.tokens_since = max(self.clock(), self._latest)
 
     def served(self, session_id: str | None, prompt_tokens: int, cached_tokens: int, request_id: str | None = None,
                tokens: Sequence[int] | None = None, at: float | None = None) -> None:
@@ -336,7 +342,7 @@ class CacheHistory:
         """The engine did ``op`` now (or ``at``, where the engine said when: a frame read later):
         ``tokens`` a begin's prompt or a finish's output (kept, not copied: the engine never changes
         them after), ``asked_tokens`` an evict's."""
-        now = self.now() if at is None else self.now(at)
+        now = self.now() if at is None else self.now(min(at, self.clock() + AHEAD_S))
         entry = [now, session_id, prompt_tokens, cached_tokens, op, request_id, tokens, asked_tokens]
         served = self._served
         served.append(entry)
@@ -358,7 +364,7 @@ class CacheHistory:
         from ``since`` (no session's figures moved between then and now: a new ledger of a tree
         kept since then)."""
         if self.marks_since is None:
-            self.marks_since = self.clock() if since is None else since
+            self.marks_since = max(self.clock(), self._latest) if since is None else since
 
     def moving(self, session_id: str, tags: int, exclusive: int, path: int, now: float | None = None) -> None:
         """``session_id``'s figures (its tagged nodes, exclusive and path tokens) are about to move
@@ -408,7 +414,7 @@ class CacheHistory:
     def gap(self) -> None:
         """Removals and stores before now may be missing (the tree came again whole after a gap):
         the history is complete from now on only."""
-        self.since = max(self.since, self.clock())
+        self.since = max(self.since, self.clock(), self._latest)  # (never before what was told: a clock set back)
         self.stores_since = max(self.stores_since, self.since)
         self.told("")
 

@@ -385,6 +385,8 @@ class BlockTree:
         node.blocks.pop()
         if self.history is not None:
             self._told_removed(block)
+        if self.namespaces and block.parent_key is None:
+            self.namespaces.pop(key, None)  # (with a history or without)
         self._hold(node, block.sessions, -1)
         block.node = None
         self._resize(node, -n)
@@ -429,7 +431,7 @@ class BlockTree:
         assert self.history is not None
         parent, key = block.parent_key, block.key
         self.history.removed(number := block_id(key), ROOT if parent is None else block_id(parent), block.tokens,
-                             block.sessions, self.namespaces.pop(key, None) if parent is None and self.namespaces else None)
+                             block.sessions, self.namespaces.get(key) if parent is None and self.namespaces else None)
         if not isinstance(key, int):
             self.keys_by_id.pop(number, None)
 

@@ -41,6 +41,7 @@ from radixtop.adapters.model import (
     ThenView,
     WhyView,
 )
+from radixtop.gpu_backend.history import moment_end
 
 V = TypeVar("V")
 
@@ -292,7 +293,7 @@ def then_from_dict(d: dict[str, Any]) -> ThenView:
             or len(view.sessions) > view.sessions_active
             or view.sessions_open > view.sessions_active
             or any(x.cached_tokens > x.prompt_tokens or x.last_cached_tokens > x.last_prompt_tokens
-                   or x.last_at > view.at for x in view.sessions)):
+                   or x.last_at >= moment_end(view.at) for x in view.sessions)):  # (told as of its ms's end)
         raise WireError(f"{len(view.sessions)} sessions then of {view.sessions_active} ({view.sessions_open} open), "
                         "hits over prompts or ops after the moment: not an answer")
     if view.memory is None:

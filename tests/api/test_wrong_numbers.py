@@ -238,8 +238,11 @@ def test_a_then_whose_figures_do_not_add_up_is_refused():
                "last_at": 0.9, "last_prompt_tokens": 6, "last_cached_tokens": 4, "lost_since_tokens": 9}
     sessions = {"sessions": [session], "sessions_active": 1, "sessions_open": 1, "sessions_since": 0.5}
     assert then_from_dict({**good, **sessions}).sessions[0].state == "open"
+    # (a moment is told as of the end of its millisecond: an op later in it is the moment's)
+    assert then_from_dict({**good, **sessions, "sessions": [{**session, "last_at": 1.0007}]}).sessions
     for bad in ({"sessions_since": None}, {"sessions_active": 0}, {"sessions_open": 2},
                 {"sessions": [{**session, "cached_tokens": 11}]}, {"sessions": [{**session, "last_at": 1.5}]},
+                {"sessions": [{**session, "last_at": 1.001}]},
                 {"sessions": [{**session, "state": "ajar"}]}):
         with pytest.raises(WireError):
             then_from_dict({**good, **sessions, **bad})

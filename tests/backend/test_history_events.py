@@ -156,6 +156,13 @@ def test_why_on_a_stream_never_names_a_removal_of_another_namespace():
     assert adapter.why([9, 9, 9, 9]).cached_tokens == 0
     adapter.apply_batch(11, Batch(21.0, None, [Stored((31,), None, (9, 9, 9, 9), BLOCK)]))
     assert adapter.why([9, 9, 9, 9]).cached_tokens == 4 and 31 not in adapter._tree.namespaces
+    # (a tree that keeps no history, in the engine's own process: a namespaced block that left is
+    # not kept either)
+    bare = VLLMLike(name="bare", bytes_per_token=1, no_history="in the engine's process")
+    for k in range(50):
+        bare.apply_batch(2 * k, Batch(1.0, None, [Stored((500 + k,), None, (k, k, k, k), BLOCK, cache_salt=f"u{k}")]))
+        bare.apply_batch(2 * k + 1, Batch(1.0, None, [Removed((500 + k,))]))
+    assert bare._tree.blocks.get(500) is None and bare._tree.namespaces == {}
 
 
 def test_a_sessions_story_on_a_vllm_stream_names_the_blocks_its_requests_stored():
@@ -322,3 +329,22 @@ def test_the_sessions_memory_then_on_a_stream_with_sessions_is_what_the_tree_att
         assert v.bytes_per_token == 2 and v.memory_sessions == len(then[moment]), moment
         assert got == {sid: then[moment][sid] for sid in got}, moment
     assert len({tuple(sorted(m.items())) for m in then}) > 20 and any(e for m in then for _, e, _ in m.values())
+
+
+def test_a_live_diff_counts_what_left_between_its_two_moments_as_its_trees_tell_them():
+    """``radixtop diff 10m 1m`` of a stream: each moment's tree is as of the end of its millisecond,
+    so what left later in the first one's millisecond is already gone from the first tree, not
+    "left between"; what came later in the second one's is in the second tree, and what left
+    after it is not "left between"."""
+    from radixtop.cli.recording import diff_live
+
+    adapter = VLLMLike(name="vllm-like", bytes_per_token=1)
+    adapter._tree.history.since = adapter._tree.history.stores_since = 0
+    adapter.apply_batch(0, Batch(100.0001, None, [Stored((5,), None, (1, 2, 3, 4), BLOCK)]))
+    adapter.apply_batch(1, Batch(100.0004, None, [Removed((5,))]))  # (0.2 ms after the first moment)
+    adapter.apply_batch(2, Batch(101.0, None, [Stored((6,), None, (3, 4, 5, 6), BLOCK)]))
+    adapter.apply_batch(3, Batch(101.5004, None, [Stored((7,), None, (7, 7, 7, 7), BLOCK)]))  # (0.2 ms after
+    adapter.apply_batch(4, Batch(101.5021, None, [Removed((6,))]))  # the second moment; then past its ms)
+    d = diff_live(adapter, 100.0002, 101.5002)
+    assert d["figures"]["cached_tokens"] == {"from": 0, "to": 8, "change": 8}
+    assert (d["left"]["nodes"], d["left"]["tokens"]) == (0, 0)

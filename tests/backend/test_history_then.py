@@ -15,7 +15,7 @@ from radixtop.adapters.errors import BadRequest
 from radixtop.adapters.owned.attribution import attribute
 from radixtop.adapters.owned.why import then_pass, then_view
 from radixtop.adapters.text import memory_then_lines, when
-from radixtop.gpu_backend.history import ROOT, STORE_CHUNK, CacheHistory, tree_then
+from radixtop.gpu_backend.history import BEGIN, ROOT, STORE_CHUNK, CacheHistory, tree_then
 from radixtop.gpu_backend.kv_geometry import get_geometry
 from radixtop.gpu_backend.owner.slices import run_to_end
 from radixtop.gpu_backend.scheduler import Scheduler
@@ -521,3 +521,36 @@ def test_a_clock_that_goes_back_keeps_the_journals_in_order_and_each_moment_one_
         v = adapter.then(float(t))
         assert (v.tokens_then, memory_of(v)) == (cached[last], memory[last]), t
     assert len({cached[j] for j in range(100, 200)}) > 10, "the tree never moved around the step: the test proves nothing"
+
+
+def test_after_the_clock_goes_back_a_gap_and_a_late_start_are_never_before_what_was_told():
+    """The clock set back, then a gap (a copy's tree sent whole again: what left meanwhile is not
+    known): the history reaches back to no earlier than the latest moment it told, so a moment
+    between is refused, never answered from a journal that misses what left. The same for the
+    ops and the sessions' figures told from a moment on."""
+    t = [1000.0]
+    h = CacheHistory(clock=lambda: t[0])
+    t[0] = 1010.0
+    h.stored(1, ROOT, 4)
+    t[0] = 1060.0
+    h.stored(2, ROOT, 4)
+    t[0] = 1005.0  # (set back 55 s; node 2 left unseen, the tree comes again whole)
+    h.gap()
+    h.tells_requests()
+    h.tells_figures()
+    assert h.then_reaches_back_to() >= 1060.0 and h.served_since >= 1060.0 and h.marks_since >= 1060.0
+    with pytest.raises(BadRequest):
+        run_to_end(then_pass(h, 1030.0, lambda: 4))
+
+
+def test_an_op_told_far_ahead_of_the_clock_does_not_move_the_historys_clock():
+    """An op whose moment (an engine's, read from its frame) is a day ahead: told at most a second
+    ahead of the history's clock, so that the changes after it are stamped as they came and the
+    age bound drops nothing for it."""
+    t = [1000.0]
+    h = CacheHistory(clock=lambda: t[0])
+    h.tells_requests()
+    h.did(BEGIN, "s", "r", [1, 2], 2, 0, at=1000.0 + 86400)
+    t[0] = 1001.0
+    h.stored(1, ROOT, 4)
+    assert h._stores[0].at[-1] == 1001.0 and h.requests_after(0, 10)[0][0][0] <= 1001.0
