@@ -338,7 +338,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.events.core import records_events
     from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
-    from radixtop.adapters.sglang.records import can_record, recorder_for
+    from radixtop.adapters.sglang.records import can_record, hook_admissions, recorder_for
     from radixtop.adapters.sglang.trees import tree_for
 
     cache = scheduler.tree_cache
@@ -376,6 +376,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
     try:
         if tree.has_nodes:
             recorder = recorder_for(cache, options["session_controller"])
+            hook_admissions(recorder, scheduler)  # (each request's begin at its admission)
         return BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
                              sglang=direct, poller=poller, recorder=recorder)
     except BaseException:

@@ -145,6 +145,8 @@ def hook_requests(recorder: _Recorder, cache: Any, closer: Any = None) -> None:
     on 0.5.23), whoever asked for it. What cannot be told (a request SGLang holds oddly) is not
     told, and never stops the tree's records (``_failed``)."""
 
+    begun = recorder.__dict__.setdefault("begun", set())
+
     def released(result: Any, req: Any, *a: Any, **k: Any) -> None:
         try:
             told = released_request(req)
@@ -153,7 +155,10 @@ def hook_requests(recorder: _Recorder, cache: Any, closer: Any = None) -> None:
             return
         if told is not None:
             sid, rid, prompt, cached, how, prompt_ids, output_ids = told
-            recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
+            if rid in begun:  # (its begin told at its admission: ``hook_admissions``)
+                begun.discard(rid)
+            else:
+                recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
             recorder.records.append((OP, how, sid, rid, output_ids, 0, 0, 0))
 
     def closed(result: Any, session_id: Any, *a: Any, **k: Any) -> None:
@@ -162,6 +167,43 @@ def hook_requests(recorder: _Recorder, cache: Any, closer: Any = None) -> None:
     recorder._wrap(cache, release_method(cache), released)
     if closer is not None:
         recorder._wrap(closer, "release_radix_session", closed)
+
+
+def hook_admissions(recorder: _Recorder, scheduler: Any) -> None:
+    """Each request's begin told when SGLang admits it (its first prefill chunk scheduled:
+    ``Scheduler.get_new_batch_prefill``, wrapped on the instance, after it returned), not at its
+    end: so the history's ops, and a recording's replay, run SGLang's requests as concurrently as
+    it ran them. Its hit is SGLang's own (``req.cached_tokens``, final once the batch is prepared:
+    docs/sglang-internals.md section 8); a retracted request admitted again (``retracted_stain``)
+    is not told twice. Its finish is told at its end (``hook_requests``); a request admitted before
+    this hook was there is told whole at its end, as before."""
+    begun = recorder.__dict__.setdefault("begun", set())
+
+    def admitted(plan: Any, *a: Any, **k: Any) -> None:
+        batch = getattr(plan, "batch_to_run", None)
+        if batch is None:
+            return
+        try:
+            tell(batch)
+        except Exception as exc:  # (a batch of another shape: its begins told at their ends)
+            _not_told(exc)
+
+    def tell(batch: Any) -> None:
+        reqs = batch.reqs
+        for i in range(len(reqs) - len(getattr(batch, "decoding_reqs", None) or ())):
+            req = reqs[i]
+            if getattr(req, "extend_batch_idx", 0) != 1 or getattr(req, "retracted_stain", False):
+                continue
+            rid = str(getattr(req, "rid", ""))
+            if rid.startswith(HEALTH_CHECK) or rid in begun:
+                continue
+            sid = getattr(req, "session_id", None)
+            prompt = getattr(req, "origin_input_ids", None) or ()
+            begun.add(rid)
+            recorder.records.append((OP, "begin", None if sid is None else str(sid), rid, _token_bytes(prompt),
+                                     len(prompt), int(getattr(req, "cached_tokens", 0) or 0), 0))
+
+    recorder._wrap(scheduler, "get_new_batch_prefill", admitted)
 
 
 _said: list[str] = []

@@ -26,6 +26,7 @@ import pytest
 
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.sglang.routes import SGLangRoutesAdapter
+from radixtop.cli.recording import read_recording
 from tests.on_sglang.server import BYTES_PER_TOKEN, Server, free_port, launch, sglang_version
 
 VERSION = sglang_version()
@@ -296,8 +297,8 @@ def test_a_recording_of_sglangs_own_traffic_replays_on_other_pools(server, clien
     """Issue 29's what-if on the real server: ``radixtop record`` over the plugin's admin API while
     sessions chat; each request SGLang served is in the file with its reply's figures (prompt and
     cached tokens), its prompt's token ids and its output's; ``radixtop replay --format recording``
-    replays them on the recording's own pool and on a larger one. (SGLang's requests are told at
-    their end: a replay runs them one after another, so it is not held to SGLang's hits.)"""
+    replays them on the recording's own pool and on a larger one. (A replay runs them as the
+    recording orders them, on a cache that is not SGLang's: it is not held to SGLang's hits.)"""
     if server.options["place"] != "beside the scheduler":  # (in SGLang's process: no history there)
         return
     path = tmp_path / "sglang.jsonl"
@@ -316,11 +317,12 @@ def test_a_recording_of_sglangs_own_traffic_replays_on_other_pools(server, clien
     out, _ = recording.communicate(timeout=120)
     assert recording.returncode == 0, out
     settle(server, client)  # (the next tests read SGLang's gauges: republished once it idles)
-    served = [line["served"] for line in map(json.loads, path.read_text().splitlines()) if "served" in line]
+    served = [e.to_dict() for e in read_recording(path).served]  # (each turn read back whole: its reuse too)
     mine = [e for e in served if e["session_id"] in history]
-    assert [(e["op"], e["session_id"], e["tokens"]) for e in mine] == [
+    assert [(e["op"], e["session_id"], list(e["tokens"])) for e in mine] == [
         step for sid, prompt, output, _ in sent for step in (("begin", sid, prompt), ("finish", sid, output))]
     assert [e["cached_tokens"] for e in mine if e["op"] == "begin"] == [hit for *_, hit in sent]
+    assert sum('"reuse":' in line for line in path.read_text().splitlines()) >= 4  # (a turn: what it reuses, the rest)
     assert sent[-1][3] > 0  # (a session's later turns hit its history)
     runs = {}
     for capacity in (MAX_TOTAL_TOKENS, 65536):
@@ -583,3 +585,26 @@ def test_kill_9_of_radixtops_process_under_load_costs_sglang_no_request_and_it_c
     after = {row.id: row.shared_bytes + row.exclusive_bytes for row in client.sessions("id", 0, 100).sessions
              if row.id in history}
     assert after == held  # (nothing of theirs evicted meanwhile: the pool holds them and the load)
+
+
+def test_a_requests_begin_is_told_at_its_admission_not_at_its_end(server, client):
+    """Two requests SGLang runs together: the history tells each one's begin when SGLang admits it
+    (``hook_admissions``), so both begins come before either finish, each with SGLang's own hit,
+    as a replay of the journal then runs them; before, each was told whole at its end."""
+    if server.options["place"] != "beside the scheduler":  # (in SGLang's process: no history there)
+        return
+    settle(server, client)
+    start = client.history(1 << 62, 0, 1).served_count
+    prompts = [fresh(24) for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda p: server.generate(p, max_new_tokens=48), prompts))
+    settle(server, client)
+    rids = {r["meta_info"]["id"] for r in replies}
+    ops = [e for e in client.history(1 << 62, start, 100).served if e.request_id in rids]
+    assert sorted((e.op, e.request_id) for e in ops) == sorted((op, rid) for rid in rids for op in ("begin", "finish"))
+    kinds = [e.op for e in ops]
+    assert kinds == ["begin", "begin", "finish", "finish"], kinds
+    hits = {r["meta_info"]["id"]: r["meta_info"]["cached_tokens"] for r in replies}
+    assert {e.request_id: e.cached_tokens for e in ops if e.op == "begin"} == hits
+    begun = {e.request_id: e.at for e in ops if e.op == "begin"}
+    assert all(e.at > begun[e.request_id] for e in ops if e.op == "finish")
