@@ -7,6 +7,7 @@ integers (a face formats them); times are ages in seconds relative to when the v
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
@@ -674,6 +675,17 @@ class ThenView(_View):
 
 
 MAX_BRANCHES_SHOWN = 50
+MOMENT_TICKS_A_SECOND = 1000
+
+
+def moment_end(at: float) -> float:
+    """The end of the millisecond ``at`` falls in: the instant a past moment is told as of (its
+    tree, its sessions and their memory: ``ThenView``). The same as the history's own
+    (``gpu_backend.history.moment_end``, below the contract: it cannot import this; a test checks
+    they agree), here for the faces that read answers, which load no backend."""
+    return (math.floor(at * MOMENT_TICKS_A_SECOND) + 1) / MOMENT_TICKS_A_SECOND
+
+
 MAX_SESSIONS_THEN = 50
 MAX_BRANCH_HOLDERS = 20
 

@@ -37,8 +37,7 @@ from typing import IO, Any
 from radixtop.adapters.base import CacheAdapter
 from radixtop.adapters.errors import AdapterError, TargetTimeout, TargetUnreachable
 from radixtop.adapters.http.wire import WireError, from_wire
-from radixtop.adapters.model import CAUSES, MAX_HISTORY_PAGE, ServedEntry
-from radixtop.gpu_backend.history import moment_end
+from radixtop.adapters.model import CAUSES, MAX_HISTORY_PAGE, ServedEntry, moment_end
 
 RECORDING = 2
 READABLE = (1, 2)

@@ -142,7 +142,8 @@ after it there (``now``), and the age bound would drop the journal for it."""
 
 def moment_end(at: float) -> float:
     """The end of the millisecond ``at`` falls in: the instant a moment is told as of (what came
-    after it is "since"; a mark stamped with it is a session's figures until then)."""
+    after it is "since"; a mark stamped with it is a session's figures until then). The faces
+    have the same (``adapters.model.moment_end``: the HTTP client loads no backend)."""
     return (math.floor(at * MARK_TICKS_A_SECOND) + 1) / MARK_TICKS_A_SECOND
 
 

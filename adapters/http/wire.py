@@ -40,8 +40,8 @@ from radixtop.adapters.model import (
     SubtreeView,
     ThenView,
     WhyView,
+    moment_end,
 )
-from radixtop.gpu_backend.history import moment_end
 
 V = TypeVar("V")
 

@@ -483,6 +483,13 @@ def test_a_moment_inside_a_millisecond_is_told_as_that_milliseconds_end():
         page = adapter.then_children(moment, 0, 0, 1000)
         assert sum(c.subtree_tokens for c in page.children) == cached[end], k
     assert len(set(cached)) > 20 and any(cached[j] != cached[j + 1] for j in range(0, len(cached) - 1, 5))
+    # (the faces' own moment_end, which the HTTP client checks answers with, is the history's)
+    from radixtop.adapters.model import moment_end as faces_moment_end
+    from radixtop.gpu_backend.history import moment_end
+
+    rng = random.Random(3)
+    for at in [1000.0, 1000.001, 1000.0009999, time.time(), *(rng.uniform(0, 2e9) for _ in range(2000))]:
+        assert faces_moment_end(at) == moment_end(at) > at
 
 
 def test_the_sessions_figures_now_are_of_one_tree_when_a_reset_comes_between_slices():
