@@ -97,7 +97,8 @@ def make_events(sessions: int, count: int, seed: int = 0) -> list[Event]:
 def adapter_with(ledger: type, history: bool = True) -> EventTreeAdapter:
     block_tree.BlockLedger = ledger  # the tree makes its ledger at each clear (the first in the adapter)
     try:
-        return EventTreeAdapter(name="bench", bytes_per_token=2, no_history=not history)
+        return EventTreeAdapter(name="bench", bytes_per_token=2,
+                                no_history=None if history else "the benchmark's tree without one")
     finally:
         block_tree.BlockLedger = BlockLedger
 

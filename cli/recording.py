@@ -576,18 +576,12 @@ class SessionTurns:
 
     def written(self, entry: dict[str, Any]) -> dict[str, Any]:
         """An op as the recording writes it (a begin that reuses its session's last turn: the rest)."""
-        tokens, sid = entry.get("tokens"), entry.get("session_id")
-        if tokens is not None:
-            tokens = list(tokens)  # (a view's are a tuple)
-        if entry.get("op") == "begin" and tokens is not None and sid is not None:
-            last = self._last.get(sid)
-            reuse = 0 if last is None else _common_prefix(tokens, last)
-            self._told(entry, tokens)
-            if reuse >= MIN_REUSE:
-                return {**entry, "tokens": tokens[reuse:], "reuse": reuse}
-            return entry
+        raw, sid = entry.get("tokens"), entry.get("session_id")
+        tokens = None if raw is None else list(raw)  # (a view's are a tuple)
+        last = self._last.get(sid) if entry.get("op") == "begin" and sid is not None else None
+        reuse = 0 if last is None or tokens is None else _common_prefix(tokens, last)
         self._told(entry, tokens)
-        return entry
+        return {**entry, "tokens": tokens[reuse:], "reuse": reuse} if tokens is not None and reuse >= MIN_REUSE else entry
 
     def read(self, value: dict[str, Any]) -> dict[str, Any]:
         """An op as the recording holds it, whole again (ValueError: a reuse that is not one). A

@@ -126,7 +126,6 @@ class Lost:
     ghost: Ghost
 
 
-
 MARK_TICKS_A_SECOND = 1000
 """A session's figures are marked once a millisecond of the history's clock at most
 (``Watched._mark``), the mark stamped with the millisecond's start. So a past moment is told as of
@@ -256,11 +255,7 @@ class CacheHistory:
                 return
             tokens, first = array("q", key).tobytes(), key[0]
         kind, sid, pool, who = self._cause
-        now = self.clock()
-        if now < self._latest:  # (``now``, inline: a change told is the hot path)
-            now = self._latest
-        else:
-            self._latest = now
+        now = self.now()
         if parent_id != ROOT:
             namespace = None  # (below the root, a parent's id is of one namespace)
         ghost = Ghost(node_id, parent_id, tokens, now, kind, sid, tuple(holders) if holders else (), pool, who,
@@ -291,11 +286,7 @@ class CacheHistory:
 
     def _store(self, node_id: int, parent_id: int, tokens: int, now: float | None = None) -> None:
         if now is None:
-            now = self.clock()
-            if now < self._latest:  # (``now``, inline)
-                now = self._latest
-            else:
-                self._latest = now
+            now = self.now()
         chunk = self._chunk
         if chunk is None or len(chunk.at) >= STORE_CHUNK:
             chunk = self._new_chunk(now)
@@ -326,10 +317,15 @@ class CacheHistory:
         self._latest = t
         return t
 
+    def _reach_now(self) -> float:
+        """Now, as a journal's start (from now on it is complete): never before a moment told
+        already (a clock set back), and without telling anything."""
+        return max(self.clock(), self._latest)
+
     def tells_requests(self) -> None:
         """The owner tells its ops (``served``, ``did``) from now on."""
         if self.served_since is None:
-            self.served_since = self.tokens_since = max(self.clock(), self._latest)
+            self.served_since = self.tokens_since = self._reach_now()
 
     def served(self, session_id: str | None, prompt_tokens: int, cached_tokens: int, request_id: str | None = None,
                tokens: Sequence[int] | None = None, at: float | None = None) -> None:
@@ -365,7 +361,7 @@ class CacheHistory:
         from ``since`` (no session's figures moved between then and now: a new ledger of a tree
         kept since then)."""
         if self.marks_since is None:
-            self.marks_since = max(self.clock(), self._latest) if since is None else since
+            self.marks_since = self._reach_now() if since is None else since
 
     def moving(self, session_id: str, tags: int, exclusive: int, path: int, now: float | None = None) -> None:
         """``session_id``'s figures (its tagged nodes, exclusive and path tokens) are about to move
@@ -415,7 +411,7 @@ class CacheHistory:
     def gap(self) -> None:
         """Removals and stores before now may be missing (the tree came again whole after a gap):
         the history is complete from now on only."""
-        self.since = max(self.since, self.clock(), self._latest)  # (never before what was told: a clock set back)
+        self.since = max(self.since, self._reach_now())
         self.stores_since = max(self.stores_since, self.since)
         self.told("")
 

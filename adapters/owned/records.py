@@ -125,6 +125,9 @@ class _Recorder:
         self._next_id = 0
         """Every node with an id below this one existed when last looked (an insert returning a
         node with a higher one added it)."""
+        self.begun: set[str] = set()
+        """The requests whose begin was told at their admission, not yet given back (SGLang's:
+        ``sglang.records.hook_admissions``)."""
 
     def root(self) -> Any:
         raise NotImplementedError

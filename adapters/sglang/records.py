@@ -118,12 +118,19 @@ def released_request(req: Any) -> tuple[str | None, str, int, int, str, bytes | 
     done, rid = getattr(req, "finished", None), str(getattr(req, "rid", ""))
     if (callable(done) and not done()) or rid.startswith(HEALTH_CHECK):
         return None
+    sid, prompt, cached, prompt_ids = _begin_of(req)
+    aborted = type(getattr(req, "finished_reason", None)).__name__ == "FINISH_ABORT"
+    return (sid, rid, prompt, cached, "abort" if aborted else "finish", prompt_ids,
+            None if aborted else _token_bytes(getattr(req, "output_ids", None) or ()))
+
+
+def _begin_of(req: Any) -> tuple[str | None, int, int, bytes]:
+    """A request's begin as the history tells it: its session, its prompt's tokens, its hit
+    (SGLang's own ``cached_tokens``) and its prompt's token ids."""
     sid = getattr(req, "session_id", None)
     prompt = getattr(req, "origin_input_ids", None) or ()
-    aborted = type(getattr(req, "finished_reason", None)).__name__ == "FINISH_ABORT"
-    return (None if sid is None else str(sid), rid, len(prompt), int(getattr(req, "cached_tokens", 0) or 0),
-            "abort" if aborted else "finish", _token_bytes(prompt),
-            None if aborted else _token_bytes(getattr(req, "output_ids", None) or ()))
+    return None if sid is None else str(sid), len(prompt), int(getattr(req, "cached_tokens", 0) or 0), \
+        _token_bytes(prompt)
 
 
 def _token_bytes(ids: Any) -> bytes:
@@ -145,7 +152,7 @@ def hook_requests(recorder: _Recorder, cache: Any, closer: Any = None) -> None:
     on 0.5.23), whoever asked for it. What cannot be told (a request SGLang holds oddly) is not
     told, and never stops the tree's records (``_failed``)."""
 
-    begun = recorder.__dict__.setdefault("begun", set())
+    begun = recorder.begun
 
     def released(result: Any, req: Any, *a: Any, **k: Any) -> None:
         try:
@@ -177,7 +184,7 @@ def hook_admissions(recorder: _Recorder, scheduler: Any) -> None:
     docs/sglang-internals.md section 8); a retracted request admitted again (``retracted_stain``)
     is not told twice. Its finish is told at its end (``hook_requests``); a request admitted before
     this hook was there is told whole at its end, as before."""
-    begun = recorder.__dict__.setdefault("begun", set())
+    begun = recorder.begun
 
     def admitted(plan: Any, *a: Any, **k: Any) -> None:
         batch = getattr(plan, "batch_to_run", None)
@@ -197,11 +204,9 @@ def hook_admissions(recorder: _Recorder, scheduler: Any) -> None:
             rid = str(getattr(req, "rid", ""))
             if rid.startswith(HEALTH_CHECK) or rid in begun:
                 continue
-            sid = getattr(req, "session_id", None)
-            prompt = getattr(req, "origin_input_ids", None) or ()
+            sid, prompt, cached, prompt_ids = _begin_of(req)
             begun.add(rid)
-            recorder.records.append((OP, "begin", None if sid is None else str(sid), rid, _token_bytes(prompt),
-                                     len(prompt), int(getattr(req, "cached_tokens", 0) or 0), 0))
+            recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
 
     recorder._wrap(scheduler, "get_new_batch_prefill", admitted)
 
