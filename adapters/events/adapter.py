@@ -244,17 +244,21 @@ class EventTreeAdapter(CacheAdapter):
                 self._tree.history.tells_requests()
 
     def served(self, payload: bytes) -> None:
-        """The requests the engine gave back (a ``probe.SERVED`` frame: msgpack of ``[[session_id,
-        rid, prompt_tokens, cached_tokens, "finish" | "abort", prompt_ids, output_ids, at], ...]``),
-        told to the history at the moment the engine gave each back: its begin (its hit) and its
-        finish or abort, with their token ids where they came. A frame that is not one is logged
-        and dropped, never the applying thread down for it."""
+        """The requests the engine admitted and gave back (a ``probe.SERVED`` frame: msgpack of
+        ``[[session_id, rid, prompt_tokens, cached_tokens, "begin" | "finish" | "abort", prompt_ids,
+        output_ids, at, begun], ...]``), told to the history at the moment the engine admitted or
+        gave each back: a ``begin`` row its begin (its hit), a ``finish`` or ``abort`` row its end,
+        and its begin too where that was not told at its admission (``begun`` false), with their
+        token ids where they came. A frame that is not one is logged and dropped, never the
+        applying thread down for it."""
         import msgspec
 
         try:
             rows = [(None if sid is None else str(sid), str(rid), max(0, int(prompt)), max(0, int(cached)),
-                     "abort" if how == "abort" else "finish", ids_of(prompt_ids), ids_of(output_ids), float(at))
-                    for sid, rid, prompt, cached, how, prompt_ids, output_ids, at in msgspec.msgpack.decode(payload)]
+                     how if how in ("begin", "abort") else "finish", ids_of(prompt_ids), ids_of(output_ids),
+                     float(at), begun is True)
+                    for sid, rid, prompt, cached, how, prompt_ids, output_ids, at, begun
+                    in msgspec.msgpack.decode(payload)]
             if any(not math.isfinite(row[7]) or max(row[2], row[3]) >> 63 for row in rows):  # (a count is int64)
                 raise ValueError("a moment or a count that is not one")
         except Exception:  # (anything: never the applying thread down for a frame)
@@ -263,9 +267,11 @@ class EventTreeAdapter(CacheAdapter):
         with self._lock:
             history = self._tree.history
             if history is not None and history.served_since is not None:
-                for sid, rid, prompt, cached, how, prompt_ids, output_ids, at in rows:
-                    history.served(sid, prompt, cached, rid, prompt_ids, at=at)
-                    history.did(how, sid, rid, output_ids, at=at)
+                for sid, rid, prompt, cached, how, prompt_ids, output_ids, at, begun in rows:
+                    if how == "begin" or not begun:
+                        history.served(sid, prompt, cached, rid, prompt_ids, at=at)
+                    if how != "begin":
+                        history.did(how, sid, rid, output_ids, at=at)
 
     def apply(self, seq: int, payload: bytes) -> None:
         """Apply batch ``seq`` (an encoded ``KVEventBatch``) from a source that delivers every

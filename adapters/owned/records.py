@@ -101,6 +101,26 @@ step marked, up to this: about a millisecond more at most)."""
 RECORDER = "_radixtop_recorder"
 
 
+
+def wrap_after(owner: Any, name: str, after: Callable[..., None], failed: Callable[[str, Exception], None]) -> None:
+    """``owner.name`` wrapped on the instance: ``after(result, *args)`` once it returned, whatever
+    ``after`` raises kept out of the owner's call (``failed(name, exc)``); nothing where
+    ``owner`` has no such method."""
+    original = getattr(owner, name, None)
+    if not callable(original):
+        return
+
+    @functools.wraps(original)
+    def wrapped(*a: Any, **k: Any) -> Any:
+        result = original(*a, **k)
+        try:
+            after(result, *a, **k)
+        except Exception as exc:
+            failed(name, exc)
+        return result
+
+    setattr(owner, name, wrapped)
+
 class _Recorder:
     """What both recorders share: the list of records, its hand-over, a hook's wrapping, the
     session controller's hooks."""
@@ -173,20 +193,7 @@ class _Recorder:
     def _wrap(self, owner: Any, name: str, after: Callable[..., None]) -> None:
         """``owner.name`` wrapped on the instance: ``after(result, *args)`` once it returned,
         whatever ``after`` raises kept out of SGLang's call (``_failed``)."""
-        original = getattr(owner, name, None)
-        if not callable(original):
-            return
-
-        @functools.wraps(original)
-        def recorded(*a: Any, **k: Any) -> Any:
-            result = original(*a, **k)
-            try:
-                after(result, *a, **k)
-            except Exception as exc:
-                self._failed(name, exc)
-            return result
-
-        setattr(owner, name, recorded)
+        wrap_after(owner, name, after, self._failed)
 
     # ----- hooks both of a tree's recorders (SGLang 0.5.16's, the bundled cache's) use -----
 

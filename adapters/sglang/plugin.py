@@ -337,7 +337,7 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
 
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.events.core import records_events
-    from radixtop.adapters.sglang.probe import BesideProcess, CoreOps
+    from radixtop.adapters.sglang.probe import BesideProcess, CoreOps, EventsProbe
     from radixtop.adapters.sglang.records import can_record, hook_admissions, recorder_for
     from radixtop.adapters.sglang.trees import tree_for
 
@@ -377,8 +377,11 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
         if tree.has_nodes:
             recorder = recorder_for(cache, options["session_controller"])
             hook_admissions(recorder, scheduler)  # (each request's begin at its admission)
-        return BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
-                             sglang=direct, poller=poller, recorder=recorder)
+        process = BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
+                                sglang=direct, poller=poller, recorder=recorder)
+        if isinstance(process.probe, EventsProbe) and more.get("ops"):  # (the Rust core: begins at admission)
+            process.probe.hook_admissions(scheduler)
+        return process
     except BaseException:
         if recorder is not None:
             recorder.stop()

@@ -15,15 +15,14 @@ Frames from the probe: ``HELLO`` first, then ``EVENTS`` (one encoded batch each)
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import logging
 import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
-from radixtop.adapters.owned.records import CAUSE, Walk, split_long
-from radixtop.adapters.sglang.records import released_request
+from radixtop.adapters.owned.records import CAUSE, Walk, split_long, wrap_after
+from radixtop.adapters.sglang.records import admitted_begins, released_request
 from radixtop.gpu_backend.history import EVICT_ACTION, FLUSHED
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
 
@@ -45,10 +44,12 @@ those of an action radixtop asked for (``CAUSES``) and, with an empty cause, aft
 removals are told apart from SGLang's own evictions for room."""
 SERVED = 8
 """To radixtop's side (the Rust core's events): msgpack of ``[[session_id, rid, prompt_tokens,
-cached_tokens, "finish" | "abort", prompt_ids, output_ids, at], ...]``, the requests SGLang gave
-back since the last (``records.released_request``; their token ids as the bytes of an
-``array('q')``, null where they would not fit a frame or the socket is behind; ``at``: when SGLang
-gave it back), after that step's events: a session's hits over time beside, and what a recording
+cached_tokens, "begin" | "finish" | "abort", prompt_ids, output_ids, at, begun], ...]``, the
+requests SGLang admitted (``begin``: ``records.admitted_begins``, with SGLang's own hit; output_ids
+null) and gave back (``records.released_request``; ``begun``: its begin was told at its admission,
+else this row tells it too) since the last; their token ids as the bytes of an ``array('q')``,
+null where they would not fit a frame or the socket is behind; ``at``: when SGLang admitted it or
+gave it back. After that step's events: a session's hits over time beside, and what a recording
 replays."""
 SERVED_A_FRAME = 1024
 """Requests a ``SERVED`` frame holds at most."""
@@ -77,6 +78,10 @@ def hello(end: ProbeEnd, name: str, dp_rank: int, bytes_per_token: int, capacity
     return end.send(HELLO, json.dumps(info).encode())
 
 
+def _ignored(_name: str, _exc: Exception) -> None:
+    """What a request's hook raises: never SGLang's call down for it (that request is not told)."""
+
+
 class EventsProbe:
     """Takes a cache's recorded KV events on the scheduler thread and hands them over, encoded."""
 
@@ -91,7 +96,9 @@ class EventsProbe:
         self.batches = 0
         """Batches numbered so far (each one frame, whether it went or was dropped)."""
         self.served: list[tuple] = []
-        """The requests SGLang gave back since the last step (``SERVED``)."""
+        """The requests SGLang admitted and gave back since the last step (``SERVED`` rows)."""
+        self.begun: set[str] = set()
+        """The requests whose begin was told at their admission (``hook_admissions``), until they are given back."""
         self.events_seq = -1
         """The frame number of the last batch of events numbered (other frames are numbered too:
         a ``SERVED``, a ``CAUSED``, a reply)."""
@@ -99,23 +106,27 @@ class EventsProbe:
 
     def _hook_served(self, cache: Any) -> None:
         """SGLang's ``on_release`` wrapped on the instance: each request it gives back told
-        (``released_request``, and when: a row appended), whatever that raises kept out of SGLang's call."""
-        original = getattr(cache, "on_release", None)
-        if not callable(original):
-            return
+        (``released_request``, and when: a row appended)."""
+        def released(_result: Any, req: Any, *a: Any, **k: Any) -> None:
+            told = released_request(req)
+            if told is not None:
+                begun = told[1] in self.begun
+                self.begun.discard(told[1])
+                self.served.append((*told, time.time(), begun))
 
-        @functools.wraps(original)
-        def released(req: Any, *a: Any, **k: Any) -> Any:
-            result = original(req, *a, **k)
-            try:
-                told = released_request(req)
-                if told is not None:
-                    self.served.append((*told, time.time()))
-            except Exception:  # (never SGLang's call down for it)
-                pass
-            return result
+        wrap_after(cache, "on_release", released, _ignored)
 
-        cache.on_release = released
+    def hook_admissions(self, scheduler: Any) -> None:
+        """SGLang's ``get_new_batch_prefill`` wrapped on the scheduler's instance: each request it
+        admits told then (a ``begin`` row, ``records.admitted_begins``), not when it is given back,
+        so the history's ops and a recording's replay run SGLang's requests as concurrently as it
+        ran them (where that raises, its requests are told whole at their ends)."""
+        def admitted(plan: Any, *a: Any, **k: Any) -> None:
+            now = time.time()
+            for sid, rid, prompt, cached, prompt_ids in admitted_begins(plan, self.begun):
+                self.served.append((sid, rid, prompt, cached, "begin", prompt_ids, None, now, False))
+
+        wrap_after(scheduler, "get_new_batch_prefill", admitted, _ignored)
 
     def step(self) -> None:
         """Once a scheduler loop: what waited in the backlog first, then what the core recorded,
@@ -136,6 +147,8 @@ class EventsProbe:
             if not end.down:  # (a frame the socket cannot take is dropped: those requests are not told)
                 for at in range(0, len(served), SERVED_A_FRAME):
                     self._send_served(served[at:at + SERVED_A_FRAME])
+            else:  # (begins nobody heard: those requests are told whole at their ends)
+                self.begun.difference_update(row[1] for row in served if row[4] == "begin")
 
     def _send_served(self, rows: list[tuple]) -> None:
         """``rows`` in a ``SERVED`` frame, in halves where over a frame; a request alone over one
@@ -143,7 +156,7 @@ class EventsProbe:
         socket is behind (frames wait in the backlog) the rows go without their ids: a frame the
         backlog cannot take is a gap in the tree's events, and requests' ids are not worth one."""
         if self.end.held:
-            rows = [(*row[:5], None, None, row[7]) for row in rows]
+            rows = [(*row[:5], None, None, *row[7:]) for row in rows]
         payload = self._encode(rows)
         if len(payload) <= self.end.frame_max:
             self.end.send(SERVED, payload)
@@ -152,7 +165,7 @@ class EventsProbe:
             self._send_served(rows[:half])
             self._send_served(rows[half:])
         elif rows[0][5] is not None or rows[0][6] is not None:
-            self._send_served([(*rows[0][:5], None, None, rows[0][7])])
+            self._send_served([(*rows[0][:5], None, None, *rows[0][7:])])
 
     def _send(self, ts: float, events: list[Any]) -> None:
         payload = self._encode(self._batch(ts=ts, events=events))

@@ -180,35 +180,46 @@ def hook_admissions(recorder: _Recorder, scheduler: Any) -> None:
     """Each request's begin told when SGLang admits it (its first prefill chunk scheduled:
     ``Scheduler.get_new_batch_prefill``, wrapped on the instance, after it returned), not at its
     end: so the history's ops, and a recording's replay, run SGLang's requests as concurrently as
-    it ran them. Its hit is SGLang's own (``req.cached_tokens``, final once the batch is prepared:
-    docs/sglang-internals.md section 8); a retracted request admitted again (``retracted_stain``)
-    is not told twice. Its finish is told at its end (``hook_requests``); a request admitted before
-    this hook was there is told whole at its end, as before."""
-    begun = recorder.begun
-
+    it ran them (``admitted_begins``). Its finish is told at its end (``hook_requests``); a request
+    admitted before this hook was there is told whole at its end, as before."""
     def admitted(plan: Any, *a: Any, **k: Any) -> None:
-        batch = getattr(plan, "batch_to_run", None)
-        if batch is None:
-            return
         try:
-            tell(batch)
+            for sid, rid, prompt, cached, prompt_ids in admitted_begins(plan, recorder.begun):
+                recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
         except Exception as exc:  # (a batch of another shape: its begins told at their ends)
             _not_told(exc)
 
-    def tell(batch: Any) -> None:
-        reqs = batch.reqs
-        for i in range(len(reqs) - len(getattr(batch, "decoding_reqs", None) or ())):
-            req = reqs[i]
-            if getattr(req, "extend_batch_idx", 0) != 1 or getattr(req, "retracted_stain", False):
-                continue
-            rid = str(getattr(req, "rid", ""))
-            if rid.startswith(HEALTH_CHECK) or rid in begun:
-                continue
-            sid, prompt, cached, prompt_ids = _begin_of(req)
-            begun.add(rid)
-            recorder.records.append((OP, "begin", sid, rid, prompt_ids, prompt, cached, 0))
-
     recorder._wrap(scheduler, "get_new_batch_prefill", admitted)
+
+
+MOST_BEGUN = 65_536
+"""Requests told at their admission and not yet given back, kept at most (their ids: a finish
+tells no second begin): past it a request is told whole at its end, so a request SGLang never
+gives back cannot grow the set in SGLang's process without bound."""
+
+
+def admitted_begins(plan: Any, begun: set[str]) -> list[tuple[str | None, str, int, int, bytes]]:
+    """The begins of the requests ``get_new_batch_prefill``'s ``plan`` admits (each with its
+    first chunk: ``extend_batch_idx == 1``; not a retracted one admitted again,
+    ``retracted_stain``, nor /health's own), as ``_begin_of`` tells them with their ids; each one's
+    id added to ``begun``. Its hit is SGLang's own (``req.cached_tokens``, final once the batch is
+    prepared: docs/sglang-internals.md section 8)."""
+    batch = getattr(plan, "batch_to_run", None)
+    if batch is None:
+        return []
+    reqs = batch.reqs
+    told = []
+    for i in range(len(reqs) - len(getattr(batch, "decoding_reqs", None) or ())):
+        req = reqs[i]
+        if getattr(req, "extend_batch_idx", 0) != 1 or getattr(req, "retracted_stain", False):
+            continue
+        rid = str(getattr(req, "rid", ""))
+        if rid.startswith(HEALTH_CHECK) or rid in begun or len(begun) >= MOST_BEGUN:
+            continue
+        sid, prompt, cached, prompt_ids = _begin_of(req)
+        begun.add(rid)
+        told.append((sid, rid, prompt, cached, prompt_ids))
+    return told
 
 
 _said: list[str] = []

@@ -106,7 +106,8 @@ def test_requests_given_back_cross_in_frames_that_fit_and_a_served_frame_never_h
     small as 1 KB), a request alone over one goes without its token ids, and one over it even so
     (an id of a kilobyte here) is not told; nothing raises into the scheduler's step. Beside, a
     frame that is not one is dropped, and each request of one that is is told to the history: its
-    begin with its prompt's ids and its hit, its finish with its output's (or its abort)."""
+    begin with its prompt's ids and its hit (at its admission where a ``begin`` row told it, else
+    with its end), its finish with its output's (or its abort)."""
     from array import array
 
     import msgspec
@@ -130,30 +131,38 @@ def test_requests_given_back_cross_in_frames_that_fit_and_a_served_frame_never_h
 
     probe = EventsProbe.__new__(EventsProbe)
     probe.end, probe._encode = End(), msgspec.msgpack.Encoder().encode
-    rows = [("s", f"r{i}", 2, i % 2, "finish", ids(1, 2), ids(3), 100.0 + i) for i in range(12)]
-    rows += [("s", "long", 40, 0, "finish", ids(*range(40)), ids(9), 120.0),
-             ("x" * 1000, "big", 1, 0, "abort", ids(1), None, 121.0), (None, "last", 3, 1, "abort", ids(4, 5, 6), None, 122.0)]
+    rows = [("s", f"r{i}", 2, i % 2, "finish", ids(1, 2), ids(3), 100.0 + i, False) for i in range(12)]
+    rows += [("s", "long", 40, 0, "finish", ids(*range(40)), ids(9), 120.0, False),
+             ("x" * 1000, "big", 1, 0, "abort", ids(1), None, 121.0, False),
+             (None, "last", 3, 1, "abort", ids(4, 5, 6), None, 122.0, False)]
     probe._send_served(rows)
     told = [tuple(row) for kind, batch in sent for row in batch]
     assert {kind for kind, _ in sent} == {SERVED} and len(sent) > 2
-    assert told == [*rows[:12], ("s", "long", 40, 0, "finish", None, None, 120.0), rows[-1]]
+    assert told == [*rows[:12], ("s", "long", 40, 0, "finish", None, None, 120.0, False), rows[-1]]
     sent.clear()
     probe.end.held = 1  # the socket behind (frames wait): the rows go without their ids
     probe._send_served(rows[:2])
-    assert [tuple(row) for _, batch in sent for row in batch] == [(*row[:5], None, None, row[7]) for row in rows[:2]]
+    assert [tuple(row) for _, batch in sent for row in batch] == [(*row[:5], None, None, *row[7:]) for row in rows[:2]]
 
     tree = CoreTree(name="beside")
     tree.tells_requests()
     tree.served(b"not msgpack")
     tree.served(msgspec.msgpack.encode([["s", 1]]))
-    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", b"odd", None, 1.0]]))
-    tree.served(msgspec.msgpack.encode([["s", "r", 2**64 - 1, 1, "finish", None, None, 1.0]]))
-    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", None, None, float("inf")]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", b"odd", None, 1.0, False]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2**64 - 1, 1, "finish", None, None, 1.0, False]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", None, None, float("inf"), False]]))
+    tree.served(msgspec.msgpack.encode([["s", "r", 2, 1, "finish", None, None, 1.0]]))  # (a row of 8: not one)
     tree.served(msgspec.msgpack.encode([rows[0], rows[-1]]))
+    tree.served(msgspec.msgpack.encode([("t", "a", 3, 2, "begin", ids(7, 8, 9), None, 130.0, False),
+                                        ("t", "b", 4, 0, "begin", ids(1, 2, 3, 4), None, 130.5, False)]))
+    tree.served(msgspec.msgpack.encode([("t", "b", 4, 0, "finish", ids(1, 2, 3, 4), ids(6), 131.0, True),
+                                        ("t", "a", 3, 2, "abort", ids(7, 8, 9), None, 131.5, True)]))
     ops = [(e.op, e.session_id, e.request_id, e.prompt_tokens, e.cached_tokens, e.tokens, e.at)
            for e in tree.history(0, 0).served]
     assert ops == [("begin", "s", "r0", 2, 0, (1, 2), 100.0), ("finish", "s", "r0", 0, 0, (3,), 100.0),
-                   ("begin", None, "last", 3, 1, (4, 5, 6), 122.0), ("abort", None, "last", 0, 0, None, 122.0)]
+                   ("begin", None, "last", 3, 1, (4, 5, 6), 122.0), ("abort", None, "last", 0, 0, None, 122.0),
+                   ("begin", "t", "a", 3, 2, (7, 8, 9), 130.0), ("begin", "t", "b", 4, 0, (1, 2, 3, 4), 130.5),
+                   ("finish", "t", "b", 0, 0, (6,), 131.0), ("abort", "t", "a", 0, 0, None, 131.5)]
 
 
 def test_a_request_that_cannot_be_told_never_stops_the_trees_records():

@@ -593,6 +593,13 @@ def test_a_requests_begin_is_told_at_its_admission_not_at_its_end(server, client
     as a replay of the journal then runs them; before, each was told whole at its end."""
     if server.options["place"] != "beside the scheduler":  # (in SGLang's process: no history there)
         return
+    two_run_together(server, client)
+
+
+def two_run_together(server: Server, client: RadixtopClient) -> None:
+    """Two requests SGLang runs together: the history's journal must tell begin, begin, finish,
+    finish, each begin with SGLang's own hit and its prompt's ids, each finish after its begin
+    with its output's ids."""
     settle(server, client)
     start = client.history(1 << 62, 0, 1).served_count
     prompts = [fresh(24) for _ in range(2)]
@@ -602,9 +609,12 @@ def test_a_requests_begin_is_told_at_its_admission_not_at_its_end(server, client
     rids = {r["meta_info"]["id"] for r in replies}
     ops = [e for e in client.history(1 << 62, start, 100).served if e.request_id in rids]
     assert sorted((e.op, e.request_id) for e in ops) == sorted((op, rid) for rid in rids for op in ("begin", "finish"))
-    kinds = [e.op for e in ops]
-    assert kinds == ["begin", "begin", "finish", "finish"], kinds
+    assert [e.op for e in ops] == ["begin", "begin", "finish", "finish"], [(e.op, e.at) for e in ops]
     hits = {r["meta_info"]["id"]: r["meta_info"]["cached_tokens"] for r in replies}
     assert {e.request_id: e.cached_tokens for e in ops if e.op == "begin"} == hits
+    assert {e.request_id: list(e.tokens or ()) for e in ops if e.op == "begin"} == {
+        r["meta_info"]["id"]: p for r, p in zip(replies, prompts)}
+    assert {e.request_id: list(e.tokens or ()) for e in ops if e.op == "finish"} == {
+        r["meta_info"]["id"]: r["output_ids"] for r in replies}
     begun = {e.request_id: e.at for e in ops if e.op == "begin"}
     assert all(e.at > begun[e.request_id] for e in ops if e.op == "finish")

@@ -13,7 +13,7 @@ import pytest
 
 from radixtop.adapters.http.client import RadixtopClient
 from tests.on_sglang.server import launch
-from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, PLACES, flood, fresh, settle
+from tests.on_sglang.test_real_server import MAX_TOTAL_TOKENS, PLACES, flood, fresh, settle, two_run_together
 
 
 @pytest.fixture(scope="module", params=PLACES)
@@ -188,3 +188,14 @@ def test_each_request_sglang_gives_back_is_in_the_history_with_its_own_figures(r
     assert [(e.op, e.prompt_tokens, e.cached_tokens, list(e.tokens or ())) for e in page.served] == [
         step for prompt, output, n, hit in sent for step in (("begin", n, hit, prompt), ("finish", 0, 0, output))]
     assert sent[-1][3] > 0  # (the later ones hit the shared prefix)
+
+
+def test_a_requests_begin_is_told_at_its_admission_on_the_rust_core(rust):
+    """Two requests SGLang runs together on its default core: the probe tells each one's begin
+    when SGLang admits it (a ``SERVED`` row of its own, with SGLang's own hit), so both begins come
+    before either finish, each finish after its begin, as a replay of the journal then runs them;
+    before, each was told whole when SGLang gave it back."""
+    server, client = rust
+    if server.options["place"] != "beside the scheduler":  # (in SGLang's process: no history there)
+        return
+    two_run_together(server, client)
