@@ -175,6 +175,11 @@ class CacheHistory:
         new history (a restart) has a new one."""
         self._latest = float("-inf")
         """The latest moment the history told (``now``)."""
+        self._holding = False
+        """An op is in progress (``hold``)."""
+        self._held: float | None = None
+        """The instant the op in progress tells everything at (its first read of the clock); None:
+        between ops, or none read yet."""
         self.since = clock()
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
@@ -310,12 +315,34 @@ class CacheHistory:
         moment it told: a clock that steps back (a wall clock set back; a stream's batches from
         engines whose clocks differ) stamps what it tells meanwhile at that moment, so that each
         journal stays in order (a moment is searched for in them) and a moment is still the tree
-        after every change told by then."""
+        after every change told by then. While an op holds the clock (``hold``), its instant."""
+        held = self._held
+        if held is not None and (at is None or at <= held):
+            return held
         t = self.clock() if at is None else at
         if t < self._latest:
-            return self._latest
-        self._latest = t
+            t = self._latest
+        else:
+            self._latest = t
+        if self._holding:  # (the op's instant: its first read, or a later moment the owner told)
+            self._held = t
         return t
+
+    def hold(self) -> bool:
+        """An op begins: everything it tells (the sessions' figures before they move, its changes,
+        its request's begin or end) is stamped at one instant, the first the clock is read for it,
+        until ``let_go``, though the clock moves on while it runs (a mark read in one millisecond
+        and a change stamped in the next would tell the memory after the op beside the tree before
+        it). False where an op holds it already (an op inside another: the outer one lets go)."""
+        if self._holding:
+            return False
+        self._holding = True
+        return True
+
+    def let_go(self) -> None:
+        """The op that held the clock (``hold``) is done."""
+        self._holding = False
+        self._held = None
 
     def _reach_now(self) -> float:
         """Now, as a journal's start (from now on it is complete): never before a moment told

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections import deque
@@ -61,6 +62,23 @@ class CacheStats:
             "protected_size": self.protected_size,
             "available_size": self.available_size,
         }
+
+
+
+def _one_instant(op: Callable[..., Any]) -> Callable[..., Any]:
+    """An engine op whose changes, marks and request ops the cache's history stamps at one
+    instant (``CacheHistory.hold``), however long it runs."""
+    @functools.wraps(op)
+    def held(self: Scheduler, *a: Any, **k: Any) -> Any:
+        history = self.cache.history
+        if history is None or not history.hold():
+            return op(self, *a, **k)
+        try:
+            return op(self, *a, **k)
+        finally:
+            history.let_go()
+
+    return held
 
 
 class Scheduler:
@@ -131,6 +149,7 @@ class Scheduler:
 
     # ----- requests -----
 
+    @_one_instant
     def begin(self, rid: str, input_ids: list[int], session_id: str | None = None, priority: int = 0) -> int:
         """Match the input, lock the matched path, allocate the rest; returns the cache hit length."""
         if rid in self.running:
@@ -156,6 +175,7 @@ class Scheduler:
             self.told(BEGIN, session_id, rid, req.input_ids, len(input_ids), match.prefix_len)  # (its own list)
         return match.prefix_len
 
+    @_one_instant
     def finish(self, rid: str, output_ids: list[int]) -> None:
         """Allocate slots for the output, then insert, free duplicates, tag the session, unlock."""
         req = self.running.get(rid)
@@ -175,6 +195,7 @@ class Scheduler:
         if self.told is not None:
             self.told(FINISH, req.session_id, rid, req.output_ids)
 
+    @_one_instant
     def abort(self, rid: str) -> None:
         """Drop a running request without caching it: free its own slots and unlock its path,
         SGLang's retract path (``cache_finished_req(req, is_insert=False)``)."""
@@ -186,6 +207,7 @@ class Scheduler:
         if self.told is not None:
             self.told(ABORT, req.session_id, rid)
 
+    @_one_instant
     def request(self, rid: str, input_ids: list[int], output_ids: list[int], session_id: str | None = None) -> int:
         hit = self.begin(rid, input_ids, session_id)
         self.finish(rid, output_ids)
@@ -199,6 +221,7 @@ class Scheduler:
 
     # ----- admin -----
 
+    @_one_instant
     def close_session(self, session_id: str) -> CloseResult:
         closed = self.cache._closed_session_ids
         was_closed = session_id in closed
@@ -222,6 +245,7 @@ class Scheduler:
                 self.orders.dirty(sid)
         return result
 
+    @_one_instant
     def register_session(self, session_id: str) -> None:
         was_closed = self.cache.is_session_closed(session_id)
         self.cache.register_session(session_id)
@@ -231,6 +255,7 @@ class Scheduler:
         if self.told is not None:
             self.told(REGISTER, session_id)
 
+    @_one_instant
     def flush(self) -> EvictResult:
         """Free everything that is not locked (the engine never stops, so unlike SGLang's
         flush_cache this does not wait for an idle server: running requests keep their paths)."""
@@ -240,6 +265,7 @@ class Scheduler:
             self.told(FLUSH)
         return result
 
+    @_one_instant
     def evict_asked(self, num_tokens: int, who: str) -> EvictResult:
         """An evict someone asked for (``who``: an operator through the admin API, a trace's op),
         not the pool's need: so the cache's history says."""
@@ -283,6 +309,7 @@ class Scheduler:
                 self.orders.dirty(sid)
         self.open_session_count = sum(1 for sid in self.session_activity if not cache.is_session_closed(sid))
 
+    @_one_instant
     def evict(self, num_tokens: int) -> EvictResult:
         result = self.cache.evict(num_tokens)
         self.evicted_tokens += result.num_tokens_evicted

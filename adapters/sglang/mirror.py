@@ -152,18 +152,24 @@ class RecordsCopy:
         """Make each record's change (in order). ``MirrorError`` where one names a node this
         tree does not have, or a change SGLang could not have made to it: from there it no
         longer equals SGLang's. The whole tree's records (``BEGIN`` to ``WHOLE``) are kept apart
-        and make the tree at once at its ``WHOLE``."""
-        start = 0
-        if self._apart is None:
-            for i, record in enumerate(records):
-                if record[0] == BEGIN:
-                    self._apply(records[start:i])
-                    start = i
-                    break
-            else:
-                self._apply(records)
-                return
-        self._collect(records[start:] if start else records)
+        and make the tree at once at its ``WHOLE``. The history tells them at one instant
+        (``CacheHistory.hold``: they came together, whenever SGLang made them)."""
+        held = self.history.hold()
+        try:
+            start = 0
+            if self._apart is None:
+                for i, record in enumerate(records):
+                    if record[0] == BEGIN:
+                        self._apply(records[start:i])
+                        start = i
+                        break
+                else:
+                    self._apply(records)
+                    return
+            self._collect(records[start:] if start else records)
+        finally:
+            if held:
+                self.history.let_go()
 
     def _collect(self, records: list[Any]) -> None:
         for i, record in enumerate(records):

@@ -492,6 +492,43 @@ def test_a_moment_inside_a_millisecond_is_told_as_that_milliseconds_end():
         assert faces_moment_end(at) == moment_end(at) > at
 
 
+def test_an_op_is_one_instant_though_the_clock_moves_while_it_runs():
+    """The clock moves on while an op runs (each read of it a third of a millisecond later here):
+    the op's marks of the sessions' figures and its changes to the tree are stamped at one
+    instant, so a moment is never the sessions' memory after an op beside the tree before it
+    (a mark read in one millisecond, a change stamped in the next)."""
+    lines = generate_trace(11, n_ops=200, max_in_flight=4, vocab=60, abort_weight=2)
+    s, clock, h = clocked(lines, "small")
+    clock[0] = 1000.0
+    reads = [0]
+
+    def moving() -> float:
+        reads[0] += 1
+        clock[0] += 0.00035
+        return clock[0]
+
+    h.clock = moving
+    replayer, states, starts = Replayer(s), [(s.cache.total_size(), oracle_memory(s))], [clock[0]]
+    for op in read_trace(lines):
+        replayer.apply(op)
+        states.append((s.cache.total_size(), oracle_memory(s)))
+        starts.append(clock[0])
+    assert reads[0] > len(states) // 2 and len({st[0] for st in states}) > 20, "the test proves nothing"
+    h.clock = lambda: clock[0]
+    adapter = bundled(s)
+    told, steps = 0, 0
+    moment = starts[0]
+    while moment < starts[-1]:
+        v = adapter.then(moment)
+        pair = (v.tokens_then, memory_of(v))
+        later = [j for j in range(told, len(states)) if states[j][0] == pair[0] and states[j][1] == pair[1]]
+        assert later, (moment, pair, states[told])  # (one instant: the tree and the memory after one op)
+        told = later[0]
+        moment += 0.0004
+        steps += 1
+    assert told > len(states) // 2 and steps > 100
+
+
 def test_the_sessions_figures_now_are_of_one_tree_when_a_reset_comes_between_slices():
     """A reset (a flush of SGLang's, a copy's tree made again) between the slices that copy the
     ledger's maps: the figures now are all read again, of the tree after it."""

@@ -156,6 +156,41 @@ def test_the_sessions_memory_then_beside_sglang_is_what_sglangs_own_tree_gave_th
     assert moved > 5 and any(e for k in range(len(then)) for _, e, _ in then[k].values())
 
 
+def test_the_records_of_an_op_beside_sglang_are_told_at_one_instant(sgl):
+    """The copy's clock moves on while it applies an op's records (each read of it a third of a
+    millisecond later here): the op's marks and its changes are stamped at one instant, so a
+    moment is the tree and the sessions' memory after one op, never the memory after an op beside
+    the tree before it."""
+    lines, replayer, cache, inproc, mirror, oracle, beside = copied(sgl, 1, "large")
+    clock = [1000.0]
+
+    def moving() -> float:
+        clock[0] += 0.00035
+        return clock[0]
+
+    def memory() -> dict[str, tuple[int, int, int]]:
+        want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids,
+                         set(cache._session_leaves), {}, 1, True)
+        return {sid: row[2:5] for sid, row in want.sessions.items() if any(row[2:5])}
+
+    mirror.history.clock = moving
+    mirror.history.since = mirror.history.stores_since = mirror.history.marks_since = 0
+    states, start = [(cache.evictable_size() + cache.protected_size(), memory())], clock[0]
+    for line_no, op in _parse(lines):
+        replayer.apply(line_no, op)
+        mirror.apply(wire(oracle.recorder.take()))
+        states.append((cache.evictable_size() + cache.protected_size(), memory()))
+    mirror.history.clock = lambda: clock[0]
+    told, moment, steps = 0, start, 0
+    while moment < clock[0]:
+        v = beside.then(moment)
+        got = {x.session_id: (x.tagged_nodes, x.exclusive_tokens, x.shared_tokens) for x in v.memory}
+        later = [j for j in range(told, len(states)) if states[j][0] == v.tokens_then and states[j][1] == got]
+        assert later, (moment, v.tokens_then, got, states[told])
+        told, moment, steps = later[0], moment + 0.0004, steps + 1
+    assert told > len(states) // 2 and steps > 100 and len({st[0] for st in states}) > 20
+
+
 def test_why_beside_sglang_never_names_a_removal_of_another_namespace(sgl):
     """SGLang keeps a LoRA's or a cache salt's prompts apart (``RadixKey.extra_key``: other nodes
     below the root, never shared). A prompt the default namespace never held, whose tokens another
