@@ -38,7 +38,7 @@ HEAVY = json.dumps([
 def start_server(port: int, token: str, capacity: int, sessions: int, beside: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--port", str(port), "--capacity",
            str(capacity), "--sessions", str(sessions), "--arrival-rate", "100000", "--max-running", "64",
-           *(["--beside"] if beside else [])]
+           *(["--beside"] if beside else ["--in-process"])]
     proc = subprocess.Popen(cmd, env={**os.environ, "RADIXTOP_TOKEN": token}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

@@ -168,11 +168,11 @@ class DemoChild:
             now = time.monotonic()
             self._deaths = [t for t in self._deaths if now - t < self.RESTART_WINDOW] + [now]
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            if len(self._deaths) > self.max_restarts:
-                self.ended = True
+            if len(self._deaths) > self.max_restarts:  # (said, then ended: who sees it ended has the reason)
                 notify(f"the demo engine exited again ({how}; {len(self._deaths)} times in "
                        f"{self.RESTART_WINDOW:.0f} s): not restarting it. Its last words: "
                        f"{self._last_words()[-200:] or '(none)'}. Quit and run radixtop again.")
+                self.ended = True
                 return
             try:
                 self.start()
@@ -181,9 +181,9 @@ class DemoChild:
                     return
                 if self.proc.poll() is not None:  # it died again while starting: one more death
                     continue
-                self.ended = True
                 notify(f"the demo engine exited ({how}) and could not be restarted: {exc}. "
                        "Quit and run radixtop again.")
+                self.ended = True
                 return
             notify(f"the demo engine exited ({how}); restarted it: a fresh demo, its cache starts empty")
 

@@ -96,9 +96,12 @@ def serve(
                                                   help="Serve on this inherited listening socket (bound on --host by "
                                                        "the process that started this one) instead of binding --port."
                                                   )] = None,
-    beside: Annotated[bool, typer.Option("--beside", help="The embedded engine alone in this process; the tree's "
-                                         "copy, its figures and the admin API in radixtop's process beside it "
-                                         "(fed by the engine's change records, as beside SGLang's scheduler).")] = False,
+    beside: Annotated[bool | None, typer.Option("--beside/--in-process", show_default=False,
+                                                help="--beside (the embedded engine's default, but with --fleet or "
+                                                     "--close-policy deref): the engine alone in this process; the "
+                                                     "tree's copy, its figures and the admin API in radixtop's process "
+                                                     "beside it (fed by the engine's change records, as beside "
+                                                     "SGLang's scheduler). --in-process: all in this one.")] = None,
     proof_key: Annotated[str | None, typer.Option(envvar="RADIXTOP_PROOF_KEY", hidden=True, show_default=False,
                                                   help="A key /healthz proves it holds (the embedded demo's parent "
                                                        "checks who answers before it sends a token).")] = None,
@@ -118,13 +121,16 @@ def serve(
     from radixtop.gpu_backend.workload import WorkloadConfig
 
     limit_repeats()  # a flood of bad requests, or of turns that do not fit, is said once a minute
-    if beside and (kv_events or sglang_url or vllm_events or vllm_url):
+    external = bool(kv_events or sglang_url or vllm_events or vllm_url)
+    if beside and external:
         raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
                    EXIT_USAGE)
     if beside and (fleet or close_policy != "free"):
         raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
                                                                         "close, --close-policy free)") + " yet",
                    EXIT_USAGE)
+    if beside is None:  # (the engine's own default: its reads off its process, as beside SGLang's scheduler)
+        beside = not external and not fleet and close_policy == "free"
     inherited = None if socket_fd is None else inherited_socket(socket_fd, host)
     with exits(ValueError):
         fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)

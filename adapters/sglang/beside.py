@@ -96,9 +96,12 @@ class Calls:
     the probe sends after every event the scheduler recorded before it, so the tree has them when
     the reply is read (``HandoverEvents`` hands the replies here in their order among the events)."""
 
-    def __init__(self, end: MirrorEnd, timeout: float) -> None:
+    def __init__(self, end: MirrorEnd, timeout: float, owner: str = "SGLang's scheduler") -> None:
         self.end = end
         self.timeout = timeout
+        self.owner = owner
+        """What answers the calls, as an error names it (the hello's ``owner``: SGLang's scheduler,
+        or radixtop's own engine)."""
         self._ids = itertools.count()
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -115,7 +118,7 @@ class Calls:
             self.end.send(CALL, json.dumps({"id": ident, "op": op, "args": args}).encode(), timeout=self.timeout)
         except (ProbeGone, TimeoutError) as exc:
             settle(future, {"error": {"code": "target_unreachable",
-                                      "message": f"SGLang's scheduler cannot be reached: {exc}"}})
+                                      "message": f"{self.owner} cannot be reached: {exc}"}})
         return future
 
     def call(self, op: str, **args: Any) -> Any:
@@ -125,7 +128,7 @@ class Calls:
             reply = future.result(self.timeout)
         except FutureTimeout:
             self._forget(future)
-            raise TargetTimeout(f"SGLang's scheduler did not answer {op!r} within {self.timeout:g}s") from None
+            raise TargetTimeout(f"{self.owner} did not answer {op!r} within {self.timeout:g}s") from None
         return result_of(reply)
 
     def _forget(self, future: Future) -> None:
@@ -147,7 +150,7 @@ class Calls:
         with self._lock:
             pending = list(self._pending.values())
         for future in pending:
-            settle(future, {"error": {"code": "target_unreachable", "message": "SGLang's scheduler went away"}})
+            settle(future, {"error": {"code": "target_unreachable", "message": f"{self.owner} went away"}})
 
 
 def settle(future: Future, reply: dict[str, Any]) -> None:
@@ -306,7 +309,7 @@ class MirrorAdapter(SGLangInProcessAdapter):
             if self.syncs.last is None:
                 from radixtop.adapters.errors import TargetUnreachable
 
-                raise TargetUnreachable("SGLang's scheduler has not answered radixtop's process yet")
+                raise TargetUnreachable(f"{self.calls.owner} has not answered radixtop's process yet")
             return self._with_counts(dataclasses.replace(wire.stats_from_dict(self.syncs.last), target=self.name))
 
         return self._call(read, urgent=True)
@@ -377,7 +380,7 @@ class MirrorAdapter(SGLangInProcessAdapter):
         try:
             return done.result(self.timeout)
         except FutureTimeout:
-            raise TargetTimeout(f"SGLang's scheduler did not answer 'state' within {self.timeout:g}s") from None
+            raise TargetTimeout(f"{self.calls.owner} did not answer 'state' within {self.timeout:g}s") from None
 
     def _holders(self) -> list[Any] | None:  # (the mirror's thread: its nodes by id)
         held = self._told.get("holders")
@@ -433,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from radixtop.adapters.http.server.logs import limit_repeats
+
+    limit_repeats()  # a flood of bad requests is said a few times a minute, not into the server's log each
     try:  # the server's work comes first where both want a core (RADIXTOP_BESIDE_NICE, 10 by default)
         os.nice(int(os.environ.get("RADIXTOP_BESIDE_NICE", "10")))
     except (OSError, ValueError) as exc:
@@ -455,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     timeout = float(os.environ.get("RADIXTOP_TIMEOUT", "10"))
-    calls = Calls(end, timeout)
+    calls = Calls(end, timeout, str(info.get("owner") or "SGLang's scheduler"))
 
     def gone() -> None:  # the scheduler exited: so does this process (serve stops on SIGTERM)
         calls.gone()

@@ -1,5 +1,5 @@
-"""`radixtop serve --beside` (issue 27, item 3): the embedded engine alone in its process, the tree's
-copy, its figures and the admin API in radixtop's process beside it, fed by the engine's change
+"""`radixtop serve` beside (issue 27, item 3; the embedded engine's default): the engine alone in
+its process, the tree's copy, its figures and the admin API in radixtop's process beside it, fed by the engine's change
 records through the mirror that follows SGLang's Python cores. Two real `radixtop serve` processes
 load the same trace, one as before and one beside: every read answers the same, a close frees the
 same, and a `kill -9` of the process beside leaves the engine serving and comes back whole."""
@@ -105,8 +105,8 @@ def trace(tmp_path_factory) -> Path:
 
 
 def test_beside_every_read_answers_as_the_engine_in_process_and_a_close_frees_the_same(trace):
-    here, here_url = start(trace)
-    there, there_url = start(trace, "--beside")
+    here, here_url = start(trace, "--in-process")
+    there, there_url = start(trace)  # (beside: serve's default with its engine)
     try:
         (child,) = api_pid(there_url) - {there.pid}  # (the port bound by serve, served by the process beside)
         assert "radixtop.adapters.sglang.beside" in Path(f"/proc/{child}/cmdline").read_text()
@@ -131,7 +131,7 @@ def test_beside_every_read_answers_as_the_engine_in_process_and_a_close_frees_th
 
 
 def test_a_kill_9_of_the_process_beside_leaves_the_engine_and_comes_back_whole(trace):
-    here, here_url = start(trace)
+    here, here_url = start(trace, "--in-process")
     there, there_url = start(trace, "--beside")
     try:
         want = figures(here_url)
@@ -159,7 +159,7 @@ def test_why_beside_names_an_evict_as_the_engine_in_process_does(trace):
     the whole tree is not known there, so only what the evict removed is compared."""
     import json
 
-    here, here_url = start(trace)
+    here, here_url = start(trace, "--in-process")
     there, there_url = start(trace, "--beside")
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
