@@ -74,6 +74,8 @@ class ThenTree:
     def __init__(self, at: float, start: Start) -> None:
         self.at = at
         self.place = start
+        self.lock = threading.Lock()
+        """Held while it is fed or read (``ThenTrees``): one moment's reads wait for one another only."""
         self.fold = ThenFold()
         self.version = 0
         self._built = -1
@@ -186,7 +188,10 @@ class ThenTree:
 
 
 class ThenTrees:
-    """The trees then an adapter keeps for reads (``THEN_TREES_KEPT``, the latest asked)."""
+    """The trees then an adapter keeps for reads (``THEN_TREES_KEPT``, the latest asked). Its lock
+    guards which are kept only; each tree has its own (``ThenTree.lock``), so a moment's first read
+    (every change since it, a second and more on a large tree) holds no read of another moment.
+    Locks are taken a tree's first, then this one's, never the other way."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -195,24 +200,39 @@ class ThenTrees:
 
     def get(self, at: float | None, more: More) -> ThenTree:
         """The tree then at ``at`` (None: as far back as the history reaches), fed to the history's end."""
-        with self.lock:
-            tree = self.kept.get(at) if at is not None else None
-            if tree is None:
-                at, got = more(at, None)
+        if at is not None:
+            with self.lock:
                 tree = self.kept.get(at)
-                if tree is None:  # (its first read: every change since the moment)
-                    tree = self.kept[at] = ThenTree(at, got[2])
-                    tree.feed(got)
+                if tree is not None:
+                    self.kept.move_to_end(at)
+            if tree is not None:
+                return self._fed(tree, more)
+        at, got = more(at, None)  # (its first read: every change since the moment, under no lock)
+        tree = ThenTree(at, got[2])
+        with tree.lock:
+            with self.lock:
+                kept = self.kept.get(at)
+                if kept is None:  # (kept before it is fed: who finds it waits on its lock)
+                    self.kept[at] = tree
                     while len(self.kept) > THEN_TREES_KEPT:
                         self.kept.popitem(last=False)
-                    return tree
-            self.kept.move_to_end(tree.at)
+                else:
+                    self.kept.move_to_end(at)
+            if kept is None:
+                tree.feed(got)
+                return tree
+        return self._fed(kept, more)  # (read meanwhile by another: the one kept)
+
+    def _fed(self, tree: ThenTree, more: More) -> ThenTree:
+        with tree.lock:
             try:
                 tree.feed(more(tree.at, tree.place)[1])
             except AdapterError:  # (the history no longer reaches it: not kept)
-                del self.kept[tree.at]
+                with self.lock:
+                    if self.kept.get(tree.at) is tree:
+                        del self.kept[tree.at]
                 raise
-            return tree
+        return tree
 
 
 def then_children_of(adapter: Any, more: More | None, at: float | None, node_id: int, offset: int,
@@ -238,7 +258,7 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
     if trees.bytes_per_token is None:
         trees.bytes_per_token = adapter.stats().bytes_per_token
     bpt = trees.bytes_per_token
-    with trees.lock:
+    with tree.lock:
         ghost = tree.fold.left.get(node_id)
         in_new = tree.fold.is_new(node_id)
     now = time.time()
@@ -249,14 +269,14 @@ def then_children(adapter: Any, trees: ThenTrees, more: More, at: float | None, 
         try:
             live = _live_children(adapter, node_id)
         except UnknownNode:  # (it left since the history was read: a node that left, if it was there then)
-            with trees.lock:
+            with tree.lock:
                 tree.feed(more(tree.at, tree.place)[1])
                 ghost = tree.fold.left.get(node_id)
             if ghost is None:
                 raise
-        with trees.lock:  # (what was stored while the page was read is among the fold's new)
+        with tree.lock:  # (what was stored while the page was read is among the fold's new)
             tree.feed(more(tree.at, tree.place)[1])
-    with trees.lock:
+    with tree.lock:
         tree.build()
         if ghost is None:  # (also once no branch is left: what was added up before is taken away)
             tree.read_below(getattr(adapter, "parents_of", None) or (

@@ -266,3 +266,57 @@ def test_a_long_chain_that_left_is_told_whole():
     assert (top.left_cause, top.subtree_tokens, top.num_children) == ("evicted", n, 1)
     [second] = adapter.then_children(1.5, top.id, 0, 10).children
     assert second.subtree_tokens == n - 1
+
+
+def test_the_first_read_of_one_moment_never_holds_a_read_of_another():
+    """A moment's first read (every change since it, read from the history: a second and more on
+    a large tree) runs while another moment, kept, is read: that read waits for nothing of it.
+    Each moment is then its own tree, as a read of it alone gives."""
+    import threading
+
+    from radixtop.adapters.owned.then_tree import ThenTrees, then_children
+    from radixtop.gpu_backend.kv_geometry import get_geometry
+    from radixtop.gpu_backend.scheduler import Scheduler
+    from radixtop.gpu_backend.traces.ops import Replayer, read_trace
+    from tests.support.trace_gen import capacity_for, generate_trace
+
+    lines = generate_trace(4, n_ops=160, max_in_flight=4, vocab=60, abort_weight=2)
+    s = Scheduler(get_geometry("tiny"), capacity_for(lines, "small"), device="cpu", write_kv=False)
+    clock = [0]
+    h = s.cache.history
+    h.clock = lambda: clock[0]
+    h.since = h.stores_since = 0
+    replayer, adapter = Replayer(s), browsable(s)
+    for op in read_trace(lines):
+        clock[0] += 1
+        replayer.apply(op)
+    more, trees = adapter._then_more(), ThenTrees()
+    entered, gate = threading.Event(), threading.Event()
+
+    def slow(at, start):  # (the first read of moment 100 waits at the gate)
+        if at == 100 and start is None:
+            entered.set()
+            gate.wait(30)
+        return more(at, start)
+
+    def page(at):
+        return [(c.id, c.subtree_tokens) for c in then_children(adapter, trees, slow, at, ROOT_ID, 0, 1000).children]
+
+    kept = page(40)  # (moment 40 read once: kept)
+    first: list = []
+    reader = threading.Thread(target=lambda: first.append(page(100)), daemon=True)
+    reader.start()
+    assert entered.wait(10)
+    other: list = []
+    meanwhile = threading.Thread(target=lambda: other.append(page(40)), daemon=True)
+    meanwhile.start()
+    meanwhile.join(5)
+    held = meanwhile.is_alive()
+    gate.set()
+    reader.join(30)
+    meanwhile.join(30)
+    assert not held, "a read of a kept moment waited for another moment's first read"
+    assert other == [kept] and first == [page(100)]
+    alone = ThenTrees()
+    assert first[0] == [(c.id, c.subtree_tokens)
+                        for c in then_children(adapter, alone, more, 100, ROOT_ID, 0, 1000).children] and first[0] != kept
