@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, NoReturn
@@ -549,9 +549,23 @@ class EventTreeAdapter(CacheAdapter):
                             max(1, self._block_size), unit="block")
 
     def why_session(self, session_id: str) -> SessionWhyView:
-        with self._lock:  # (radixtop's own thread: the stream's, not an engine's)
-            story = run_to_end(session_story(self._history()))
+        story = self._sliced(lambda: session_story(self._history()))
         return answer_session(session_id, story, self.session, unit="block")
+
+    def _sliced(self, make: Callable[[], Generator[None, None, Any]]) -> Any:
+        """A pass over the history (``make``: its generator, made under the lock) run under the
+        stream's lock a slice at a time: the batches that come meanwhile are applied between two
+        slices, not after the whole pass (the passes see what the bounds drop between slices)."""
+        passing: Generator[None, None, Any] | None = None
+        while True:
+            with self._lock:
+                if passing is None:
+                    passing = make()
+                try:
+                    next(passing)
+                except StopIteration as done:
+                    return done.value
+            time.sleep(0)  # (the interpreter to a thread that waits for the lock: the applying one)
 
     def history(self, after: int = 0, served_after: int = 0, limit: int = MAX_HISTORY_PAGE) -> HistoryPage:
         check_history_read(after, served_after, limit)
@@ -562,10 +576,9 @@ class EventTreeAdapter(CacheAdapter):
     def then(self, at: float | None = None) -> ThenView:
         """The blocks in the tree at ``at`` told from those now: each block stored or back in reach
         since, each that left since (radixtop's own thread: the stream's, not an engine's)."""
-        with self._lock:
-            tree = self._tree
-            read = run_to_end(then_pass(self._history(), at, lambda: tree.root.subtree_tokens,
-                                        tree.ledger if self._sessions_seen else None, self.bytes_per_token))
+        tree = self._tree
+        read = self._sliced(lambda: then_pass(self._history(), at, lambda: tree.root.subtree_tokens,
+                                              tree.ledger if self._sessions_seen else None, self.bytes_per_token))
         return then_view(read, unit="block")
 
     def then_children(self, at: float | None, node_id: int = 0, offset: int = 0, limit: int = 100) -> ChildrenPage:
@@ -576,8 +589,7 @@ class EventTreeAdapter(CacheAdapter):
 
     def _then_more(self) -> More:
         def more(at: float | None, start: Start | None) -> Any:
-            with self._lock:
-                return run_to_end(then_more(self._history(), at, start))
+            return self._sliced(lambda: then_more(self._history(), at, start))
 
         return more
 

@@ -320,3 +320,47 @@ def test_the_first_read_of_one_moment_never_holds_a_read_of_another():
     alone = ThenTrees()
     assert first[0] == [(c.id, c.subtree_tokens)
                         for c in then_children(adapter, alone, more, 100, ROOT_ID, 0, 1000).children] and first[0] != kept
+
+
+def test_a_streams_batches_are_applied_between_the_slices_of_a_long_read_of_its_history(monkeypatch):
+    """On a KV-event stream a read of the history (the tree then's first read: every change since
+    the moment) takes the stream's lock a slice at a time: a batch that waits for it meanwhile is
+    applied between two slices, not after the whole read (a second and more on a large tree, while
+    the engine's events pile up)."""
+    import threading
+    import time
+
+    from radixtop.adapters.events import adapter as module
+    from radixtop.adapters.events.wire import Batch, Stored
+    from tests.backend.test_history_events import VLLMLike
+
+    adapter = VLLMLike(name="v", bytes_per_token=1, capacity_tokens=4096)
+    adapter._tree.history.since = adapter._tree.history.stores_since = 0
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)]))
+    adapter.apply_batch(1, Batch(2.0, None, [Stored((21,), None, (9, 9, 9, 9), 4)]))
+    real, between, done, seen = module.then_more, threading.Event(), threading.Event(), []
+
+    def sliced(history, at, start):
+        if start is None:  # (the first read: its first slice lasts until the batch waits for the lock)
+            between.set()
+            time.sleep(0.3)
+            yield
+            seen.append(done.is_set())  # (its second slice: the batch applied already?)
+        return (yield from real(history, at, start))
+
+    def batch() -> None:
+        adapter.apply_batch(2, Batch(3.0, None, [Stored((31,), None, (5, 5, 5, 5), 4)]))
+        done.set()
+
+    monkeypatch.setattr(module, "then_more", sliced)
+    pages: list = []
+    reader = threading.Thread(target=lambda: pages.append(adapter.then_children(1.5, 0, 0, 100)), daemon=True)
+    reader.start()
+    assert between.wait(10)
+    applying = threading.Thread(target=batch, daemon=True)
+    applying.start()
+    reader.join(30)
+    applying.join(30)
+    assert seen == [True], "the batch waited for the whole read of the history"
+    assert len(pages) == 1 and len(pages[0].children) == 1  # (the tree at 1.5: the first prompt only)
+    assert adapter.stats().total_tokens == 16
