@@ -407,7 +407,7 @@ def sessions_then_lines(v: Any, now: float, shown: int = BRANCHES_SHOWN) -> list
             f" ({x.cached_tokens / x.prompt_tokens:.0%})" if x.prompt_tokens else "")
         last = f"; its last {x.last_cached_tokens:,}/{x.last_prompt_tokens:,}" if x.requests else ""
         lost = f"; {x.lost_since_tokens:,} tokens it held left since" if x.lost_since_tokens else ""
-        lines.append(f"  {inert(x.session_id)} ({x.state}, last active {age(v.at - x.last_at)} before): {x.requests:,} request{'s' * (x.requests != 1)}, "
+        lines.append(f"  {inert(x.session_id)} ({x.state}, last active {age(max(0.0, v.at - x.last_at))} before): {x.requests:,} request{'s' * (x.requests != 1)}, "
                      f"{hits}{last}{lost}")
     if v.sessions_active > min(shown, len(v.sessions)):
         lines.append(f"  ... {v.sessions_active - min(shown, len(v.sessions)):,} more (--json)")

@@ -598,3 +598,17 @@ def test_an_op_told_far_ahead_of_the_clock_does_not_move_the_historys_clock():
     t[0] = 1001.0
     h.stored(1, ROOT, 4)
     assert h._stores[0].at[-1] == 1001.0 and h.requests_after(0, 10)[0][0][0] <= 1001.0
+
+
+def test_a_session_active_later_in_the_moments_millisecond_is_told_as_active_at_it():
+    """A moment is told as of the end of its millisecond: a session's last op may come a fraction
+    of a millisecond after the moment asked. Its line says it was active 0s before, not -0s."""
+    from radixtop.adapters.model import SessionThenView
+    from radixtop.adapters.text import sessions_then_lines
+
+    class View:
+        at, sessions_since, sessions_active, sessions_open = 1000.0004, 990.0, 1, 1
+        sessions = [SessionThenView("s1", "open", 1, 10, 4, 1000.0007, 10, 4, 0)]
+
+    (_, line) = sessions_then_lines(View(), 1001.0)
+    assert "last active 0s before" in line and "-" not in line.split("before")[0], line
