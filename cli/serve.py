@@ -97,8 +97,10 @@ def serve(
                                                        "the process that started this one) instead of binding --port."
                                                   )] = None,
     beside: Annotated[bool | None, typer.Option("--beside/--in-process", show_default=False,
-                                                help="--beside (the embedded engine's default, but with --fleet or "
-                                                     "--close-policy deref): the engine alone in this process; the "
+                                                help="--beside (the embedded engine's default, but with --fleet, "
+                                                     "--close-policy deref, or a --trace applied at once before "
+                                                     "serving, whose history it would not keep): the engine alone in "
+                                                     "this process; the "
                                                      "tree's copy, its figures and the admin API in radixtop's process "
                                                      "beside it (fed by the engine's change records, as beside "
                                                      "SGLang's scheduler). --in-process: all in this one.")] = None,
@@ -130,7 +132,8 @@ def serve(
                                                                         "close, --close-policy free)") + " yet",
                    EXIT_USAGE)
     if beside is None:  # (the engine's own default: its reads off its process, as beside SGLang's scheduler)
-        beside = not external and not fleet and close_policy == "free"
+        at_once = trace is not None and (fmt == "radixtop" or speed == 0)  # (applied before the process beside)
+        beside = not external and not fleet and close_policy == "free" and not at_once
     inherited = None if socket_fd is None else inherited_socket(socket_fd, host)
     with exits(ValueError):
         fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)

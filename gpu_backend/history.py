@@ -177,6 +177,8 @@ class CacheHistory:
         """The latest moment the history told (``now``)."""
         self._holding = False
         """An op is in progress (``hold``)."""
+        self.gaps = 0
+        """Gaps told (``gap``): a read in slices that sees it move was read across a hole."""
         self._held: float | None = None
         """The instant the op in progress tells everything at (its first read of the clock); None:
         between ops, or none read yet."""
@@ -438,6 +440,7 @@ class CacheHistory:
     def gap(self) -> None:
         """Removals and stores before now may be missing (the tree came again whole after a gap):
         the history is complete from now on only."""
+        self.gaps += 1
         self.since = max(self.since, self._reach_now())
         self.stores_since = max(self.stores_since, self.since)
         self.told("")

@@ -555,12 +555,19 @@ class EventTreeAdapter(CacheAdapter):
     def _sliced(self, make: Callable[[], Generator[None, None, Any]]) -> Any:
         """A pass over the history (``make``: its generator, made under the lock) run under the
         stream's lock a slice at a time: the batches that come meanwhile are applied between two
-        slices, not after the whole pass (the passes see what the bounds drop between slices)."""
+        slices, not after the whole pass (the passes see what the bounds drop between slices; a
+        gap between two is BadRequest)."""
         passing: Generator[None, None, Any] | None = None
+        gaps = 0
         while True:
             with self._lock:
+                history = self._history()
                 if passing is None:
-                    passing = make()
+                    passing, gaps = make(), history.gaps
+                elif history.gaps != gaps:  # (a batch missed, a restart: what left meanwhile is not known)
+                    passing.close()
+                    raise BadRequest("the stream had a gap while its history was read (a batch missed, or the "
+                                     "stream started again): ask again")
                 try:
                     next(passing)
                 except StopIteration as done:

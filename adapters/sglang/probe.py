@@ -53,6 +53,10 @@ gave it back. After that step's events: a session's hits over time beside, and w
 replays."""
 SERVED_A_FRAME = 1024
 """Requests a ``SERVED`` frame holds at most."""
+SERVED_MOST = 65_536
+"""``SERVED`` rows the probe keeps for its next step at most: its wraps stay on SGLang's methods
+while nobody steps it (radixtop's process down, the probe stopped), and what they keep is
+SGLang's memory. Past it a request is not told (a begin not told: its end tells it whole)."""
 OPS = ("sync", "stats", "capabilities", "diagnose", "evict", "flush", "close", "state", "resync")
 """What radixtop's side may ask of SGLang itself: ``sync`` (nothing: its reply comes after every
 event recorded so far), its own figures, and its own actions; on a Python core, ``state`` (what
@@ -108,6 +112,9 @@ class EventsProbe:
         """SGLang's ``on_release`` wrapped on the instance: each request it gives back told
         (``released_request``, and when: a row appended)."""
         def released(_result: Any, req: Any, *a: Any, **k: Any) -> None:
+            if len(self.served) >= SERVED_MOST:
+                self.begun.discard(str(getattr(req, "rid", "")))
+                return
             told = released_request(req)
             if told is not None:
                 begun = told[1] in self.begun
@@ -116,12 +123,21 @@ class EventsProbe:
 
         wrap_after(cache, "on_release", released, _ignored)
 
+    def restarted(self, end: ProbeEnd | None = None) -> None:
+        """A new process beside (on ``end``): no request is told as begun to it (what the old one
+        heard of them is gone with it: their ends tell them whole)."""
+        if end is not None:
+            self.end = end
+        self.begun.clear()
+
     def hook_admissions(self, scheduler: Any) -> None:
         """SGLang's ``get_new_batch_prefill`` wrapped on the scheduler's instance: each request it
         admits told then (a ``begin`` row, ``records.admitted_begins``), not when it is given back,
         so the history's ops and a recording's replay run SGLang's requests as concurrently as it
         ran them (where that raises, its requests are told whole at their ends)."""
         def admitted(plan: Any, *a: Any, **k: Any) -> None:
+            if len(self.served) >= SERVED_MOST:
+                return
             now = time.time()
             for sid, rid, prompt, cached, prompt_ids in admitted_begins(plan, self.begun):
                 self.served.append((sid, rid, prompt, cached, "begin", prompt_ids, None, now, False))
@@ -614,7 +630,10 @@ class BesideProcess:
             self.probe = EventsProbe(self.cache, end) if self.recorder is None else RecordsProbe(self.recorder, end)
         else:
             self.probe.end.close()
-            self.probe.end = end
+            if isinstance(self.probe, EventsProbe):
+                self.probe.restarted(end)
+            else:
+                self.probe.end = end
         if isinstance(self.probe, RecordsProbe):  # the tree as it is now, then its changes
             self.probe.start()
         self.starts += 1

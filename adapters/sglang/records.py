@@ -216,7 +216,11 @@ def admitted_begins(plan: Any, begun: set[str]) -> list[tuple[str | None, str, i
         rid = str(getattr(req, "rid", ""))
         if rid.startswith(HEALTH_CHECK) or rid in begun or len(begun) >= MOST_BEGUN:
             continue
-        sid, prompt, cached, prompt_ids = _begin_of(req)
+        try:
+            sid, prompt, cached, prompt_ids = _begin_of(req)
+        except Exception as exc:  # (one of another shape: told whole at its end, the others now)
+            _not_told(exc)
+            continue
         begun.add(rid)
         told.append((sid, rid, prompt, cached, prompt_ids))
     return told

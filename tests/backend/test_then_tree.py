@@ -364,3 +364,57 @@ def test_a_streams_batches_are_applied_between_the_slices_of_a_long_read_of_its_
     assert seen == [True], "the batch waited for the whole read of the history"
     assert len(pages) == 1 and len(pages[0].children) == 1  # (the tree at 1.5: the first prompt only)
     assert adapter.stats().total_tokens == 16
+
+
+def test_a_gap_in_the_stream_between_two_slices_of_a_read_of_its_history_refuses_the_read(monkeypatch):
+    """A gap comes while the history is read a slice at a time for ``then`` (a batch that never
+    came, a restart of the stream: what left meanwhile is not known): the read is refused in one
+    line, never answered as if the history had no hole (the tree then's pages read the history
+    again after their first read, and are refused there)."""
+    import threading
+    import time
+
+    from radixtop.adapters.errors import BadRequest
+    from radixtop.adapters.events import adapter as module
+    from radixtop.adapters.events.wire import Batch, Removed, Stored
+    from radixtop.adapters.owned import why
+    from tests.backend.test_history_events import VLLMLike
+
+    adapter = VLLMLike(name="v", bytes_per_token=1, capacity_tokens=4096)
+    adapter._tree.history.since = adapter._tree.history.stores_since = 0
+    adapter.apply_batch(0, Batch(1.0, None, [Stored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), 4),
+                                             Stored((21, 22), None, (9, 9, 9, 9, 8, 8, 8, 8), 4)]))
+    adapter.apply_batch(1, Batch(2.0, None, [Removed((12,)), Removed((22,))]))
+    monkeypatch.setattr(why, "STORY_SLICE", 1)  # (a removal a slice: the read takes several)
+    real, between = module.then_pass, threading.Event()
+
+    def sliced(*args, **kwargs):
+        passing, first = real(*args, **kwargs), True
+        while True:
+            try:
+                next(passing)
+            except StopIteration as done:
+                return done.value
+            if first:  # (after its first slice, until the gap's thread waits for the lock)
+                first = False
+                between.set()
+                time.sleep(0.3)
+            yield
+
+    monkeypatch.setattr(module, "then_pass", sliced)
+    refused: list = []
+
+    def read() -> None:
+        try:
+            refused.append(adapter.then(1.5).tokens_then)
+        except BadRequest as exc:
+            refused.append(str(exc))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert between.wait(10)
+    gap = threading.Thread(target=lambda: adapter.missed(3), daemon=True)
+    gap.start()
+    reader.join(30)
+    gap.join(30)
+    assert len(refused) == 1 and "gap" in str(refused[0]) and "\n" not in str(refused[0]), refused

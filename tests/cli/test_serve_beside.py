@@ -106,7 +106,7 @@ def trace(tmp_path_factory) -> Path:
 
 def test_beside_every_read_answers_as_the_engine_in_process_and_a_close_frees_the_same(trace):
     here, here_url = start(trace, "--in-process")
-    there, there_url = start(trace)  # (beside: serve's default with its engine)
+    there, there_url = start(trace, "--beside")
     try:
         (child,) = api_pid(there_url) - {there.pid}  # (the port bound by serve, served by the process beside)
         assert "radixtop.adapters.sglang.beside" in Path(f"/proc/{child}/cmdline").read_text()
@@ -196,3 +196,19 @@ def test_what_beside_does_not_take_is_one_line_and_exit_2(args, message):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("radixtop: ") and done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr
+
+
+def test_a_trace_applied_before_serving_is_in_the_history_of_what_serve_runs_by_default(trace):
+    """`serve --trace` of a radixtop trace applies it at once, before it serves: the process beside
+    (started after) would keep no history of it, so serve runs in one process there by default,
+    and `why`, `then` and `--record` see the trace's removals and requests."""
+    from radixtop.adapters.http.client import RadixtopClient
+
+    proc, url = start(trace)
+    try:
+        assert api_pid(url) == {proc.pid}
+        page = RadixtopClient(url, token=TOKEN, timeout=10).history(0, 0, 10)
+        ops = sum(1 for line in trace.read_text().splitlines() if '"request"' in line or '"begin"' in line)
+        assert page.removed_count > 0 and page.served_count >= ops > 0
+    finally:
+        stop(proc)

@@ -203,3 +203,65 @@ def test_a_request_that_cannot_be_told_never_stops_the_trees_records():
     assert recorder.records == [(OP, "begin", "s", "r1", array("q", [1, 2, 3]).tobytes(), 3, 2, 0),
                                 (OP, "finish", "s", "r1", array("q", [4]).tobytes(), 0, 0, 0),
                                 (OP, "close", "s", None, None, 0, 0, 0)]
+
+
+def test_an_admitted_request_that_cannot_be_told_leaves_the_others_of_its_batch_told():
+    """``records.admitted_begins`` over a batch where one request cannot be read (a field of
+    another shape): the others are told at their admission, and only those are among the begun
+    (the one that could not be told is told whole at its end, not as a finish without a begin)."""
+    from array import array
+
+    from radixtop.adapters.sglang.records import admitted_begins
+
+    def req(rid: str, cached: object) -> types.SimpleNamespace:
+        return types.SimpleNamespace(rid=rid, extend_batch_idx=1, retracted_stain=False, session_id="s",
+                                     origin_input_ids=array("q", [1, 2, 3]), cached_tokens=cached)
+
+    plan = types.SimpleNamespace(batch_to_run=types.SimpleNamespace(
+        reqs=[req("a", 1), req("bad", "x"), req("c", 2)], decoding_reqs=None))
+    begun: set[str] = set()
+    told = admitted_begins(plan, begun)
+    assert [(rid, cached) for _, rid, _, cached, _ in told] == [("a", 1), ("c", 2)]
+    assert begun == {"a", "c"}
+
+
+def test_the_probes_rows_are_bounded_while_nobody_takes_them_and_its_begun_start_again_with_its_process():
+    """The probe's wraps stay on SGLang's methods while radixtop's process is down or the probe
+    stopped stepping: the rows it keeps for the next step are bounded (``SERVED_MOST``), never
+    SGLang's memory without end; and a new process beside starts with no request told as begun
+    (what the old one heard of them is gone with it: their ends tell them whole)."""
+    from radixtop.adapters.sglang import probe as probe_module
+    from radixtop.adapters.sglang.probe import EventsProbe
+
+    class Cache:
+        def on_release(self, req):
+            return None
+
+    class Scheduler:
+        def __init__(self):
+            self.plan = None
+
+        def get_new_batch_prefill(self):
+            return self.plan
+
+    cache, scheduler = Cache(), Scheduler()
+    probe = EventsProbe.__new__(EventsProbe)
+    probe.cache, probe.served, probe.begun = cache, [], set()
+    probe._hook_served(cache)
+    probe.hook_admissions(scheduler)
+    done = types.SimpleNamespace(finished=lambda: True, finished_reason=None, output_ids=[9], session_id=None,
+                                 origin_input_ids=[1, 2], cached_tokens=0)
+    for i in range(probe_module.SERVED_MOST + 50):
+        done.rid = f"r{i}"
+        cache.on_release(done)
+    assert len(probe.served) == probe_module.SERVED_MOST
+    scheduler.plan = types.SimpleNamespace(batch_to_run=types.SimpleNamespace(reqs=[types.SimpleNamespace(
+        rid="late", extend_batch_idx=1, retracted_stain=False, session_id=None, origin_input_ids=[1],
+        cached_tokens=0)], decoding_reqs=None))
+    scheduler.get_new_batch_prefill()
+    assert len(probe.served) == probe_module.SERVED_MOST and "late" not in probe.begun  # (told whole at its end)
+    probe.served.clear()
+    scheduler.get_new_batch_prefill()
+    assert "late" in probe.begun
+    probe.restarted()
+    assert probe.begun == set()

@@ -305,13 +305,14 @@ def audit_entries(path: Path) -> list[dict]:
     return [entry for entry in lines if entry.get("phase") != "intent"]
 
 
-def test_the_token_never_appears_in_output_logs_audit_answers_or_metrics(tmp_path):
+@pytest.mark.parametrize("place", [(), ("--beside",)], ids=["in-process", "beside"])
+def test_the_token_never_appears_in_output_logs_audit_answers_or_metrics(tmp_path, place):
     """A loud `radixtop serve` (the default bind) sent the right token and wrong ones, on actions
     allowed and refused: the token is in none of what it writes or answers, and every refused
     action is in the audit journal with its reason."""
     assert Path("/proc/net/tcp").exists(), "this test reads the listening address from Linux /proc"
     answers: list[str] = []
-    with radixtop_serve(tmp_path, loud=True) as served:
+    with radixtop_serve(tmp_path, *place, loud=True) as served:
         assert listening_addresses(served.port) == {"127.0.0.1"}  # the default bind is loopback
         with httpx.Client(base_url=served.url, timeout=30) as http:
             def post(path, headers, **kwargs):
@@ -387,10 +388,10 @@ def test_a_public_bind_needs_a_token(tmp_path):
 # ----- read-only: every route, every face, and the adapter beneath them -----
 
 
-@pytest.fixture(scope="module", params=[(), ("--in-process",)], ids=["beside", "in-process"])
+@pytest.fixture(scope="module", params=[("--beside",), ("--in-process",)], ids=["beside", "in-process"])
 def read_only_server(tmp_path_factory, request) -> Iterator[Served]:
     """`radixtop serve --read-only` on 0.0.0.0 with a token (which a public bind needs, and gets):
-    beside the engine (its default) and in its process."""
+    beside the engine (serve's default with the demo) and in its process (a trace's default)."""
     with radixtop_serve(tmp_path_factory.mktemp("ro"), "--read-only", "--host", "0.0.0.0", *request.param) as served:
         yield served
 
