@@ -270,11 +270,16 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
             env[key] = str(value)
     failed: list[str] = []
     stopping = threading.Event()
+    # (from before the process beside starts: it answers /healthz before this one would reach its
+    # loop, and a SIGTERM or a Ctrl-C meanwhile must stop it as cleanly as later)
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     recorder = BundledRecorder(engine.scheduler.cache, engine.scheduler)
     try:
         process = BesideProcess(engine.scheduler.cache, listening, host, hello_info(engine, name, demo_words), env,
                                 sglang=BundledOps(engine, name), recorder=recorder, wake=engine.wake)
     except Exception as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         listening.close()
         raise fail(f"radixtop's process beside the engine did not start: {type(exc).__name__}: {exc}",
                    EXIT_REFUSED) from None
@@ -293,7 +298,6 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
                f"{process.child.pid}) serves the admin API on {base_url(host, listening.getsockname()[1])}", err=True)
     if generated:
         typer.echo(f"API token (send as 'Authorization: Bearer <token>'): {token}", err=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     recording = None
     try:
         if record is not None:
@@ -304,7 +308,8 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if recording is not None:
             recording()
         engine.on_step = None  # (no step of the probe, nor a start of the process beside, from now on)
