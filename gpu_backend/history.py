@@ -146,6 +146,24 @@ def moment_end(at: float) -> float:
     return (math.floor(at * MARK_TICKS_A_SECOND) + 1) / MARK_TICKS_A_SECOND
 
 
+
+class _OneInstant:
+    """``CacheHistory.instant``: one reused object (an op's cost is two counts, no allocation)."""
+
+    __slots__ = ("history",)
+
+    def __init__(self, history: CacheHistory) -> None:
+        self.history = history
+
+    def __enter__(self) -> None:
+        self.history._ops += 1
+
+    def __exit__(self, *exc: object) -> None:
+        history = self.history
+        history._ops -= 1
+        if not history._ops:
+            history._held = None
+
 class CacheHistory:
     """The removed nodes of one tree, bounded (owner thread only, as the tree)."""
 
@@ -175,13 +193,19 @@ class CacheHistory:
         new history (a restart) has a new one."""
         self._latest = float("-inf")
         """The latest moment the history told (``now``)."""
-        self._holding = False
-        """An op is in progress (``hold``)."""
+        self._ops = 0
+        """Ops in progress (``instant``: an op inside another counts too)."""
+        self.instant = _OneInstant(self)
+        """``with history.instant:`` around an op: everything it tells (the sessions' figures
+        before they move, its changes, its request's begin or end) is stamped at one instant, the
+        first the clock is read for it, though the clock moves on while it runs (a mark read in one
+        millisecond and a change stamped in the next would tell the memory after the op beside
+        the tree before it). An op inside another is of the outer one's instant."""
         self.gaps = 0
         """Gaps told (``gap``): a read in slices that sees it move was read across a hole."""
         self._held: float | None = None
         """The instant the op in progress tells everything at (its first read of the clock); None:
-        between ops, or none read yet."""
+        between ops, or none read yet (``instant``)."""
         self.since = clock()
         """Every removal after this moment is kept: its start, the newest removal dropped for the
         bounds, or a gap (``gap``)."""
@@ -326,25 +350,9 @@ class CacheHistory:
             t = self._latest
         else:
             self._latest = t
-        if self._holding:  # (the op's instant: its first read, or a later moment the owner told)
+        if self._ops:  # (the op's instant: its first read, or a later moment the owner told)
             self._held = t
         return t
-
-    def hold(self) -> bool:
-        """An op begins: everything it tells (the sessions' figures before they move, its changes,
-        its request's begin or end) is stamped at one instant, the first the clock is read for it,
-        until ``let_go``, though the clock moves on while it runs (a mark read in one millisecond
-        and a change stamped in the next would tell the memory after the op beside the tree before
-        it). False where an op holds it already (an op inside another: the outer one lets go)."""
-        if self._holding:
-            return False
-        self._holding = True
-        return True
-
-    def let_go(self) -> None:
-        """The op that held the clock (``hold``) is done."""
-        self._holding = False
-        self._held = None
 
     def _reach_now(self) -> float:
         """Now, as a journal's start (from now on it is complete): never before a moment told

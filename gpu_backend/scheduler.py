@@ -67,16 +67,14 @@ class CacheStats:
 
 def _one_instant(op: Callable[..., Any]) -> Callable[..., Any]:
     """An engine op whose changes, marks and request ops the cache's history stamps at one
-    instant (``CacheHistory.hold``), however long it runs."""
+    instant (``CacheHistory.instant``), however long it runs."""
     @functools.wraps(op)
     def held(self: Scheduler, *a: Any, **k: Any) -> Any:
         history = self.cache.history
-        if history is None or not history.hold():
+        if history is None:
             return op(self, *a, **k)
-        try:
+        with history.instant:
             return op(self, *a, **k)
-        finally:
-            history.let_go()
 
     return held
 

@@ -153,9 +153,8 @@ class RecordsCopy:
         tree does not have, or a change SGLang could not have made to it: from there it no
         longer equals SGLang's. The whole tree's records (``BEGIN`` to ``WHOLE``) are kept apart
         and make the tree at once at its ``WHOLE``. The history tells them at one instant
-        (``CacheHistory.hold``: they came together, whenever SGLang made them)."""
-        held = self.history.hold()
-        try:
+        (``CacheHistory.instant``: they came together, whenever SGLang made them)."""
+        with self.history.instant:
             start = 0
             if self._apart is None:
                 for i, record in enumerate(records):
@@ -167,9 +166,6 @@ class RecordsCopy:
                     self._apply(records)
                     return
             self._collect(records[start:] if start else records)
-        finally:
-            if held:
-                self.history.let_go()
 
     def _collect(self, records: list[Any]) -> None:
         for i, record in enumerate(records):

@@ -123,11 +123,10 @@ class EventsProbe:
 
         wrap_after(cache, "on_release", released, _ignored)
 
-    def restarted(self, end: ProbeEnd | None = None) -> None:
+    def restarted(self, end: ProbeEnd) -> None:
         """A new process beside (on ``end``): no request is told as begun to it (what the old one
         heard of them is gone with it: their ends tell them whole)."""
-        if end is not None:
-            self.end = end
+        self.end = end
         self.begun.clear()
 
     def hook_admissions(self, scheduler: Any) -> None:

@@ -263,5 +263,5 @@ def test_the_probes_rows_are_bounded_while_nobody_takes_them_and_its_begun_start
     probe.served.clear()
     scheduler.get_new_batch_prefill()
     assert "late" in probe.begun
-    probe.restarted()
-    assert probe.begun == set()
+    probe.restarted(end := object())
+    assert probe.begun == set() and probe.end is end
