@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from radixtop.adapters.events.handover import EVENTS
-from radixtop.adapters.owned.records import CAUSE, Walk, split_long, wrap_after
+from radixtop.adapters.owned.records import CAUSE, OP, Walk, split_long, wrap_after
 from radixtop.adapters.sglang.records import admitted_begins, released_request
 from radixtop.gpu_backend.history import EVICT_ACTION, FLUSHED
 from radixtop.gpu_backend.owner.handover import BACKLOG_BYTES, SOCKET_BUFFER, ProbeEnd
@@ -86,6 +86,11 @@ def _ignored(_name: str, _exc: Exception) -> None:
     """What a request's hook raises: never SGLang's call down for it (that request is not told)."""
 
 
+def _told_whole(row: tuple) -> tuple:
+    """An end row whose begin was never heard: it tells its begin too (``begun`` false)."""
+    return (*row[:8], False)
+
+
 class EventsProbe:
     """Takes a cache's recorded KV events on the scheduler thread and hands them over, encoded."""
 
@@ -124,10 +129,12 @@ class EventsProbe:
         wrap_after(cache, "on_release", released, _ignored)
 
     def restarted(self, end: ProbeEnd) -> None:
-        """A new process beside (on ``end``): no request is told as begun to it (what the old one
-        heard of them is gone with it: their ends tell them whole)."""
+        """A new process beside (on ``end``): no request is told as begun to it but those whose
+        begin rows are yet to go (what the old one heard of the others is gone with it: their ends
+        tell them whole)."""
         self.end = end
-        self.begun.clear()
+        self.begun = {row[1] for row in self.served if row[4] == "begin"}  # (these rows are yet to go)
+        self.served = [row if row[4] == "begin" or row[1] in self.begun else _told_whole(row) for row in self.served]
 
     def hook_admissions(self, scheduler: Any) -> None:
         """SGLang's ``get_new_batch_prefill`` wrapped on the scheduler's instance: each request it
@@ -159,28 +166,47 @@ class EventsProbe:
                 self._send(time.time(), events)
         if self.served:
             served, self.served = self.served, []
-            if not end.down:  # (a frame the socket cannot take is dropped: those requests are not told)
+            if not end.down:
+                unheard: set[str] = set()
                 for at in range(0, len(served), SERVED_A_FRAME):
-                    self._send_served(served[at:at + SERVED_A_FRAME])
+                    for row in self._send_served(served[at:at + SERVED_A_FRAME], unheard):
+                        if row[4] == "begin":  # (told whole at its end)
+                            self.begun.discard(row[1])
+                        elif not end.down:  # (an end dropped: sent again, never a begin left running)
+                            self.served.append(_told_whole(row) if row[1] in unheard else row)
             else:  # (begins nobody heard: those requests are told whole at their ends)
                 self.begun.difference_update(row[1] for row in served if row[4] == "begin")
 
-    def _send_served(self, rows: list[tuple]) -> None:
+    def _send_served(self, rows: list[tuple], unheard: set[str] | None = None) -> list[tuple]:
         """``rows`` in a ``SERVED`` frame, in halves where over a frame; a request alone over one
         without its token ids, and not told where it still is (an id of a megabyte). While the
         socket is behind (frames wait in the backlog) the rows go without their ids: a frame the
-        backlog cannot take is a gap in the tree's events, and requests' ids are not worth one."""
+        backlog cannot take is a gap in the tree's events, and requests' ids are not worth one.
+        The rows of the frames dropped (the backlog full) are returned; ``unheard`` gets the ids of
+        the begins among them (and of a begin not told), and a later end row of one of them tells
+        its begin too."""
+        if unheard is None:
+            unheard = set()
+        if unheard:
+            rows = [_told_whole(row) if row[4] != "begin" and row[1] in unheard else row for row in rows]
         if self.end.held:
             rows = [(*row[:5], None, None, *row[7:]) for row in rows]
         payload = self._encode(rows)
         if len(payload) <= self.end.frame_max:
-            self.end.send(SERVED, payload)
-        elif len(rows) > 1:
+            if self.end.send(SERVED, payload):
+                return []
+            unheard.update(row[1] for row in rows if row[4] == "begin")
+            return rows
+        if len(rows) > 1:
             half = len(rows) // 2
-            self._send_served(rows[:half])
-            self._send_served(rows[half:])
-        elif rows[0][5] is not None or rows[0][6] is not None:
-            self._send_served([(*rows[0][:5], None, None, *rows[0][7:])])
+            dropped = self._send_served(rows[:half], unheard)
+            return dropped + self._send_served(rows[half:], unheard)
+        if rows[0][5] is not None or rows[0][6] is not None:
+            return self._send_served([(*rows[0][:5], None, None, *rows[0][7:])], unheard)
+        if rows[0][4] == "begin":  # (an id of a megabyte: never told, nor its end as begun)
+            unheard.add(rows[0][1])
+            self.begun.discard(rows[0][1])
+        return []
 
     def _send(self, ts: float, events: list[Any]) -> None:
         payload = self._encode(self._batch(ts=ts, events=events))
@@ -245,6 +271,23 @@ class RecordsProbe:
         self._chunk = SNAPSHOT_CHUNK
         self._out: collections.deque[bytes] = collections.deque()
         """The whole tree's next frames, encoded (one chunk's: at most a long prompt's parts)."""
+        self._again: list[tuple] = []
+        """The ``OP`` records of frames dropped (the backlog full), sent again with the next: the
+        whole tree sent again mends the copy's gap, not the requests' begins and ends."""
+
+    def restarted(self, end: ProbeEnd) -> None:
+        """A new process beside (on ``end``): no request is told as begun to it but those whose
+        begin records are yet to go (their ends tell the others whole), and no end of one whose
+        begin only the old one heard."""
+        self.end = end
+        records = self.recorder.records
+        if type(records) is list:  # (not a stopped recorder's, that keeps nothing)
+            waiting = self._again + records
+            begins = {record[3] for record in waiting if record[0] == OP and record[1] == "begin"}
+            self.recorder.begun.intersection_update(begins)
+            records[:] = [record for record in waiting
+                          if record[0] != OP or record[1] not in ("finish", "abort") or record[3] in begins]
+        self._again = []
 
     def start(self) -> None:
         """At (re)start, and for a resync: the whole tree, walked a slice a step (``Walk``: what
@@ -348,7 +391,7 @@ class RecordsProbe:
                     end.close()
                 return
         records = self.recorder.records
-        if not records:
+        if not records and not self._again:
             return
         started = time.monotonic()
         if not now and len(records) < SEND_RECORDS and started - self._sent_at < SEND_EVERY_S and not end.down:
@@ -358,7 +401,10 @@ class RecordsProbe:
         if end.down:
             self.batches += 1
             end.skip()
+            self._again = []
             return
+        if self._again:
+            records, self._again = self._again + records, []
         self._send(records)
 
     def _send(self, records: list[tuple]) -> None:
@@ -379,7 +425,10 @@ class RecordsProbe:
         if len(payload) > most:
             self.end.skip()
             return
-        self.end.send(RECORDS, payload)
+        if not self.end.send(RECORDS, payload) and not self.end.down:
+            self._again.extend(record for record in records if record[0] == OP)
+            if len(self._again) > SERVED_MOST:  # (SGLang's memory: the oldest go, as a dropped frame's would)
+                del self._again[:-SERVED_MOST]
 
 
 class CoreOps:
@@ -629,10 +678,7 @@ class BesideProcess:
             self.probe = EventsProbe(self.cache, end) if self.recorder is None else RecordsProbe(self.recorder, end)
         else:
             self.probe.end.close()
-            if isinstance(self.probe, EventsProbe):
-                self.probe.restarted(end)
-            else:
-                self.probe.end = end
+            self.probe.restarted(end)
         if isinstance(self.probe, RecordsProbe):  # the tree as it is now, then its changes
             self.probe.start()
         self.starts += 1

@@ -264,4 +264,187 @@ def test_the_probes_rows_are_bounded_while_nobody_takes_them_and_its_begun_start
     scheduler.get_new_batch_prefill()
     assert "late" in probe.begun
     probe.restarted(end := object())
+    assert probe.begun == {"late"} and probe.end is end  # (its begin row is yet to go: to the new process)
+    probe.served.clear()
+    probe.restarted(end := object())
     assert probe.begun == set() and probe.end is end
+
+
+class DroppingEnd:
+    """A probe's end of the hand-over whose backlog is full while ``full``: each frame it drops
+    (numbered all the same, as ``ProbeEnd.send``); those it takes decoded into ``sent``."""
+
+    frame_max, held, down, full, seq = 1 << 16, 0, False, False, 0
+    sent: list
+
+    @classmethod
+    def sending_to(cls, sent: list) -> type[DroppingEnd]:
+        return type("End", (cls,), {"sent": sent})
+
+    def send(self, kind: int, payload: bytes) -> bool:
+        import msgspec
+
+        self.seq += 1
+        if self.full:
+            return False
+        self.sent.append((kind, msgspec.msgpack.decode(payload)))
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def dropped_along_the_way(begin, end, step) -> None:
+    """Requests r1, r2 and r3 begun and ended, a frame dropped on the way of each: r1's begin, r2's
+    end, r3's begin and end in one frame."""
+    begin("r1")
+    step(full=True)
+    end("r1")
+    step(full=False)
+    begin("r2")
+    step(full=False)
+    end("r2")
+    step(full=True)
+    step(full=False)
+    begin("r3")
+    end("r3")
+    step(full=True)
+    step(full=False)
+
+
+def test_a_served_frame_the_socket_drops_never_splits_a_request_begin_from_its_end():
+    """Under overload the hand-over drops a frame (its backlog full): a ``SERVED`` frame dropped
+    must not leave the history a request's end without its begin (its begin row dropped, its end
+    row saying the begin was told) nor a begin without its end (its end row dropped: a replay
+    would keep it running). A begin dropped is told with the request's end; an end dropped is
+    sent again at a later step; each request is told once, begin and end, whatever was dropped."""
+    import msgspec
+
+    from radixtop.adapters.sglang.probe import SERVED, EventsProbe
+
+    sent: list = []
+    End = DroppingEnd.sending_to(sent)
+
+    class Cache:
+        def on_release(self, req):
+            return None
+
+        def take_events(self):
+            return []
+
+    class Scheduler:
+        plan = None
+
+        def get_new_batch_prefill(self):
+            return self.plan
+
+    def admit(*rids: str) -> None:
+        scheduler.plan = types.SimpleNamespace(batch_to_run=types.SimpleNamespace(reqs=[types.SimpleNamespace(
+            rid=rid, extend_batch_idx=1, retracted_stain=False, session_id="s", origin_input_ids=[1, 2],
+            cached_tokens=1) for rid in rids], decoding_reqs=None))
+        scheduler.get_new_batch_prefill()
+
+    def release(rid: str) -> None:
+        cache.on_release(types.SimpleNamespace(rid=rid, finished=lambda: True, finished_reason=None, output_ids=[9],
+                                               session_id="s", origin_input_ids=[1, 2], cached_tokens=1))
+
+    def step(full: bool) -> None:
+        probe.end.full = full
+        probe.step()
+
+    cache, scheduler = Cache(), Scheduler()
+    probe = EventsProbe.__new__(EventsProbe)
+    probe.cache, probe.end, probe.served, probe.begun = cache, End(), [], set()
+    probe._encode = msgspec.msgpack.Encoder().encode
+    probe._hook_served(cache)
+    probe.hook_admissions(scheduler)
+    admit("r0")
+    dropped_along_the_way(admit, release, step)
+    release("r0")  # (its begin dropped with r1's: told at its end)
+    step(full=False)
+    rows = [row for kind, frame in sent if kind == SERVED for row in frame]
+    told = {rid: [(how, begun) for _, r, _, _, how, _, _, _, begun in rows if r == rid] for rid in ("r0", "r1", "r2", "r3")}
+    for rid, hows in told.items():
+        begins = sum(1 for how, begun in hows if how == "begin" or not begun)
+        ends = sum(1 for how, _ in hows if how != "begin")
+        assert (begins, ends) == (1, 1), (rid, hows)
+    assert not probe.served and not probe.begun
+    # a new process beside: what it is told of the rows still waiting is whole (its history is new)
+    admit("r5")
+    step(full=False)  # r5's begin told to the process that is gone
+    admit("r6")
+    release("r5")
+    sent.clear()
+    probe.restarted(End())
+    release("r6")
+    step(full=False)
+    rows = [row for kind, frame in sent if kind == SERVED for row in frame]
+    for rid in ("r5", "r6"):
+        hows = [(how, begun) for _, r, _, _, how, _, _, _, begun in rows if r == rid]
+        begins = sum(1 for how, begun in hows if how == "begin" or not begun)
+        assert (begins, sum(1 for how, _ in hows if how != "begin")) == (1, 1), (rid, hows)
+
+
+def test_a_records_frame_the_socket_drops_never_splits_a_request_begin_from_its_end():
+    """The Python cores' probe (``RecordsProbe``): a frame of records dropped under overload is a
+    gap the copy beside mends by taking the whole tree again, but the requests' ``OP`` records in
+    it are not in any tree: dropped, they left the history a finish without its begin or a begin
+    never ended. They are sent again; and a new process beside hears no request's finish whose
+    begin only the old one heard (its begun ones are told whole at their ends)."""
+
+    from radixtop.adapters.owned.records import ADD, OP
+    from radixtop.adapters.sglang.probe import RECORDS, RecordsProbe
+
+    sent: list = []
+    End = DroppingEnd.sending_to(sent)
+
+    class Recorder:
+        failed = None
+
+        def __init__(self) -> None:
+            self.records: list = []
+            self.begun: set[str] = set()
+
+        def take(self) -> list:
+            records, self.records = self.records, []
+            return records
+
+    def begin(rid: str) -> None:
+        recorder.begun.add(rid)
+        recorder.records.append((OP, "begin", "s", rid, b"\x01" + b"\x00" * 7, 1, 0, 0))
+
+    def finish(rid: str) -> None:
+        recorder.begun.discard(rid)
+        recorder.records.append((OP, "finish", "s", rid, None, 0, 0, 0))
+
+    def step(full: bool) -> None:
+        probe.end.full = full
+        recorder.records.append((ADD, 9, 1, b"", None, 1.0, 1.0, 0, 0))  # (a change of the tree: each step has one)
+        probe.step(now=True)
+
+    def told() -> dict:
+        ops: dict = {}
+        for kind, frame in sent:
+            for record in frame:
+                if kind == RECORDS and record[0] == OP:
+                    ops.setdefault(record[3], []).append(record[1])
+        return ops
+
+    recorder = Recorder()
+    probe = RecordsProbe(recorder, End())
+    dropped_along_the_way(begin, finish, step)
+    assert told() == {"r1": ["begin", "finish"], "r2": ["begin", "finish"], "r3": ["begin", "finish"]}
+    begin("r4")
+    begin("r7")
+    step(full=False)  # r4's and r7's begins heard by the process that is gone (r7 still running)
+    begin("r5")
+    finish("r4")
+    begin("r6")
+    step(full=True)  # the old process fell behind: r5's and r4's end dropped there
+    sent.clear()
+    probe.restarted(End())
+    assert recorder.begun == {"r5", "r6"}  # (not r7: the new process never heard its begin: told whole at its end)
+    step(full=False)
+    finish("r5")
+    step(full=False)
+    assert told() == {"r5": ["begin", "finish"], "r6": ["begin"]}
