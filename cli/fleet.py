@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from radixtop.adapters.fleet.watch import open_poller
 from radixtop.adapters.text import inert
 from radixtop.cli.errors import EXIT_UNREACHABLE, EXIT_USAGE, exits, fail
 from radixtop.cli.options import Json
@@ -34,42 +35,6 @@ RadixtopPort = Annotated[int, typer.Option("--radixtop-port", min=0, max=65535,
                                                 "does not say: the worker's host, this port + the DP rank "
                                                 "(the plugin's RADIXTOP_PORT); 0: do not guess.")]
 FleetTimeout = Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds each worker may take to answer.")]
-
-
-def open_poller(smg: str | None, dynamo: str | None, fleet: Path | None, map_file: Path | None = None,
-                tokens_file: Path | None = None, radixtop_port: int = 30100, timeout: float = 2.0,
-                model: str | None = None) -> Any:
-    """A ``FleetPoller`` for exactly one of ``smg``, ``dynamo``, ``fleet``; BadRequest (one line)
-    for a bad combination or file."""
-    from radixtop.adapters.errors import BadRequest
-    from radixtop.adapters.fleet.config import read_fleet_file, read_map_file, read_tokens_file
-    from radixtop.adapters.fleet.probe import FleetPoller
-    from radixtop.adapters.fleet.sources import DynamoSource, FleetFileSource, Mapping, SmgSource
-
-    if sum(x is not None for x in (smg, dynamo, fleet)) != 1:
-        raise BadRequest("give one of --smg URL, --dynamo URL or --fleet FILE")
-    mapping = Mapping(read_map_file(map_file) if map_file else {}, radixtop_port or None)
-    tokens = read_tokens_file(tokens_file) if tokens_file else {}
-    bytes_per_token = None
-    if model:
-        from radixtop.gpu_backend.kv_geometry import get_geometry
-
-        try:
-            bytes_per_token = get_geometry(model).bytes_per_token
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-    if smg is not None:
-        from radixtop.adapters.fleet.config import normal_url
-
-        source: Any = SmgSource(smg, mapping, tokens.get(normal_url(smg)), timeout)
-    elif dynamo is not None:
-        from radixtop.adapters.fleet.config import normal_url
-
-        source = DynamoSource(dynamo, mapping, tokens.get(normal_url(dynamo)), timeout)
-    else:
-        assert fleet is not None
-        source = FleetFileSource(fleet, read_fleet_file(fleet), mapping)
-    return FleetPoller(source, tokens, timeout, bytes_per_token)
 
 
 DROPPED_WHEN_NARROW = ("reqs", "from", "dp", "hit", "sessions")
@@ -173,27 +138,3 @@ def fleet(
         raise typer.Exit(EXIT_UNREACHABLE)
     if view.error:
         raise fail(view.error, EXIT_UNREACHABLE)
-
-
-def watch_fleet(spec: str | None, map_file: Path | None, tokens_file: Path | None) -> Any:
-    """For ``radixtop serve --fleet SPEC`` (``smg=URL``, ``dynamo=URL`` or a fleet file): what
-    ``GET /v1/fleet`` answers (``FleetPoller.latest``: never waits on a poll), its first poll
-    started now; or None. ValueError (one line) for a bad spec or file."""
-    from radixtop.adapters.errors import BadRequest
-
-    if spec is None:
-        if map_file is not None or tokens_file is not None:
-            raise ValueError("--fleet-map and --fleet-tokens go with --fleet")
-        return None
-    kind, sep, rest = spec.partition("=")
-    try:
-        if sep and kind == "smg":
-            poller = open_poller(rest, None, None, map_file, tokens_file)
-        elif sep and kind == "dynamo":
-            poller = open_poller(None, rest, None, map_file, tokens_file)
-        else:
-            poller = open_poller(None, None, Path(spec), map_file, tokens_file)
-    except BadRequest as exc:
-        raise ValueError(f"--fleet: {exc.message}") from None
-    poller.latest()
-    return poller.latest

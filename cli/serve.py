@@ -97,7 +97,7 @@ def serve(
                                                        "the process that started this one) instead of binding --port."
                                                   )] = None,
     beside: Annotated[bool | None, typer.Option("--beside/--in-process", show_default=False,
-                                                help="--beside (the embedded engine's default, but with --fleet, "
+                                                help="--beside (the embedded engine's default, but with "
                                                      "--close-policy deref, or a --trace applied at once before "
                                                      "serving, whose history it would not keep): the engine alone in "
                                                      "this process; the "
@@ -113,9 +113,9 @@ def serve(
     or a vLLM server (--vllm-events, --vllm-url), so every command and the dashboard can use them
     through --url."""
     from radixtop.adapters.bundled.adapter import BundledAdapter
+    from radixtop.adapters.fleet.watch import watch_fleet
     from radixtop.adapters.http.server import serve as serve_http
     from radixtop.adapters.http.server.logs import limit_repeats
-    from radixtop.cli.fleet import watch_fleet
     from radixtop.gpu_backend.engine import Engine
     from radixtop.gpu_backend.kv_geometry import get_geometry
     from radixtop.gpu_backend.kv_pool import check_device_choice, pick_device
@@ -127,16 +127,15 @@ def serve(
     if beside and external:
         raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
                    EXIT_USAGE)
-    if beside and (fleet or close_policy != "free"):
-        raise fail("--beside does not take " + ("--fleet" if fleet else "--close-policy deref (it follows SGLang's "
-                                                                        "close, --close-policy free)") + " yet",
+    if beside and close_policy != "free":
+        raise fail("--beside does not take --close-policy deref (it follows SGLang's close, --close-policy free) yet",
                    EXIT_USAGE)
     if beside is None:  # (the engine's own default: its reads off its process, as beside SGLang's scheduler)
         at_once = trace is not None and (fmt == "radixtop" or speed == 0)  # (applied before the process beside)
-        beside = not external and not fleet and close_policy == "free" and not at_once
+        beside = not external and close_policy == "free" and not at_once
     inherited = None if socket_fd is None else inherited_socket(socket_fd, host)
-    with exits(ValueError):
-        fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens)
+    with exits(ValueError):  # (beside: checked here, watched by the process beside)
+        fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens, start=not beside)
 
     def run_server(adapter, release) -> None:
         """Serve ``adapter`` until interrupted; errors become one line and an exit code."""
@@ -197,7 +196,7 @@ def serve(
     if beside:
         return serve_beside(engine, name, demo_tokenizer is not None, host=host, port=port, token=token,
                             read_token=read_token, read_only=read_only, audit_log=audit_log, sock=inherited,
-                            proof_key=proof_key, record=record)
+                            proof_key=proof_key, record=record, fleet=(fleet, fleet_map, fleet_tokens))
     engine.start()
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
 
@@ -234,19 +233,22 @@ def start_recording(adapter, path: Path):
 
 def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, token: str | None,
                  read_token: str | None, read_only: bool, audit_log: Path | None, sock, proof_key: str | None,
-                 record: Path | None = None) -> None:
+                 record: Path | None = None,
+                 fleet: tuple[str | None, Path | None, Path | None] = (None, None, None)) -> None:
     """The engine alone in this process, its probe on its thread; the tree's copy, its figures and the
     admin API in radixtop's process beside it (``adapters.sglang.beside``, as beside SGLang's
     scheduler: started again where it dies, stopped with this one). Until interrupted, or until the
     engine or its probe fails (one line, exit 1). ``record``: the history (kept beside, from the
     engine's records) recorded to that file from this process, read over the admin API as
-    ``radixtop record`` reads it, once radixtop's process answers."""
+    ``radixtop record`` reads it, once radixtop's process answers. ``fleet``: ``--fleet``,
+    ``--fleet-map`` and ``--fleet-tokens`` (checked already), watched by the process beside."""
     import os
     import signal
     import threading
 
     from radixtop.adapters.bundled.beside import BundledOps, hello_info
     from radixtop.adapters.bundled.recorder import BundledRecorder
+    from radixtop.adapters.fleet.watch import FLEET_ENV
     from radixtop.adapters.http.server.audit import AuditLog
     from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
     from radixtop.adapters.http.server.run import base_url, bind, checked_tokens
@@ -264,7 +266,7 @@ def serve_beside(engine, name: str, demo_words: bool, *, host: str, port: int, t
     listening.listen(2048)
     env = {**os.environ, "RADIXTOP_TOKEN": token, "RADIXTOP_READ_ONLY": "1" if read_only else "0"}
     for key, value in (("RADIXTOP_READ_TOKEN", read_token), ("RADIXTOP_AUDIT", audit_log),
-                       ("RADIXTOP_PROOF_KEY", proof_key)):
+                       ("RADIXTOP_PROOF_KEY", proof_key), *zip(FLEET_ENV, fleet, strict=True)):
         env.pop(key, None)
         if value is not None:
             env[key] = str(value)

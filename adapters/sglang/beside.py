@@ -443,11 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(int(os.environ.get("RADIXTOP_BESIDE_NICE", "10")))
     except (OSError, ValueError) as exc:
         print(f"radixtop beside: RADIXTOP_BESIDE_NICE not applied ({exc})", file=sys.stderr)
+    from radixtop.adapters.fleet.watch import watched_from
     from radixtop.adapters.http.server import serve
 
     try:  # the CPU it takes for reads, on average (a flood of them waits, then is answered 429)
         cpu_share = parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
         read_only = switch(os.environ.get("RADIXTOP_READ_ONLY"), "RADIXTOP_READ_ONLY", False)
+        fleet = watched_from(os.environ)  # (serve --fleet beside its engine)
     except ValueError as exc:
         print(f"radixtop beside: {exc}", file=sys.stderr)
         return 1
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
               audit_path=os.environ.get("RADIXTOP_AUDIT") or None,
               read_token=os.environ.get("RADIXTOP_READ_TOKEN") or None, sock=listening,
               log=lambda line: print(line, file=sys.stderr, flush=True), cpu_share=cpu_share,
-              proof_key=os.environ.get("RADIXTOP_PROOF_KEY", "").encode() or None)
+              proof_key=os.environ.get("RADIXTOP_PROOF_KEY", "").encode() or None, fleet=fleet)
     finally:
         handover.close()
     return 0

@@ -22,11 +22,12 @@ from tests.support.trace_gen import generate_trace
 TOKEN = "beside-test-token-0123456789"
 
 
-def start(trace: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def start(trace: Path | None, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``radixtop serve`` of ``trace`` (None: the demo) until it answers."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-P", "-m", "radixtop.cli.main", "serve", "--port", str(port),
-                             "--model", "tiny", "--capacity", "4096", "--device", "cpu", "--trace", str(trace),
-                             *extra],
+                             "--model", "tiny", "--capacity", "4096", "--device", "cpu",
+                             *(() if trace is None else ("--trace", str(trace))), *extra],
                             env={**os.environ, "RADIXTOP_TOKEN": TOKEN},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -183,7 +184,7 @@ def test_why_beside_names_an_evict_as_the_engine_in_process_does(trace):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--fleet", "smg=http://127.0.0.1:9"], "--beside does not take --fleet yet"),
+    (["--fleet", "/nonexistent/fleet.txt"], "--fleet"),
     (["--close-policy", "deref"], "--beside does not take --close-policy deref"),
     (["--kv-events", "tcp://127.0.0.1:9"], "--beside goes with the embedded engine"),
     (["--host", "0.0.0.0"], "without an explicit token"),
@@ -210,5 +211,26 @@ def test_a_trace_applied_before_serving_is_in_the_history_of_what_serve_runs_by_
         page = RadixtopClient(url, token=TOKEN, timeout=10).history(0, 0, 10)
         ops = sum(1 for line in trace.read_text().splitlines() if '"request"' in line or '"begin"' in line)
         assert page.removed_count > 0 and page.served_count >= ops > 0
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("where", ["beside", "in-process"])
+def test_serve_with_a_fleet_runs_beside_and_its_process_beside_answers_the_fleet(tmp_path, where):
+    """`serve --fleet` runs beside its engine too (its default): the fleet is watched, and
+    /v1/fleet answered, by radixtop's process beside, never the engine's; each worker's row as
+    in one process (one that refuses: reachable 0, with why)."""
+    refused = f"http://127.0.0.1:{free_port()}"
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text(f"{refused}\n")
+    proc, url = start(None, "--fleet", str(fleet), *(("--in-process",) if where == "in-process" else ()))
+    try:
+        if where == "in-process":
+            assert api_pid(url) == {proc.pid}
+        else:
+            (child,) = api_pid(url) - {proc.pid}  # (the port bound by serve, served by the process beside)
+        doc = httpx.get(f"{url}/v1/fleet", timeout=10).json()
+        assert doc["workers"] == 1 and doc["reachable"] == 0, doc
+        assert [row["worker"] for row in doc["rows"]] == [refused] and doc["rows"][0]["why"], doc
     finally:
         stop(proc)

@@ -20,9 +20,9 @@ from radixtop.adapters.bundled.adapter import BundledAdapter
 from radixtop.adapters.fleet.config import read_fleet_file
 from radixtop.adapters.fleet.probe import FleetPoller, poll_fleet
 from radixtop.adapters.fleet.sources import FleetFileSource, Mapping, SmgSource
+from radixtop.adapters.fleet.watch import watch_fleet
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
-from radixtop.cli.fleet import watch_fleet
 from tests.support.engines import build_engine
 from tests.support.hostile_http import hostile_server, wait_until
 from tests.support.live_server import running_server

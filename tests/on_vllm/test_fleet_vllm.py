@@ -24,11 +24,12 @@ from radixtop.adapters.fleet.config import read_fleet_file
 from radixtop.adapters.fleet.model import FleetView
 from radixtop.adapters.fleet.probe import FleetPoller, poll_fleet
 from radixtop.adapters.fleet.sources import FleetFileSource, Mapping
+from radixtop.adapters.fleet.watch import watch_fleet
 from radixtop.adapters.http.client import RadixtopClient
 from radixtop.adapters.http.server import create_app
 from radixtop.adapters.http.server.audit import AuditLog
 from radixtop.adapters.vllm.adapter import VLLMAdapter
-from radixtop.cli.fleet import open_worker, watch_fleet
+from radixtop.cli.fleet import open_worker
 from radixtop.inspector.cache_screen import CacheScreen
 from tests.fleet.test_fleet_view import fleet_app, wait_screen
 from tests.on_sglang.server import free_port
