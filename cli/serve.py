@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from radixtop.adapters.errors import AdapterError
-from radixtop.cli.errors import EXIT_REFUSED, EXIT_USAGE, MissingExtra, exits, fail, trace_errors
+from radixtop.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, MissingExtra, exits, fail, trace_errors
 from radixtop.cli.options import (
     DEMO_CAPACITY,
     DEMO_MODEL,
@@ -37,6 +37,18 @@ if TYPE_CHECKING:
 
 app = typer.Typer()
 
+# ----- the admin API's own options (serve's and attach's) -----
+BindHost = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless you give a --token).")]
+ActionToken = Annotated[str | None, typer.Option("--token", envvar="RADIXTOP_TOKEN", show_default=False,
+                                                 help="Bearer token for actions (16 characters at least); made up "
+                                                      "and printed if not given.")]
+ReadToken = Annotated[str | None, typer.Option("--read-token", envvar="RADIXTOP_READ_TOKEN", show_default=False,
+                                               help="A second token that only reads (a bind that is not loopback "
+                                                    "needs a token for reads too).")]
+ReadOnly = Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")]
+AuditLogPath = Annotated[Path | None, typer.Option("--audit-log", help="Append the audit journal to this JSON-lines "
+                                                   "file.")]
+
 
 @app.command()
 def serve(
@@ -61,16 +73,12 @@ def serve(
     scale: Scale = 1,
     speed: Annotated[float, typer.Option("--speed", min=0, help="A --format trace in real time at this many "
                                          "times its own pace (0: all of it at once, before serving).")] = 1.0,
-    host: Annotated[str, typer.Option(help="Address to bind (loopback unless you give a --token).")] = "127.0.0.1",
+    host: BindHost = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8765,
-    token: Annotated[str | None, typer.Option(envvar="RADIXTOP_TOKEN", show_default=False,
-                                              help="Bearer token for actions (16 characters at least); made up "
-                                                   "and printed if not given.")] = None,
-    read_token: Annotated[str | None, typer.Option(envvar="RADIXTOP_READ_TOKEN", show_default=False,
-                                                   help="A second token that only reads (a bind that is not "
-                                                        "loopback needs a token for reads too).")] = None,
-    read_only: Annotated[bool, typer.Option("--read-only", help="Refuse every action (403).")] = False,
-    audit_log: Annotated[Path | None, typer.Option(help="Append the audit journal to this JSON-lines file.")] = None,
+    token: ActionToken = None,
+    read_token: ReadToken = None,
+    read_only: ReadOnly = False,
+    audit_log: AuditLogPath = None,
     record: Annotated[Path | None, typer.Option("--record", show_default=False, help="Record the target's history to "
                                                 "this new file while serving (radixtop record's format; for "
                                                 "radixtop diff).")] = None,
@@ -199,6 +207,73 @@ def serve(
                             proof_key=proof_key, record=record, fleet=(fleet, fleet_map, fleet_tokens))
     engine.start()
     run_server(BundledAdapter(engine, name=name, read_only=read_only, tokenizer=demo_tokenizer), engine.stop)
+
+
+@app.command()
+def attach(
+    point: Annotated[Path, typer.Argument(show_default=False, help="The probe's socket, as SGLang's log names it "
+                                          "(RADIXTOP_BESIDE=attach: probe-PORT.sock in $XDG_RUNTIME_DIR/radixtop).")],
+    host: BindHost = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 30100,
+    token: ActionToken = None,
+    read_token: ReadToken = None,
+    read_only: ReadOnly = False,
+    audit_log: AuditLogPath = None,
+) -> None:
+    """radixtop's process beside a running SGLang scheduler whose plugin waits for one
+    (RADIXTOP_BESIDE=attach), started here under your own supervision rather than by the plugin:
+    the tree's copy (or the tree from the Rust core's events), its figures and the admin API in
+    this process; SGLang's own process keeps only the probe. One at a time a scheduler; it ends
+    when SGLang's scheduler does, and SGLang goes on if it ends first."""
+    import os
+    import socket
+    import stat
+
+    from radixtop.adapters.http.server.audit import AuditLog
+    from radixtop.adapters.http.server.run import base_url, bind, checked_tokens
+    from radixtop.adapters.sglang.beside import main as beside_main
+    from radixtop.gpu_backend.owner.handover import SOCKET_BUFFER
+
+    with exits(ValueError):
+        token, generated = checked_tokens(host, token, read_token)
+        AuditLog(audit_log).close()  # (a journal that cannot be written: refused here)
+    try:
+        if not stat.S_ISSOCK(os.stat(point).st_mode):
+            raise fail(f"{point} is not a socket (the probe's: RADIXTOP_BESIDE=attach, in SGLang's log)", EXIT_USAGE)
+    except OSError as exc:
+        raise fail(f"no probe at {point} ({exc.strerror}): is SGLang running with RADIXTOP_BESIDE=attach?",
+                   EXIT_UNREACHABLE) from None
+    handover = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            handover.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        except OSError:
+            pass
+    try:
+        handover.connect(str(point))
+    except OSError as exc:
+        handover.close()
+        raise fail(f"cannot attach at {point} ({exc.strerror or exc}): is its SGLang scheduler still running?",
+                   EXIT_UNREACHABLE) from None
+    try:
+        listening = bind(host, port)
+    except OSError as exc:
+        handover.close()
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
+    listening.listen(2048)
+    os.environ["RADIXTOP_TOKEN"], os.environ["RADIXTOP_READ_ONLY"] = token, "1" if read_only else "0"
+    for key, value in (("RADIXTOP_READ_TOKEN", read_token), ("RADIXTOP_AUDIT", audit_log)):
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = str(value)
+    typer.echo(f"radixtop attach: attached at {point} (pid {os.getpid()}); the admin API on "
+               f"{base_url(host, listening.getsockname()[1])}", err=True)
+    if generated:
+        typer.echo(f"API token (send as 'Authorization: Bearer <token>'): {token}", err=True)
+    code = beside_main(["--handover-fd", str(handover.detach()), "--socket-fd", str(listening.detach()),
+                        "--host", host])
+    if code:
+        raise typer.Exit(code)
 
 
 def start_recording(adapter, path: Path):

@@ -458,7 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = hello_of(end)
         tree = tree_of(info) if info.get("tree") not in ("radix", "unified") else None
-    except (TimeoutError, ValueError, ProbeGone) as exc:
+    except ProbeGone:
+        print("radixtop beside: the probe closed its end before its hello (its scheduler left, or another radixtop "
+              "is attached to it)", file=sys.stderr)
+        return 1
+    except (TimeoutError, ValueError) as exc:
         print(f"radixtop beside: {exc}", file=sys.stderr)
         return 1
 

@@ -198,17 +198,33 @@ def _discard_events(scheduler: Any) -> None:
         scheduler.tree_cache.take_events()
 
 
-def beside_wanted() -> bool:
+def beside_wanted() -> bool | str:
     """``RADIXTOP_BESIDE``: 1 (unset: the default) radixtop's process beside the scheduler where the
-    cache allows it; 0 in the scheduler's process; anything else a ValueError (the plugin says so
-    and SGLang goes on without it)."""
+    cache allows it; 0 in the scheduler's process; ``attach`` the probe only, for a radixtop
+    process the operator starts (``radixtop attach``: ``ATTACH``); anything else a ValueError (the
+    plugin says so and SGLang goes on without it)."""
     value = os.environ.get("RADIXTOP_BESIDE", "").strip().lower()
     if value in ("", "1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"RADIXTOP_BESIDE must be 1 (radixtop beside the scheduler, the default) or 0 (in the "
-                     f"scheduler's process), not {value[:40]!r}")
+    if value == ATTACH:
+        return ATTACH
+    raise ValueError(f"RADIXTOP_BESIDE must be 1 (radixtop beside the scheduler, the default), 0 (in the "
+                     f"scheduler's process) or attach (for radixtop attach), not {value[:40]!r}")
+
+
+ATTACH = "attach"
+"""``RADIXTOP_BESIDE=attach``: no radixtop process started by the plugin, no admin API bound by it;
+the probe waits at ``attach_path`` for one the operator starts (``radixtop attach PATH``), as the
+process it would start would be fed (``probe.AttachPoint``)."""
+
+
+def attach_path(port: int) -> Path:
+    """Where the probe of the scheduler whose admin port would be ``port`` (``RADIXTOP_PORT`` +
+    its DP rank) waits for ``radixtop attach``: ``probe-PORT.sock`` in the user's private
+    directory (``_private_dir``: mode 0700, this user's own)."""
+    return _private_dir() / f"probe-{port}.sock"
 
 
 class TokenFileError(ValueError):
@@ -284,7 +300,7 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
         from radixtop.adapters.http.server.budget import BESIDE_CPU_SHARE, parse_share
 
         parse_share(os.environ.get("RADIXTOP_BESIDE_CPU"), BESIDE_CPU_SHARE)
-    token = _token(port)
+    token = "" if besides == ATTACH else _token(port)  # (attach: the tokens are those radixtop attach serves with)
     server_args = getattr(scheduler, "server_args", None)
     model = os.path.basename(str(getattr(server_args, "model_path", "") or "").rstrip("/"))
     sleeper = getattr(scheduler, "idle_sleeper", None)
@@ -303,16 +319,30 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
     )
     if besides:  # its calls answered on the scheduler's thread: no owner queue there
         try:
-            beside = _beside(scheduler, options, dp_rank, host, port, token, getattr(sleeper, "poller", None))
+            beside = _beside(scheduler, options, dp_rank, host, port, token, getattr(sleeper, "poller", None),
+                             besides == ATTACH)
         except Exception as exc:  # (radixtop in the scheduler's process rather than none)
+            if besides == ATTACH:  # (asked for none in the scheduler's process: none)
+                log.error("radixtop: its probe for radixtop attach did not start (%s: %s); SGLang goes on without "
+                          "radixtop", type(exc).__name__, str(exc)[:300])
+                return None
             log.error("radixtop: its process beside the scheduler did not start (%s: %s); radixtop runs in the "
                       "scheduler's process instead", type(exc).__name__, str(exc)[:300])
             beside = None
+        if beside is None and besides == ATTACH:
+            log.error("radixtop: radixtop attach does not apply to this cache (the line above says why); SGLang goes "
+                      "on without radixtop")
+            return None
         if beside is not None:
-            attached = Attached(beside.sglang, owner, base_url(host, port), None, None, waker, None, beside)
+            url = f"unix:{beside.path}" if besides == ATTACH else base_url(host, port)
+            attached = Attached(beside.sglang, owner, url, None, None, waker, None, beside)
             setattr(scheduler, ATTACHED, attached)
-            log.info("radixtop admin API for %s on %s, served by radixtop's process beside the scheduler (pid %d)",
-                     options["name"], attached.url, beside.child.pid)
+            if besides == ATTACH:
+                log.info("radixtop: the probe of %s waits for a radixtop process: radixtop attach %s", options["name"],
+                         beside.path)
+            else:
+                log.info("radixtop admin API for %s on %s, served by radixtop's process beside the scheduler (pid %d)",
+                         options["name"], attached.url, beside.child.pid)
             return attached
     adapter = SGLangInProcessAdapter(scheduler.tree_cache, owner, **options)
     served, core = _over_core_events(scheduler, adapter, dp_rank)
@@ -327,17 +357,18 @@ def attach(scheduler: Any, port: int | None = None, host: str | None = None) -> 
 
 
 def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, port: int, token: str,
-            poller: Any = None) -> Any:
+            poller: Any = None, attach: bool = False) -> Any:
     """radixtop's process next to the scheduler, fed by a probe (issue 27): on a Python core
     (SGLang 0.5.15/0.5.16's ``RadixCache``, 0.5.17+'s ``UnifiedRadixCache`` on its Python tree
     core), the tree's change records (``records``), copied
     there (``mirror``); on the Rust core, its KV events, where SGLang's own publisher does not
-    take them. None elsewhere (a line says why), and radixtop stays in process."""
+    take them. None elsewhere (a line says why), and radixtop stays in process. ``attach``: no
+    process of its own, the probe waits for ``radixtop attach`` (``probe.AttachPoint``)."""
     import dataclasses
 
     from radixtop.adapters.http.server.run import bind
     from radixtop.adapters.sglang.events.core import records_events
-    from radixtop.adapters.sglang.probe import BesideProcess, CoreOps, EventsProbe
+    from radixtop.adapters.sglang.probe import AttachPoint, BesideProcess, CoreOps, EventsProbe
     from radixtop.adapters.sglang.records import can_record, hook_admissions, recorder_for
     from radixtop.adapters.sglang.trees import tree_for
 
@@ -365,27 +396,33 @@ def _beside(scheduler: Any, options: dict[str, Any], dp_rank: int, host: str, po
         more = {"ops": True} if callable(getattr(cache, "on_release", None)) else {}  # (``probe.SERVED``)
     from radixtop.adapters.http.server import check_token_strength
 
-    check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)
-    read_token = os.environ.get("RADIXTOP_READ_TOKEN") or None
-    if read_token is not None:
-        check_token_strength(read_token, "read token")
-    listening = bind(host, port)
-    listening.listen(2048)
+    listening = None
+    if not attach:  # (attach: radixtop attach binds its own, with its own tokens)
+        check_token_strength(token)  # (here, once: a weak token would stop radixtop's process at each start)
+        read_token = os.environ.get("RADIXTOP_READ_TOKEN") or None
+        if read_token is not None:
+            check_token_strength(read_token, "read token")
+        listening = bind(host, port)
+        listening.listen(2048)
     info = {"name": options["name"], "dp_rank": dp_rank, "bytes_per_token": int(direct.geometry.bytes_per_token),
             "capacity_tokens": int(direct.allocator.size), "tokenizer": tokenizer_source(scheduler), **more}
     try:
         if tree.has_nodes:
             recorder = recorder_for(cache, options["session_controller"])
             hook_admissions(recorder, scheduler)  # (each request's begin at its admission)
-        process = BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
-                                sglang=direct, poller=poller, recorder=recorder)
+        if attach:
+            process: Any = AttachPoint(cache, attach_path(port), info, sglang=direct, poller=poller, recorder=recorder)
+        else:
+            process = BesideProcess(cache, listening, host, info, {**os.environ, "RADIXTOP_TOKEN": token},
+                                    sglang=direct, poller=poller, recorder=recorder)
         if isinstance(process.probe, EventsProbe) and more.get("ops"):  # (the Rust core: begins at admission)
             process.probe.hook_admissions(scheduler)
         return process
     except BaseException:
         if recorder is not None:
             recorder.stop()
-        listening.close()
+        if listening is not None:
+            listening.close()
         raise
 
 

@@ -646,10 +646,6 @@ class BesideProcess:
 
         from radixtop.gpu_backend.owner.handover import pair
 
-        missed = self.probe.batches if self.probe is not None else 0
-        self._calls.clear()  # (the last process's: nobody waits for their replies)
-        self._heard = False
-        """radixtop's process sent something (a call, a ``MORE``): it is up and reading."""
         mine, theirs = pair(self.buffer)
         fds = (theirs.fileno(), self.listening.fileno())
         try:
@@ -662,6 +658,22 @@ class BesideProcess:
             raise
         finally:
             theirs.close()
+        missed = self._started(mine)
+        if self.starts > 1 and isinstance(self.probe, RecordsProbe):
+            log.warning("radixtop: its process beside the scheduler started again (pid %d), with the whole tree",
+                        self.child.pid)
+        elif self.starts > 1:
+            log.warning("radixtop: its process beside the scheduler started again (pid %d; %d batches of KV events "
+                        "before it are not in its tree)", self.child.pid, missed)
+
+    def _started(self, mine: Any) -> int:
+        """The probe handing over on ``mine`` from now on (radixtop's process at its other end):
+        the hello, then the whole tree (a Python core's) or the events from now (the Rust core's);
+        the batches of events the last one missed."""
+        missed = self.probe.batches if self.probe is not None else 0
+        self._calls.clear()  # (the last process's: nobody waits for their replies)
+        self._heard = False
+        """radixtop's process sent something (a call, a ``MORE``): it is up and reading."""
         end = ProbeEnd(mine, backlog_bytes=self.backlog)
         if self.sglang is not None:
             if self._bell is not None:
@@ -683,12 +695,7 @@ class BesideProcess:
             self.probe.start()
         self.starts += 1
         self._sent_seen, self._progress_at, self._dropped_seen = end.sent, time.monotonic(), end.dropped
-        if self.starts > 1 and isinstance(self.probe, RecordsProbe):
-            log.warning("radixtop: its process beside the scheduler started again (pid %d), with the whole tree",
-                        self.child.pid)
-        elif self.starts > 1:
-            log.warning("radixtop: its process beside the scheduler started again (pid %d; %d batches of KV events "
-                        "before it are not in its tree)", self.child.pid, missed)
+        return missed
 
     def step(self) -> None:
         """Once a scheduler loop, kept short (it runs cold, after the scheduler's own work: each
@@ -860,3 +867,164 @@ class BesideProcess:
                 self.child.kill()
                 self.child.wait(5)
         self.listening.close()
+
+
+ACCEPT_EVERY_S = 0.1
+"""``AttachPoint``: how often a scheduler with nobody attached looks for a ``radixtop attach``
+(one non-blocking ``accept``; a scheduler asleep on idle is woken by the connection itself)."""
+
+
+class AttachedPeer:
+    """What ``AttachPoint`` knows of the radixtop process attached to it (``radixtop attach``):
+    its pid (the socket's peer), whether it left, and a ``kill`` that only lets it go (it is the
+    operator's process, not this one's to end): as ``BesideProcess`` reads a child it started."""
+
+    def __init__(self, sock: Any, pid: int) -> None:
+        self.sock, self.pid = sock, pid
+        self._left = False
+
+    def poll(self) -> int | None:
+        """0 once it left (its end closed: read as an end of file, nothing taken), else None."""
+        import socket
+
+        if not self._left:
+            try:
+                self._left = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self._left = True
+        return 0 if self._left else None
+
+    def kill(self) -> None:
+        import socket
+
+        self._left = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    terminate = kill
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+class AttachPoint(BesideProcess):
+    """``RADIXTOP_BESIDE=attach``: the probe, with no radixtop process of its own; one the operator
+    starts (``radixtop attach PATH``, under their own supervision) connects to ``path``, a unix
+    socket only this user can reach (mode 0600; a peer of another uid is refused), and gets the
+    hello, then the whole tree (a Python core's) or the events from then on (the Rust core's), as
+    a process the plugin starts would. One at a time: another is refused while one is attached.
+    When it leaves, dies or hangs (let go), the probe drops what it would send, SGLang goes on,
+    and the next ``radixtop attach`` is taken: nothing here starts or restarts a process."""
+
+    def __init__(self, cache: Any, path: Any, info: dict[str, Any], **kwargs: Any) -> None:
+        import os
+        import socket
+
+        from radixtop.gpu_backend.owner.handover import pair
+
+        point = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mask = os.umask(0o177)
+        try:
+            if os.path.exists(path):  # (one a scheduler that died left: nobody listens there)
+                os.unlink(path)
+            point.bind(str(path))
+        except BaseException:
+            point.close()
+            raise
+        finally:
+            os.umask(mask)
+        point.listen(4)
+        point.setblocking(False)
+        self.path, self.point = path, point
+        self._accept_at = 0.0
+        self._nobody: Any = pair  # (the first start, before anyone attached: an end already closed)
+        super().__init__(cache, None, "", info, {}, **kwargs)
+
+    def _start(self) -> None:
+        if self._nobody is not None:
+            mine, theirs = self._nobody(self.buffer)
+            theirs.close()
+            self._nobody = None
+            self.child = AttachedPeer(mine, 0)
+            self._started(mine)
+            self.starts -= 1  # (nobody came yet)
+            self.probe.end.close()  # type: ignore[union-attr]
+            return
+        self._started(self.child.sock)
+        kind = "the whole tree" if isinstance(self.probe, RecordsProbe) else "the KV events from now on"
+        log.warning("radixtop: a radixtop process (pid %d) attached to this scheduler at %s; it gets %s",
+                    self.child.pid, self.path, kind)
+
+    def _accepted(self) -> Any:
+        """A connection waiting at the point (a peer of another uid refused), or None."""
+        import os
+        import socket
+        import struct
+
+        try:
+            sock, _ = self.point.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            log.warning("radixtop: the attach point %s cannot accept (%s)", self.path, exc)
+            return None
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.geteuid():
+            log.warning("radixtop: refused a radixtop attach from uid %d (pid %d) at %s: not this user", uid, pid,
+                        self.path)
+            sock.close()
+            return None
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, self.buffer)
+            except OSError:
+                pass
+        return sock, pid
+
+    def _look(self, now: float) -> None:
+        super()._look(now)
+        if not self.probe.end.down:  # type: ignore[union-attr]  # (one at a time: another is let go)
+            other = self._accepted()
+            if other is not None:
+                log.warning("radixtop: refused a radixtop attach (pid %d) at %s: radixtop (pid %d) is attached",
+                            other[1], self.path, self.child.pid)
+                other[0].close()
+
+    def _restart_when_due(self, now: float) -> None:
+        if self._down_at is None:  # just left (or nobody came yet)
+            self._down_at = now
+            self._unpoll()  # (a closed end reads as ready forever: the idle scheduler would spin)
+            if self.poller is not None:  # (a radixtop attach wakes an idle scheduler)
+                import zmq
+
+                self.poller.register(self.point.fileno(), zmq.POLLIN)
+                self._polled = self.point.fileno()
+            if self.starts:
+                self.child.kill()
+                log.warning("radixtop: the radixtop process attached to this scheduler (pid %d) left; SGLang goes "
+                            "on, and the next radixtop attach at %s is taken", self.child.pid, self.path)
+        if now < self._accept_at:
+            return
+        self._accept_at = now + ACCEPT_EVERY_S
+        taken = self._accepted()
+        if taken is None:
+            return
+        self._down_at = None
+        self.child.sock.close()
+        self.child = AttachedPeer(*taken)
+        self.probe.end.close()  # type: ignore[union-attr]
+        self._start()
+
+    def close(self) -> None:
+        import os
+
+        super().close()
+        self.point.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

@@ -234,3 +234,23 @@ def test_serve_with_a_fleet_runs_beside_and_its_process_beside_answers_the_fleet
         assert [row["worker"] for row in doc["rows"]] == [refused] and doc["rows"][0]["why"], doc
     finally:
         stop(proc)
+
+
+def test_radixtop_attach_where_no_probe_waits_is_one_line(tmp_path):
+    """`radixtop attach PATH` (a probe's socket: RADIXTOP_BESIDE=attach) where there is none, or a
+    file that is not a socket, or a socket nobody listens at: one line each, nothing bound."""
+    import socket
+
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    stale = tmp_path / "stale.sock"
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    left.bind(str(stale))
+    left.close()  # (a socket file a scheduler that died left)
+    for path, code, message in ((tmp_path / "none.sock", 3, "no probe at"), (plain, 2, "is not a socket"),
+                                (stale, 3, "cannot attach at")):
+        done = subprocess.run([sys.executable, "-P", "-m", "radixtop.cli.main", "attach", str(path), "--port",
+                               str(free_port())], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "RADIXTOP_TOKEN": TOKEN})
+        assert (done.returncode, done.stderr.count("\n")) == (code, 1), done.stderr
+        assert done.stderr.startswith("radixtop: ") and message in done.stderr, done.stderr

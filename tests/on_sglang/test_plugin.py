@@ -155,8 +155,10 @@ def test_a_place_radixtop_does_not_know_is_one_line(monkeypatch):
     from radixtop.adapters.sglang.plugin import beside_wanted
 
     monkeypatch.setenv("RADIXTOP_BESIDE", "maybe")
-    with pytest.raises(ValueError, match="RADIXTOP_BESIDE must be 1 .* or 0"):
+    with pytest.raises(ValueError, match="RADIXTOP_BESIDE must be 1 .*, 0 .* or attach"):
         beside_wanted()
+    monkeypatch.setenv("RADIXTOP_BESIDE", " Attach ")
+    assert beside_wanted() == "attach"
 
 
 @pytest.mark.parametrize("value", ["ture", "read-only", "2"])

@@ -120,12 +120,13 @@ class Server:
 
 def launch(workdir: Path, *, sessions: bool = True, core: str | None = None, metrics: bool = True,
            sleep_on_idle: bool = False, max_total_tokens: int = 4096, extra_args: tuple[str, ...] = (),
-           env: dict[str, str] | None = None, timeout: float = 300.0) -> Server:
+           env: dict[str, str] | None = None, timeout: float = 300.0, admin: bool = True) -> Server:
     """Start a server from this venv's sglang and wait until SGLang and the plugin answer.
 
     ``sessions``: ``--enable-session-radix-cache`` (with ``--radix-eviction-policy priority``, which
     0.5.16 requires with it); ``core``: ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` on 0.5.23
-    (``python`` or ``rust``; None keeps SGLang's default)."""
+    (``python`` or ``rust``; None keeps SGLang's default); ``admin`` false: SGLang's answer only
+    (the plugin serves no admin API of its own: ``RADIXTOP_BESIDE=attach``)."""
     version = sglang_version()
     if version is None:
         raise RuntimeError("sglang is not installed in this venv (bash .ci/setup)")
@@ -165,7 +166,8 @@ def launch(workdir: Path, *, sessions: bool = True, core: str | None = None, met
                     {"sessions": sessions, "core": core, "metrics": metrics, "sleep_on_idle": sleep_on_idle,
                      "max_total_tokens": max_total_tokens})
     try:
-        wait_healthy(server.proc, server.client, [f"{server.url}/health", f"{server.admin_url}/healthz"], timeout)
+        wait_healthy(server.proc, server.client,
+                     [f"{server.url}/health", *((f"{server.admin_url}/healthz",) if admin else ())], timeout)
     except BaseException:
         tail = server.log()[-4000:]
         server.stop()
