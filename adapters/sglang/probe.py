@@ -177,6 +177,16 @@ class EventsProbe:
             else:  # (begins nobody heard: those requests are told whole at their ends)
                 self.begun.difference_update(row[1] for row in served if row[4] == "begin")
 
+    def cleared(self) -> None:
+        """SGLang flushed the cache (its ``flush_cache`` answered it did: nothing running, the tree
+        reset): an ``AllBlocksCleared`` batch after the flush's own events, which the Rust core
+        does not send (it tells each block removed, and none it never told radixtop's side of): a
+        tree beside that missed events (radixtop's process started or attached after SGLang's
+        first requests) is whole again from here."""
+        from sglang.srt.disaggregation.kv_events import AllBlocksCleared
+
+        self._send(time.time(), [AllBlocksCleared()])
+
     def _send_served(self, rows: list[tuple], unheard: set[str] | None = None) -> list[tuple]:
         """``rows`` in a ``SERVED`` frame, in halves where over a frame; a request alone over one
         without its token ids, and not told where it still is (an id of a megabyte). While the
@@ -790,6 +800,8 @@ class BesideProcess:
                 finally:
                     self.probe.step()
                     end.send(CAUSED, b'{"cause": "", "who": ""}')
+                if op == "flush" and getattr(result, "flushed", False):
+                    self.probe.cleared()
             else:
                 sync = getattr(self.sglang, "sync", None) if op == "sync" else None
                 result = sync() if sync is not None else None if op == "sync" else getattr(self.sglang, op)(**args)

@@ -16,17 +16,24 @@ from pathlib import Path
 import pytest
 
 from radixtop.adapters.http.client import RadixtopClient
-from tests.on_sglang.server import free_port, launch
+from tests.on_sglang.server import Server, free_port, launch
 from tests.on_sglang.test_real_server import chat, fresh, kill_under_load, settle
+
+
+def launch_for_attach(tmp_path_factory, sessions: bool) -> Server:
+    """A server whose plugin is the probe only (``RADIXTOP_BESIDE=attach``), in a runtime directory
+    of its own; ``options["point"]``: where its probe waits."""
+    runtime = tmp_path_factory.mktemp("runtime")
+    runtime.chmod(0o700)
+    srv = launch(tmp_path_factory.mktemp("sglang"), sessions=sessions, sleep_on_idle=True, admin=False,
+                 env={"RADIXTOP_BESIDE": "attach", "XDG_RUNTIME_DIR": str(runtime)})
+    srv.options["point"] = runtime / "radixtop" / f"probe-{srv.admin_url.rsplit(':', 1)[1]}.sock"
+    return srv
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    runtime = tmp_path_factory.mktemp("runtime")
-    runtime.chmod(0o700)
-    srv = launch(tmp_path_factory.mktemp("sglang"), sessions=True, sleep_on_idle=True, admin=False,
-                 env={"RADIXTOP_BESIDE": "attach", "XDG_RUNTIME_DIR": str(runtime)})
-    srv.options["point"] = runtime / "radixtop" / f"probe-{srv.admin_url.rsplit(':', 1)[1]}.sock"
+    srv = launch_for_attach(tmp_path_factory, sessions=True)
     yield srv
     srv.stop()
 
@@ -59,6 +66,17 @@ def equal_to_sglangs(server, client) -> None:
     assert st.evictable_tokens == m["sglang:kv_evictable_tokens"] > 0
     assert client.node(0, 0, 1).node.subtree_tokens == m["sglang:kv_evictable_tokens"] + st.protected_tokens
     assert (st.prompt_tokens, st.cached_tokens) == (m["sglang:prompt_tokens_total"], m["sglang:cached_tokens_total"])
+
+
+def killed_under_load(server, proc: subprocess.Popen) -> None:
+    """``kill -9`` of the attached ``proc`` while SGLang serves (it answers every request), until
+    the probe says it left."""
+    kill_under_load(server, proc.pid, 24)
+    proc.communicate()
+    deadline = time.monotonic() + 30
+    while "attached to this scheduler (pid %d) left" % proc.pid not in server.log():
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        time.sleep(0.2)
 
 
 def stop(proc: subprocess.Popen) -> str:
@@ -94,12 +112,7 @@ def test_radixtop_attach_gets_a_running_servers_tree_and_comes_and_goes_without_
         assert "refused a radixtop attach (pid %d)" % second.pid in server.log()
         assert client.stats().node_count > 0
 
-        kill_under_load(server, first.pid, 24)  # SGLang answers every request
-        first.communicate()
-        deadline = time.monotonic() + 30
-        while "attached to this scheduler (pid %d) left" % first.pid not in server.log():
-            assert time.monotonic() < deadline, server.log()[-3000:]
-            time.sleep(0.2)
+        killed_under_load(server, first)
         assert server.generate(fresh(20), max_new_tokens=4)  # (nobody attached: SGLang serves on)
 
         third = attach(server)
