@@ -106,7 +106,7 @@ def serve(
                                                   )] = None,
     beside: Annotated[bool | None, typer.Option("--beside/--in-process", show_default=False,
                                                 help="--beside (the embedded engine's default, but with "
-                                                     "--close-policy deref, or a --trace applied at once before "
+                                                     "a --trace applied at once before "
                                                      "serving, whose history it would not keep): the engine alone in "
                                                      "this process; the "
                                                      "tree's copy, its figures and the admin API in radixtop's process "
@@ -135,12 +135,9 @@ def serve(
     if beside and external:
         raise fail("--beside goes with the embedded engine (an SGLang server's plugin runs beside by itself)",
                    EXIT_USAGE)
-    if beside and close_policy != "free":
-        raise fail("--beside does not take --close-policy deref (it follows SGLang's close, --close-policy free) yet",
-                   EXIT_USAGE)
     if beside is None:  # (the engine's own default: its reads off its process, as beside SGLang's scheduler)
         at_once = trace is not None and (fmt == "radixtop" or speed == 0)  # (applied before the process beside)
-        beside = not external and close_policy == "free" and not at_once
+        beside = not external and not at_once
     inherited = None if socket_fd is None else inherited_socket(socket_fd, host)
     with exits(ValueError):  # (beside: checked here, watched by the process beside)
         fleet_poll = watch_fleet(fleet, fleet_map, fleet_tokens, start=not beside)

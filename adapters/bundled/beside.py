@@ -64,10 +64,12 @@ def hello_info(engine: Engine, name: str, demo_words: bool) -> dict[str, Any]:
     """What radixtop's process beside the engine is told first (``probe.hello``): the target, its
     pool and its tree's shape; ``tokenizer``: the demo's own words, where it talks in them; ``ops``:
     the engine tells its ops (``OP`` records: its requests, for the history beside); ``owner``:
-    what answers radixtop's calls, as its errors name it."""
+    what answers radixtop's calls, as its errors name it; ``close_policy``: what its close does
+    (the copy beside plans a close and tells the figures as the engine does)."""
     s = engine.scheduler
     geometry = Geometry.of(s.geometry)
     return {"name": name, "dp_rank": 0, "bytes_per_token": int(geometry.bytes_per_token),
             "capacity_tokens": int(s.pool.allocator.size), "tokenizer": {"demo": True} if demo_words else None,
             "tree": "radix", "page_size": int(s.cache.page_size), "sessions": True,
-            "geometry": dataclasses.asdict(geometry), "ops": True, "owner": "radixtop's engine"}
+            "geometry": dataclasses.asdict(geometry), "ops": True, "owner": "radixtop's engine",
+            "close_policy": s.cache.close_policy}

@@ -484,8 +484,12 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:  # (the scheduler gone: its end's closing says so)
                 pass
 
-        shape = MirrorUnifiedCache if info.get("tree") == "unified" else MirrorCache
-        mirror = shape(page_size=int(info.get("page_size") or 1), sessions=bool(info.get("sessions")))
+        page_size, sessions = int(info.get("page_size") or 1), bool(info.get("sessions"))
+        if info.get("tree") == "unified":
+            mirror: Any = MirrorUnifiedCache(page_size=page_size, sessions=sessions)
+        else:  # (SGLang 0.5.16's close frees; radixtop's own engine says which it does)
+            mirror = MirrorCache(page_size=page_size, sessions=sessions,
+                                 close_policy=str(info.get("close_policy") or "free"))
         mirror.token_to_kv_pool_allocator.size = int(info.get("capacity_tokens") or 0)  # (the pool's, fixed)
         if info.get("ops") is True:  # (radixtop's own engine: its requests come as OP records)
             mirror.history.tells_requests()

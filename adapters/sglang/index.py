@@ -403,7 +403,7 @@ def _keep_ledger(cache: Any, index: TreeIndex) -> bool:
     policy), after the index's own hooks (wrapped outside them, so it sees the index updated):
     the session mixin's tag and close, and the locks crossing zero. Each adds O(depth)."""
     try:
-        ledger = SessionLedger(cache.root_node, frees=True)
+        ledger = SessionLedger(cache.root_node, frees=getattr(cache, "mirrored_close_policy", "free") == "free")
     except TypeError as exc:  # nodes that cannot keep its records: the tree without sessions' figures
         log.warning("radixtop: %s; sessions are unavailable on this cache", exc)
         return True

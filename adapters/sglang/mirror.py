@@ -319,8 +319,15 @@ class MirrorCache(RecordsCopy):
 
     enable_session_radix_cache = True
 
-    def __init__(self, page_size: int = 1, sessions: bool = True) -> None:
+    def __init__(self, page_size: int = 1, sessions: bool = True, close_policy: str = "free") -> None:
+        """``close_policy``: what a close does in the tree copied (``trees.SessionRadixTree``
+        reads it): "free", as SGLang 0.5.16's (its exclusive nodes freed), or "deref", as
+        radixtop's own engine under ``--close-policy deref`` (its references dropped only): the
+        records tell the tree either way; the policy is what a close's plan and the figures say."""
+        if close_policy not in ("free", "deref"):
+            raise ValueError(f"unknown close policy {close_policy!r}; known: free, deref")
         super().__init__(page_size, sessions)
+        self.mirrored_close_policy = close_policy
         self.evictable_size_ = self.protected_size_ = 0
         self.by_id: dict[int, MirrorNode] = {}
         self._fresh: set[MirrorNode] = set()

@@ -142,6 +142,11 @@ class SessionRadixTree(SGLangTree):
     kind = "RadixCache+sessions"
     policy = "free"
 
+    def __init__(self, cache: Any) -> None:
+        super().__init__(cache)
+        # (radixtop's copy of its own engine beside it: that engine's policy, "deref" where it says so)
+        self.policy = getattr(cache, "mirrored_close_policy", "free")
+
     def session_leaves(self) -> Mapping[str, Collection[Any]]:
         return getattr(self.cache, "_session_leaves", None) or {}
 

@@ -57,8 +57,9 @@ def ops_of(history) -> list[tuple]:
     return [(*e[1:6], None if e[6] is None else list(e[6]), e[7]) for e in history.requests_after(0, 10**6)[0]]
 
 
-def scheduler_for(lines: list[str], size: str) -> Scheduler:
-    return Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False)
+def scheduler_for(lines: list[str], size: str, close_policy: str = "free") -> Scheduler:
+    return Scheduler(get_geometry("tiny"), capacity_for(lines, size), device="cpu", write_kv=False,
+                     close_policy=close_policy)
 
 
 def adapter_over(mirror: MirrorCache, scheduler: Scheduler) -> SGLangInProcessAdapter:
@@ -67,14 +68,17 @@ def adapter_over(mirror: MirrorCache, scheduler: Scheduler) -> SGLangInProcessAd
     return beside
 
 
+@pytest.mark.parametrize("close_policy", ["free", "deref"])
 @pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_mirror_follows_every_operation_of_the_bundled_cache(seed, size):
+def test_the_mirror_follows_every_operation_of_the_bundled_cache(seed, size, close_policy):
+    """... under either close policy of the engine's (``serve --close-policy``: a close frees the
+    session's exclusive nodes, or only drops its references, as SGLang 0.5.23's does)."""
     lines = generate_trace(seed, n_ops=150, max_in_flight=4, vocab=6 if seed % 2 else 400, abort_weight=3)
-    scheduler = scheduler_for(lines, size)
+    scheduler = scheduler_for(lines, size, close_policy)
     cache = scheduler.cache
     recorder = BundledRecorder(cache, scheduler)
-    mirror = MirrorCache(page_size=1)
+    mirror = MirrorCache(page_size=1, close_policy=close_policy)
     mirror.history.tells_requests()  # (as the process beside does where the engine says it tells its ops)
     mirror.apply(wire(recorder.snapshot()))
     beside = adapter_over(mirror, scheduler)

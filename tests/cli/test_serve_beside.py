@@ -131,6 +131,32 @@ def test_beside_every_read_answers_as_the_engine_in_process_and_a_close_frees_th
     assert "Traceback" not in err
 
 
+def test_beside_under_the_deref_close_policy_every_read_and_a_close_answer_as_in_process(trace):
+    """`serve --close-policy deref` (a close drops the session's references, frees nothing, as
+    SGLang 0.5.23's does) beside its engine: the copy beside follows it, and says what the engine
+    in process says: the same figures (no session's memory exclusive), the same close's plan."""
+    here, here_url = start(trace, "--in-process", "--close-policy", "deref")
+    there, there_url = start(trace, "--beside", "--close-policy", "deref")
+    try:
+        (child,) = api_pid(there_url) - {there.pid}
+        want = figures(here_url)
+        assert want["sessions"] and not any(row["exclusive_bytes"] for row in want["sessions"].values())
+        assert figures(there_url) == want
+        top = next(sid for sid, row in want["sessions"].items() if row["state"] == "open" and row["tagged_nodes"])
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        a = httpx.post(f"{here_url}/v1/sessions/{top}/close", headers=auth, timeout=10).json()
+        b = httpx.post(f"{there_url}/v1/sessions/{top}/close", headers=auth, timeout=10).json()
+        assert a["plan"]["policy"] == b["plan"]["policy"] == "deref"
+        assert a["plan"] == b["plan"] and a["plan"]["released_holds"] > 0
+        assert a["result"]["freed_tokens"] == b["result"]["freed_tokens"] == 0
+        up(there, there_url)
+        assert figures(there_url) == figures(here_url)
+    finally:
+        stop(here)
+        err = stop(there)
+    assert there.returncode == 0 and "Traceback" not in err, err
+
+
 def test_a_kill_9_of_the_process_beside_leaves_the_engine_and_comes_back_whole(trace):
     here, here_url = start(trace, "--in-process")
     there, there_url = start(trace, "--beside")
@@ -185,7 +211,6 @@ def test_why_beside_names_an_evict_as_the_engine_in_process_does(trace):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--fleet", "/nonexistent/fleet.txt"], "--fleet"),
-    (["--close-policy", "deref"], "--beside does not take --close-policy deref"),
     (["--kv-events", "tcp://127.0.0.1:9"], "--beside goes with the embedded engine"),
     (["--host", "0.0.0.0"], "without an explicit token"),
 ])

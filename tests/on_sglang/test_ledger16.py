@@ -31,7 +31,7 @@ def check_kept(cache, adapter: SGLangInProcessAdapter) -> None:
     ledger = getattr(cache, INDEX).ledger
     adapter._known_now()
     want = attribute(cache.root_node, cache._session_leaves, cache._closed_session_ids, set(adapter._roster.ids()),
-                     ledger.seen, adapter.bpt, True)
+                     ledger.seen, adapter.bpt, getattr(cache, "mirrored_close_policy", "free") == "free")
     listed = {sid for sid in orders.everyone() if orders.listed(sid)}
     assert listed == set(want.sessions)
     for sid, row in want.sessions.items():
