@@ -225,6 +225,7 @@ def attach(
     import os
     import socket
     import stat
+    import struct
 
     from radixtop.adapters.http.server.audit import AuditLog
     from radixtop.adapters.http.server.run import base_url, bind, checked_tokens
@@ -240,6 +241,10 @@ def attach(
     except OSError as exc:
         raise fail(f"no probe at {point} ({exc.strerror}): is SGLang running with RADIXTOP_BESIDE=attach?",
                    EXIT_UNREACHABLE) from None
+    try:  # (the port first: a probe that took this one on would walk its whole tree for nothing)
+        listening = bind(host, port)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
     handover = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
@@ -248,15 +253,16 @@ def attach(
             pass
     try:
         handover.connect(str(point))
+        _, uid, _ = struct.unpack("3i", handover.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     except OSError as exc:
         handover.close()
+        listening.close()
         raise fail(f"cannot attach at {point} ({exc.strerror or exc}): is its SGLang scheduler still running?",
                    EXIT_UNREACHABLE) from None
-    try:
-        listening = bind(host, port)
-    except OSError as exc:
+    if uid != os.geteuid():  # (a probe is this user's own: another's socket could tell a made-up tree)
         handover.close()
-        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_REFUSED) from None
+        listening.close()
+        raise fail(f"refusing to attach at {point}: its probe runs as uid {uid}, not this user", EXIT_REFUSED)
     listening.listen(2048)
     os.environ["RADIXTOP_TOKEN"], os.environ["RADIXTOP_READ_ONLY"] = token, "1" if read_only else "0"
     for key, value in (("RADIXTOP_READ_TOKEN", read_token), ("RADIXTOP_AUDIT", audit_log)):

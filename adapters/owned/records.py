@@ -344,7 +344,9 @@ class Walk:
 
     def __init__(self, recorder: _Recorder) -> None:
         self.recorder = recorder
-        recorder.take()  # (older than the walk: in it)
+        self._ops = [record for record in recorder.take() if record[0] == OP]
+        """The engine's ops waiting when the walk began (the rest, older than the walk, is in it):
+        they are not the tree's, and go with its first step."""
         recorder.watch, recorder.gone, recorder.active = [], [], []
         self.seen: dict[str, float] = {}
         """The sessions active during the walk, by their last activity's step, oldest first."""
@@ -374,16 +376,19 @@ class Walk:
                 self._seen_last = now
                 seen.pop(sid, None)
                 seen[sid] = now
+        ops = [*self._ops, *(record for record in taken if record[0] == OP)]  # (the requests' ops go as they came)
+        self._ops = []
         if any(record[0] == RESET for record in taken):  # a new tree: walked again
             last = self._seen_last
             self.__init__(recorder)  # type: ignore[misc]
-            self.seen, self._seen_last = seen, last
+            self.seen, self._seen_last, self._ops = seen, last, ops
             return self.step(most, until)
         recorder.watch, recorder.gone, recorder.active = [], [], []
         out: list[tuple] = []
         if not self._begun:
             out.append((BEGIN,))
             self._begun = True
+        out.extend(ops)
         sent, dirty, gone, root, state = self.sent, self.dirty, self.gone, self.root, recorder.state
         for node_id in deleted:
             gone.add(node_id)

@@ -183,7 +183,7 @@ class RecordsCopy:
                 apart[node_id] = (*record[:3], self._tokens(node_id, record[3]), *record[4:])
             elif kind == DROP:
                 apart.pop(record[1], None)
-            elif kind == PART:
+            elif kind in (PART, OP):  # (an op is the history's, not the tree's: told as it comes)
                 self._shared(kind, record)
             elif kind == WHOLE:
                 self._apart = None

@@ -51,6 +51,10 @@ else this row tells it too) since the last; their token ids as the bytes of an `
 null where they would not fit a frame or the socket is behind; ``at``: when SGLang admitted it or
 gave it back. After that step's events: a session's hits over time beside, and what a recording
 replays."""
+AGAIN_MOST = 8192
+"""The requests' rows or ``OP`` records of frames dropped that wait to be sent again, at most
+(without their token ids: SGLang's memory and the encoding's time stay bounded while radixtop's
+process is behind); past it the oldest go (under an overload that long the history has its gaps)."""
 SERVED_A_FRAME = 1024
 """Requests a ``SERVED`` frame holds at most."""
 SERVED_MOST = 65_536
@@ -108,6 +112,8 @@ class EventsProbe:
         """The requests SGLang admitted and gave back since the last step (``SERVED`` rows)."""
         self.begun: set[str] = set()
         """The requests whose begin was told at their admission (``hook_admissions``), until they are given back."""
+        self.again: list[tuple] = []
+        """End rows of ``SERVED`` frames dropped, sent again once the socket keeps up (``AGAIN_MOST``)."""
         self.events_seq = -1
         """The frame number of the last batch of events numbered (other frames are numbered too:
         a ``SERVED``, a ``CAUSED``, a reply)."""
@@ -135,6 +141,7 @@ class EventsProbe:
         self.end = end
         self.begun = {row[1] for row in self.served if row[4] == "begin"}  # (these rows are yet to go)
         self.served = [row if row[4] == "begin" or row[1] in self.begun else _told_whole(row) for row in self.served]
+        self.again = [_told_whole(row) for row in self.again]
 
     def hook_admissions(self, scheduler: Any) -> None:
         """SGLang's ``get_new_batch_prefill`` wrapped on the scheduler's instance: each request it
@@ -164,16 +171,21 @@ class EventsProbe:
                 end.skip()
             else:
                 self._send(time.time(), events)
+        if self.again and not end.held and not end.down:  # (the socket keeps up again)
+            self.served[:0], self.again = self.again, []
         if self.served:
             served, self.served = self.served, []
             if not end.down:
                 unheard: set[str] = set()
+                again = self.again
                 for at in range(0, len(served), SERVED_A_FRAME):
                     for row in self._send_served(served[at:at + SERVED_A_FRAME], unheard):
                         if row[4] == "begin":  # (told whole at its end)
                             self.begun.discard(row[1])
                         elif not end.down:  # (an end dropped: sent again, never a begin left running)
-                            self.served.append(_told_whole(row) if row[1] in unheard else row)
+                            again.append((*row[:5], None, None, row[7], row[1] not in unheard and row[8]))
+                if len(again) > AGAIN_MOST:
+                    del again[:-AGAIN_MOST]
             else:  # (begins nobody heard: those requests are told whole at their ends)
                 self.begun.difference_update(row[1] for row in served if row[4] == "begin")
 
@@ -413,7 +425,7 @@ class RecordsProbe:
             end.skip()
             self._again = []
             return
-        if self._again:
+        if self._again and not end.held:  # (the socket keeps up again)
             records, self._again = self._again + records, []
         self._send(records)
 
@@ -435,10 +447,10 @@ class RecordsProbe:
         if len(payload) > most:
             self.end.skip()
             return
-        if not self.end.send(RECORDS, payload) and not self.end.down:
-            self._again.extend(record for record in records if record[0] == OP)
-            if len(self._again) > SERVED_MOST:  # (SGLang's memory: the oldest go, as a dropped frame's would)
-                del self._again[:-SERVED_MOST]
+        if not self.end.send(RECORDS, payload) and not self.end.down:  # (sent again without their ids)
+            self._again.extend((*record[:4], None, *record[5:]) for record in records if record[0] == OP)
+            if len(self._again) > AGAIN_MOST:
+                del self._again[:-AGAIN_MOST]
 
 
 class CoreOps:
@@ -878,7 +890,8 @@ class BesideProcess:
             except Exception:
                 self.child.kill()
                 self.child.wait(5)
-        self.listening.close()
+        if self.listening is not None:
+            self.listening.close()
 
 
 ACCEPT_EVERY_S = 0.1
@@ -896,15 +909,16 @@ class AttachedPeer:
         self._left = False
 
     def poll(self) -> int | None:
-        """0 once it left (its end closed: read as an end of file, nothing taken), else None."""
-        import socket
+        """0 once it left (its end hung up, even with frames of its still unread), else None."""
+        import select
 
         if not self._left:
             try:
-                self._left = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:
+                watch = select.poll()
+                watch.register(self.sock.fileno(), select.POLLRDHUP | select.POLLHUP)
+                self._left = any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                                 for _, events in watch.poll(0))
+            except (OSError, ValueError):
                 self._left = True
         return 0 if self._left else None
 
@@ -938,17 +952,25 @@ class AttachPoint(BesideProcess):
 
         from radixtop.gpu_backend.owner.handover import pair
 
-        point = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        mask = os.umask(0o177)
-        try:
-            if os.path.exists(path):  # (one a scheduler that died left: nobody listens there)
+        if os.path.exists(path):
+            other = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                other.connect(str(path))
+            except OSError:  # (one a scheduler that died left: nobody listens there)
                 os.unlink(path)
+            else:
+                raise RuntimeError(f"another scheduler's probe waits at {path}: give each server its own "
+                                   "RADIXTOP_PORT")
+            finally:
+                other.close()
+        point = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:  # (in the user's private directory, mode 0700: only this user reaches it meanwhile)
             point.bind(str(path))
+            os.chmod(path, 0o600)
+            self._inode = os.stat(path).st_ino
         except BaseException:
             point.close()
             raise
-        finally:
-            os.umask(mask)
         point.listen(4)
         point.setblocking(False)
         self.path, self.point = path, point
@@ -965,11 +987,18 @@ class AttachPoint(BesideProcess):
             self._started(mine)
             self.starts -= 1  # (nobody came yet)
             self.probe.end.close()  # type: ignore[union-attr]
+            self._unbell()
             return
         self._started(self.child.sock)
         kind = "the whole tree" if isinstance(self.probe, RecordsProbe) else "the KV events from now on"
         log.warning("radixtop: a radixtop process (pid %d) attached to this scheduler at %s; it gets %s",
                     self.child.pid, self.path, kind)
+
+    def _unbell(self) -> None:
+        """No bell while nobody is attached (a closed end reads as ready: it would ring each step)."""
+        if self._bell is not None:
+            self._bell.stop()
+            self._bell = None
 
     def _accepted(self) -> Any:
         """A connection waiting at the point (a peer of another uid refused), or None."""
@@ -984,7 +1013,11 @@ class AttachPoint(BesideProcess):
         except OSError as exc:
             log.warning("radixtop: the attach point %s cannot accept (%s)", self.path, exc)
             return None
-        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        try:
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except OSError:
+            sock.close()
+            return None
         if uid != os.geteuid():
             log.warning("radixtop: refused a radixtop attach from uid %d (pid %d) at %s: not this user", uid, pid,
                         self.path)
@@ -1009,6 +1042,7 @@ class AttachPoint(BesideProcess):
     def _restart_when_due(self, now: float) -> None:
         if self._down_at is None:  # just left (or nobody came yet)
             self._down_at = now
+            self._unbell()
             self._unpoll()  # (a closed end reads as ready forever: the idle scheduler would spin)
             if self.poller is not None:  # (a radixtop attach wakes an idle scheduler)
                 import zmq
@@ -1029,7 +1063,14 @@ class AttachPoint(BesideProcess):
         self.child.sock.close()
         self.child = AttachedPeer(*taken)
         self.probe.end.close()  # type: ignore[union-attr]
-        self._start()
+        try:
+            self._start()
+        except Exception as exc:  # (that one let go; the next is taken)
+            log.warning("radixtop: a radixtop attach (pid %d) could not be fed (%s: %s)", self.child.pid,
+                        type(exc).__name__, exc)
+            self.child.kill()
+            self.probe.end.close()  # type: ignore[union-attr]
+            self._down_at = None  # (as one that left: its bell and its poll undone at the next step)
 
     def close(self) -> None:
         import os
@@ -1037,6 +1078,7 @@ class AttachPoint(BesideProcess):
         super().close()
         self.point.close()
         try:
-            os.unlink(self.path)
+            if os.stat(self.path).st_ino == self._inode:  # (its own: not another's made since)
+                os.unlink(self.path)
         except OSError:
             pass

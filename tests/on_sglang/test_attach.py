@@ -79,6 +79,18 @@ def killed_under_load(server, proc: subprocess.Popen) -> None:
         time.sleep(0.2)
 
 
+def group_cmdlines(pgid: int) -> list[bytes]:
+    """The command lines of the processes of group ``pgid`` (SGLang's: its launcher's session)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) == pgid:
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            continue
+    return found
+
+
 def stop(proc: subprocess.Popen) -> str:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -92,9 +104,8 @@ def stop(proc: subprocess.Popen) -> str:
 def test_radixtop_attach_gets_a_running_servers_tree_and_comes_and_goes_without_harm_to_it(server):
     point: Path = server.options["point"]
     assert oct(point.stat().st_mode & 0o777) == "0o600", point.stat()
-    assert "radixtop attach" in server.log() and not any(
-        b"radixtop.adapters.sglang.beside" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        for pid in filter(str.isdigit, os.listdir("/proc")) if os.path.exists(f"/proc/{pid}/cmdline"))
+    assert "radixtop attach" in server.log() and not any(  # (no process of the plugin's in SGLang's group)
+        b"radixtop.adapters.sglang.beside" in cmdline for cmdline in group_cmdlines(server.proc.pid))
     history = chat(server, sessions=3, turns=2)  # (SGLang served before anyone attached)
     first = attach(server)
     client = RadixtopClient(server.admin_url, token=server.token, timeout=30)

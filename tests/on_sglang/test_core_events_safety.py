@@ -244,9 +244,9 @@ def test_the_probes_rows_are_bounded_while_nobody_takes_them_and_its_begun_start
         def get_new_batch_prefill(self):
             return self.plan
 
-    cache, scheduler = Cache(), Scheduler()
+    cache, scheduler = ReleasingCache(), Scheduler()
     probe = EventsProbe.__new__(EventsProbe)
-    probe.cache, probe.served, probe.begun = cache, [], set()
+    probe.cache, probe.served, probe.begun, probe.again = cache, [], set(), []
     probe._hook_served(cache)
     probe.hook_admissions(scheduler)
     done = types.SimpleNamespace(finished=lambda: True, finished_reason=None, output_ids=[9], session_id=None,
@@ -293,6 +293,33 @@ class DroppingEnd:
     def close(self) -> None:
         pass
 
+    def flush(self) -> int:
+        return self.held
+
+
+class ReleasingCache:
+    """What the Rust core's probe wraps and takes of a cache: its ``on_release``, its events (none)."""
+
+    def on_release(self, req):
+        return None
+
+    def take_events(self):
+        return []
+
+
+class TakingRecorder:
+    """What a Python core's probe takes of its recorder: the records, the requests begun."""
+
+    failed = None
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.begun: set[str] = set()
+
+    def take(self) -> list:
+        records, self.records = self.records, []
+        return records
+
 
 def dropped_along_the_way(begin, end, step) -> None:
     """Requests r1, r2 and r3 begun and ended, a frame dropped on the way of each: r1's begin, r2's
@@ -325,13 +352,6 @@ def test_a_served_frame_the_socket_drops_never_splits_a_request_begin_from_its_e
     sent: list = []
     End = DroppingEnd.sending_to(sent)
 
-    class Cache:
-        def on_release(self, req):
-            return None
-
-        def take_events(self):
-            return []
-
     class Scheduler:
         plan = None
 
@@ -352,9 +372,9 @@ def test_a_served_frame_the_socket_drops_never_splits_a_request_begin_from_its_e
         probe.end.full = full
         probe.step()
 
-    cache, scheduler = Cache(), Scheduler()
+    cache, scheduler = ReleasingCache(), Scheduler()
     probe = EventsProbe.__new__(EventsProbe)
-    probe.cache, probe.end, probe.served, probe.begun = cache, End(), [], set()
+    probe.cache, probe.end, probe.served, probe.begun, probe.again = cache, End(), [], set(), []
     probe._encode = msgspec.msgpack.Encoder().encode
     probe._hook_served(cache)
     probe.hook_admissions(scheduler)
@@ -398,17 +418,6 @@ def test_a_records_frame_the_socket_drops_never_splits_a_request_begin_from_its_
     sent: list = []
     End = DroppingEnd.sending_to(sent)
 
-    class Recorder:
-        failed = None
-
-        def __init__(self) -> None:
-            self.records: list = []
-            self.begun: set[str] = set()
-
-        def take(self) -> list:
-            records, self.records = self.records, []
-            return records
-
     def begin(rid: str) -> None:
         recorder.begun.add(rid)
         recorder.records.append((OP, "begin", "s", rid, b"\x01" + b"\x00" * 7, 1, 0, 0))
@@ -430,7 +439,7 @@ def test_a_records_frame_the_socket_drops_never_splits_a_request_begin_from_its_
                     ops.setdefault(record[3], []).append(record[1])
         return ops
 
-    recorder = Recorder()
+    recorder = TakingRecorder()
     probe = RecordsProbe(recorder, End())
     dropped_along_the_way(begin, finish, step)
     assert told() == {"r1": ["begin", "finish"], "r2": ["begin", "finish"], "r3": ["begin", "finish"]}
@@ -448,3 +457,48 @@ def test_a_records_frame_the_socket_drops_never_splits_a_request_begin_from_its_
     finish("r5")
     step(full=False)
     assert told() == {"r5": ["begin", "finish"], "r6": ["begin"]}
+
+
+def test_the_rows_and_records_sent_again_stay_bounded_and_small_while_radixtop_is_behind(monkeypatch):
+    """Found by review: while radixtop's process stays behind (its backlog full), what is sent
+    again was every dropped request's rows or records, with their token ids, encoded again and
+    dropped again every step: the scheduler's step grew from 1 to 140 ms in 30 s and SGLang's
+    process held 86 MiB. Now they wait, without their ids, at most ``AGAIN_MOST`` of them, until
+    the socket keeps up; and new requests' ends are never refused for them."""
+    import msgspec
+
+    from radixtop.adapters.owned.records import OP
+    from radixtop.adapters.sglang import probe as probe_module
+    from radixtop.adapters.sglang.probe import EventsProbe, RecordsProbe
+
+    monkeypatch.setattr(probe_module, "AGAIN_MOST", 100)
+    sent: list = []
+    End = DroppingEnd.sending_to(sent)
+
+    cache = ReleasingCache()
+    probe = EventsProbe.__new__(EventsProbe)
+    probe.cache, probe.end, probe.served, probe.begun, probe.again = cache, End(), [], set(), []
+    probe._encode = msgspec.msgpack.Encoder().encode
+    probe._hook_served(cache)
+    recorder = TakingRecorder()
+    records = RecordsProbe(recorder, End())
+    for end in (probe.end, records.end):
+        end.full, end.held = True, 1  # (behind: frames wait in the backlog, and it is full)
+    ids = list(range(2000))
+    for step in range(20):
+        for i in range(50):
+            rid = f"r{step}-{i}"
+            cache.on_release(types.SimpleNamespace(rid=rid, finished=lambda: True, finished_reason=None, output_ids=ids,
+                                                   session_id="s", origin_input_ids=ids, cached_tokens=0))
+            recorder.records.append((OP, "finish", "s", rid, b"\0" * 16000, 0, 0, 0))
+        probe.step()
+        records.step(now=True)
+        assert len(probe.again) <= 100 and len(records._again) <= 100
+        assert not probe.served  # (nothing kept back that would refuse a new request's end)
+    assert all(row[5] is None and row[6] is None for row in probe.again)
+    assert all(record[4] is None for record in records._again)
+    for end in (probe.end, records.end):
+        end.full, end.held = False, 0  # (it keeps up again: what waited goes)
+    probe.step()
+    records.step(now=True)
+    assert not probe.again and not records._again and len(sent) >= 2
