@@ -35,6 +35,16 @@ def start(trace: Path | None, *extra: str) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+def start_too(first: subprocess.Popen, trace: Path | None, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``start``, stopping ``first`` where it fails (the test's ``finally`` has not begun: a
+    failed start left the first serve running after the test)."""
+    try:
+        return start(trace, *extra)
+    except BaseException:
+        stop(first)
+        raise
+
+
 def up(proc: subprocess.Popen, url: str, timeout: float = 60.0) -> None:
     """Until ``url`` answers its stats (the whole tree there, beside)."""
     deadline = time.monotonic() + timeout
@@ -107,7 +117,7 @@ def trace(tmp_path_factory) -> Path:
 
 def test_beside_every_read_answers_as_the_engine_in_process_and_a_close_frees_the_same(trace):
     here, here_url = start(trace, "--in-process")
-    there, there_url = start(trace, "--beside")
+    there, there_url = start_too(here, trace, "--beside")
     try:
         (child,) = api_pid(there_url) - {there.pid}  # (the port bound by serve, served by the process beside)
         assert "radixtop.adapters.sglang.beside" in Path(f"/proc/{child}/cmdline").read_text()
@@ -136,7 +146,7 @@ def test_beside_under_the_deref_close_policy_every_read_and_a_close_answer_as_in
     SGLang 0.5.23's does) beside its engine: the copy beside follows it, and says what the engine
     in process says: the same figures (no session's memory exclusive), the same close's plan."""
     here, here_url = start(trace, "--in-process", "--close-policy", "deref")
-    there, there_url = start(trace, "--beside", "--close-policy", "deref")
+    there, there_url = start_too(here, trace, "--beside", "--close-policy", "deref")
     try:
         (child,) = api_pid(there_url) - {there.pid}
         want = figures(here_url)
@@ -159,7 +169,7 @@ def test_beside_under_the_deref_close_policy_every_read_and_a_close_answer_as_in
 
 def test_a_kill_9_of_the_process_beside_leaves_the_engine_and_comes_back_whole(trace):
     here, here_url = start(trace, "--in-process")
-    there, there_url = start(trace, "--beside")
+    there, there_url = start_too(here, trace, "--beside")
     try:
         want = figures(here_url)
         (child,) = api_pid(there_url) - {there.pid}
@@ -187,7 +197,7 @@ def test_why_beside_names_an_evict_as_the_engine_in_process_does(trace):
     import json
 
     here, here_url = start(trace, "--in-process")
-    there, there_url = start(trace, "--beside")
+    there, there_url = start_too(here, trace, "--beside")
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
         for url in (here_url, there_url):
