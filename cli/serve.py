@@ -218,9 +218,10 @@ def attach(
     audit_log: AuditLogPath = None,
 ) -> None:
     """radixtop's process beside a running SGLang scheduler whose plugin waits for one
-    (RADIXTOP_BESIDE=attach), started here under your own supervision rather than by the plugin:
-    the tree's copy (or the tree from the Rust core's events), its figures and the admin API in
-    this process; SGLang's own process keeps only the probe. One at a time a scheduler; it ends
+    (RADIXTOP_BESIDE=attach), started and supervised by you.
+
+    The tree's copy (or the tree from the Rust core's events), its figures and the admin API run
+    in this process; SGLang's own process keeps only the probe. One at a time a scheduler; it ends
     when SGLang's scheduler does, and SGLang goes on if it ends first."""
     import os
     import socket
