@@ -50,8 +50,8 @@ from radixtop.adapters.model import (
 )
 from radixtop.adapters.owned.common import refuse_if_read_only, switch
 from radixtop.adapters.sglang.inproc import SGLangInProcessAdapter
-from radixtop.adapters.sglang.probe import CALL, CAUSED, HELLO, MORE, REPLY, SERVED
-from radixtop.adapters.text import load_tokenizer
+from radixtop.adapters.sglang.probe import CALL, CAUSED, HELLO, MORE, REFUSED, REPLY, SERVED
+from radixtop.adapters.text import inert, load_tokenizer
 from radixtop.gpu_backend.owner.handover import Frame, MirrorEnd, ProbeGone
 
 log = logging.getLogger("radixtop.sglang")
@@ -65,6 +65,8 @@ def hello_of(end: MirrorEnd, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]
     frame = end.receive(timeout)
     if frame is None:
         raise TimeoutError(f"no hello from the probe within {timeout:g}s")
+    if frame.kind == REFUSED:  # (a radixtop attach turned away: why, in its words)
+        raise ValueError(inert(bytes(frame.payload[:300]).decode(errors="replace")))
     if frame.kind != HELLO:
         raise ValueError(f"the probe's first frame is of kind {frame.kind}, not a hello")
     info = json.loads(frame.payload)
@@ -459,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         info = hello_of(end)
         tree = tree_of(info) if info.get("tree") not in ("radix", "unified") else None
     except ProbeGone:
-        print("radixtop beside: the probe closed its end before its hello (its scheduler left, or another radixtop "
-              "is attached to it)", file=sys.stderr)
+        print("radixtop beside: the probe closed its end before its hello (its scheduler left)", file=sys.stderr)
         return 1
     except (TimeoutError, ValueError) as exc:
         print(f"radixtop beside: {exc}", file=sys.stderr)

@@ -224,14 +224,14 @@ def attach_path(port: int) -> Path:
     """Where the probe of the scheduler whose admin port would be ``port`` (``RADIXTOP_PORT`` +
     its DP rank) waits for ``radixtop attach``: ``probe-PORT.sock`` in the user's private
     directory (``_private_dir``: mode 0700, this user's own)."""
-    return _private_dir() / f"probe-{port}.sock"
+    return _private_dir("make the probe's socket for radixtop attach") / f"probe-{port}.sock"
 
 
 class TokenFileError(ValueError):
     """The made-up token has nowhere safe to go: the plugin does not serve (say RADIXTOP_TOKEN)."""
 
 
-def _private_dir() -> Path:
+def _private_dir(purpose: str = "write the radixtop token") -> Path:
     """``$XDG_RUNTIME_DIR/radixtop`` (the user's own runtime directory), else
     ``$TMPDIR/radixtop-<uid>``: made mode 0700 if absent, refused if it is a link, someone else's,
     or writable by others (a shared /tmp lets anyone make that name first)."""
@@ -242,19 +242,19 @@ def _private_dir() -> Path:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    _check_own(path, "directory")
+    _check_own(path, "directory", purpose)
     return path
 
 
-def _check_own(path: Path, what: str) -> os.stat_result:
+def _check_own(path: Path, what: str, purpose: str = "write the radixtop token") -> os.stat_result:
     """lstat of ``path``, refused unless it is this user's own, not a link, and not writable by others."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        raise TokenFileError(f"refusing to write the radixtop token: {path} is a link")
+        raise TokenFileError(f"refusing to {purpose}: {path} is a link")
     if st.st_uid != os.geteuid():
-        raise TokenFileError(f"refusing to write the radixtop token: {what} {path} is owned by uid {st.st_uid}")
+        raise TokenFileError(f"refusing to {purpose}: {what} {path} is owned by uid {st.st_uid}")
     if st.st_mode & 0o022:
-        raise TokenFileError(f"refusing to write the radixtop token: others can write {what} {path}")
+        raise TokenFileError(f"refusing to {purpose}: others can write {what} {path}")
     return st
 
 

@@ -42,6 +42,9 @@ CAUSED = 7
 """To radixtop's side (the Rust core's events): JSON ``{"cause", "who"}`` between the events, before
 those of an action radixtop asked for (``CAUSES``) and, with an empty cause, after them: its
 removals are told apart from SGLang's own evictions for room."""
+REFUSED = 9
+"""To a ``radixtop attach`` the probe turns away (``AttachPoint``): UTF-8 text, why; its end
+closes after it."""
 SERVED = 8
 """To radixtop's side (the Rust core's events): msgpack of ``[[session_id, rid, prompt_tokens,
 cached_tokens, "begin" | "finish" | "abort", prompt_ids, output_ids, at, begun], ...]``, the
@@ -622,6 +625,9 @@ class BesideProcess:
     the cache is flushed). The admin API's listening socket is bound here and kept, so the port
     stays taken across restarts."""
 
+    HUNG = "killed"
+    """What is done with radixtop's process that takes no frame (the log says it)."""
+
     def __init__(self, cache: Any, listening: Any, host: str, info: dict[str, Any], env: dict[str, str],
                  buffer: int = SOCKET_BUFFER, backlog: int = BACKLOG_BYTES, sglang: Any = None,
                  poller: Any = None, recorder: Any = None, wake: Any = None) -> None:
@@ -772,8 +778,8 @@ class BesideProcess:
         elif (end.held or end.dropped != self._dropped_seen) and \
                 now - self._progress_at > (STALLED_S if self._heard else STARTING_S):
             # frames waiting or dropped, none taken for that long: alive but not reading (hung)
-            log.warning("radixtop: its process beside the scheduler took no frame for %.0f s: killed",
-                        now - self._progress_at)
+            log.warning("radixtop: its process beside the scheduler took no frame for %.0f s: %s",
+                        now - self._progress_at, self.HUNG)
             self.child.kill()  # its end closes: the probe sees it down at its next send
             self._progress_at = now
 
@@ -946,6 +952,8 @@ class AttachPoint(BesideProcess):
     When it leaves, dies or hangs (let go), the probe drops what it would send, SGLang goes on,
     and the next ``radixtop attach`` is taken: nothing here starts or restarts a process."""
 
+    HUNG = "let go (the next radixtop attach is taken)"
+
     def __init__(self, cache: Any, path: Any, info: dict[str, Any], **kwargs: Any) -> None:
         import os
         import socket
@@ -994,6 +1002,18 @@ class AttachPoint(BesideProcess):
         log.warning("radixtop: a radixtop process (pid %d) attached to this scheduler at %s; it gets %s",
                     self.child.pid, self.path, kind)
 
+    @staticmethod
+    def _refuse(sock: Any, why: str) -> None:
+        """Tell a connection why it is turned away (one frame, never waited for), then close it."""
+        from radixtop.gpu_backend.owner.handover import HEADER
+
+        try:
+            sock.setblocking(False)
+            sock.send(HEADER.pack(0, REFUSED) + why.encode())
+        except OSError:
+            pass
+        sock.close()
+
     def _unbell(self) -> None:
         """No bell while nobody is attached (a closed end reads as ready: it would ring each step)."""
         if self._bell is not None:
@@ -1021,7 +1041,8 @@ class AttachPoint(BesideProcess):
         if uid != os.geteuid():
             log.warning("radixtop: refused a radixtop attach from uid %d (pid %d) at %s: not this user", uid, pid,
                         self.path)
-            sock.close()
+            self._refuse(sock, f"refused: this scheduler's probe runs as uid {os.geteuid()}, and takes only its "
+                               f"own user's radixtop (not uid {uid})")
             return None
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:
@@ -1037,7 +1058,8 @@ class AttachPoint(BesideProcess):
             if other is not None:
                 log.warning("radixtop: refused a radixtop attach (pid %d) at %s: radixtop (pid %d) is attached",
                             other[1], self.path, self.child.pid)
-                other[0].close()
+                self._refuse(other[0], f"refused: radixtop (pid {self.child.pid}) is attached to this scheduler "
+                                       "already (one at a time)")
 
     def _restart_when_due(self, now: float) -> None:
         if self._down_at is None:  # just left (or nobody came yet)

@@ -16,9 +16,10 @@ import pytest
 
 from radixtop.adapters.bundled.recorder import BundledRecorder
 from radixtop.adapters.sglang import probe as probe_module
+from radixtop.adapters.sglang.beside import hello_of
 from radixtop.adapters.sglang.probe import HELLO, MORE, AttachPoint
 from radixtop.gpu_backend.kv_geometry import get_geometry
-from radixtop.gpu_backend.owner.handover import MirrorEnd, ProbeGone
+from radixtop.gpu_backend.owner.handover import MirrorEnd
 from radixtop.gpu_backend.scheduler import Scheduler
 
 INFO = {"name": "t", "dp_rank": 0, "bytes_per_token": 256, "capacity_tokens": 256, "tree": "radix", "page_size": 1,
@@ -60,8 +61,8 @@ def test_the_point_feeds_one_at_a_time_and_the_next_after_one_left(point):
     assert hello is not None and hello.kind == HELLO and point._bell is not None
     second = client(path)  # one at a time: refused while the first is there
     steps(point)
-    with pytest.raises(ProbeGone):  # (its end closed, nothing sent)
-        second.receive(timeout=2)
+    with pytest.raises(ValueError, match=r"refused: radixtop \(pid \d+\) is attached to this scheduler already"):
+        hello_of(second, timeout=2)  # (told why: radixtop attach prints it, then exits)
     first.send(MORE, b"")  # a frame the probe has not read yet, then the first leaves
     first.close()
     third = client(path)

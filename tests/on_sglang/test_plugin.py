@@ -218,3 +218,16 @@ def test_a_bad_place_is_one_line_and_no_token_is_written(monkeypatch, caplog, tm
     assert sglang_plugin.attached_to(scheduler) is None
     assert "RADIXTOP_BESIDE must be 1" in caplog.text and "Traceback" not in caplog.text
     assert not (tmp_path / "token").exists()
+
+
+def test_the_attach_points_directory_refused_says_so_not_the_tokens(monkeypatch, tmp_path):
+    """RADIXTOP_BESIDE=attach writes no token: a private directory others can write is refused in
+    the words of what it was for (it read "refusing to write the radixtop token")."""
+    from radixtop.adapters.sglang.plugin import TokenFileError, attach_path
+
+    (tmp_path / "radixtop").mkdir(mode=0o777)
+    (tmp_path / "radixtop").chmod(0o777)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(TokenFileError, match="refusing to make the probe's socket for radixtop attach: others can "
+                                             "write directory"):
+        attach_path(30100)
