@@ -40,8 +40,11 @@ def fresh(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def kv_port() -> int:
-    return free_port()
+def kv_port(server) -> int:
+    """The port the server's own KV-event publisher binds (each server its own, chosen as it starts:
+    one port chosen at the module's start for both servers was taken meanwhile once, and the second
+    server did not start: ``ZMQError: Address already in use``)."""
+    return server.options["kv_port"]
 
 
 PLACES = ["in the scheduler", "beside the scheduler"]
@@ -52,15 +55,16 @@ each."""
 
 
 @pytest.fixture(scope="module", params=PLACES)
-def server(request, tmp_path_factory, kv_port):
+def server(request, tmp_path_factory):
     """The server of this venv's sglang, with sessions, metrics, KV events and sleep on idle."""
     # SGLang binds the publisher only for "tcp://*:PORT" (a host name makes it connect out instead)
+    kv_port = free_port()
     events = f'{{"publisher": "zmq", "endpoint": "tcp://*:{kv_port}"}}'
     # (beside: the plugin's default, RADIXTOP_BESIDE unset; the tests' own default is in process)
     env = {"RADIXTOP_BESIDE": ""} if request.param == "beside the scheduler" else {"RADIXTOP_BESIDE": "0"}
     srv = launch(tmp_path_factory.mktemp("sglang"), sessions=True, sleep_on_idle=True,
                  max_total_tokens=MAX_TOTAL_TOKENS, extra_args=("--kv-events-config", events), env=env)
-    srv.options["place"] = request.param
+    srv.options["place"], srv.options["kv_port"] = request.param, kv_port
     yield srv
     srv.stop()
 
