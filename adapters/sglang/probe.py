@@ -958,7 +958,6 @@ class AttachPoint(BesideProcess):
         import os
         import socket
 
-        from radixtop.gpu_backend.owner.handover import pair
 
         if os.path.exists(path):
             other = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -983,14 +982,14 @@ class AttachPoint(BesideProcess):
         point.setblocking(False)
         self.path, self.point = path, point
         self._accept_at = 0.0
-        self._nobody: Any = pair  # (the first start, before anyone attached: an end already closed)
         super().__init__(cache, None, "", info, {}, **kwargs)
 
     def _start(self) -> None:
-        if self._nobody is not None:
-            mine, theirs = self._nobody(self.buffer)
+        if self.child is None:  # (the first start, before anyone attached: an end already closed)
+            from radixtop.gpu_backend.owner.handover import pair
+
+            mine, theirs = pair(self.buffer)
             theirs.close()
-            self._nobody = None
             self.child = AttachedPeer(mine, 0)
             self._started(mine)
             self.starts -= 1  # (nobody came yet)
